@@ -1,0 +1,278 @@
+"""A client connection: CONNECT handshake, the ops a NATS client sends, and MSG/HMSG delivery to it.
+
+Inbound bytes go through `ClientParser`; PUBs are handed to `Server.process_msg` (the one routing point);
+SUB/UNSUB change the server's sublist. Outbound frames are appended to the batched buffer of
+`Connection`. Owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING
+
+from zonebus.protocol import errors
+from zonebus.protocol.client_parser import CONNECT, INFO, OK, PING, PONG, PUB, SUB, UNSUB, ClientParser
+from zonebus.protocol.errors import ProtocolError
+from zonebus.server.connection import CLIENT, Connection
+from zonebus.subjects.sublist import Subscription
+from zonebus.subjects.validate import is_valid_publish_subject, is_valid_subject
+
+if TYPE_CHECKING:
+    from zonebus.server.server import Server
+
+_PING = b"PING\r\n"
+_PONG = b"PONG\r\n"
+_OK = b"+OK\r\n"
+
+
+class ClientConnection(Connection, asyncio.Protocol):
+    kind = CLIENT
+
+    def __init__(self, server: Server) -> None:
+        super().__init__(server)
+        opts = server.opts
+        self.parser = ClientParser(opts.max_control_line, opts.max_payload)
+        self.subs: dict[bytes, Subscription] = {}
+        self.connected = False  # CONNECT received
+        self.verbose = False
+        self.pedantic = False
+        self.echo = True
+        self.headers = False
+        self.no_responders = False
+        self.name = ""
+        self.lang = ""
+        self.version = ""
+        self.user = ""
+        self.pings_out = 0
+        self._timers: list[asyncio.TimerHandle] = []
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.peer_address(transport)
+        server = self.server
+        if not server.client_admitted(self):
+            self.send(server.client_info(self))
+            self.send(errors.err(errors.MAX_CONNECTIONS))
+            self.close()
+            return
+        self.send(server.client_info(self))
+        loop = server.loop
+        if server.opts.auth_required:
+            self._timers.append(loop.call_later(server.opts.auth_timeout, self._auth_timeout))
+        if server.opts.ping_interval > 0:
+            self._timers.append(loop.call_later(server.opts.ping_interval, self._ping_timer))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed:
+            self.closed = True
+            self.server.connection_closed(self)
+        for t in self._timers:
+            t.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        ops, error = self.parser.feed(data)
+        if ops:
+            self._handle_ops(ops)
+        if error is not None and not self.closed:
+            self.protocol_error(error)
+
+    def _handle_ops(self, ops: list[tuple]) -> None:
+        server = self.server
+        process_msg = server.process_msg
+        sublist = server.sublist
+        mark_dirty = server.mark_dirty
+        for op in ops:
+            code = op[0]
+            if code == PUB and self.connected:
+                _, hdr, data = op
+                self.in_msgs += 1
+                size = hdr.size
+                self.in_bytes += size
+                if self.ledger_in is not None:
+                    server.ledger_count(self.ledger_in, hdr.subject, size + len(hdr.subject) + 12)
+                memo = hdr.memo
+                if memo is not None and hdr.gen == sublist.generation and not self.verbose:
+                    # fast path: same control line, same subscriptions as last time
+                    for conn, line in memo:
+                        out = conn.out
+                        out.append(line)
+                        out.append(data)
+                        conn.out_msgs += 1
+                        conn.out_bytes += size
+                        if conn.ledger_out is not None:
+                            server.ledger_count(conn.ledger_out, hdr.subject, len(line) + size + 2)
+                        if not conn.dirty:
+                            conn.dirty = True
+                            mark_dirty(conn)
+                    continue
+                if self.pedantic and not is_valid_publish_subject(hdr.subject):
+                    self.send(errors.err(errors.INVALID_PUBLISH_SUBJECT))
+                    continue
+                process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, data, memo_for=hdr)
+                if self.verbose:
+                    self.send(_OK)
+            elif code == PING:
+                self.send(_PONG)
+            elif code == PONG:
+                self.pings_out = 0
+            elif code == CONNECT:
+                if not self._connect(op[1]):
+                    return
+            elif not self.connected and server.opts.auth_required:
+                self.send(errors.err(errors.AUTH_VIOLATION))
+                self.close()
+                return
+            elif code == PUB:  # PUB before CONNECT without auth: nats-server accepts it
+                self.connected = True
+                self._handle_ops([op])
+            elif code == SUB:
+                self._sub(op[1], op[2], op[3])
+            elif code == UNSUB:
+                self._unsub(op[1], op[2])
+            elif code in (INFO, OK):
+                pass
+            else:
+                self.protocol_error(ProtocolError(errors.UNKNOWN_OP))
+                return
+            if self.closed:
+                return
+        self.last_activity = time.time()
+
+    # -- ops ---------------------------------------------------------------------------------------
+    def _connect(self, raw: bytes) -> bool:
+        try:
+            opts = json.loads(raw) if raw else {}
+            if not isinstance(opts, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            self.protocol_error(ProtocolError(errors.UNKNOWN_OP))
+            return False
+        server = self.server
+        self.verbose = bool(opts.get("verbose", False))
+        self.pedantic = bool(opts.get("pedantic", False))
+        self.echo = bool(opts.get("echo", True))
+        self.headers = bool(opts.get("headers", False))
+        self.no_responders = bool(opts.get("no_responders", False))
+        self.name = str(opts.get("name", "") or "")
+        self.lang = str(opts.get("lang", "") or "")
+        self.version = str(opts.get("version", "") or "")
+        self.user = str(opts.get("user", "") or "")
+        if server.opts.auth_required and not server.check_auth(opts):
+            self.send(errors.err(errors.AUTH_VIOLATION))
+            self.close()
+            return False
+        if self.no_responders and not self.headers:
+            self.send(errors.err(errors.NO_RESPONDERS_NEEDS_HEADERS))
+            self.close()
+            return False
+        if not self.connected:
+            self.connected = True
+            server.client_connected(self)
+        for t in self._timers[:1] if server.opts.auth_required else ():
+            t.cancel()
+        if self.verbose:
+            self.send(_OK)
+        return True
+
+    def _sub(self, subject: bytes, queue: bytes | None, sid: bytes) -> None:
+        if not is_valid_subject(subject) or (queue is not None and not is_valid_queue(queue)):
+            self.send(errors.err(errors.INVALID_SUBJECT))
+            return
+        server = self.server
+        limit = server.opts.max_subscriptions
+        if limit and len(self.subs) >= limit:
+            self.send(errors.err(errors.MAX_SUBSCRIPTIONS))
+            return
+        if sid in self.subs:  # nats-server ignores a duplicate sid
+            if self.verbose:
+                self.send(_OK)
+            return
+        sub = Subscription(self, subject, queue, sid)
+        self.subs[sid] = sub
+        server.add_subscription(sub)
+        if self.verbose:
+            self.send(_OK)
+
+    def _unsub(self, sid: bytes, max_msgs: int) -> None:
+        sub = self.subs.get(sid)
+        if sub is not None:
+            if max_msgs and sub.delivered < max_msgs:
+                sub.max_msgs = max_msgs
+            else:
+                del self.subs[sid]
+                self.server.remove_subscription(sub)
+        if self.verbose:
+            self.send(_OK)
+
+    def subscription_done(self, sub: Subscription) -> None:
+        """A sub reached its max_msgs: drop it."""
+        if self.subs.get(sub.sid) is sub:
+            del self.subs[sub.sid]
+            self.server.remove_subscription(sub)
+
+    # -- delivery ------------------------------------------------------------------------------------
+    def deliver(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
+        """Queue one MSG/HMSG for `sub`; `data` is payload (with any header block) plus CRLF."""
+        size = len(data) - 2
+        if hdr_len < 0:
+            if reply:
+                line = b"MSG %b %b %b %d\r\n" % (subject, sub.sid, reply, size)
+            else:
+                line = b"MSG %b %b %d\r\n" % (subject, sub.sid, size)
+        elif self.headers:
+            if reply:
+                line = b"HMSG %b %b %b %d %d\r\n" % (subject, sub.sid, reply, hdr_len, size)
+            else:
+                line = b"HMSG %b %b %d %d\r\n" % (subject, sub.sid, hdr_len, size)
+        else:  # the client did not announce header support: strip the headers
+            data = data[hdr_len:]
+            size -= hdr_len
+            if reply:
+                line = b"MSG %b %b %b %d\r\n" % (subject, sub.sid, reply, size)
+            else:
+                line = b"MSG %b %b %d\r\n" % (subject, sub.sid, size)
+        out = self.out
+        out.append(line)
+        out.append(data)
+        self.out_msgs += 1
+        self.out_bytes += size
+        if self.ledger_out is not None:
+            self.server.ledger_count(self.ledger_out, subject, len(line) + size + 2)
+        if not self.dirty:
+            self.dirty = True
+            self.server.mark_dirty(self)
+
+    # -- errors and timers ---------------------------------------------------------------------------
+    def protocol_error(self, error: ProtocolError) -> None:
+        self.send(error.wire())
+        if error.close:
+            self.close()
+
+    def _auth_timeout(self) -> None:
+        if not self.connected and not self.closed:
+            self.send(errors.err(errors.AUTH_TIMEOUT))
+            self.close()
+
+    def _ping_timer(self) -> None:
+        if self.closed:
+            return
+        opts = self.server.opts
+        if self.pings_out + 1 > opts.ping_max:
+            self.send(errors.err(errors.STALE_CONNECTION))
+            self.server.stale_connections += 1
+            self.close()
+            return
+        self.pings_out += 1
+        self.send(_PING)
+        self._timers.append(self.server.loop.call_later(opts.ping_interval, self._ping_timer))
+        if len(self._timers) > 8:
+            self._timers = [t for t in self._timers if not t.cancelled()][-4:]
+
+
+def is_valid_queue(queue: bytes) -> bool:
+    return bool(queue) and not any(c in queue for c in b" \t\r\n")

@@ -1,0 +1,107 @@
+"""What every connection kind shares: the batched outbound buffer, byte/message stats, and backpressure.
+
+Writes are appended to `out` and the connection is marked dirty; the server flushes every dirty connection
+once per event-loop turn (one `transport.write` per connection per turn). A connection whose unsent bytes
+exceed `max_pending`, or whose writes stay blocked past `write_deadline`, is a slow consumer: it is closed
+here, in one place, and counted. Owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zonebus.server.server import Server
+
+CLIENT, ROUTE, GATEWAY, INTERNAL = "client", "route", "gateway", "internal"
+
+
+class Connection:
+    kind = CLIENT
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.cid = server.next_cid()
+        self.transport: asyncio.Transport | None = None
+        self.out: list[bytes] = []  # frames queued this loop turn
+        self.dirty = False
+        self.closed = False
+        self.paused_since = 0.0
+        self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0
+        self.start = time.time()
+        self.last_activity = self.start
+        self.ip = ""
+        self.remote_port = 0
+        self.zone = ""
+        self.zone_known = False
+        # ledger counts (subject -> [msgs, bytes]), swapped out by the ledger task once per window
+        self.ledger_in: dict[bytes, list[int]] | None = None
+        self.ledger_out: dict[bytes, list[int]] | None = None
+
+    # -- outbound ------------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        """Queue bytes for this connection; they go out at the end of the loop turn."""
+        if self.closed:
+            return
+        self.out.append(data)
+        if not self.dirty:
+            self.dirty = True
+            self.server.mark_dirty(self)
+
+    @property
+    def out_pending(self) -> int:
+        """Bytes queued here or in the transport, not yet written to the socket."""
+        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
+        return buffered + sum(len(b) for b in self.out)
+
+    def flush(self) -> None:
+        self.dirty = False
+        if self.closed or not self.out:
+            self.out.clear()
+            return
+        data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+        self.out.clear()
+        transport = self.transport
+        transport.write(data)
+        if transport.get_write_buffer_size() > self.server.opts.max_pending:
+            self.slow_consumer()
+
+    def slow_consumer(self) -> None:
+        self.server.slow_consumers += 1
+        self.server.log(f"{self.kind} {self.cid} slow consumer: closing")
+        self.close(abort=True)
+
+    # asyncio flow control: the transport tells us when the kernel buffer backs up
+    def pause_writing(self) -> None:
+        self.paused_since = time.monotonic()
+        deadline = self.server.opts.write_deadline
+        if deadline > 0:
+            self.server.loop.call_later(deadline, self._check_write_deadline, self.paused_since)
+
+    def resume_writing(self) -> None:
+        self.paused_since = 0.0
+
+    def _check_write_deadline(self, since: float) -> None:
+        if not self.closed and self.paused_since == since:
+            self.slow_consumer()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def close(self, abort: bool = False) -> None:
+        if self.closed:
+            return
+        if not abort:
+            self.flush()
+        self.closed = True
+        if self.transport is not None:
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
+        self.server.connection_closed(self)
+
+    def peer_address(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.ip, self.remote_port = peer[0], peer[1]

@@ -1,0 +1,188 @@
+"""The subscription index: a trie over subject tokens with a match cache.
+
+`Sublist.match(subject)` returns a `MatchResult` with the plain subscriptions and the queue subscriptions
+grouped by queue name. Results are cached per literal subject; any insert or remove bumps `generation` and
+drops the cache, so a cached result is never stale. Owned by the event loop: only the server's loop thread
+mutates or reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CACHE_MAX = 4096
+
+
+class Subscription:
+    """One subscription of a connection (a client's SUB, a route's or gateway's remote interest)."""
+
+    __slots__ = ("conn", "subject", "queue", "sid", "max_msgs", "delivered", "weight", "callback")
+
+    def __init__(self, conn: Any, subject: bytes, queue: bytes | None, sid: bytes, weight: int = 1) -> None:
+        self.conn = conn
+        self.subject = subject
+        self.queue = queue
+        self.sid = sid
+        self.max_msgs = 0
+        self.delivered = 0
+        self.weight = weight
+        self.callback = None
+
+    def __repr__(self) -> str:
+        return f"Subscription({self.subject!r}, queue={self.queue!r}, sid={self.sid!r})"
+
+
+class MatchResult:
+    __slots__ = ("psubs", "qsubs")
+
+    def __init__(self, psubs: list[Subscription], qsubs: list[list[Subscription]]) -> None:
+        self.psubs = psubs
+        self.qsubs = qsubs  # one list per queue name
+
+    def __bool__(self) -> bool:
+        return bool(self.psubs or self.qsubs)
+
+
+EMPTY = MatchResult([], [])
+
+
+class _Node:
+    __slots__ = ("children", "psubs", "qsubs")
+
+    def __init__(self) -> None:
+        self.children: dict[bytes, _Node] = {}
+        self.psubs: list[Subscription] = []
+        self.qsubs: dict[bytes, list[Subscription]] = {}
+
+    def empty(self) -> bool:
+        return not (self.children or self.psubs or self.qsubs)
+
+
+class Sublist:
+    def __init__(self) -> None:
+        self._root = _Node()
+        self._cache: dict[bytes, MatchResult] = {}
+        self.generation = 0
+        self.count = 0
+        self.inserts = 0
+        self.removes = 0
+        self.matches = 0
+        self.cache_hits = 0
+
+    def insert(self, sub: Subscription) -> None:
+        node = self._root
+        for tok in sub.subject.split(b"."):
+            nxt = node.children.get(tok)
+            if nxt is None:
+                nxt = node.children[tok] = _Node()
+            node = nxt
+        if sub.queue is None:
+            node.psubs.append(sub)
+        else:
+            node.qsubs.setdefault(sub.queue, []).append(sub)
+        self.count += 1
+        self.inserts += 1
+        self._changed()
+
+    def remove(self, sub: Subscription) -> bool:
+        path: list[tuple[_Node, bytes]] = []
+        node = self._root
+        for tok in sub.subject.split(b"."):
+            nxt = node.children.get(tok)
+            if nxt is None:
+                return False
+            path.append((node, tok))
+            node = nxt
+        try:
+            if sub.queue is None:
+                node.psubs.remove(sub)
+            else:
+                members = node.qsubs[sub.queue]
+                members.remove(sub)
+                if not members:
+                    del node.qsubs[sub.queue]
+        except (ValueError, KeyError):
+            return False
+        for parent, tok in reversed(path):  # prune empty branches
+            child = parent.children[tok]
+            if not child.empty():
+                break
+            del parent.children[tok]
+        self.count -= 1
+        self.removes += 1
+        self._changed()
+        return True
+
+    def _changed(self) -> None:
+        self.generation += 1
+        if self._cache:
+            self._cache = {}
+
+    def match(self, subject: bytes) -> MatchResult:
+        self.matches += 1
+        r = self._cache.get(subject)
+        if r is not None:
+            self.cache_hits += 1
+            return r
+        psubs: list[Subscription] = []
+        qmap: dict[bytes, list[Subscription]] = {}
+        _collect(self._root, subject.split(b"."), 0, psubs, qmap)
+        r = MatchResult(psubs, list(qmap.values())) if (psubs or qmap) else EMPTY
+        if len(self._cache) >= CACHE_MAX:
+            self._cache = {}
+        self._cache[subject] = r
+        return r
+
+    def has_interest(self, subject: bytes) -> bool:
+        return bool(self.match(subject))
+
+    def all_subscriptions(self) -> list[Subscription]:
+        out: list[Subscription] = []
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            out.extend(node.psubs)
+            for members in node.qsubs.values():
+                out.extend(members)
+            stack.extend(node.children.values())
+        return out
+
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+
+def _add(node: _Node, psubs: list[Subscription], qmap: dict[bytes, list[Subscription]]) -> None:
+    if node.psubs:
+        psubs.extend(node.psubs)
+    for q, members in node.qsubs.items():
+        acc = qmap.get(q)
+        if acc is None:
+            qmap[q] = list(members)
+        else:
+            acc.extend(members)
+
+
+def _collect(node: _Node, tokens: list[bytes], i: int, psubs: list, qmap: dict) -> None:
+    n = len(tokens)
+    while True:
+        children = node.children
+        if not children:
+            return
+        fwc = children.get(b">")
+        if fwc is not None:
+            _add(fwc, psubs, qmap)
+        pwc = children.get(b"*")
+        if i == n - 1:
+            if pwc is not None:
+                _add(pwc, psubs, qmap)
+            lit = children.get(tokens[i])
+            if lit is not None:
+                _add(lit, psubs, qmap)
+            return
+        if pwc is not None:
+            _collect(pwc, tokens, i + 1, psubs, qmap)
+        lit = children.get(tokens[i])
+        if lit is None:
+            return
+        node = lit
+        i += 1
