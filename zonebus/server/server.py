@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from zonebus import SERVER_VERSION
+from zonebus.ledger.zones import server_zone
 from zonebus.protocol.client_parser import PubHeader
 from zonebus.server.client import ClientConnection
 from zonebus.server.connection import CLIENT, INTERNAL, ROUTE, Connection
@@ -57,7 +58,8 @@ class Server:
         self.jetstream = None
         self.ledger = None  # zonebus.ledger.LedgerHooks when a ledger block is set
         self.random = random.Random()
-        self.zone = ""
+        self.zone = self.zone_of_tags(opts.server_tags)
+        self.zone_known = bool(self.zone)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -73,7 +75,7 @@ class Server:
             opts.port = srv.sockets[0].getsockname()[1]
         self._info_base = self._build_info()
         if opts.ledger.enabled:
-            from zonebus.ledger.hooks import LedgerHooks
+            from zonebus.server.ledger_hooks import LedgerHooks
 
             self.ledger = LedgerHooks(self)
             self.ledger.start()
@@ -129,6 +131,10 @@ class Server:
     def log(self, msg: str) -> None:
         ts = time.strftime("%Y/%m/%d %H:%M:%S")
         print(f"[{os.getpid()}] {ts} [INF] {msg}", file=sys.stderr, flush=True)
+
+    def zone_of_tags(self, tags: list[str]) -> str:
+        """The zone named by a server's `<prefix>:<zone>` tag, or ""."""
+        return server_zone(tags, self.opts.ledger.zone_tag_prefix)[0]
 
     # -- connections ----------------------------------------------------------------------------------
     def next_cid(self) -> int:

@@ -1,0 +1,335 @@
+"""The cluster: the route listener, dialling seeds and gossiped peers, duplicate routes, interest, queue picks.
+
+State owned here (event loop thread only):
+- `peers`: server_id -> the one live RouteConnection to that peer (a full mesh has one per peer);
+- `plain_refs` / `queue_refs`: local interest counts, so RS+/RS- go out on the first/last local sub;
+- dial loops per URL: configured seeds retry forever with backoff, gossiped peers a few times.
+Two routes to one peer (both sides dialled at once) are resolved the same way on both ends: keep the route
+dialled by the server with the smaller server_id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, tags_overlap
+from zonebus.cluster.route import RouteConnection
+from zonebus.server.connection import CLIENT, INTERNAL
+from zonebus.subjects.sublist import Subscription
+
+if TYPE_CHECKING:
+    from zonebus.server.server import Server
+
+IMPLICIT_RETRIES = 5
+BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
+
+
+def parse_route_url(url: str) -> tuple[str, int]:
+    u = urlparse(url if "://" in url else f"nats-route://{url}")
+    if not u.hostname or not u.port:
+        raise ValueError(f"bad route url {url!r}")
+    return u.hostname, u.port
+
+
+class ClusterManager:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.opts = server.opts.cluster
+        self.peers: dict[str, RouteConnection] = {}
+        self.plain_refs: dict[bytes, int] = {}
+        self.queue_refs: dict[tuple[bytes, bytes], int] = {}
+        self._dialing: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._listener: asyncio.base_events.Server | None = None
+        self._running = False
+        self.route_url = ""
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._running = True
+        server = self.server
+        opts = self.opts
+        if opts.port:
+            self._listener = await server.loop.create_server(
+                lambda: RouteConnection(self, solicited=False), opts.host, opts.port, reuse_address=True
+            )
+            port = self._listener.sockets[0].getsockname()[1]
+            host = "127.0.0.1" if opts.host in ("", "0.0.0.0", "::") else opts.host
+            self.route_url = f"{host}:{port}"
+            server.log(f"listening for route connections on {opts.host}:{port}")
+        for url in opts.routes:
+            self.dial(url, configured=True)
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._listener is not None:
+            self._listener.close()
+        for t in list(self._tasks):
+            t.cancel()
+        for conn in list(self.server.routes.values()):
+            conn.close()
+
+    # -- identity and gossip -------------------------------------------------------------------------
+    @property
+    def tags(self) -> list[str]:
+        return list(self.server.opts.server_tags)
+
+    def connect_fields(self) -> dict[str, Any]:
+        return {"name": self.server.server_id, "cluster": self.opts.name, "user": self.opts.user,
+                "pass": self.opts.password, "headers": True, "verbose": False, "pedantic": False}
+
+    def info_fields(self) -> dict[str, Any]:
+        server = self.server
+        sopts = server.opts
+        peers = [{"id": c.remote_id, "url": c.remote_route_url} for c in self.peers.values() if c.remote_route_url]
+        return {
+            "server_id": server.server_id,
+            "server_name": server.name,
+            "cluster": self.opts.name,
+            "tags": self.tags,
+            "route_url": "" if self.opts.no_advertise else self.route_url,
+            "client_url": f"{'127.0.0.1' if sopts.host in ('', '0.0.0.0') else sopts.host}:{sopts.port}",
+            "peers": peers,
+            "headers": True,
+            "version": server._info_base.get("version", ""),
+        }
+
+    def check_route_auth(self, fields: dict[str, Any]) -> bool:
+        if not self.opts.user:
+            return True
+        return fields.get("user") == self.opts.user and fields.get("pass") == self.opts.password
+
+    def route_identified(self, conn: RouteConnection, info: dict[str, Any]) -> bool:
+        """A route's first INFO arrived: reject self/cluster mismatch, resolve duplicates, then go live."""
+        server = self.server
+        if conn.remote_id == server.server_id:
+            conn.duplicate = True  # a seed that points at ourselves
+            conn.close()
+            return False
+        if self.opts.name and conn.remote_cluster and conn.remote_cluster != self.opts.name:
+            server.log(f"route {conn.describe()}: cluster name mismatch "
+                       f"({conn.remote_cluster!r} != {self.opts.name!r}), closing")
+            conn.close()
+            return False
+        existing = self.peers.get(conn.remote_id)
+        if existing is not None and not existing.closed:
+            keep = min((existing, conn), key=lambda c: (self._dialer(c), 0 if c is existing else 1))
+            drop = conn if keep is existing else existing
+            drop.duplicate = True
+            if drop is existing:
+                self.peers[conn.remote_id] = conn
+                self._go_live(conn, info)
+            drop.close()
+            return drop is existing
+        self.peers[conn.remote_id] = conn
+        self._go_live(conn, info)
+        return True
+
+    def _dialer(self, conn: RouteConnection) -> str:
+        return self.server.server_id if conn.solicited else conn.remote_id
+
+    def _go_live(self, conn: RouteConnection, info: dict[str, Any]) -> None:
+        conn.established = True
+        conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
+        conn.zone = self.server.zone_of_tags(conn.remote_tags)
+        conn.zone_known = bool(conn.zone)
+        if self.server.ledger is not None:
+            self.server.ledger.route_connected(conn)
+        self.server.log(f"route established with {conn.describe()} tags={conn.remote_tags}")
+        for subject, n in self.plain_refs.items():
+            if n > 0:
+                conn.send_interest(subject, None, 1)
+        for (subject, queue), n in self.queue_refs.items():
+            if n > 0:
+                conn.send_interest(subject, queue, n)
+        self._gossip()
+        self._learn_peers(conn, info.get("peers") or [])
+
+    def route_info_update(self, conn: RouteConnection, info: dict[str, Any]) -> None:
+        conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
+        conn.zone = self.server.zone_of_tags(conn.remote_tags)
+        conn.zone_known = bool(conn.zone)
+        self._learn_peers(conn, info.get("peers") or [])
+
+    def _learn_peers(self, conn: RouteConnection, peers: list[dict[str, Any]]) -> None:
+        for p in peers:
+            pid, url = p.get("id", ""), p.get("url", "")
+            if not url or pid == self.server.server_id or pid in self.peers:
+                continue
+            self.dial(url, configured=False)
+
+    def _gossip(self) -> None:
+        """Tell every peer whom we know, so any seed grows into a full mesh."""
+        line = b"INFO " + _json(self.info_fields()) + b"\r\n"
+        for c in self.peers.values():
+            if c.established and not c.closed:
+                c.send(line)
+
+    def tags_changed(self) -> None:
+        for c in self.peers.values():
+            c.tag_match = tags_overlap(self.tags, c.remote_tags)
+        self._gossip()
+
+    def route_closed(self, conn: RouteConnection) -> None:
+        self.server.routes.pop(conn.cid, None)
+        conn.drop_remote_interest()
+        if self.peers.get(conn.remote_id) is conn:
+            del self.peers[conn.remote_id]
+            self.server.log(f"route closed: {conn.describe()}")
+        if self.server.ledger is not None:
+            self.server.ledger.connection_closed(conn)
+
+    # -- dialling ------------------------------------------------------------------------------------
+    def dial(self, url: str, configured: bool) -> None:
+        if url in self._dialing or not self._running:
+            return
+        self._dialing.add(url)
+        task = self.server.loop.create_task(self._dial_loop(url, configured))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _dial_loop(self, url: str, configured: bool) -> None:
+        """Keep a route to `url`: seeds forever (with backoff), gossiped peers until one route formed."""
+        try:
+            host, port = parse_route_url(url)
+        except ValueError as exc:
+            self.server.log(str(exc))
+            self._dialing.discard(url)
+            return
+        backoff = BACKOFF_START
+        failures = 0
+        try:
+            while self._running:
+                try:
+                    _, conn = await self.server.loop.create_connection(
+                        lambda: RouteConnection(self, solicited=True, url=url, configured=configured), host, port
+                    )
+                except OSError:
+                    failures += 1
+                    if not configured and failures >= IMPLICIT_RETRIES:
+                        return
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    continue
+                backoff = BACKOFF_START
+                await conn.closed_future
+                if conn.remote_id == self.server.server_id:
+                    return  # the seed is ourselves
+                if conn.duplicate:  # the peer dialled us: redial only once that route is gone
+                    other = self.peers.get(conn.remote_id)
+                    if other is not None:
+                        await other.closed_future
+                if not configured:
+                    return  # a restarted peer dials its own seeds and learns the mesh again by gossip
+                await asyncio.sleep(backoff)
+        finally:
+            self._dialing.discard(url)
+
+    # -- interest ------------------------------------------------------------------------------------
+    def local_interest_added(self, sub: Subscription) -> None:
+        if sub.queue is None:
+            n = self.plain_refs.get(sub.subject, 0) + 1
+            self.plain_refs[sub.subject] = n
+            if n == 1:
+                self._broadcast(sub.subject, None, 1)
+        else:
+            key = (sub.subject, sub.queue)
+            n = self.queue_refs.get(key, 0) + 1
+            self.queue_refs[key] = n
+            self._broadcast(sub.subject, sub.queue, n)
+
+    def local_interest_removed(self, sub: Subscription) -> None:
+        if sub.queue is None:
+            n = self.plain_refs.get(sub.subject, 0) - 1
+            if n <= 0:
+                self.plain_refs.pop(sub.subject, None)
+                self._broadcast(sub.subject, None, 0)
+            else:
+                self.plain_refs[sub.subject] = n
+        else:
+            key = (sub.subject, sub.queue)
+            n = self.queue_refs.get(key, 0) - 1
+            if n <= 0:
+                self.queue_refs.pop(key, None)
+                n = 0
+            else:
+                self.queue_refs[key] = n
+            self._broadcast(sub.subject, sub.queue, n)
+
+    def _broadcast(self, subject: bytes, queue: bytes | None, weight: int) -> None:
+        for c in self.peers.values():
+            if c.established and not c.closed:
+                c.send_interest(subject, queue, weight)
+
+    # -- queue routing -------------------------------------------------------------------------------
+    def pick_queue_member(self, src: Any, group: list[Subscription], subject: bytes, size: int) -> Subscription | None:
+        if src.kind == CLIENT and not src.echo:
+            group = [s for s in group if s.conn is not src]
+        sub = pick_member(group, _tier, self.opts.prefer_matching_tags, self.server.random)
+        ledger = self.server.ledger
+        if ledger is not None and sub is not None:
+            ledger.queue_decision(src, group, sub, subject, size)
+        return sub
+
+    # -- monitoring ----------------------------------------------------------------------------------
+    def client_connect_urls(self) -> list[str]:
+        return [c.remote_client_url for c in self.peers.values() if c.remote_client_url]
+
+    def varz_cluster(self) -> dict[str, Any]:
+        return {"name": self.opts.name, "addr": self.opts.host, "cluster_port": int(self.route_url.rsplit(":", 1)[-1])
+                if self.route_url else 0, "urls": list(self.opts.routes),
+                "prefer_matching_tags": self.opts.prefer_matching_tags, "tags": self.tags}
+
+    def routez(self, subs: bool) -> dict[str, Any]:
+        routes = []
+        for c in sorted(self.peers.values(), key=lambda c: c.cid):
+            entry: dict[str, Any] = {
+                "rid": c.cid,
+                "remote_id": c.remote_id,
+                "remote_name": c.remote_name,
+                "did_solicit": c.solicited,
+                "is_configured": c.configured,
+                "ip": c.ip,
+                "port": c.remote_port,
+                "start": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.start)),
+                "rtt": f"{c.rtt * 1000:.3f}ms",
+                "pending_size": c.out_pending,
+                "in_msgs": c.in_msgs,
+                "out_msgs": c.out_msgs,
+                "in_bytes": c.in_bytes,
+                "out_bytes": c.out_bytes,
+                "subscriptions": len(c.remote_subs),
+                "tags": c.remote_tags,
+                "zone": c.zone,
+                "tag_match": c.tag_match,
+            }
+            if subs:
+                entry["subscriptions_list"] = sorted(
+                    (s.subject.decode() + (" " + s.queue.decode() if s.queue else "")) for s in c.remote_subs.values()
+                )
+                entry["subscriptions_list_detail"] = [
+                    {"subject": s.subject.decode(), "qgroup": s.queue.decode() if s.queue else "", "weight": s.weight}
+                    for s in c.remote_subs.values()
+                ]
+            routes.append(entry)
+        server = self.server
+        return {"server_id": server.server_id, "server_name": server.name,
+                "now": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "num_routes": len(routes), "routes": routes}
+
+
+def _tier(sub: Subscription) -> int:
+    conn = sub.conn
+    kind = conn.kind
+    if kind == CLIENT or kind == INTERNAL:
+        return LOCAL
+    return MATCHING if getattr(conn, "tag_match", False) else OTHER
+
+
+def _json(obj: Any) -> bytes:
+    import json
+
+    return json.dumps(obj, separators=(",", ":")).encode()

@@ -1,0 +1,131 @@
+"""The framing every NATS-style text protocol shares: CRLF control lines, some followed by a sized payload.
+
+`FrameParser.feed(data)` returns `(ops, error)` and keeps state across calls, so frames may be split
+anywhere. A subclass says what a control line means in `_header(line, ops)`: it either appends a control
+op and returns None, or returns a header object with a `size` for a payload that follows (the op emitted is
+then `(PAYLOAD_OP, header, payload + CRLF)`). Lines of payload-carrying ops that repeat are cached by their
+bytes (`_remember`), so a stream of identical PUB lines is parsed once. No I/O, no routing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zonebus.protocol import errors
+from zonebus.protocol.errors import ProtocolError
+
+LINE_CACHE_MAX = 256
+
+
+class FrameParser:
+    PAYLOAD_OP = 0
+
+    def __init__(self, max_control_line: int = 4096, max_payload: int = 1024 * 1024) -> None:
+        self.max_control_line = max_control_line
+        self.max_payload = max_payload
+        self._buf = b""  # unparsed bytes (a partial control line)
+        self._pending: Any = None  # header whose payload is still arriving
+        self._chunks: list[bytes] = []  # payload bytes received so far for _pending
+        self._have = 0
+        self._lines: dict[bytes, Any] = {}
+
+    def feed(self, data: bytes) -> tuple[list[tuple], ProtocolError | None]:
+        ops: list[tuple] = []
+        if self._pending is not None:
+            rest = self._continue_payload(data, ops)
+            if rest is None:
+                return ops, None
+            if isinstance(rest, ProtocolError):
+                return ops, rest
+            data = rest
+        buf = self._buf + data if self._buf else data
+        self._buf = b""
+        try:
+            self._parse(buf, ops)
+        except ProtocolError as exc:
+            self._buf = b""
+            return ops, exc
+        return ops, None
+
+    def _continue_payload(self, data: bytes, ops: list[tuple]) -> bytes | ProtocolError | None:
+        """A payload larger than what arrived: gather chunks until complete, without re-parsing."""
+        hdr = self._pending
+        need = hdr.size + 2  # payload + CRLF
+        self._chunks.append(data)
+        self._have += len(data)
+        if self._have < need:
+            return None
+        whole = b"".join(self._chunks)
+        self._chunks = []
+        self._have = 0
+        self._pending = None
+        if whole[need - 2 : need] != b"\r\n":
+            return ProtocolError(errors.UNKNOWN_OP)
+        ops.append((self.PAYLOAD_OP, hdr, whole[:need]))
+        return whole[need:]
+
+    def _parse(self, buf: bytes, ops: list[tuple]) -> None:
+        pos = 0
+        n = len(buf)
+        mcl = self.max_control_line
+        find = buf.find
+        lines = self._lines
+        header = self._header
+        payload_op = self.PAYLOAD_OP
+        while pos < n:
+            eol = find(b"\n", pos)
+            if eol < 0:
+                if n - pos > mcl:
+                    raise ProtocolError(errors.MAX_CONTROL_LINE)
+                self._buf = buf[pos:]
+                return
+            end = eol - 1 if eol > pos and buf[eol - 1] == 13 else eol
+            if end - pos > mcl:
+                raise ProtocolError(errors.MAX_CONTROL_LINE)
+            line = buf[pos:end]
+            hdr = lines.get(line)
+            if hdr is None:
+                hdr = header(line, ops)
+                if hdr is None:
+                    pos = eol + 1
+                    continue
+            start = eol + 1
+            stop = start + hdr.size
+            if stop + 2 <= n:
+                if buf[stop : stop + 2] != b"\r\n":
+                    raise ProtocolError(errors.UNKNOWN_OP)
+                ops.append((payload_op, hdr, buf[start : stop + 2]))
+                pos = stop + 2
+                continue
+            # payload incomplete: wait for more data
+            self._pending = hdr
+            rest = buf[start:]
+            self._chunks = [rest]
+            self._have = len(rest)
+            return
+
+    def _header(self, line: bytes, ops: list[tuple]) -> Any:
+        raise NotImplementedError
+
+    def _remember(self, line: bytes, hdr: Any) -> Any:
+        """Cache a payload header by its line when the line is likely to repeat (no reply subject)."""
+        if hdr.reply is None:
+            if len(self._lines) >= LINE_CACHE_MAX:
+                self._lines.clear()
+            self._lines[line] = hdr
+        return hdr
+
+
+def split_op(line: bytes) -> tuple[bytes, bytes]:
+    """(OPNAME upper-cased, rest of the line) — the op may be followed by spaces or tabs."""
+    i = 0
+    n = len(line)
+    while i < n and line[i] not in (32, 9):
+        i += 1
+    return line[:i].upper(), line[i + 1 :]
+
+
+def size_arg(tok: bytes) -> int:
+    if not tok.isdigit():
+        raise ProtocolError(errors.UNKNOWN_OP)
+    return int(tok)
