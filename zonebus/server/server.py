@@ -65,6 +65,8 @@ class Server:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         opts = self.opts
+        if opts.port < 0:  # nats-server's "random port"
+            opts.port = 0
         srv = await self.loop.create_server(
             lambda: ClientConnection(self), opts.host, opts.port, reuse_address=True, backlog=1024
         )
