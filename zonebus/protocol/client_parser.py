@@ -21,9 +21,10 @@ _SIMPLE = {b"PING": (PING,), b"PONG": (PONG,), b"+OK": (OK,)}
 class PubHeader:
     """A parsed PUB/HPUB control line. Lines without a reply repeat, so the parser caches these per
     connection by line bytes; `gen` and `memo` belong to the router, which may remember where messages
-    with this exact line go (valid while the sublist generation equals `gen`)."""
+    with this exact line go (valid while the sublist generation equals `gen`); `ledger_n` counts the
+    messages that took that shortcut since the ledger last settled them."""
 
-    __slots__ = ("subject", "reply", "hdr_len", "size", "gen", "memo")
+    __slots__ = ("subject", "reply", "hdr_len", "size", "gen", "memo", "ledger_n")
 
     def __init__(self, subject: bytes, reply: bytes | None, hdr_len: int, size: int) -> None:
         self.subject = subject
@@ -32,6 +33,7 @@ class PubHeader:
         self.size = size
         self.gen = -1
         self.memo: list | None = None
+        self.ledger_n = 0  # fast-path messages not yet counted in the ledger (see server/ledger_hooks.py)
 
 
 class ClientParser(FrameParser):
@@ -88,3 +90,11 @@ class ClientParser(FrameParser):
         if size > self.max_payload:
             raise ProtocolError(errors.MAX_PAYLOAD)
         return size
+
+
+def pub_wire_bytes(hdr: PubHeader) -> int:
+    """Bytes a PUB/HPUB with this header took on the wire: control line, payload, CRLFs."""
+    line = 4 + len(hdr.subject) + (len(hdr.reply) + 1 if hdr.reply else 0) + 1 + len(str(hdr.size)) + 2
+    if hdr.hdr_len >= 0:  # "HPUB" is one byte longer, plus the header length argument
+        line += 1 + 1 + len(str(hdr.hdr_len))
+    return line + hdr.size + 2

@@ -13,7 +13,19 @@ import time
 from typing import TYPE_CHECKING
 
 from zonebus.protocol import errors
-from zonebus.protocol.client_parser import CONNECT, INFO, OK, PING, PONG, PUB, SUB, UNSUB, ClientParser
+from zonebus.protocol.client_parser import (
+    CONNECT,
+    INFO,
+    OK,
+    PING,
+    PONG,
+    PUB,
+    SUB,
+    UNSUB,
+    ClientParser,
+    PubHeader,
+    pub_wire_bytes,
+)
 from zonebus.protocol.errors import ProtocolError
 from zonebus.server.connection import CLIENT, Connection
 from zonebus.subjects.sublist import Subscription
@@ -46,6 +58,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.version = ""
         self.user = ""
         self.pings_out = 0
+        self.ledger_hdrs: list[PubHeader] | None = None  # PUB lines counted on the fast path
         self._timers: list[asyncio.TimerHandle] = []
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------
@@ -93,23 +106,25 @@ class ClientConnection(Connection, asyncio.Protocol):
                 self.in_msgs += 1
                 size = hdr.size
                 self.in_bytes += size
-                if self.ledger_in is not None:
-                    server.ledger_count(self.ledger_in, hdr.subject, size + len(hdr.subject) + 12)
                 memo = hdr.memo
                 if memo is not None and hdr.gen == sublist.generation and not self.verbose:
                     # fast path: same control line, same subscriptions as last time
+                    if self.ledger_hdrs is not None:  # counted per line, settled by the ledger later
+                        if not hdr.ledger_n:
+                            self.ledger_hdrs.append(hdr)
+                        hdr.ledger_n += 1
                     for conn, line in memo:
                         out = conn.out
                         out.append(line)
                         out.append(data)
                         conn.out_msgs += 1
                         conn.out_bytes += size
-                        if conn.ledger_out is not None:
-                            server.ledger_count(conn.ledger_out, hdr.subject, len(line) + size + 2)
                         if not conn.dirty:
                             conn.dirty = True
                             mark_dirty(conn)
                     continue
+                if self.ledger_in is not None:
+                    server.ledger_count(self.ledger_in, hdr.subject, pub_wire_bytes(hdr))
                 if self.pedantic and not is_valid_publish_subject(hdr.subject):
                     self.send(errors.err(errors.INVALID_PUBLISH_SUBJECT))
                     continue

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus.ledger.accumulator import LedgerAccumulator, window_start_for
 from zonebus.ledger.zones import ClientZoneResolver, server_zone
+from zonebus.protocol.client_parser import PubHeader, pub_wire_bytes
 from zonebus.server.connection import CLIENT, INTERNAL, Connection
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class LedgerHooks:
         self.acc = LedgerAccumulator(opts, server.name, zone, known)
         self.resolver = ClientZoneResolver(zone, opts.client_zones, opts.zone_tag_prefix)
         self.decisions: dict[tuple, list[int]] = {}
+        self.closed: list[Connection] = []  # closed since the last handover, recorded then
         self.window = window_start_for(time.time(), opts.interval)
         self._task: asyncio.Task | None = None
 
@@ -59,6 +61,7 @@ class LedgerHooks:
         conn.zone, conn.zone_known = self.resolver.resolve(conn.name, conn.ip)
         conn.ledger_in = {}
         conn.ledger_out = {}
+        conn.ledger_hdrs = []
 
     def route_connected(self, conn: Connection) -> None:
         """Routes and gateways: their zone is set from the peer's tags before this is called."""
@@ -66,7 +69,19 @@ class LedgerHooks:
         conn.ledger_out = {}
 
     def connection_closed(self, conn: Connection) -> None:
-        self._record(conn, self.window)
+        """Kept until the next handover: fast-path counts still to be settled may name it."""
+        self.closed.append(conn)
+
+    def settle(self, src: Any, hdr: PubHeader) -> None:
+        """Count the messages that took the client fast path with this PUB line (`hdr.ledger_n` of them):
+        in on the publisher, out on every connection of the line's delivery memo."""
+        n = hdr.ledger_n
+        hdr.ledger_n = 0
+        subject, size = hdr.subject, hdr.size
+        _add(src.ledger_in, subject, n, n * pub_wire_bytes(hdr))
+        for conn, line in hdr.memo or ():
+            if conn.ledger_out is not None:
+                _add(conn.ledger_out, subject, n, n * (len(line) + size + 2))
 
     # -- queue routing decisions ---------------------------------------------------------------------
     def member_zone(self, sub: Any) -> str:
@@ -103,8 +118,16 @@ class LedgerHooks:
 
     def handover(self, window: float) -> None:
         server = self.server
+        closed, self.closed = self.closed, []
         conns: list[Connection] = [*server.clients.values(), *server.routes.values(),
-                                   *getattr(server, "gateway_conns", {}).values()]
+                                   *getattr(server, "gateway_conns", {}).values(), *closed]
+        for conn in conns:
+            hdrs = getattr(conn, "ledger_hdrs", None)
+            if hdrs:
+                for hdr in hdrs:
+                    if hdr.ledger_n:
+                        self.settle(conn, hdr)
+                hdrs.clear()
         for conn in conns:
             self._record(conn, window)
         if self.decisions:
@@ -121,6 +144,17 @@ class LedgerHooks:
             if counts:
                 self.acc.record_traffic(window, conn.kind, peer, conn.zone, conn.zone_known, direction,
                                         ACCOUNT, counts)
+
+
+def _add(counts: dict[bytes, list[int]] | None, subject: bytes, msgs: int, nbytes: int) -> None:
+    if counts is None:
+        return
+    c = counts.get(subject)
+    if c is None:
+        counts[subject] = [msgs, nbytes]
+    else:
+        c[0] += msgs
+        c[1] += nbytes
 
 
 def _peer_name(conn: Any) -> str:

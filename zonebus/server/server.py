@@ -276,6 +276,8 @@ class Server:
 
     def _memoize(self, src: Connection, hdr: PubHeader, r: MatchResult) -> None:
         """Remember the delivery list of a reply-less PUB line that reaches only plain client subs."""
+        if hdr.ledger_n and self.ledger is not None:
+            self.ledger.settle(src, hdr)
         hdr.gen = self.sublist.generation
         hdr.memo = None
         if hdr.reply is not None or hdr.hdr_len >= 0 or r.qsubs or not r.psubs:
