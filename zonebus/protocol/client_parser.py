@@ -10,12 +10,13 @@ Op tuples (subjects, reply subjects, queues and sids are `bytes`):
 from __future__ import annotations
 
 from zonebus.protocol import errors
-from zonebus.protocol.errors import ProtocolError
-from zonebus.protocol.frames import FrameParser, size_arg, split_op
+from zonebus.protocol.errors import ProtocolError, malformed
+from zonebus.protocol.frames import FrameParser, size_arg, split_args, split_op
 
 PUB, SUB, UNSUB, CONNECT, PING, PONG, INFO, OK, ERR = range(9)
 
 _SIMPLE = {b"PING": (PING,), b"PONG": (PONG,), b"+OK": (OK,)}
+_NEED_ARGS = (b"PUB", b"HPUB", b"SUB", b"UNSUB")
 
 
 class PubHeader:
@@ -38,55 +39,61 @@ class PubHeader:
 
 class ClientParser(FrameParser):
     PAYLOAD_OP = PUB
+    OP_NAMES = (b"PUB", b"HPUB", b"SUB", b"UNSUB", b"PING", b"PONG", b"CONNECT", b"INFO", b"+OK", b"-ERR")
 
     def _header(self, line: bytes, ops: list[tuple]) -> PubHeader | None:
         op, rest = split_op(line)
+        if not rest and op in _NEED_ARGS:  # "PUB\r\n": nats-server's parser fails on the op itself
+            raise ProtocolError(errors.UNKNOWN_OP)
         if op == b"PUB":
-            args = rest.split()
+            args = split_args(rest)
             if len(args) not in (2, 3):
-                raise ProtocolError(errors.UNKNOWN_OP)
+                raise malformed()
             size = self._checked_size(args[-1])
             return self._remember(line, PubHeader(args[0], args[1] if len(args) == 3 else None, -1, size))
         if op == b"HPUB":
-            args = rest.split()
+            args = split_args(rest)
             if len(args) not in (3, 4):
-                raise ProtocolError(errors.UNKNOWN_OP)
+                raise malformed()
             hdr_len = size_arg(args[-2])
             size = self._checked_size(args[-1])
             if hdr_len > size:
-                raise ProtocolError(errors.UNKNOWN_OP)
-            return self._remember(line, PubHeader(args[0], args[1] if len(args) == 4 else None, hdr_len, size))
+                raise malformed()
+            reply = args[1] if len(args) == 4 else None
+            return self._remember(line, PubHeader(args[0], reply, hdr_len if hdr_len > 0 else -1, size))
         simple = _SIMPLE.get(op)
         if simple is not None:
             ops.append(simple)
         elif op == b"SUB":
-            args = rest.split()
+            args = split_args(rest)
             if len(args) == 2:
                 ops.append((SUB, args[0], None, args[1]))
             elif len(args) == 3:
                 ops.append((SUB, args[0], args[1], args[2]))
             else:
-                raise ProtocolError(errors.UNKNOWN_OP)
+                raise malformed()
         elif op == b"UNSUB":
-            args = rest.split()
+            args = split_args(rest)
             if len(args) == 1:
                 ops.append((UNSUB, args[0], 0))
             elif len(args) == 2:
                 ops.append((UNSUB, args[0], size_arg(args[1])))
             else:
-                raise ProtocolError(errors.UNKNOWN_OP)
+                raise malformed()
         elif op == b"CONNECT":
             ops.append((CONNECT, rest.strip()))
         elif op == b"INFO":
             ops.append((INFO, rest.strip()))
-        elif op == b"-ERR":
-            ops.append((ERR, rest.strip()))
-        elif line:  # a stray empty line is ignored
+        elif op == b"-ERR":  # a client has no business sending -ERR: closed silently
+            raise malformed()
+        else:
             raise ProtocolError(errors.UNKNOWN_OP)
         return None
 
     def _checked_size(self, tok: bytes) -> int:
-        size = size_arg(tok)
+        if not tok.isdigit():
+            raise malformed()
+        size = int(tok)
         if size > self.max_payload:
             raise ProtocolError(errors.MAX_PAYLOAD)
         return size

@@ -12,7 +12,13 @@ class ProtocolError(Exception):
         self.close = close
 
     def wire(self) -> bytes:
-        return b"-ERR '" + self.text.encode() + b"'\r\n"
+        """The -ERR line, or nothing for errors nats-server closes on silently (malformed arguments)."""
+        return b"-ERR '" + self.text.encode() + b"'\r\n" if self.text else b""
+
+
+def malformed() -> ProtocolError:
+    """Bad arguments to a known op: nats-server closes the connection without an -ERR."""
+    return ProtocolError("", close=True)
 
 
 UNKNOWN_OP = "Unknown Protocol Operation"

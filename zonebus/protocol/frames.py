@@ -19,6 +19,7 @@ LINE_CACHE_MAX = 256
 
 class FrameParser:
     PAYLOAD_OP = 0
+    OP_NAMES: tuple[bytes, ...] = ()  # ops this protocol knows, to reject garbage before its line ends
 
     def __init__(self, max_control_line: int = 4096, max_payload: int = 1024 * 1024) -> None:
         self.max_control_line = max_control_line
@@ -54,6 +55,8 @@ class FrameParser:
         self._chunks.append(data)
         self._have += len(data)
         if self._have < need:
+            if self._have == need - 1 and data and data[-1] != 13:
+                return ProtocolError(errors.UNKNOWN_OP)  # the byte after the payload must be CR
             return None
         whole = b"".join(self._chunks)
         self._chunks = []
@@ -75,12 +78,13 @@ class FrameParser:
         while pos < n:
             eol = find(b"\n", pos)
             if eol < 0:
-                if n - pos > mcl:
+                if n - pos > mcl and _args_len(buf, pos, n) > mcl:
                     raise ProtocolError(errors.MAX_CONTROL_LINE)
+                self._check_partial(buf[pos : pos + 9])
                 self._buf = buf[pos:]
                 return
             end = eol - 1 if eol > pos and buf[eol - 1] == 13 else eol
-            if end - pos > mcl:
+            if end - pos > mcl and _args_len(buf, pos, end) > mcl:
                 raise ProtocolError(errors.MAX_CONTROL_LINE)
             line = buf[pos:end]
             hdr = lines.get(line)
@@ -98,6 +102,8 @@ class FrameParser:
                 pos = stop + 2
                 continue
             # payload incomplete: wait for more data
+            if stop < n and buf[stop] != 13:
+                raise ProtocolError(errors.UNKNOWN_OP)
             self._pending = hdr
             rest = buf[start:]
             self._chunks = [rest]
@@ -107,6 +113,17 @@ class FrameParser:
     def _header(self, line: bytes, ops: list[tuple]) -> Any:
         raise NotImplementedError
 
+    def _check_partial(self, head: bytes) -> None:
+        """An incomplete line must still be able to become a known op (nats-server rejects garbage at once)."""
+        if not self.OP_NAMES or not head:
+            return
+        word = head.upper()
+        for name in self.OP_NAMES:
+            k = min(len(word), len(name))
+            if word[:k] == name[:k] and (len(word) <= len(name) or word[len(name)] in (32, 9, 13)):
+                return
+        raise ProtocolError(errors.UNKNOWN_OP)
+
     def _remember(self, line: bytes, hdr: Any) -> Any:
         """Cache a payload header by its line when the line is likely to repeat (no reply subject)."""
         if hdr.reply is None:
@@ -114,6 +131,14 @@ class FrameParser:
                 self._lines.clear()
             self._lines[line] = hdr
         return hdr
+
+
+def _args_len(buf: bytes, start: int, end: int) -> int:
+    """Length of a control line's arguments (what max_control_line limits): the line less the op name."""
+    i = start
+    while i < end and buf[i] not in (32, 9):
+        i += 1
+    return end - i - 1 if i < end else 0
 
 
 def split_op(line: bytes) -> tuple[bytes, bytes]:
@@ -125,7 +150,14 @@ def split_op(line: bytes) -> tuple[bytes, bytes]:
     return line[:i].upper(), line[i + 1 :]
 
 
+def split_args(rest: bytes) -> list[bytes]:
+    """Arguments separated by spaces or tabs only (bytes.split() would also split on other whitespace)."""
+    if b"\t" in rest:
+        rest = rest.replace(b"\t", b" ")
+    return [a for a in rest.split(b" ") if a]
+
+
 def size_arg(tok: bytes) -> int:
     if not tok.isdigit():
-        raise ProtocolError(errors.UNKNOWN_OP)
+        raise ProtocolError("", close=True)  # malformed argument: closed without -ERR, as nats-server does
     return int(tok)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from zonebus.protocol import errors
 from zonebus.protocol.errors import ProtocolError
-from zonebus.protocol.frames import FrameParser, size_arg, split_op
+from zonebus.protocol.frames import FrameParser, size_arg, split_args, split_op
 
 RMSG, RS_PLUS, RS_MINUS, A_PLUS, A_MINUS, CONNECT, INFO, PING, PONG, ERR, OK = range(11)
 
@@ -82,18 +82,20 @@ def msg_line(account: bytes, subject: bytes, reply: bytes | None, queues: list[b
 
 class RouteParser(FrameParser):
     PAYLOAD_OP = RMSG
+    OP_NAMES = (b"RMSG", b"HMSG", b"RS+", b"RS-", b"A+", b"A-", b"PING", b"PONG", b"CONNECT", b"INFO",
+                b"+OK", b"-ERR")
 
     def _header(self, line: bytes, ops: list[tuple]) -> MsgHeader | None:
         op, rest = split_op(line)
         if op == b"RMSG":
-            return self._remember(line, parse_msg_args(rest.split(), False))
+            return self._remember(line, parse_msg_args(split_args(rest), False))
         if op == b"HMSG":
-            return self._remember(line, parse_msg_args(rest.split(), True))
+            return self._remember(line, parse_msg_args(split_args(rest), True))
         simple = _SIMPLE.get(op)
         if simple is not None:
             ops.append(simple)
         elif op == b"RS+":
-            args = rest.split()
+            args = split_args(rest)
             if len(args) == 2:
                 ops.append((RS_PLUS, args[0], args[1], None, 1))
             elif len(args) in (3, 4):
@@ -102,7 +104,7 @@ class RouteParser(FrameParser):
             else:
                 raise ProtocolError(errors.UNKNOWN_OP)
         elif op == b"RS-":
-            args = rest.split()
+            args = split_args(rest)
             if len(args) not in (2, 3):
                 raise ProtocolError(errors.UNKNOWN_OP)
             ops.append((RS_MINUS, args[0], args[1], args[2] if len(args) == 3 else None))

@@ -26,7 +26,7 @@ from zonebus.protocol.client_parser import (
     PubHeader,
     pub_wire_bytes,
 )
-from zonebus.protocol.errors import ProtocolError
+from zonebus.protocol.errors import ProtocolError, malformed
 from zonebus.server.connection import CLIENT, Connection
 from zonebus.subjects.sublist import Subscription
 from zonebus.subjects.validate import is_valid_publish_subject, is_valid_subject
@@ -48,8 +48,8 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.parser = ClientParser(opts.max_control_line, opts.max_payload)
         self.subs: dict[bytes, Subscription] = {}
         self.connected = False  # CONNECT received
-        self.verbose = False
-        self.pedantic = False
+        self.verbose = True  # nats-server's defaults for a client that has not said otherwise
+        self.pedantic = True
         self.echo = True
         self.headers = False
         self.no_responders = False
@@ -113,28 +113,32 @@ class ClientConnection(Connection, asyncio.Protocol):
                         if not hdr.ledger_n:
                             self.ledger_hdrs.append(hdr)
                         hdr.ledger_n += 1
-                    for conn, line in memo:
+                    for conn, line, sub in memo:
                         out = conn.out
                         out.append(line)
                         out.append(data)
+                        sub.delivered += 1
                         conn.out_msgs += 1
                         conn.out_bytes += size
                         if not conn.dirty:
                             conn.dirty = True
                             mark_dirty(conn)
                     continue
+                if hdr.hdr_len >= 0 and not self.headers:
+                    self.protocol_error(malformed())
+                    return
                 if self.ledger_in is not None:
                     server.ledger_count(self.ledger_in, hdr.subject, pub_wire_bytes(hdr))
                 if self.pedantic and not is_valid_publish_subject(hdr.subject):
+                    # nats-server reports it and still delivers the message
                     self.send(errors.err(errors.INVALID_PUBLISH_SUBJECT))
+                    if self.verbose:
+                        self.send(_OK)
+                    process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, data)
                     continue
-                process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, data, memo_for=hdr)
                 if self.verbose:
                     self.send(_OK)
-            elif code == PING:
-                self.send(_PONG)
-            elif code == PONG:
-                self.pings_out = 0
+                process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, data, memo_for=hdr)
             elif code == CONNECT:
                 if not self._connect(op[1]):
                     return
@@ -142,7 +146,11 @@ class ClientConnection(Connection, asyncio.Protocol):
                 self.send(errors.err(errors.AUTH_VIOLATION))
                 self.close()
                 return
-            elif code == PUB:  # PUB before CONNECT without auth: nats-server accepts it
+            elif code == PING:
+                self.send(_PONG)
+            elif code == PONG:
+                self.pings_out = 0
+            elif code == PUB:  # PUB before CONNECT without auth: nats-server accepts it (with default options)
                 self.connected = True
                 self._handle_ops([op])
             elif code == SUB:
@@ -165,14 +173,15 @@ class ClientConnection(Connection, asyncio.Protocol):
             if not isinstance(opts, dict):
                 raise ValueError("not an object")
         except ValueError:
-            self.protocol_error(ProtocolError(errors.UNKNOWN_OP))
+            self.protocol_error(malformed())
             return False
         server = self.server
-        self.verbose = bool(opts.get("verbose", False))
-        self.pedantic = bool(opts.get("pedantic", False))
-        self.echo = bool(opts.get("echo", True))
-        self.headers = bool(opts.get("headers", False))
-        self.no_responders = bool(opts.get("no_responders", False))
+        # fields absent from CONNECT keep their current values (nats-server's defaults: verbose, pedantic, echo)
+        self.verbose = bool(opts.get("verbose", self.verbose))
+        self.pedantic = bool(opts.get("pedantic", self.pedantic))
+        self.echo = bool(opts.get("echo", self.echo))
+        self.headers = bool(opts.get("headers", self.headers))
+        self.no_responders = bool(opts.get("no_responders", self.no_responders))
         self.name = str(opts.get("name", "") or "")
         self.lang = str(opts.get("lang", "") or "")
         self.version = str(opts.get("version", "") or "")
@@ -218,6 +227,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         if sub is not None:
             if max_msgs and sub.delivered < max_msgs:
                 sub.max_msgs = max_msgs
+                self.server.sublist.touch()  # the fast path must now count this sub
             else:
                 del self.subs[sid]
                 self.server.remove_subscription(sub)

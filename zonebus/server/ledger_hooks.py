@@ -79,7 +79,7 @@ class LedgerHooks:
         hdr.ledger_n = 0
         subject, size = hdr.subject, hdr.size
         _add(src.ledger_in, subject, n, n * pub_wire_bytes(hdr))
-        for conn, line in hdr.memo or ():
+        for conn, line, _sub in hdr.memo or ():
             if conn.ledger_out is not None:
                 _add(conn.ledger_out, subject, n, n * (len(line) + size + 2))
 

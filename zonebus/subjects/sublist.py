@@ -113,6 +113,10 @@ class Sublist:
         self._changed()
         return True
 
+    def touch(self) -> None:
+        """A subscription changed in a way cached deliveries depend on (e.g. got a max_msgs)."""
+        self._changed()
+
     def _changed(self) -> None:
         self.generation += 1
         if self._cache:
@@ -126,7 +130,9 @@ class Sublist:
             return r
         psubs: list[Subscription] = []
         qmap: dict[bytes, list[Subscription]] = {}
-        _collect(self._root, subject.split(b"."), 0, psubs, qmap)
+        tokens = subject.split(b".")
+        if b"" not in tokens:  # a subject with an empty token matches nothing
+            _collect(self._root, tokens, 0, psubs, qmap)
         r = MatchResult(psubs, list(qmap.values())) if (psubs or qmap) else EMPTY
         if len(self._cache) >= CACHE_MAX:
             self._cache = {}
@@ -172,16 +178,20 @@ def _collect(node: _Node, tokens: list[bytes], i: int, psubs: list, qmap: dict) 
         if fwc is not None:
             _add(fwc, psubs, qmap)
         pwc = children.get(b"*")
+        tok = tokens[i]
         if i == n - 1:
             if pwc is not None:
                 _add(pwc, psubs, qmap)
-            lit = children.get(tokens[i])
-            if lit is not None:
-                _add(lit, psubs, qmap)
+            if tok != b"*":
+                lit = children.get(tok)
+                if lit is not None and lit is not fwc:
+                    _add(lit, psubs, qmap)
             return
         if pwc is not None:
             _collect(pwc, tokens, i + 1, psubs, qmap)
-        lit = children.get(tokens[i])
+        if tok == b"*" or tok == b">":
+            return
+        lit = children.get(tok)
         if lit is None:
             return
         node = lit
