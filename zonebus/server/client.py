@@ -65,6 +65,7 @@ class ClientConnection(Connection, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.peer_address(transport)
+        self.set_write_limits(transport)
         server = self.server
         if not server.client_admitted(self):
             self.send(server.client_info(self))
@@ -82,6 +83,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.server.connection_closed(self)
+        self._release_producers()
         for t in self._timers:
             t.cancel()
 
@@ -90,6 +92,7 @@ class ClientConnection(Connection, asyncio.Protocol):
             return
         ops, error = self.parser.feed(data)
         if ops:
+            self.server.producing(self)
             self._handle_ops(ops)
         if error is not None and not self.closed:
             self.protocol_error(error)

@@ -3,7 +3,13 @@
 Writes are appended to `out` and the connection is marked dirty; the server flushes every dirty connection
 once per event-loop turn (one `transport.write` per connection per turn). A connection whose unsent bytes
 exceed `max_pending`, or whose writes stay blocked past `write_deadline`, is a slow consumer: it is closed
-here, in one place, and counted. Owned by the event loop thread.
+here, in one place, and counted.
+
+Fast producers are stalled rather than letting a busy receiver's buffer run into `max_pending`: when a
+receiver's transport buffer passes its high-water mark (a quarter of max_pending) the publishers of that
+loop turn stop being read until it drains (nats-server's "fast producer stall"); a receiver that makes no
+progress for `STALL_MAX` seconds releases them, and is then cut off as a slow consumer.
+Owned by the event loop thread.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 CLIENT, ROUTE, GATEWAY, INTERNAL = "client", "route", "gateway", "internal"
+STALL_MAX = 0.5
 
 
 class Connection:
@@ -29,6 +36,8 @@ class Connection:
         self.dirty = False
         self.closed = False
         self.paused_since = 0.0
+        self.stalled_by = 0  # receivers currently stalling this connection's reads
+        self._stalling: list[Connection] = []  # producers this receiver stalled
         self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0
         self.start = time.time()
         self.last_activity = self.start
@@ -73,15 +82,58 @@ class Connection:
         self.server.log(f"{self.kind} {self.cid} slow consumer: closing")
         self.close(abort=True)
 
-    # asyncio flow control: the transport tells us when the kernel buffer backs up
+    def set_write_limits(self, transport: asyncio.BaseTransport) -> None:
+        high = max(64 * 1024, self.server.opts.max_pending // 4)
+        transport.set_write_buffer_limits(high=high, low=high // 4)  # type: ignore[attr-defined]
+
+    # asyncio flow control: the transport tells us when its buffer backs up and when it drains
     def pause_writing(self) -> None:
         self.paused_since = time.monotonic()
-        deadline = self.server.opts.write_deadline
+        server = self.server
+        deadline = server.opts.write_deadline
         if deadline > 0:
-            self.server.loop.call_later(deadline, self._check_write_deadline, self.paused_since)
+            server.loop.call_later(deadline, self._check_write_deadline, self.paused_since)
+        for producer in server.turn_producers:
+            if producer is not self and not producer.closed and producer not in self._stalling:
+                producer.stall()
+                self._stalling.append(producer)
+        if self._stalling:
+            server.loop.call_later(STALL_MAX, self._stall_check, self.paused_since, self._buffered())
 
     def resume_writing(self) -> None:
         self.paused_since = 0.0
+        self._release_producers()
+
+    def _buffered(self) -> int:
+        return self.transport.get_write_buffer_size() if self.transport is not None else 0
+
+    def _stall_check(self, since: float, buffered: int) -> None:
+        """Still backed up after STALL_MAX: keep the producers stalled while this receiver makes progress
+        (it reads, only slowly); release them if it does not read at all (it will become a slow consumer)."""
+        if since != self.paused_since or not self._stalling:
+            return
+        now = self._buffered()
+        if now < buffered and not self.closed:
+            self.server.loop.call_later(STALL_MAX, self._stall_check, since, now)
+        else:
+            self._release_producers()
+
+    def _release_producers(self) -> None:
+        stalling, self._stalling = self._stalling, []
+        for producer in stalling:
+            producer.unstall()
+
+    def stall(self) -> None:
+        self.stalled_by += 1
+        if self.stalled_by == 1 and self.transport is not None:
+            self.transport.pause_reading()
+
+    def unstall(self) -> None:
+        self.stalled_by -= 1
+        if self.stalled_by == 0 and not self.closed and self.transport is not None:
+            self.transport.resume_reading()
+        self.stalled_by = 0  # receivers currently stalling this connection's reads
+        self._stalling: list[Connection] = []  # producers this receiver stalled
 
     def _check_write_deadline(self, since: float) -> None:
         if not self.closed and self.paused_since == since:
@@ -94,6 +146,7 @@ class Connection:
         if not abort:
             self.flush()
         self.closed = True
+        self._release_producers()
         if self.transport is not None:
             if abort:
                 self.transport.abort()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,10 +38,13 @@ def nats_server_binary() -> str:
     return path
 
 
-def wait_for_info(port: int, deadline: float) -> dict:
-    """Poll until a server on `port` sends its INFO line; return the parsed INFO."""
+def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = None) -> dict:
+    """Poll until a server on `port` sends its INFO line; return the parsed INFO. Gives up at once when
+    `proc` (the server process) has exited."""
     last: Exception | None = None
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
                 data = b""
@@ -98,7 +102,7 @@ class ServerProcess:
         )
         deadline = time.monotonic() + timeout
         try:
-            self.info = wait_for_info(self.port, deadline)
+            self.info = wait_for_info(self.port, deadline, self.proc)
             if self.http_port:
                 self._wait_http(deadline)
         except Exception:
@@ -154,3 +158,143 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# -- clusters ----------------------------------------------------------------------------------------
+# Helpers for multi-server tests and benchmarks: build nats-server-syntax cluster configs, start the servers
+# of a cluster in parallel, and read route interest from /routez (whose format differs between nats-server
+# and zonebus: nats-server lists queue groups only with `?subs=detail`, and lists one entry per pooled route).
+
+
+def cluster_config(name: str, route_port: int, seed_ports: list[int] | tuple[int, ...] = (),
+                   tags: list[str] | tuple[str, ...] = (), prefer: bool | None = None, cluster: str = "c1",
+                   cluster_extra: str = "", route_urls: list[str] | None = None, extra: str = "") -> str:
+    """A config text for one cluster member; `prefer=None` leaves `prefer_matching_tags` out (nats-server
+    does not know it). `route_urls` overrides the URLs built from `seed_ports`."""
+    urls = route_urls if route_urls is not None else [f"nats-route://127.0.0.1:{p}" for p in seed_ports]
+    lines = [f"server_name: {name}"]
+    if tags:
+        lines.append(f"server_tags: {json.dumps(list(tags))}")
+    block = [f"name: {cluster}", f'listen: "127.0.0.1:{route_port}"']
+    if urls:
+        block.append(f"routes: {json.dumps(urls)}")
+    if prefer is not None:
+        block.append(f"prefer_matching_tags: {'true' if prefer else 'false'}")
+    if cluster_extra:
+        block.append(cluster_extra)
+    lines.append("cluster {\n  " + "\n  ".join(block) + "\n}")
+    if extra:
+        lines.append(extra)
+    return "\n".join(lines) + "\n"
+
+
+def start_parallel(servers: list[ServerProcess], timeout: float = 30.0) -> list[ServerProcess]:
+    """Start every server at once (threads); if one fails, stop all and re-raise its error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        futures = [pool.submit(s.start, timeout) for s in servers]
+        errors = [f.exception() for f in futures]
+    failed = [e for e in errors if e is not None]
+    if failed:
+        stop_all(servers)
+        raise failed[0]
+    return servers
+
+
+def stop_all(servers: list[ServerProcess]) -> None:
+    for s in servers:
+        s.stop()
+
+
+def start_cluster(impl: str, tags_per_server: list[list[str]], prefer: bool | None = None, cluster: str = "c1",
+                  cluster_extra: str = "", timeout: float = 30.0) -> list[ServerProcess]:
+    """Start one server per entry of `tags_per_server`, named s0, s1, ..., with monitoring ports.
+
+    Every server (s0 too) lists only s0's route port as its seed, so the full mesh has to come from gossip.
+    Server i's route port is `route_port_of(servers[i])`. `prefer` is ignored for nats-server.
+    """
+    route_ports = [free_port() for _ in tags_per_server]
+    servers = []
+    for i, tags in enumerate(tags_per_server):
+        conf = cluster_config(f"s{i}", route_ports[i], [route_ports[0]], tags,
+                              prefer if impl == "zonebus" else None, cluster, cluster_extra)
+        servers.append(ServerProcess(impl=impl, config=conf, http_port=free_port()))
+    return start_parallel(servers, timeout)
+
+
+def route_port_of(server: ServerProcess) -> int:
+    """The cluster listen port written in a server's config by `cluster_config`."""
+    m = re.search(r'listen: "127\.0\.0\.1:(\d+)"', server.config)
+    if not m:
+        raise ValueError("config has no cluster listen port")
+    return int(m.group(1))
+
+
+def routez(server: ServerProcess) -> dict:
+    """/routez with subscriptions, in whichever detail form the implementation offers."""
+    return server.http_get("/routez?subs=detail" if server.impl == "nats" else "/routez?subs=1")
+
+
+def route_peers(server: ServerProcess) -> set[str]:
+    """Names of the servers this one has a live route to (nats-server's pooled routes count once)."""
+    return {r.get("remote_name", "") for r in server.http_get("/routez").get("routes", [])}
+
+
+def route_interest(server: ServerProcess) -> dict[str, dict[tuple[str, str | None], int | None]]:
+    """remote server name -> {(subject, queue or None): weight (None where the server does not say)}."""
+    out: dict[str, dict[tuple[str, str | None], int | None]] = {}
+    for r in routez(server).get("routes", []):
+        subs = out.setdefault(r.get("remote_name", ""), {})
+        detail = r.get("subscriptions_list_detail")
+        if detail is not None:
+            for d in detail:
+                subs[(d["subject"], d.get("qgroup") or None)] = d.get("weight")
+        else:
+            for entry in r.get("subscriptions_list") or []:
+                subject, _, queue = entry.partition(" ")
+                subs[(subject, queue or None)] = None
+    return out
+
+
+def wait_for_route_interest(server: ServerProcess, subject: str, queue: str | None = None,
+                            deadline: float | None = None, *, peers: set[str] | list[str] | None = None,
+                            weight: int | None = None, present: bool = True) -> None:
+    """Poll `server`'s /routez until the route(s) from `peers` (default: any one route) carry interest in
+    (subject, queue) — with `weight` when given and reported — or, with `present=False`, until none does.
+    `deadline` is a time.monotonic() value (default: 10 s from now)."""
+    deadline = time.monotonic() + 10.0 if deadline is None else deadline
+    key = (subject, queue)
+    while True:
+        last = route_interest(server)
+        if present:
+            ok = (all(_carries(last, p, key, weight) for p in peers) if peers
+                  else any(_carries(last, n, key, weight) for n in last))
+        else:
+            ok = not any(_carries(last, p, key, None) for p in (peers or last))
+        if ok:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{server.impl} {server.url}: interest {key} (weight {weight}) from "
+                               f"{sorted(peers) if peers else 'any route'} {'never came' if present else 'stayed'}; "
+                               f"routes: { {n: sorted(map(str, s)) for n, s in last.items()} }")
+        time.sleep(0.02)
+
+
+def _carries(interest: dict, name: str, key: tuple[str, str | None], weight: int | None) -> bool:
+    subs = interest.get(name, {})
+    return key in subs and (weight is None or subs[key] is None or subs[key] == weight)
+
+
+def wait_for_mesh(servers: list[ServerProcess], deadline: float | None = None) -> None:
+    """Poll until every server has a route to every other one (by server name)."""
+    deadline = time.monotonic() + 15.0 if deadline is None else deadline
+    names = {s.info["server_name"] for s in servers}
+    while True:
+        missing = {s.info["server_name"]: sorted(names - {s.info["server_name"]} - route_peers(s)) for s in servers}
+        missing = {k: v for k, v in missing.items() if v}
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no full mesh; missing routes: {missing}")
+        time.sleep(0.02)
