@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zonebus.server.connection import INTERNAL, Connection
+from zonebus.server.connection import CLIENT, INTERNAL, Connection
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -49,11 +49,40 @@ class InternalClient(Connection):
             self.server.remove_subscription(sub)
 
     def publish(self, subject: str, payload: bytes, reply: str | None = None,
-                headers: bytes | None = None) -> None:
+                headers: bytes | None = None, msg_subject: str | None = None) -> None:
+        """Publish like a client. With `msg_subject`, route by `subject` (e.g. a consumer's deliver subject)
+        but show `msg_subject` (the stored message's subject) on the MSG line, as JetStream deliveries do."""
         data = (headers or b"") + payload + b"\r\n"
         hdr_len = len(headers) if headers else -1
         self.out_msgs += 1
-        self.server.process_msg(self, subject.encode(), reply.encode() if reply else None, hdr_len, data)
+        rep = reply.encode() if reply else None
+        if msg_subject is None or msg_subject == subject:
+            self.server.process_msg(self, subject.encode(), rep, hdr_len, data)
+        else:
+            self._deliver_as(subject.encode(), msg_subject.encode(), rep, hdr_len, data)
+
+    def _deliver_as(self, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
+        """Local subscribers of `subject` get the message under `shown`; routes with interest get it under
+        `subject` (clustered streams, a later issue, will carry the shown subject across routes)."""
+        server = self.server
+        r = server.sublist.match(subject)
+        routes: dict[Connection, list[bytes]] = {}
+        for sub in r.psubs:
+            if sub.conn.kind in (CLIENT, INTERNAL):
+                if not (sub.max_msgs and sub.delivered >= sub.max_msgs):
+                    server._deliver_one(sub, shown, reply, hdr_len, data)
+            else:
+                routes.setdefault(sub.conn, [])
+        for group in r.qsubs:
+            local = [s for s in group if s.conn.kind in (CLIENT, INTERNAL)]
+            if local:
+                sub = local[server.random.randrange(len(local))] if len(local) > 1 else local[0]
+                server._deliver_one(sub, shown, reply, hdr_len, data)
+            elif group:
+                member = group[server.random.randrange(len(group))]
+                routes.setdefault(member.conn, []).append(member.queue)
+        for conn, queues in routes.items():
+            conn.forward(subject, reply, hdr_len, data, queues or None)
 
     def has_interest(self, subject: str) -> bool:
         return bool(self.server.sublist.match(subject.encode()))

@@ -1,0 +1,48 @@
+"""Fixtures for the JetStream tests: one nats-server -js and one zonebus -js process per session.
+
+Tests that talk to a server use unique stream names and delete what they create, so the two processes are
+shared by every test in tests/stream (starting them costs about a second).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+
+from zonebus.testing.processes import ServerProcess
+
+
+def js_config(store_dir: str) -> str:
+    return f'jetstream {{ store_dir: "{store_dir}" }}\n'
+
+
+def start_js(impl: str, store_dir: str | None = None) -> ServerProcess:
+    store = store_dir or tempfile.mkdtemp(prefix=f"zb-js-{impl}-")
+    proc = ServerProcess(impl=impl, config=js_config(store))
+    proc.start()
+    proc.store_dir = store  # type: ignore[attr-defined]
+    return proc
+
+
+@pytest.fixture(scope="session")
+def js_servers() -> Iterator[dict[str, ServerProcess]]:
+    procs: dict[str, ServerProcess] = {}
+    try:
+        for impl in ("nats", "zonebus"):
+            procs[impl] = start_js(impl)
+        yield procs
+    finally:
+        for p in procs.values():
+            p.stop()
+
+
+@pytest.fixture
+def zb_url(js_servers: dict[str, ServerProcess]) -> str:
+    import os
+
+    proc = js_servers[os.environ.get("ZB_JS_IMPL", "zonebus")]  # ZB_JS_IMPL=nats runs them on nats-server
+    if proc.proc is None or proc.proc.poll() is not None:
+        raise RuntimeError(f"zonebus died; log:\n{proc.log()[-3000:]}")
+    return proc.url

@@ -1,0 +1,122 @@
+"""JetStream API errors: one registry of name -> (HTTP code, err_code, description).
+
+Texts and codes are the ones nats-server 2.15 returns. The error object sent on the wire has exactly the
+keys `code`, `err_code` and `description` (nats-py raises TypeError on any other key). Descriptions with
+`{...}` placeholders are filled from keyword arguments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# name -> (http code, err_code, description)
+REGISTRY: dict[str, tuple[int, int, str]] = {
+    "bad_request": (400, 10003, "bad request"),
+    "invalid_json": (400, 10025, "invalid JSON: {err}"),
+    "jetstream_not_enabled": (503, 10076, "jetstream not enabled"),
+    "stream_not_found": (404, 10059, "stream not found"),
+    "stream_name_exist": (400, 10058, "stream name already in use with a different configuration"),
+    "stream_mismatch": (400, 10056, "stream name in subject does not match request"),
+    "stream_subject_overlap": (400, 10065, "subjects overlap with an existing stream"),
+    "stream_invalid_config": (500, 10052, "{err}"),
+    "stream_replicas_not_supported": (500, 10074, "replicas > 1 not supported in non-clustered mode"),
+    "stream_store_failed": (503, 10077, "{err}"),
+    "stream_message_exceeds_max": (400, 10054, "message size exceeds maximum allowed"),
+    "stream_msg_delete_failed": (500, 10057, "{err}"),
+    "sequence_not_found": (400, 10043, "sequence {seq} not found"),
+    "stream_purge_failed": (500, 10110, "{err}"),
+    "stream_not_match": (400, 10060, "expected stream does not match"),
+    "stream_wrong_last_sequence": (400, 10071, "wrong last sequence: {seq}"),
+    "stream_wrong_last_msg_id": (400, 10070, "wrong last msg ID: {id}"),
+    "stream_sealed": (400, 10109, "invalid operation on sealed stream"),
+    "stream_deny_delete": (400, 10057, "message delete not permitted"),
+    "stream_deny_purge": (400, 10110, "stream purge not permitted"),
+    "insufficient_resources": (503, 10023, "insufficient resources"),
+    "no_message_found": (404, 10037, "no message found"),
+    "consumer_not_found": (404, 10014, "consumer not found"),
+    "consumer_exists": (400, 10148, "consumer already exists"),
+    "consumer_does_not_exist": (400, 10149, "consumer does not exist"),
+    "consumer_create": (500, 10012, "{err}"),
+    "consumer_name_invalid": (500, 10052, "consumer name can not contain '.', '*', '>', '\\', '/'"),
+    "consumer_name_too_long": (400, 10102, "consumer name is too long, maximum allowed is {max}"),
+    "consumer_durable_name_mismatch": (
+        400,
+        10017,
+        "consumer name in subject does not match durable name in request",
+    ),
+    "consumer_durable_name_not_set": (
+        400,
+        10018,
+        "consumer expected to be durable but a durable name was not set",
+    ),
+    "consumer_ephemeral_with_durable": (
+        400,
+        10020,
+        "consumer expected to be ephemeral but a durable name was set in request",
+    ),
+    "consumer_invalid_policy": (400, 10094, "{err}"),
+    "consumer_max_consumers": (400, 10026, "maximum consumers limit reached"),
+    "consumer_hb_requires_push": (400, 10088, "consumer idle heartbeat requires a push based consumer"),
+    "consumer_fc_requires_push": (400, 10089, "consumer flow control requires a push based consumer"),
+    "consumer_fc_requires_hb": (400, 10108, "consumer with flow control also needs heartbeats"),
+    "consumer_push_max_waiting": (400, 10080, "consumer in push mode can not set max waiting"),
+    "consumer_deliver_to_wildcards": (400, 10079, "consumer deliver subject has wildcards"),
+    "consumer_deliver_cycle": (400, 10081, "consumer deliver subject forms a cycle"),
+    "consumer_ack_wait_negative": (400, 10183, "consumer ack wait needs to be positive"),
+    "consumer_backoff_max_deliver": (400, 10116, "max deliver is required to be > length of backoff values"),
+    "consumer_backoff_positive": (400, 10184, "consumer backoff needs to be positive"),
+    "consumer_invalid_filter": (400, 10093, "consumer filter subject is not a valid subset of the interest subjects"),
+    "consumer_wq_requires_explicit_ack": (
+        400,
+        10084,
+        "consumer in pull mode requires explicit ack policy on workqueue stream",
+    ),
+    "consumer_wq_multiple_unfiltered": (
+        400,
+        10099,
+        "multiple non-filtered consumers not allowed on workqueue stream",
+    ),
+    "consumer_wq_not_unique": (400, 10100, "filtered consumer not unique on workqueue stream"),
+    "consumer_wq_deliver_all": (400, 10101, "consumer must be deliver all on workqueue stream"),
+    # several filter subjects (ADR "consumers with multiple filters", as nats-server implements it)
+    "consumer_duplicate_filter_subjects": (
+        400,
+        10136,
+        "consumer cannot have both FilterSubject and FilterSubjects specified",
+    ),
+    "consumer_multiple_filters_not_allowed": (
+        400,
+        10137,
+        "consumer with multiple subject filters cannot use subject based API",
+    ),
+    "consumer_overlapping_filters": (400, 10138, "consumer subject filters cannot overlap"),
+    "consumer_empty_filter": (400, 10139, "consumer filter in FilterSubjects cannot be empty"),
+    "consumer_create_filter_mismatch": (
+        400,
+        10131,
+        "Consumer create request did not match filtered subject from create subject",
+    ),
+}
+
+
+class JSError(Exception):
+    """An API error that becomes the `error` object of a response."""
+
+    def __init__(self, name: str, **fmt: Any) -> None:
+        code, err_code, text = REGISTRY[name]
+        self.name = name
+        self.code = code
+        self.err_code = err_code
+        self.description = text.format(**fmt) if fmt else text
+        super().__init__(self.description)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "err_code": self.err_code, "description": self.description}
+
+
+def invalid_config(err: str) -> JSError:
+    return JSError("stream_invalid_config", err=err)
+
+
+def invalid_json(err: str) -> JSError:
+    return JSError("invalid_json", err=err)

@@ -1,0 +1,315 @@
+"""The file store: append-only segment files with CRC-checked records, rebuilt into an index on open.
+
+Layout: `<dir>/<n>.blk`, n = 1, 2, ... Every record is
+
+    total_len u32 | kind u8 | seq u64 | ts i64 | subj_len u16 | hdr_len u32 | data_len u32
+    | subject | headers | data | crc32 u32 (over everything before it)
+
+kinds: MSG; DEL (one sequence removed); MARK (every sequence below `seq` is gone, and the last sequence
+is at least `ts`). Removals are appended to the active segment, so a segment is only deleted when it and
+every older segment hold no live message: a tombstone never outlives its target's segment. Each new segment
+starts with a MARK so the last sequence survives even when every message is gone.
+
+Recovery reads segments in order and stops a segment at the first short or corrupt record, truncating the
+file there (a torn tail after a crash). A message is acknowledged only after its record was written
+(`os.write` to the kernel, so it survives SIGKILL) and, with `sync_always`, fsynced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from array import array
+from pathlib import Path
+
+from zonebus.stream import segindex
+from zonebus.stream.segindex import SegIndex
+from zonebus.stream.store import MsgStore
+
+log = logging.getLogger(__name__)
+
+_HDR = struct.Struct("<IBQqHII")
+_CRC = struct.Struct("<I")
+HDR_LEN = _HDR.size  # 31
+MSG, DEL, MARK = 1, 2, 3
+SEG_SHIFT = 40
+OFF_MASK = (1 << SEG_SHIFT) - 1
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
+def encode(kind: int, seq: int, ts: int, subject: bytes = b"", hdrs: bytes = b"", data: bytes = b"") -> bytes:
+    total = HDR_LEN + len(subject) + len(hdrs) + len(data) + 4
+    head = _HDR.pack(total, kind, seq, ts, len(subject), len(hdrs), len(data))
+    body = b"".join((head, subject, hdrs, data))
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+class FileStore(MsgStore):
+    overhead = 30  # nats-server fileStoreMsgSize: subject + headers + data + 22 record + 8 hash
+
+    def msg_size(self, subject: str, hdrs: bytes | None, data: bytes) -> int:
+        # nats-server adds 4 bytes (the header length) when there are headers
+        return len(subject) + (len(hdrs) + 4 if hdrs else 0) + len(data) + self.overhead
+
+    def __init__(self, directory: str | Path, sync_always: bool = False,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        super().__init__()
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sync_always = sync_always
+        self.segment_bytes = segment_bytes
+        self._fds: dict[int, int] = {}  # segment number -> fd
+        self._live: dict[int, int] = {}  # segment number -> live messages
+        self._active = 0
+        self._offset = 0  # write offset in the active segment
+        self._dirty = False
+        self._seg_base: dict[int, int] = {}  # segment number -> first sequence written into it
+        self._removals: list[tuple[int, int, int]] = []  # DEL/MARK records of the active segment
+        self.recovered_truncations = 0
+        self.indexed_segments = 0  # segments recovered from their .idx file
+        self._recover()
+
+    # -- recovery ------------------------------------------------------------------------------------
+    def _segments(self) -> list[int]:
+        nums = []
+        for p in self.dir.glob("*.blk"):
+            try:
+                nums.append(int(p.stem))
+            except ValueError:
+                continue
+        return sorted(nums)
+
+    def _path(self, n: int) -> Path:
+        return self.dir / f"{n}.blk"
+
+    def _idx_path(self, n: int) -> Path:
+        return self.dir / f"{n}.idx"
+
+    def _recover(self) -> None:
+        segs = self._segments()
+        for n in segs:
+            self._live[n] = 0
+            self._fds[n] = os.open(self._path(n), os.O_RDWR | os.O_APPEND)
+            self._removals = []
+            start = self._load_index(n)
+            self._scan_segment(n, start)
+        if segs:
+            self._active = segs[-1]
+            self._offset = os.fstat(self._fds[self._active]).st_size
+            if self._offset >= self.segment_bytes:
+                self._roll()
+        else:
+            self._open_segment(1)
+        self._drop_empty_front()
+
+    def _load_index(self, n: int) -> int:
+        """Load segment n from its index file when that is valid; returns the offset to scan from."""
+        seg = segindex.read(self._idx_path(n))
+        idx = self.index
+        size = os.fstat(self._fds[n]).st_size
+        if seg is None or seg.covered > size or (len(seg.sids) and seg.base_seq <= idx.last_seq):
+            return 0
+        table = {gid: idx.subject_id(subj) for gid, subj in seg.subjects.items()}
+        table[-1] = -1
+        sids = seg.sids
+        if any(table[g] != g for g in table):
+            sids = array("i", [table[g] for g in seg.sids])
+        self._live[n] += idx.add_bulk(seg.base_seq, sids, seg.sizes, seg.tss, seg.locs)
+        if len(seg.tss):
+            self._last_ts = max(self._last_ts, seg.tss[-1])
+        self._seg_base[n] = seg.base_seq
+        for kind, seq, aux in seg.removals:
+            self._apply_removal(kind, seq, aux)
+        self.indexed_segments += 1
+        return seg.covered
+
+    def _apply_removal(self, kind: int, seq: int, aux: int) -> None:
+        self._removals.append((kind, seq, aux))
+        if kind == DEL:
+            self._index_remove(seq)
+            return
+        idx = self.index  # MARK: below `seq` nothing is live; the last sequence is at least `aux`
+        while idx.msgs and idx.first_seq < seq:
+            self._index_remove(idx.first_seq)
+        idx.skip_to(seq, aux)
+
+    def _scan_segment(self, n: int, start: int = 0) -> None:
+        fd = self._fds[n]
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, size - start, start) if size > start else b""
+        idx = self.index
+        off = 0
+        size -= start
+        base = start
+        while off < size:
+            if size - off < HDR_LEN + 4:
+                break
+            total, kind, seq, ts, slen, hlen, dlen = _HDR.unpack_from(data, off)
+            if total != HDR_LEN + slen + hlen + dlen + 4 or off + total > size or kind not in (MSG, DEL, MARK):
+                break
+            end = off + total - 4
+            (crc,) = _CRC.unpack_from(data, end)
+            if zlib.crc32(memoryview(data)[off:end]) != crc:
+                break
+            if kind == MSG:
+                if seq > idx.last_seq:
+                    p = off + HDR_LEN
+                    subject = data[p : p + slen].decode()
+                    msize = slen + hlen + dlen + self.overhead + (4 if hlen else 0)
+                    idx.add(seq, subject, msize, ts, (n << SEG_SHIFT) | (base + off))
+                    self._seg_base.setdefault(n, seq)
+                    self._live[n] += 1
+                    self._last_ts = max(self._last_ts, ts)
+            else:
+                self._apply_removal(kind, seq, ts)
+            off += total
+        if off < size:
+            log.warning("filestore %s: truncating segment %d at %d (torn or corrupt record)", self.dir, n,
+                        base + off)
+            os.ftruncate(fd, base + off)
+            self.recovered_truncations += 1
+
+    def _index_remove(self, seq: int) -> None:
+        gone = self.index.remove(seq)
+        if gone is not None:
+            self._live[gone[2] >> SEG_SHIFT] -= 1
+
+    # -- segments ------------------------------------------------------------------------------------
+    def _open_segment(self, n: int) -> None:
+        fd = os.open(self._path(n), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fds[n] = fd
+        self._live[n] = 0
+        self._active = n
+        self._offset = os.fstat(fd).st_size
+        self._seg_base[n] = self.index.last_seq + 1
+        self._removals = []
+        self._log_watermark(self.index.first_seq)
+
+    def _roll(self) -> None:
+        if self._dirty:
+            os.fsync(self._fds[self._active])
+            self._dirty = False
+        self._write_index(self._active)
+        self._open_segment(self._active + 1)
+        self._drop_empty_front()
+
+    def _write_index(self, n: int) -> None:
+        """Write `<n>.idx` for the segment's current contents (it must be the active segment)."""
+        idx = self.index
+        base = max(self._seg_base.get(n, idx.last_seq + 1), idx.base)
+        i0, i1 = base - idx.base, idx.last_seq + 1 - idx.base
+        if i1 <= i0:
+            seg = SegIndex(self._offset, idx.last_seq + 1)
+        else:
+            sids = idx.sids[i0:i1]
+            seg = SegIndex(self._offset, base, sids, idx.sizes[i0:i1], idx.tss[i0:i1], idx.locs[i0:i1],
+                           {g: idx.subjects[g] for g in set(sids) if g >= 0})
+        seg.removals = list(self._removals)
+        try:
+            segindex.write(self._idx_path(n), seg)
+        except OSError:
+            log.exception("filestore %s: could not write index of segment %d", self.dir, n)
+
+    def _drop_empty_front(self) -> None:
+        for n in sorted(self._fds):
+            if n == self._active or self._live.get(n, 0) > 0:
+                break
+            os.close(self._fds.pop(n))
+            self._live.pop(n, None)
+            self._seg_base.pop(n, None)
+            for path in (self._idx_path(n), self._path(n)):  # the index first: never an index without data
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+
+    def _append(self, rec: bytes) -> int:
+        fd = self._fds[self._active]
+        off = self._offset
+        view = memoryview(rec)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        self._offset += len(rec)
+        if self.sync_always:
+            os.fdatasync(fd)
+        else:
+            self._dirty = True
+        return off
+
+    # -- MsgStore hooks ------------------------------------------------------------------------------
+    def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
+        if self._offset >= self.segment_bytes:
+            self._roll()
+        off = self._append(encode(MSG, seq, ts, subject.encode(), hdrs or b"", data))
+        self._live[self._active] += 1
+        return (self._active << SEG_SHIFT) | off
+
+    def _read(self, seq: int, loc: int, size: int) -> tuple[bytes | None, bytes] | None:
+        n, off = loc >> SEG_SHIFT, loc & OFF_MASK
+        fd = self._fds.get(n)
+        if fd is None:
+            return None
+        rec = os.pread(fd, size - self.overhead + HDR_LEN + 4, off)  # the record (with headers: 4 bytes more)
+        if len(rec) < HDR_LEN:
+            return None
+        total, _k, rseq, _ts, slen, hlen, dlen = _HDR.unpack_from(rec, 0)
+        if len(rec) < total:
+            return None
+        rec = rec[:total]
+        if rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != _CRC.unpack_from(rec, total - 4)[0]:
+            log.error("filestore %s: record for seq %d is corrupt", self.dir, seq)
+            return None
+        p = HDR_LEN + slen
+        hdrs = rec[p : p + hlen] if hlen else None
+        return hdrs, rec[p + hlen : p + hlen + dlen]
+
+    def _forget(self, seq: int, loc: int) -> None:
+        n = loc >> SEG_SHIFT
+        if n in self._live:
+            self._live[n] -= 1
+            if self._live[n] <= 0 and n != self._active:
+                self._drop_empty_front()
+
+    def _log_delete(self, seq: int) -> None:
+        self._append(encode(DEL, seq, 0))
+        self._removals.append((DEL, seq, 0))
+
+    def _log_watermark(self, first_seq: int) -> None:
+        last = self.index.last_seq
+        self._append(encode(MARK, first_seq, last))
+        self._removals.append((MARK, first_seq, last))
+
+    def _purge_all(self) -> None:
+        super()._purge_all()
+        self._roll()  # the new segment starts with a MARK at last_seq + 1; the older ones are all empty
+
+    def sync(self) -> None:
+        if self._dirty and self._active in self._fds:
+            os.fsync(self._fds[self._active])
+            self._dirty = False
+
+    def close(self) -> None:
+        if not self._fds:
+            return
+        self.sync()
+        if self._active in self._fds:
+            self._write_index(self._active)
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def destroy(self) -> None:
+        self.close()
+        for pattern in ("*.idx", "*.blk", "*.tmp"):
+            for p in self.dir.glob(pattern):
+                p.unlink()
+        try:
+            self.dir.rmdir()
+        except OSError:
+            pass
+
+    def disk_bytes(self) -> int:
+        return sum(os.fstat(fd).st_size for fd in self._fds.values())

@@ -1,0 +1,195 @@
+"""Pull requests (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`): the waiting queue of one consumer.
+
+A request asks for `batch` messages (optionally at most `max_bytes`), waits up to `expires`, or with
+`no_wait` answers at once; the replies are the messages themselves and status messages without payload:
+`404 No Messages`, `408 Request Timeout` (with the unfilled batch and bytes), `409 ...` (limits, deleted
+consumer) and `100 Idle Heartbeat` while a request waits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zonebus.stream.consumer import Consumer
+
+FILL_SLICE = 128  # messages delivered per loop callback; outbound data is flushed between slices
+
+
+def status(code: int, desc: str, extra: dict[str, Any] | None = None) -> bytes:
+    lines = [f"NATS/1.0 {code} {desc}"]
+    for k, v in (extra or {}).items():
+        lines.append(f"{k}: {v}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+class PullRequest:
+    __slots__ = ("reply", "batch", "max_bytes", "expires", "no_wait", "hb", "sent", "done", "timers",
+                 "last_sent")
+
+    def __init__(self, reply: str, batch: int, max_bytes: int, expires: float, no_wait: bool, hb: float):
+        self.reply = reply
+        self.batch = batch  # messages still wanted
+        self.max_bytes = max_bytes  # bytes still allowed (0 = no limit)
+        self.expires = expires  # seconds, 0 = never
+        self.no_wait = no_wait
+        self.hb = hb
+        self.sent = 0
+        self.done = False
+        self.timers: list = []
+        self.last_sent = time.monotonic()
+
+
+def parse_request(body: bytes) -> tuple[int, int, float, bool, float]:
+    """(batch, max_bytes, expires seconds, no_wait, heartbeat seconds); bad bodies read as batch 1."""
+    body = body.strip()
+    if not body:
+        return 1, 0, 0.0, False, 0.0
+    if body.isdigit():
+        return max(int(body), 1), 0, 0.0, False, 0.0
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return 1, 0, 0.0, False, 0.0
+    if not isinstance(doc, dict):
+        return 1, 0, 0.0, False, 0.0
+
+    def num(key: str) -> int:
+        v = doc.get(key, 0)
+        return int(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else 0
+
+    return max(num("batch"), 1), num("max_bytes"), num("expires") / 1e9, doc.get("no_wait") is True, \
+        num("idle_heartbeat") / 1e9
+
+
+class PullQueue:
+    def __init__(self, consumer: Consumer) -> None:
+        self.c = consumer
+        self.q: deque[PullRequest] = deque()
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+    def add(self, reply: str, body: bytes) -> None:
+        c = self.c
+        svc = c.service
+        if c.push:
+            svc.send(reply, b"", headers=status(409, "Consumer is push based"))
+            return
+        batch, max_bytes, expires, no_wait, hb = parse_request(body)
+        cfg = c.cfg
+        if cfg.get("max_batch") and batch > cfg["max_batch"]:
+            svc.send(reply, b"", headers=status(409, f"Exceeded MaxRequestBatch of {cfg['max_batch']}"))
+            return
+        if cfg.get("max_expires") and (expires == 0 or expires * 1e9 > cfg["max_expires"]):
+            svc.send(reply, b"", headers=status(409, f"Exceeded MaxRequestExpires of {cfg['max_expires'] / 1e9}s"))
+            return
+        if cfg.get("max_bytes") and max_bytes > cfg["max_bytes"]:
+            svc.send(reply, b"", headers=status(409, f"Exceeded MaxRequestMaxBytes of {cfg['max_bytes']}"))
+            return
+        c.last_active = time.monotonic()
+        req = PullRequest(reply, batch, max_bytes, expires, no_wait, hb)
+        if len(self.q) >= cfg.get("max_waiting", 512):
+            svc.send(reply, b"", headers=status(409, "Exceeded MaxWaiting"))
+            return
+        more = False
+        if not self.q:
+            # deliver a first slice now; the rest follows from the loop so the server can flush meanwhile
+            more = self._fill(req, FILL_SLICE) >= FILL_SLICE
+            if req.done:
+                return
+        if no_wait and not more and (not expires or req.sent):
+            self._finish(req, status(404, "No Messages"))
+            return
+        self.q.append(req)
+        loop = svc.loop
+        if expires:
+            req.timers.append(loop.call_later(expires, self._expire, req))
+        if hb:
+            req.timers.append(loop.call_later(hb, self._heartbeat, req))
+        if more:
+            c.kick()
+
+    def _fill(self, req: PullRequest, limit: int) -> int:
+        """Deliver to one request until it is satisfied, nothing is available or `limit` is used up."""
+        c = self.c
+        svc = c.service
+        n = 0
+        if not svc.has_interest(req.reply):
+            self._finish(req, None)
+            return 0
+        while n < limit and req.batch > 0:
+            seq, redelivery = c.next_seq()
+            if not seq:
+                break
+            size = c.msg_size(seq)
+            if req.max_bytes and size > req.max_bytes:
+                extra = {"Nats-Pending-Messages": req.batch, "Nats-Pending-Bytes": req.max_bytes}
+                self._finish(req, None if req.sent else status(409, "Message Size Exceeds MaxBytes", extra))
+                return n
+            if not c.deliver(seq, redelivery, req.reply):
+                continue  # the message vanished under us; the cursor moved past it
+            n += 1
+            req.sent += 1
+            req.batch -= 1
+            req.last_sent = time.monotonic()
+            if req.max_bytes:
+                req.max_bytes -= size
+                if req.max_bytes <= 0:
+                    req.batch = 0
+        if req.batch <= 0:
+            self._finish(req, None)
+        return n
+
+    def serve(self, limit: int) -> bool:
+        """Serve waiting requests in arrival order; True when more work may be left."""
+        used = 0
+        while self.q and used < limit:
+            req = self.q[0]
+            if req.done:
+                self.q.popleft()
+                continue
+            used += self._fill(req, limit - used)
+            if not req.done:
+                if req.no_wait and (req.sent or not req.expires) and used < limit:
+                    self._finish(req, status(404, "No Messages"))
+                    continue
+                return used >= limit
+        return used >= limit
+
+    def _finish(self, req: PullRequest, final: bytes | None) -> None:
+        if req.done:
+            return
+        req.done = True
+        for t in req.timers:
+            t.cancel()
+        req.timers.clear()
+        try:
+            self.q.remove(req)
+        except ValueError:
+            pass
+        if final is not None:
+            self.c.service.send(req.reply, b"", headers=final)
+
+    def _expire(self, req: PullRequest) -> None:
+        if req.done:
+            return
+        extra = {"Nats-Pending-Messages": req.batch, "Nats-Pending-Bytes": req.max_bytes}
+        self._finish(req, status(408, "Request Timeout", extra))
+
+    def _heartbeat(self, req: PullRequest) -> None:
+        if req.done:
+            return
+        c = self.c
+        if time.monotonic() - req.last_sent >= req.hb * 0.95:
+            extra = {"Nats-Last-Consumer": c.dseq, "Nats-Last-Stream": c.delivered_sseq}
+            c.service.send(req.reply, b"", headers=status(100, "Idle Heartbeat", extra))
+        req.timers.append(c.service.loop.call_later(req.hb, self._heartbeat, req))
+
+    def close(self, final: bytes | None) -> None:
+        for req in list(self.q):
+            self._finish(req, final)
+        self.q.clear()

@@ -1,0 +1,319 @@
+"""JetStreamService: the JetStream layer a zonebus server runs, over the server's internal client.
+
+It recovers streams and consumers from `store_dir`, subscribes `$JS.API.>` (requests), `$JS.ACK.>` (acks),
+`$JS.FC.>` (push flow control) and every stream's subjects, and runs the timers (file sync, consumer state
+flush, inactive consumers). Everything runs on the server's event loop; callbacks never block on I/O beyond
+an `os.write` of one record.
+
+On-disk layout: `<store_dir>/jetstream/streams/<stream>/{meta.json, msgs/<n>.blk + <n>.idx,
+consumers/<consumer>/{meta.json,state.json}}`. Memory streams are not written: like nats-server's, they do not
+survive a restart. Consumer state is written 50 ms after it changes (and on stop), so a crash can forget the
+last acks: those messages are redelivered (at-least-once), never lost.
+
+Deliveries keep the stream subject on the MSG line: `InternalClient.publish(..., msg_subject=...)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zonebus.stream.api import JSApi
+from zonebus.stream.consumer import Consumer
+from zonebus.stream.filestore import FileStore
+from zonebus.stream.memstore import MemStore
+from zonebus.stream.store import MsgStore, now_ns
+from zonebus.stream.stream import Stream
+
+if TYPE_CHECKING:
+    from zonebus.server.options import JetStreamOptions
+
+log = logging.getLogger(__name__)
+
+STATE_FLUSH_DELAY = 0.05
+HOUSEKEEPING_INTERVAL = 0.5
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+
+
+class JetStreamService:
+    def __init__(self, opts: JetStreamOptions, server_name: str, client: Any) -> None:
+        self.opts = opts
+        self.server_name = server_name
+        self.client = client
+        self.streams: dict[str, Stream] = {}
+        self.api = JSApi(self)
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set in start()
+        self.root = Path()
+        self._sids: list[int] = []
+        self._fc: dict[str, Consumer] = {}
+        self._dirty: set[Consumer] = set()
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._timers: list[asyncio.TimerHandle] = []
+        self._tmpdir: str | None = None
+        self.started = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        store_dir = self.opts.store_dir
+        if not store_dir:
+            self._tmpdir = store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
+        self.root = Path(store_dir) / "jetstream" / "streams"
+        self.root.mkdir(parents=True, exist_ok=True)
+        for d in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            try:
+                self._recover_stream(d)
+            except Exception:
+                log.exception("JetStream: could not recover stream from %s", d)
+        c = self.client
+        self._sids.append(c.subscribe("$JS.API.>", self._on_api))
+        self._sids.append(c.subscribe("$JS.ACK.>", self._on_ack))
+        self._sids.append(c.subscribe("$JS.FC.>", self._on_fc))
+        for stream in self.streams.values():
+            self._subscribe_stream(stream)
+            for cons in stream.consumers.values():
+                cons.start()
+        self.started = True
+        self._every(HOUSEKEEPING_INTERVAL, self._housekeeping)
+        if not self._sync_always() and self.opts.sync_interval > 0:
+            self._every(self.opts.sync_interval, self._sync_all)
+
+    async def stop(self) -> None:
+        self.started = False
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+        self._flush_states()
+        for sid in self._sids:
+            try:
+                self.client.unsubscribe(sid)
+            except Exception:
+                pass
+        self._sids.clear()
+        for stream in self.streams.values():
+            self._unsubscribe_stream(stream)
+            stream.close()
+        self.streams.clear()
+        self.started = False
+        if self._tmpdir:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+
+    def info_fields(self) -> dict[str, Any]:
+        return {"jetstream": True}
+
+    def _every(self, interval: float, fn) -> None:
+        """Run `fn` every `interval` seconds until stop()."""
+        slot = len(self._timers)
+
+        def tick() -> None:
+            try:
+                fn()
+            except Exception:
+                log.exception("JetStream timer %s failed", getattr(fn, "__name__", fn))
+            if self.started:
+                self._timers[slot] = self.loop.call_later(interval, tick)
+
+        self._timers.append(self.loop.call_later(interval, tick))
+
+    def _sync_always(self) -> bool:
+        return bool(self.opts.sync_always) or self.opts.sync_interval == 0
+
+    def _sync_all(self) -> None:
+        for s in self.streams.values():
+            s.store.sync()
+
+    # -- sending -------------------------------------------------------------------------------------
+    def send(self, subject: str, payload: bytes, reply: str | None = None, headers: bytes | None = None) -> None:
+        self.client.publish(subject, payload, reply, headers)
+
+    def deliver(self, to: str, msg_subject: str, payload: bytes, reply: str | None, headers: bytes | None) -> None:
+        """Send a stored message to `to` (deliver subject or pull inbox), keeping its stream subject."""
+        self.client.publish(to, payload, reply, headers, msg_subject=msg_subject)
+
+    def has_interest(self, subject: str) -> bool:
+        return self.client.has_interest(subject)
+
+    # -- internal subscriptions ----------------------------------------------------------------------
+    def _on_api(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
+            self._on_pull(subject, reply, payload)
+            return
+        resp = self.api.handle(subject, payload)
+        if resp is not None and reply:
+            self.send(reply, json.dumps(resp, separators=(",", ":")).encode())
+
+    def _on_pull(self, subject: str, reply: str | None, payload: bytes) -> None:
+        toks = subject.split(".")
+        if len(toks) != 7 or not reply:
+            return
+        stream = self.streams.get(toks[5])
+        cons = stream.consumers.get(toks[6]) if stream else None
+        if cons is None:
+            return  # nats-server does not answer either: the client sees no responders or a timeout
+        cons.waiting.add(reply, payload)
+
+    def _on_ack(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        toks = subject.split(".")
+        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
+        if len(toks) != 9:
+            return
+        stream = self.streams.get(toks[2])
+        cons = stream.consumers.get(toks[3]) if stream else None
+        if cons is None:
+            if reply:
+                self.send(reply, b"")
+            return
+        try:
+            sseq, dseq = int(toks[5]), int(toks[6])
+        except ValueError:
+            return
+        cons.on_ack(sseq, dseq, payload, reply)
+
+    def _on_fc(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        cons = self._fc.pop(subject, None)
+        if cons is not None:
+            cons.on_flow_control_reply(subject)
+
+    def register_fc(self, token: str, consumer: Consumer) -> None:
+        self._fc[token] = consumer
+
+    # -- streams -------------------------------------------------------------------------------------
+    def _stream_dir(self, name: str) -> Path:
+        return self.root / name
+
+    def _open_store(self, cfg: dict[str, Any], directory: Path) -> MsgStore:
+        if cfg["storage"] == "memory":
+            return MemStore()
+        return FileStore(directory / "msgs", sync_always=self._sync_always())
+
+    def create_stream(self, cfg: dict[str, Any]) -> Stream:
+        d = self._stream_dir(cfg["name"])
+        if d.exists():
+            shutil.rmtree(d, ignore_errors=True)
+        # like nats-server, memory streams (and their consumers) do not survive a restart
+        stream = Stream(self, cfg, now_ns(), self._open_store(cfg, d), d if cfg["storage"] == "file" else None)
+        stream.save_meta()
+        self.streams[cfg["name"]] = stream
+        self._subscribe_stream(stream)
+        return stream
+
+    def update_stream(self, stream: Stream, cfg: dict[str, Any]) -> None:
+        resubscribe = cfg["subjects"] != stream.cfg["subjects"]
+        stream.update_config(cfg)
+        if resubscribe:
+            self._unsubscribe_stream(stream)
+            self._subscribe_stream(stream)
+        if cfg["retention"] != "limits":
+            stream.recheck_interest()
+
+    def delete_stream(self, stream: Stream) -> None:
+        self._unsubscribe_stream(stream)
+        self.streams.pop(stream.name, None)
+        for c in stream.consumers.values():
+            self._dirty.discard(c)
+        stream.destroy()
+
+    def _subscribe_stream(self, stream: Stream) -> None:
+        for subj in stream.cfg["subjects"]:
+            stream.sids.append(self.client.subscribe(subj, stream.on_publish))
+
+    def _unsubscribe_stream(self, stream: Stream) -> None:
+        for sid in stream.sids:
+            self.client.unsubscribe(sid)
+        stream.sids.clear()
+
+    def _recover_stream(self, d: Path) -> None:
+        meta = json.loads((d / "meta.json").read_text())
+        cfg = meta["config"]
+        if cfg["storage"] != "file":
+            shutil.rmtree(d, ignore_errors=True)
+            return
+        stream = Stream(self, cfg, meta["created"], self._open_store(cfg, d), d)
+        stream.rebuild_dedupe()
+        self.streams[cfg["name"]] = stream
+        cdir = d / "consumers"
+        if cdir.is_dir():
+            for cd in sorted(p for p in cdir.iterdir() if p.is_dir()):
+                try:
+                    cmeta = json.loads((cd / "meta.json").read_text())
+                    state_path = cd / "state.json"
+                    state = json.loads(state_path.read_text()) if state_path.exists() else None
+                    cons = Consumer(stream, cmeta["name"], cmeta["config"], cmeta["created"], True, state)
+                    stream.consumers[cons.name] = cons
+                except Exception:
+                    log.exception("JetStream: could not recover consumer from %s", cd)
+        if cfg["max_age"]:
+            stream.schedule_age_check()
+
+    # -- consumers -----------------------------------------------------------------------------------
+    def _consumer_dir(self, cons: Consumer) -> Path:
+        return self._stream_dir(cons.stream.name) / "consumers" / cons.name
+
+    def create_consumer(self, stream: Stream, name: str, cfg: dict[str, Any], durable: bool) -> Consumer:
+        cons = Consumer(stream, name, cfg, now_ns(), durable)
+        stream.consumers[name] = cons
+        if durable and stream.dir is not None:
+            self._save_consumer_meta(cons)
+            self._write_state(cons)
+        cons.start()
+        return cons
+
+    def update_consumer(self, cons: Consumer, cfg: dict[str, Any]) -> None:
+        cons.update_config(cfg)
+        if cons.durable and cons.stream.dir is not None:
+            self._save_consumer_meta(cons)
+        if cons.stream.retention != "limits":
+            cons.stream.recheck_interest()
+
+    def delete_consumer(self, cons: Consumer) -> None:
+        stream = cons.stream
+        cons.stop(deleted=True)
+        stream.consumers.pop(cons.name, None)
+        self._dirty.discard(cons)
+        if cons.durable:
+            shutil.rmtree(self._consumer_dir(cons), ignore_errors=True)
+        stream.recheck_interest()
+
+    def _save_consumer_meta(self, cons: Consumer) -> None:
+        d = self._consumer_dir(cons)
+        d.mkdir(parents=True, exist_ok=True)
+        _write_json(d / "meta.json", {"name": cons.name, "config": cons.cfg, "created": cons.created})
+
+    def _write_state(self, cons: Consumer) -> None:
+        d = self._consumer_dir(cons)
+        if d.is_dir():
+            _write_json(d / "state.json", cons.state_dict())
+
+    def schedule_state_flush(self, cons: Consumer) -> None:
+        self._dirty.add(cons)
+        if self._flush_handle is None and self.loop is not None:
+            self._flush_handle = self.loop.call_later(STATE_FLUSH_DELAY, self._flush_states)
+
+    def _flush_states(self) -> None:
+        self._flush_handle = None
+        dirty, self._dirty = self._dirty, set()
+        for cons in dirty:
+            if cons.closed or cons.stream.dir is None or cons.stream.name not in self.streams:
+                continue
+            try:
+                self._write_state(cons)
+            except OSError:
+                log.exception("JetStream: could not save consumer state of %s", cons.name)
+
+    def _housekeeping(self) -> None:
+        now = time.monotonic()
+        for stream in list(self.streams.values()):
+            for cons in list(stream.consumers.values()):
+                if cons.is_inactive(now):
+                    self.delete_consumer(cons)

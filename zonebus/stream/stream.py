@@ -1,0 +1,334 @@
+"""One stream: turns publishes into stored messages and PubAcks, enforces limits, retention and dedupe.
+
+The stream owns its store and its consumers. Every stored message is announced to the consumers
+(`on_new_msg`) and every removal too (`on_removed`), so their pending counts stay exact without rescans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zonebus.stream.config import format_time
+from zonebus.stream.errors import JSError
+from zonebus.stream.store import MsgStore, now_ns
+
+if TYPE_CHECKING:
+    from zonebus.stream.consumer import Consumer
+    from zonebus.stream.service import JetStreamService
+
+log = logging.getLogger(__name__)
+
+
+def parse_headers(raw: bytes | None) -> dict[str, str]:
+    """A NATS header block -> {key: last value}. Keys keep their case, as nats-server compares them."""
+    if not raw:
+        return {}
+    out: dict[str, str] = {}
+    for line in raw.split(b"\r\n")[1:]:
+        if not line:
+            continue
+        key, sep, value = line.partition(b":")
+        if sep:
+            out[key.decode(errors="replace").strip()] = value.decode(errors="replace").strip()
+    return out
+
+
+def _pub_error(stream: str, err: JSError) -> bytes:
+    return json.dumps({"error": err.to_dict(), "stream": stream, "seq": 0}, separators=(",", ":")).encode()
+
+
+class Stream:
+    def __init__(self, service: JetStreamService, cfg: dict[str, Any], created: int, store: MsgStore,
+                 directory: Path | None) -> None:
+        self.service = service
+        self.name: str = cfg["name"]
+        self.cfg = cfg
+        self.created = created
+        self.store = store
+        self.dir = directory
+        self.consumers: dict[str, Consumer] = {}
+        self.sids: list[int] = []
+        self._dedupe: OrderedDict[str, tuple[int, int]] = OrderedDict()  # msg id -> (seq, ts)
+        self._last_msg_id = ""
+        self._age_timer: asyncio.TimerHandle | None = None
+        self.closed = False
+
+    # -- config --------------------------------------------------------------------------------------
+    @property
+    def retention(self) -> str:
+        return self.cfg["retention"]
+
+    def save_meta(self) -> None:
+        if self.dir is None:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.dir / "meta.json.tmp"
+        tmp.write_text(json.dumps({"config": self.cfg, "created": self.created}))
+        tmp.replace(self.dir / "meta.json")
+
+    def update_config(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.save_meta()
+        self._enforce_limits()
+        self.schedule_age_check()
+
+    # -- publish path --------------------------------------------------------------------------------
+    def on_publish(self, subject: str, reply: str | None, hdrs: bytes | None, data: bytes) -> None:
+        """Internal-client callback for the stream's subjects."""
+        try:
+            resp = self.process(subject, hdrs, data)
+        except JSError as err:
+            resp = _pub_error(self.name, err)
+        except Exception:  # a store failure must not kill the subscription
+            log.exception("stream %s: storing a message on %s failed", self.name, subject)
+            resp = _pub_error(self.name, JSError("stream_store_failed", err="store failure"))
+        if reply and not self.cfg.get("no_ack"):
+            self.service.send(reply, resp)
+
+    def process(self, subject: str, hdrs: bytes | None, data: bytes) -> bytes:
+        cfg = self.cfg
+        if self.closed:
+            raise JSError("stream_not_found")
+        size = len(data) + (len(hdrs) if hdrs else 0)
+        if 0 < cfg["max_msg_size"] < size:
+            return _pub_error(self.name, JSError("stream_message_exceeds_max"))
+        h = parse_headers(hdrs) if hdrs else {}
+        msg_id = ""
+        if h:
+            exp = h.get("Nats-Expected-Stream")
+            if exp is not None and exp != self.name:
+                return _pub_error(self.name, JSError("stream_not_match"))
+            msg_id = h.get("Nats-Msg-Id", "")
+            if msg_id:
+                self._expire_dedupe()
+                dup = self._dedupe.get(msg_id)
+                if dup is not None:
+                    return f'{{"stream":{json.dumps(self.name)},"seq":{dup[0]},"duplicate": true}}'.encode()
+            err = self._check_expected(subject, h)
+            if err is not None:
+                return _pub_error(self.name, err)
+        err = self._check_discard_new(subject, hdrs, data)
+        if err is not None:
+            return _pub_error(self.name, err)
+        seq, ts = self.store.store(subject, hdrs, data)
+        if msg_id:
+            self._dedupe[msg_id] = (seq, ts)
+        self._last_msg_id = msg_id
+        if h and cfg.get("allow_rollup_hdrs") and h.get("Nats-Rollup") in ("sub", "all"):
+            self._rollup(seq, subject, h["Nats-Rollup"])
+        self._enforce_limits(subject)
+        if self.retention == "interest" and not self._has_interest(subject):
+            self.remove_msg(seq)
+        else:
+            for c in list(self.consumers.values()):
+                c.on_new_msg(seq, subject)
+        if cfg["max_age"] and self._age_timer is None:
+            self.schedule_age_check()
+        return f'{{"stream":{json.dumps(self.name)},"seq":{seq}}}'.encode()
+
+    def _check_expected(self, subject: str, h: dict[str, str]) -> JSError | None:
+        last = h.get("Nats-Expected-Last-Sequence")
+        if last is not None:
+            cur = self.store.index.last_seq
+            if not last.isdigit() or int(last) != cur:
+                return JSError("stream_wrong_last_sequence", seq=cur)
+        last_id = h.get("Nats-Expected-Last-Msg-Id")
+        if last_id is not None and last_id != self._last_msg_id:
+            return JSError("stream_wrong_last_msg_id", id=self._last_msg_id)
+        last_subj = h.get("Nats-Expected-Last-Subject-Sequence")
+        if last_subj is not None:
+            seqs = self.store.index.subject_seqs(subject)
+            cur = seqs.last() if seqs is not None else 0
+            if not last_subj.isdigit() or int(last_subj) != cur:
+                return JSError("stream_wrong_last_sequence", seq=cur)
+        return None
+
+    def _check_discard_new(self, subject: str, hdrs: bytes | None, data: bytes) -> JSError | None:
+        cfg = self.cfg
+        if cfg["discard"] != "new":
+            return None
+        idx = self.store.index
+        if 0 < cfg["max_msgs"] <= idx.msgs:
+            return JSError("stream_store_failed", err="maximum messages exceeded")
+        if 0 < cfg["max_bytes"] < idx.bytes + self.store.msg_size(subject, hdrs, data):
+            return JSError("stream_store_failed", err="maximum bytes exceeded")
+        per = cfg["max_msgs_per_subject"]
+        if per > 0 and cfg.get("discard_new_per_subject"):
+            seqs = idx.subject_seqs(subject)
+            if seqs is not None and len(seqs) >= per:
+                return JSError("stream_store_failed", err="maximum messages per subject exceeded")
+        return None
+
+    def _enforce_limits(self, subject: str | None = None) -> None:
+        cfg = self.cfg
+        idx = self.store.index
+        per = cfg["max_msgs_per_subject"]
+        if per > 0:
+            subjects = [subject] if subject is not None else list(idx.subject_counts())
+            for subj in subjects:
+                seqs = idx.subject_seqs(subj)
+                while seqs is not None and len(seqs) > per:
+                    self.remove_msg(seqs.first())
+        while 0 < cfg["max_msgs"] < idx.msgs:
+            self.remove_msg(idx.first_seq)
+        while 0 < cfg["max_bytes"] < idx.bytes and idx.msgs:
+            self.remove_msg(idx.first_seq)
+
+    def _rollup(self, seq: int, subject: str, kind: str) -> None:
+        removed = self.store.purge(subject=subject if kind == "sub" else None, seq=seq) if seq > 1 else []
+        for s, subj in removed:
+            self._notify_removed(s, subj)
+
+    def rebuild_dedupe(self, limit: int = 100_000) -> None:
+        """After recovery: reload the message ids of the duplicate window (and the last id) from the store."""
+        idx = self.store.index
+        if not idx.msgs:
+            return
+        start = idx.seq_at_time(now_ns() - self.cfg["duplicate_window"]) or idx.last_seq + 1
+        start = max(start, idx.last_seq - limit + 1)
+        for seq in idx.live_seqs(start):
+            msg = self.store.load(seq)
+            if msg is not None and msg.hdrs and b"Nats-Msg-Id" in msg.hdrs:
+                msg_id = parse_headers(msg.hdrs).get("Nats-Msg-Id", "")
+                if msg_id:
+                    self._dedupe[msg_id] = (seq, msg.ts)
+        last = self.store.load(idx.last_seq)
+        self._last_msg_id = parse_headers(last.hdrs).get("Nats-Msg-Id", "") if last and last.hdrs else ""
+
+    def _expire_dedupe(self) -> None:
+        horizon = now_ns() - self.cfg["duplicate_window"]
+        d = self._dedupe
+        while d:
+            key, (_seq, ts) = next(iter(d.items()))
+            if ts >= horizon:
+                break
+            d.popitem(last=False)
+
+    # -- removal and retention -----------------------------------------------------------------------
+    def remove_msg(self, seq: int) -> bool:
+        subject = self.store.remove(seq)
+        if subject is None:
+            return False
+        self._notify_removed(seq, subject)
+        return True
+
+    def _notify_removed(self, seq: int, subject: str) -> None:
+        for c in list(self.consumers.values()):
+            c.on_removed(seq, subject)
+
+    def _has_interest(self, subject: str) -> bool:
+        return any(c.matches(subject) for c in self.consumers.values())
+
+    def on_consumer_ack(self, seq: int) -> None:
+        """A consumer is done with `seq`; interest and workqueue retention may now drop it."""
+        if self.retention == "limits":
+            return
+        subject = self.store.index.subject_of(seq)
+        if subject is None:
+            return
+        if all(c.done_with(seq) for c in self.consumers.values() if c.matches(subject)):
+            self.remove_msg(seq)
+
+    def recheck_interest(self) -> None:
+        """After a consumer went away: drop messages nobody is interested in any more."""
+        if self.retention == "limits":
+            return
+        idx = self.store.index
+        for seq in list(idx.live_seqs(idx.first_seq)):
+            subject = idx.subject_of(seq)
+            if subject is None:
+                continue
+            interested = [c for c in self.consumers.values() if c.matches(subject)]
+            if not interested or all(c.done_with(seq) for c in interested):
+                self.remove_msg(seq)
+
+    def purge(self, subject: str | None, seq: int, keep: int) -> int:
+        removed = self.store.purge(subject, seq, keep)
+        first = self.store.index.first_seq
+        for c in list(self.consumers.values()):
+            c.on_purged(removed, first)
+        return len(removed)
+
+    def schedule_age_check(self) -> None:
+        if self._age_timer is not None:
+            self._age_timer.cancel()
+            self._age_timer = None
+        max_age = self.cfg["max_age"]
+        if not max_age or self.closed:
+            return
+        idx = self.store.index
+        if not idx.msgs:
+            return
+        due = (idx.first_ts() + max_age - now_ns()) / 1e9
+        self._age_timer = self.service.loop.call_later(max(due, 0.001) + 0.001, self._expire_aged)
+
+    def _expire_aged(self) -> None:
+        self._age_timer = None
+        horizon = now_ns() - self.cfg["max_age"]
+        idx = self.store.index
+        while idx.msgs and idx.first_ts() <= horizon:
+            self.remove_msg(idx.first_seq)
+        self.schedule_age_check()
+
+    # -- info ----------------------------------------------------------------------------------------
+    def state(self, subjects_filter: str | None = None, deleted_details: bool = False) -> dict[str, Any]:
+        st = self.store.state()
+        out: dict[str, Any] = {
+            "messages": st.msgs,
+            "bytes": st.bytes,
+            "first_seq": st.first_seq if st.msgs or st.last_seq else 0,
+            "first_ts": format_time(st.first_ts if st.msgs else 0),
+            "last_seq": st.last_seq,
+            "last_ts": format_time(st.last_ts),
+        }
+        if st.num_subjects:
+            out["num_subjects"] = st.num_subjects
+        if subjects_filter:
+            counts = self.store.index.subject_counts(None if subjects_filter == ">" else subjects_filter)
+            if counts:
+                out["subjects"] = counts
+        if st.num_deleted:
+            if deleted_details:
+                idx = self.store.index
+                out["deleted"] = [s for s in range(idx.first_seq, idx.last_seq + 1) if not idx.has(s)]
+            out["num_deleted"] = st.num_deleted
+        out["consumer_count"] = len(self.consumers)
+        return out
+
+    def info(self, subjects_filter: str | None = None, deleted_details: bool = False) -> dict[str, Any]:
+        return {
+            "config": self.cfg,
+            "created": format_time(self.created),
+            "state": self.state(subjects_filter, deleted_details),
+            "cluster": {"leader": self.service.server_name},
+            "ts": format_time(time.time_ns()),
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        self.closed = True
+        if self._age_timer is not None:
+            self._age_timer.cancel()
+            self._age_timer = None
+        for c in list(self.consumers.values()):
+            c.stop()
+        self.store.close()
+
+    def destroy(self) -> None:
+        self.closed = True
+        if self._age_timer is not None:
+            self._age_timer.cancel()
+            self._age_timer = None
+        for c in list(self.consumers.values()):
+            c.stop(deleted=True)
+        self.consumers.clear()
+        self.store.destroy()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
