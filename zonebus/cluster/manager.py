@@ -77,9 +77,16 @@ class ClusterManager:
     def tags(self) -> list[str]:
         return list(self.server.opts.server_tags)
 
-    def connect_fields(self) -> dict[str, Any]:
-        return {"name": self.server.server_id, "cluster": self.opts.name, "user": self.opts.user,
-                "pass": self.opts.password, "headers": True, "verbose": False, "pedantic": False}
+    def connect_fields(self, conn: RouteConnection) -> dict[str, Any]:
+        """Credentials as nats-server sends them: a configured route uses those in its URL, a route learned
+        by gossip uses this server's own `cluster { authorization }`."""
+        if conn.configured:
+            u = urlparse(conn.url if "://" in conn.url else f"nats-route://{conn.url}")
+            user, password = u.username or "", u.password or ""
+        else:
+            user, password = self.opts.user, self.opts.password
+        return {"name": self.server.server_id, "cluster": self.opts.name, "user": user, "pass": password,
+                "headers": True, "verbose": False, "pedantic": False}
 
     def info_fields(self) -> dict[str, Any]:
         server = self.server
@@ -214,8 +221,9 @@ class ClusterManager:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, BACKOFF_MAX)
                     continue
-                backoff = BACKOFF_START
                 await conn.closed_future
+                if conn.established:
+                    backoff = BACKOFF_START  # a refused or failed handshake keeps backing off
                 if conn.remote_id == self.server.server_id:
                     return  # the seed is ourselves
                 if conn.duplicate:  # the peer dialled us: redial only once that route is gone
@@ -225,6 +233,7 @@ class ClusterManager:
                 if not configured:
                     return  # a restarted peer dials its own seeds and learns the mesh again by gossip
                 await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
         finally:
             self._dialing.discard(url)
 

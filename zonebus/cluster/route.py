@@ -55,7 +55,8 @@ class RouteConnection(Connection, asyncio.Protocol):
         self.remote_client_url = ""
         self.remote_cluster = ""
         self.tag_match = False
-        self.authorized = solicited  # an accepted route must send valid CONNECT first when auth is set
+        # an accepted route must send a valid CONNECT first when the cluster block sets credentials
+        self.authorized = solicited or not manager.opts.user
         self.established = False
         self.duplicate = False
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}
@@ -71,8 +72,11 @@ class RouteConnection(Connection, asyncio.Protocol):
         self.server.routes[self.cid] = self
         m = self.manager
         if self.solicited:
-            self.send(b"CONNECT " + _json(m.connect_fields()) + b"\r\n")
-        self.send(b"INFO " + _json(m.info_fields()) + b"\r\n")
+            self.send(b"CONNECT " + _json(m.connect_fields(self)) + b"\r\n")
+            self.send(b"INFO " + _json(m.info_fields()) + b"\r\n")
+        elif self.authorized:
+            self.send(b"INFO " + _json(m.info_fields()) + b"\r\n")
+        # else: our INFO goes out once the dialler's CONNECT passed authorization (see _connect)
         self._ping_timer = self.server.loop.call_later(0.05, self._ping)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -133,9 +137,13 @@ class RouteConnection(Connection, asyncio.Protocol):
             fields = json.loads(raw)
         except ValueError:
             return self._reject(errors.UNKNOWN_OP)
+        if self.authorized:
+            return True
         if not self.manager.check_route_auth(fields):
+            self.server.log(f"route from {self.ip}:{self.remote_port}: authentication error")
             return self._reject(errors.AUTH_VIOLATION)
         self.authorized = True
+        self.send(b"INFO " + _json(self.manager.info_fields()) + b"\r\n")
         return True
 
     def _info(self, raw: bytes) -> bool:

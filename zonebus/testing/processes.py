@@ -7,9 +7,9 @@ scripts share this so that the same scenario runs against both implementations.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -208,27 +208,48 @@ def stop_all(servers: list[ServerProcess]) -> None:
 
 
 def start_cluster(impl: str, tags_per_server: list[list[str]], prefer: bool | None = None, cluster: str = "c1",
-                  cluster_extra: str = "", timeout: float = 30.0) -> list[ServerProcess]:
+                  cluster_extra: str = "", timeout: float = 30.0, attempts: int = 3) -> list[ServerProcess]:
     """Start one server per entry of `tags_per_server`, named s0, s1, ..., with monitoring ports.
 
     Every server (s0 too) lists only s0's route port as its seed, so the full mesh has to come from gossip.
-    Server i's route port is `route_port_of(servers[i])`. `prefer` is ignored for nats-server.
+    `prefer` is ignored for nats-server (it does not know the option). Ports are
+    picked before the servers bind them, so another process may take one first: a server that died or whose
+    port answered with someone else's INFO, or that found its port in use, is detected, and the whole cluster
+    is retried on fresh ports.
     """
-    route_ports = [free_port() for _ in tags_per_server]
-    servers = []
-    for i, tags in enumerate(tags_per_server):
-        conf = cluster_config(f"s{i}", route_ports[i], [route_ports[0]], tags,
-                              prefer if impl == "zonebus" else None, cluster, cluster_extra)
-        servers.append(ServerProcess(impl=impl, config=conf, http_port=free_port()))
-    return start_parallel(servers, timeout)
+    last: Exception | None = None
+    for _ in range(attempts):
+        route_ports = [free_port() for _ in tags_per_server]
+        servers = []
+        for i, tags in enumerate(tags_per_server):
+            conf = cluster_config(f"s{i}", route_ports[i], [route_ports[0]], tags,
+                                  prefer if impl == "zonebus" else None, cluster, cluster_extra)
+            servers.append(ServerProcess(impl=impl, config=conf, http_port=free_port()))
+        try:
+            start_parallel(servers, timeout)
+        except Exception as exc:
+            if not any("in use" in x.log() for x in servers):
+                raise  # a real start failure, not a port taken meanwhile
+            last = exc
+            continue
+        wrong = [f"s{i}: {s.info.get('server_name')!r}" for i, s in enumerate(servers)
+                 if not is_own_process(s, f"s{i}")]
+        if not wrong:
+            return servers
+        stop_all(servers)
+        last = RuntimeError(f"port taken by another process; INFO came from {wrong}")
+    assert last is not None
+    raise last
 
 
-def route_port_of(server: ServerProcess) -> int:
-    """The cluster listen port written in a server's config by `cluster_config`."""
-    m = re.search(r'listen: "127\.0\.0\.1:(\d+)"', server.config)
-    if not m:
-        raise ValueError("config has no cluster listen port")
-    return int(m.group(1))
+def is_own_process(server: ServerProcess, name: str) -> bool:
+    """The INFO on the client port and /varz on the monitoring port both come from this live process."""
+    if server.proc is None or server.proc.poll() is not None or server.info.get("server_name") != name:
+        return False
+    try:
+        return server.http_get("/varz").get("server_id") == server.info.get("server_id")
+    except (OSError, ValueError, http.client.HTTPException):
+        return False
 
 
 def routez(server: ServerProcess) -> dict:
