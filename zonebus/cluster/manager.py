@@ -333,7 +333,7 @@ class ClusterManager:
 def _tier(sub: Subscription) -> int:
     conn = sub.conn
     kind = conn.kind
-    if kind == CLIENT or kind == INTERNAL:
+    if kind in (CLIENT, INTERNAL):
         return LOCAL
     return MATCHING if getattr(conn, "tag_match", False) else OTHER
 

@@ -29,7 +29,8 @@ def _send_signal(opts: ServerOptions, spec: str) -> int:
         return 2
     if not pid_text and opts.pid_file:
         try:
-            pid_text = open(opts.pid_file).read().strip()
+            with open(opts.pid_file) as f:
+                pid_text = f.read().strip()
         except OSError as exc:
             print(f"zonebus server: --signal: cannot read pid file: {exc}", file=sys.stderr)
             return 2
