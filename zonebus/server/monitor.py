@@ -73,6 +73,10 @@ def varz(server: Server) -> dict[str, Any]:
     }
     if server.cluster is not None:
         out["cluster"] = server.cluster.varz_cluster()
+    if server.gateway is not None:  # -- gateways (zonebus.gateway.monitoring)
+        from zonebus.gateway.monitoring import varz_gateway
+
+        out["gateway"] = varz_gateway(server.gateway)
     if server.jetstream is not None:
         out["jetstream"] = {"config": {"store_dir": opts.jetstream.store_dir}}
     return out
@@ -162,12 +166,14 @@ class Monitor:
         app = web.Application()
         s = self.server
         app.router.add_get("/", lambda r: web.json_response({"endpoints": ["/varz", "/connz", "/subsz",
-                                                                           "/routez", "/healthz", "/metrics"]}))
+                                                                           "/routez", "/gatewayz", "/healthz",
+                                                                           "/metrics"]}))
         app.router.add_get("/varz", lambda r: web.json_response(varz(s)))
         app.router.add_get("/connz", lambda r: web.json_response(connz(s, _flag(r, "subs"))))
         app.router.add_get("/subsz", lambda r: web.json_response(subsz(s, _flag(r, "subs"))))
         app.router.add_get("/subscriptionsz", lambda r: web.json_response(subsz(s, _flag(r, "subs"))))
         app.router.add_get("/routez", self._routez)
+        app.router.add_get("/gatewayz", self._gatewayz)
         app.router.add_get("/healthz", lambda r: web.json_response({"status": "ok"}))
         app.router.add_get("/metrics", lambda r: web.Response(text=metrics_text(s), content_type="text/plain"))
         self.runner = web.AppRunner(app, access_log=None)
@@ -175,6 +181,20 @@ class Monitor:
         opts = s.opts
         site = web.TCPSite(self.runner, opts.http_host or opts.host, opts.http_port, reuse_address=True)
         await site.start()
+
+    async def _gatewayz(self, request: web.Request) -> web.Response:
+        """nats-server's /gatewayz (`accs`, `subs`, `gw_name`); no gateway block: empty maps, as nats-server."""
+        s = self.server
+        if s.gateway is None:
+            body = {"server_id": s.server_id, "now": _rfc3339(time.time()), "name": "", "host": "", "port": 0,
+                    "outbound_gateways": {}, "inbound_gateways": {}}
+        else:
+            from zonebus.gateway.monitoring import gatewayz
+
+            subs = request.query.get("subs", "")
+            body = gatewayz(s.gateway, _flag(request, "accs"), "" if subs in ("0", "false") else subs,
+                            request.query.get("gw_name", ""))
+        return web.json_response(body)
 
     async def _routez(self, request: web.Request) -> web.Response:
         s = self.server

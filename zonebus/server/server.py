@@ -21,7 +21,7 @@ from zonebus import SERVER_VERSION
 from zonebus.ledger.zones import server_zone
 from zonebus.protocol.client_parser import PubHeader
 from zonebus.server.client import ClientConnection
-from zonebus.server.connection import CLIENT, INTERNAL, ROUTE, Connection
+from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
 from zonebus.server.options import ServerOptions
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
@@ -45,6 +45,7 @@ class Server:
         self.closed_conns: list[dict[str, Any]] = []
         self._cid = 0
         self._dirty: list[Connection] = []
+        self.turn_producers: list[Connection] = []  # publishers whose input was processed this turn
         self._flush_scheduled = False
         self.start_time = time.time()
         self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0  # totals of closed connections
@@ -55,6 +56,7 @@ class Server:
         self._shutdown = asyncio.Event()
         self.monitor = None
         self.cluster = None  # zonebus.cluster.ClusterManager when a cluster block is set
+        self.gateway = None  # zonebus.gateway.GatewayManager when a gateway block is set
         self.jetstream = None
         self.ledger = None  # zonebus.ledger.LedgerHooks when a ledger block is set
         self.random = random.Random()
@@ -86,6 +88,11 @@ class Server:
 
             self.cluster = ClusterManager(self)
             await self.cluster.start()
+        if opts.gateway.name or opts.gateway.port or opts.gateway.gateways:  # -- gateways (zonebus.gateway)
+            from zonebus.gateway.manager import GatewayManager
+
+            self.gateway = GatewayManager(self)
+            await self.gateway.start()
         if opts.jetstream.enabled:
             await self._start_jetstream()
         if opts.http_port:
@@ -120,6 +127,8 @@ class Server:
             srv.close()
         if self.monitor is not None:
             await self.monitor.stop()
+        if self.gateway is not None:
+            await self.gateway.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.jetstream is not None:
@@ -173,6 +182,8 @@ class Server:
             del self.closed_conns[:-100]
         elif self.cluster is not None and conn.kind == ROUTE:
             self.cluster.route_closed(conn)
+        elif self.gateway is not None and conn.kind == GATEWAY:
+            self.gateway.connection_closed(conn)
 
     def client_info(self, conn: ClientConnection) -> bytes:
         info = dict(self._info_base)
@@ -216,29 +227,49 @@ class Server:
         self.sublist.insert(sub)
         if self.cluster is not None and sub.conn.kind in (CLIENT, INTERNAL):
             self.cluster.local_interest_added(sub)
+        if self.gateway is not None:  # this cluster's interest (local and route subs), told to other clusters
+            self.gateway.interest_added(sub)
 
     def remove_subscription(self, sub: Subscription) -> None:
-        if self.sublist.remove(sub) and self.cluster is not None and sub.conn.kind in (CLIENT, INTERNAL):
+        if not self.sublist.remove(sub):
+            return
+        if self.cluster is not None and sub.conn.kind in (CLIENT, INTERNAL):
             self.cluster.local_interest_removed(sub)
+        if self.gateway is not None:
+            self.gateway.interest_removed(sub)
 
     # -- routing --------------------------------------------------------------------------------------
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: list[bytes] | None = None, memo_for: PubHeader | None = None) -> bool:
         """Deliver one message; `data` is the payload (header block included) plus CRLF.
 
-        `queues` is set only for messages that arrived over a route: the queue groups this server was
-        chosen to serve. `memo_for` is the client's cached control line: when the message goes only to
-        plain client subscribers, their MSG lines are remembered there for the client's fast path.
-        Returns whether anything received the message.
+        `queues` is set only for messages that arrived over a route or a gateway: the queue groups this
+        server (route) or this cluster (gateway) was chosen to serve. `memo_for` is the client's cached
+        control line: when the message goes only to plain client subscribers (and gateways), their lines are
+        remembered there for the client's fast path. Returns whether anything received the message.
         """
         r = self.sublist.match(subject)
         if memo_for is not None:
             self._memoize(src, memo_for, r)
+        if self.gateway is not None and src.kind != ROUTE:  # -- gateways: zonebus.gateway.routing
+            return self.gateway.process_msg(src, subject, reply, hdr_len, data, queues, r)
         if not r:
             if reply and src.kind == CLIENT and src.no_responders:
                 self._no_responders(src, subject, reply)
             return False
-        from_route = src.kind != CLIENT and src.kind != INTERNAL
+        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues)
+        if not delivered and reply and src.kind == CLIENT and src.no_responders:
+            self._no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
+        return delivered
+
+    def deliver_in_cluster(self, src: Connection, r: MatchResult, subject: bytes, reply: bytes | None,
+                           hdr_len: int, data: bytes, queues: list[bytes] | None) -> bool:
+        """Local subscribers, routes with interest, one member per queue group in this cluster.
+
+        From a route: local subscribers only. From a gateway: local and routes, and only the queue groups
+        named in `queues`. `r` must be non-empty.
+        """
+        from_route = src.kind == ROUTE
         delivered = False
         routes: dict[Connection, list[bytes]] | None = None
         echo = src.kind != CLIENT or src.echo
@@ -248,15 +279,9 @@ class Server:
             if kind in (CLIENT, INTERNAL):
                 if conn is src and not echo:
                     continue
-                if sub.max_msgs:
-                    sub.delivered += 1
-                    if sub.delivered > sub.max_msgs:
-                        continue
-                    conn.deliver(sub, subject, reply, hdr_len, data)
-                    if sub.delivered >= sub.max_msgs:
-                        conn.subscription_done(sub)
-                else:
-                    conn.deliver(sub, subject, reply, hdr_len, data)
+                if sub.max_msgs and sub.delivered >= sub.max_msgs:
+                    continue
+                self._deliver_one(sub, subject, reply, hdr_len, data)
                 delivered = True
             elif not from_route:
                 if routes is None:
@@ -266,7 +291,8 @@ class Server:
             if from_route:
                 delivered |= self._deliver_queues_locally(src, r.qsubs, queues, subject, reply, hdr_len, data)
             else:
-                routes, d = self._route_queues(src, r.qsubs, routes, subject, reply, hdr_len, data, echo)
+                only = (queues or ()) if src.kind == GATEWAY else None
+                routes, d = self._route_queues(src, r.qsubs, routes, subject, reply, hdr_len, data, echo, only)
                 delivered |= d
         if routes:
             for conn, qnames in routes.items():
@@ -280,7 +306,8 @@ class Server:
             self.ledger.settle(src, hdr)
         hdr.gen = self.sublist.generation
         hdr.memo = None
-        if hdr.reply is not None or hdr.hdr_len >= 0 or r.qsubs or not r.psubs:
+        gw = self.gateway
+        if hdr.reply is not None or hdr.hdr_len >= 0 or r.qsubs or (not r.psubs and gw is None):
             return
         memo = []
         for sub in r.psubs:
@@ -289,15 +316,21 @@ class Server:
                 return
             if conn is src and not src.echo:
                 continue
-            memo.append((conn, b"MSG %b %b %d\r\n" % (hdr.subject, sub.sid, hdr.size)))
+            memo.append((conn, b"MSG %b %b %d\r\n" % (hdr.subject, sub.sid, hdr.size), sub))
+        if gw is not None and not gw.memo_entries(hdr.subject, hdr.size, memo):
+            return
         hdr.memo = memo
 
     def _route_queues(self, src: Connection, groups: list[list[Subscription]], routes, subject: bytes,
-                      reply: bytes | None, hdr_len: int, data: bytes, echo: bool):
-        """Pick one member per queue group: local clients and remote routes alike (cluster policy)."""
+                      reply: bytes | None, hdr_len: int, data: bytes, echo: bool, only=None):
+        """Pick one member per queue group: local clients and remote routes alike (cluster policy).
+
+        `only`: serve just these queue names (a message a gateway sent for the groups it named)."""
         delivered = False
         pick = self.cluster.pick_queue_member if self.cluster is not None else None
         for group in groups:
+            if only is not None and group[0].queue not in only:
+                continue
             if pick is not None:
                 sub = pick(src, group, subject, len(data) - 2)
             else:
@@ -335,13 +368,10 @@ class Server:
     def _deliver_one(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int,
                      data: bytes) -> None:
         conn = sub.conn
-        if sub.max_msgs:
-            sub.delivered += 1
-            conn.deliver(sub, subject, reply, hdr_len, data)
-            if sub.delivered >= sub.max_msgs:
-                conn.subscription_done(sub)
-        else:
-            conn.deliver(sub, subject, reply, hdr_len, data)
+        sub.delivered += 1
+        conn.deliver(sub, subject, reply, hdr_len, data)
+        if sub.max_msgs and sub.delivered >= sub.max_msgs:
+            conn.subscription_done(sub)
 
     def _no_responders(self, src: ClientConnection, subject: bytes, reply: bytes) -> None:
         hdr = b"NATS/1.0 503\r\nNats-Subject: " + subject + b"\r\n\r\n"
@@ -362,6 +392,14 @@ class Server:
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush()
+        self.turn_producers.clear()
+
+    def producing(self, conn: Connection) -> None:
+        """`conn` published this loop turn: it is the one to stall if a receiver backs up (see connection.py)."""
+        self.turn_producers.append(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush_dirty)
 
     # -- ledger hook (hot path: one dict update) -------------------------------------------------------
     @staticmethod
@@ -376,6 +414,8 @@ class Server:
     # -- stats ----------------------------------------------------------------------------------------
     def totals(self) -> dict[str, int]:
         conns: list[Connection] = [*self.clients.values(), *self.routes.values()]
+        if self.gateway is not None:
+            conns += self.gateway.conns()
         return {
             "in_msgs": self.in_msgs + sum(c.in_msgs for c in conns),
             "in_bytes": self.in_bytes + sum(c.in_bytes for c in conns),

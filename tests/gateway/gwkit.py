@@ -1,0 +1,364 @@
+"""Superclusters of real server processes (nats-server or zonebus), and client tools, for the gateway tests.
+
+- `start_supercluster(impl, ...)`: every server of every cluster started at once; only some clusters name a
+  remote gateway in their config (A -> B, C -> B), so the full mesh of clusters has to come from gossip, as
+  in the seed's figures. Server `X<i>` is server i of cluster X.
+- /gatewayz readers and polls with deadlines (`wait_until`, `wait_remote_interest`).
+- `Tally`: numbered messages per receiver label, and `settle()`: a barrier published after the numbered
+  messages on the same connection, subscribed (plain) by every receiver connection. Gateway, route and
+  client connections are FIFO and a barrier takes the same path as the messages before it, so once every
+  receiver saw the barrier, every message published before it (and any duplicate) has arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import nats
+from nats.aio.client import Client
+
+from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
+
+
+@dataclass
+class Supercluster:
+    impl: str
+    clusters: dict[str, list[ServerProcess]] = field(default_factory=dict)
+    proxies: list[DelayProxy] = field(default_factory=list)
+
+    @property
+    def servers(self) -> list[ServerProcess]:
+        return [s for members in self.clusters.values() for s in members]
+
+    def server(self, name: str) -> ServerProcess:
+        """`"B2"` -> the second server of cluster B."""
+        return self.clusters[name[0]][int(name[1:]) - 1]
+
+    def name_of(self, server_id: str) -> str:
+        for cluster, members in self.clusters.items():
+            for i, s in enumerate(members, 1):
+                if s.info["server_id"] == server_id:
+                    return f"{cluster}{i}"
+        raise KeyError(server_id)
+
+    def stop(self) -> None:
+        stop_all(self.servers)
+        for p in self.proxies:
+            p.stop()
+
+
+def start_supercluster(impl: str, names: tuple[str, ...] = ("A", "B", "C"), per_cluster: int = 2,
+                       configured: dict[str, list[str]] | None = None, gateway_extra: str = "",
+                       env: dict[str, dict[str, str]] | None = None, prefer: bool | None = None,
+                       extra: dict[str, str] | None = None, slow_into: dict[str, float] | None = None,
+                       timeout: float = 40.0) -> Supercluster:
+    """Start `per_cluster` servers in each named cluster, with routes and gateways.
+
+    `configured`: cluster -> remote clusters it lists (default: A and C list B, at B's first and last server).
+    `gateway_extra`: extra lines in every gateway block (zonebus-only keys must not go to nats-server).
+    `env`: cluster -> environment of its servers (the zonebus delay test hook).
+    `prefer`: `cluster.prefer_matching_tags` (zonebus only). `extra`: cluster -> extra top-level config lines.
+    `slow_into`: cluster -> seconds; every gateway connection into that cluster goes through a `DelayProxy`
+    (its servers advertise the proxy's address), for nats-server, which has no delay hook.
+    """
+    if configured is None:
+        configured = {names[0]: [names[1]], names[-1]: [names[1]]} if len(names) > 2 else {names[0]: [names[1]]}
+    gw_ports = {n: [free_port() for _ in range(per_cluster)] for n in names}
+    route_ports = {n: [free_port() for _ in range(per_cluster)] for n in names}
+    sc = Supercluster(impl)
+    dial_ports = {n: list(ports) for n, ports in gw_ports.items()}  # where other clusters connect to
+    for name, delay in (slow_into or {}).items():
+        for i, port in enumerate(gw_ports[name]):
+            proxy = DelayProxy(port, delay).start()
+            sc.proxies.append(proxy)
+            dial_ports[name][i] = proxy.port
+    procs = []
+    for ci, name in enumerate(names):
+        members = []
+        for i in range(per_cluster):
+            remotes = []
+            for remote in configured.get(name, []):
+                # A lists B's first server, C lists B's last: each server of B gets dialled first by someone
+                port = dial_ports[remote][0 if ci == 0 else -1]
+                remotes.append({"name": remote, "urls": [f"nats://127.0.0.1:{port}"]})
+            block = [f"name: {name}", f'listen: "127.0.0.1:{gw_ports[name][i]}"']
+            if remotes:
+                block.append(f"gateways: {json.dumps(remotes)}")
+            if dial_ports[name][i] != gw_ports[name][i]:
+                block.append(f'advertise: "127.0.0.1:{dial_ports[name][i]}"')
+            if gateway_extra:
+                block.append(gateway_extra)
+            gateway = "gateway {\n  " + "\n  ".join(block) + "\n}"
+            more = gateway + ("\n" + extra[name] if extra and name in extra else "")
+            tags = [f"az:{name.lower()}-{i + 1}"]
+            if per_cluster > 1:
+                conf = cluster_config(f"{name}{i + 1}", route_ports[name][i], [route_ports[name][0]], tags,
+                                      prefer=prefer if impl == "zonebus" else None, cluster=name, extra=more)
+            else:
+                conf = f"server_name: {name}{i + 1}\nserver_tags: {json.dumps(tags)}\n{more}\n"
+            proc = ServerProcess(impl=impl, config=conf, http_port=free_port(), env=(env or {}).get(name))
+            members.append(proc)
+            procs.append(proc)
+        sc.clusters[name] = members
+    try:
+        start_parallel(procs, timeout)
+    except Exception:
+        sc.stop()
+        raise
+    return sc
+
+
+def gatewayz(server: ServerProcess, accs: bool = True) -> dict:
+    return server.http_get("/gatewayz?accs=1" if accs else "/gatewayz")
+
+
+def wait_until(check: Callable[[], object], what: str, timeout: float = 20.0, interval: float = 0.05,
+               show: Callable[[], object] | None = None) -> object:
+    """Poll `check()` until it returns something truthy; TimeoutError naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            last = check()
+        except (OSError, KeyError, ValueError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out waiting for {what}; last: {last!r}" + (f"; {show()}" if show else ""))
+        time.sleep(interval)
+
+
+def gateway_counts(sc: Supercluster) -> dict[str, tuple[set[str], int]]:
+    """server name -> (names of the clusters it has an outbound connection to, number of inbound)."""
+    out = {}
+    for cluster, members in sc.clusters.items():
+        for i, s in enumerate(members, 1):
+            gz = gatewayz(s, accs=False)
+            inbound = sum(len(v) for v in gz["inbound_gateways"].values())
+            out[f"{cluster}{i}"] = (set(gz["outbound_gateways"]), inbound)
+    return out
+
+
+def wait_for_full_mesh(sc: Supercluster, timeout: float = 30.0) -> dict[str, tuple[set[str], int]]:
+    """Every server has one outbound connection to every other cluster, and inbound ones add up."""
+    names = set(sc.clusters)
+    total_outbound = sum(len(m) * (len(names) - 1) for m in sc.clusters.values())
+
+    def check():
+        counts = gateway_counts(sc)
+        ok = all(out == names - {n[0]} for n, (out, _) in counts.items())
+        return counts if ok and sum(i for _, i in counts.values()) == total_outbound else None
+
+    return wait_until(check, "a full mesh of gateway connections", timeout)  # type: ignore[return-value]
+
+
+def outbound(server: ServerProcess, remote: str) -> dict:
+    """The /gatewayz?accs=1 entry of `server`'s outbound connection to cluster `remote`."""
+    return gatewayz(server)["outbound_gateways"][remote]
+
+
+def account(entry: dict, name: str = "$G") -> dict:
+    for acc in entry.get("accounts") or []:
+        if acc["name"] == name:
+            return acc
+    return {}
+
+
+def remote_interest(server: ServerProcess, remote: str) -> tuple[str, set[tuple[str, str | None]]]:
+    """(interest mode, {(subject, queue or None)}) that `server`'s outbound connection to `remote` knows."""
+    entry = server.http_get(f"/gatewayz?accs=1&subs=detail&gw_name={remote}")["outbound_gateways"][remote]
+    acc = account(entry)
+    subs = {(d["subject"], d.get("qgroup") or None) for d in acc.get("subscriptions_list_detail") or []}
+    return acc.get("interest_mode", ""), subs
+
+
+def wait_remote_interest(server: ServerProcess, remote: str, subject: str, queue: str | None = None,
+                         present: bool = True, timeout: float = 15.0) -> None:
+    """Poll until `server` knows that cluster `remote` has (or, present=False, lost) interest in (subject, queue).
+
+    Plain interest in optimistic mode is never declared: there the message is sent anyway, so a present
+    check passes at once.
+    """
+    def check():
+        mode, subs = remote_interest(server, remote)
+        if present and queue is None and mode == "Optimistic":
+            return True
+        return ((subject, queue) in subs) == present
+
+    wait_until(check, f"{server.info['server_name']} -> {remote}: interest {subject} {queue} present={present}",
+               timeout)
+
+
+async def in_thread(fn: Callable, *args: object, **kwargs: object) -> object:
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+async def connect(server: ServerProcess, name: str = "") -> Client:
+    return await nats.connect(server.url, allow_reconnect=False, connect_timeout=5, name=name or None)
+
+
+class Tally:
+    """Which receiver (label) got which numbered message on `subject`."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        self.got: dict[int, list[str]] = defaultdict(list)
+        self.subs: dict[str, list] = defaultdict(list)
+        self._watched: dict[int, Client] = {}
+        self._barriers: Counter[str] = Counter()
+        self._token = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def barrier_subject(self) -> str:
+        return self.subject + ".barrier"
+
+    async def member(self, nc: Client, label: str, queue: str | None = "q"):
+        """Subscribe a receiver named `label` on `nc`: a queue member, or a plain subscriber (queue=None)."""
+        await self.watch(nc)
+
+        async def on_msg(msg) -> None:
+            self.got[int(msg.data)].append(label)
+
+        sub = await nc.subscribe(self.subject, queue=queue or "", cb=on_msg)
+        self.subs[label].append(sub)
+        await nc.flush()
+        return sub
+
+    async def leave(self, label: str) -> None:
+        for sub in self.subs.pop(label, []):
+            await sub.unsubscribe()
+
+    async def watch(self, nc: Client) -> None:
+        if id(nc) in self._watched:
+            return
+        self._watched[id(nc)] = nc
+
+        async def on_barrier(msg) -> None:
+            self._barriers[msg.data.decode()] += 1
+            self._changed.set()
+
+        await nc.subscribe(self.barrier_subject, cb=on_barrier)
+        await nc.flush()
+
+    async def publish(self, nc: Client, numbers: range) -> None:
+        for n in numbers:
+            await nc.publish(self.subject, str(n).encode())
+        await nc.flush()
+
+    async def settle(self, publisher: Client, timeout: float = 15.0) -> None:
+        """Return once everything `publisher` published before this call has reached every receiver."""
+        self._token += 1
+        token = str(self._token)
+        await publisher.publish(self.barrier_subject, token.encode())
+        await publisher.flush()
+        deadline = time.monotonic() + timeout
+        while self._barriers[token] < len(self._watched):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"barrier {token} reached {self._barriers[token]} of {len(self._watched)} "
+                                   "receiver connections")
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except TimeoutError:
+                pass
+
+    def counts(self, numbers: range | None = None) -> Counter[str]:
+        c: Counter[str] = Counter()
+        for n, labels in self.got.items():
+            if numbers is None or n in numbers:
+                c.update(labels)
+        return c
+
+    def check_exactly_once(self, numbers: range, labels: set[str] | None = None) -> None:
+        """Every number reached exactly one receiver of `labels` (all receivers when None)."""
+        lost, dup = [], {}
+        for n in numbers:
+            got = [x for x in self.got.get(n, []) if labels is None or x in labels]
+            if not got:
+                lost.append(n)
+            elif len(got) > 1:
+                dup[n] = got
+        assert not lost, f"{len(lost)} of {len(numbers)} messages lost, e.g. {lost[:10]}"
+        assert not dup, f"{len(dup)} messages delivered more than once, e.g. {list(dup.items())[:5]}"
+
+    def each_got_all(self, numbers: range, labels: set[str]) -> None:
+        """Every receiver in `labels` (plain subscribers) got every number exactly once."""
+        for label in sorted(labels):
+            per = Counter(n for n, got in self.got.items() if n in numbers for x in got if x == label)
+            missing = [n for n in numbers if per[n] == 0]
+            extra = [n for n in numbers if per[n] > 1]
+            assert not missing, f"{label} missed {len(missing)} of {len(numbers)}, e.g. {missing[:10]}"
+            assert not extra, f"{label} got {len(extra)} messages twice, e.g. {extra[:10]}"
+
+
+class DelayProxy:
+    """A TCP proxy on 127.0.0.1 that holds every chunk from the dialling side for `delay` seconds (a slow
+    link for nats-server, which has no delay hook); the other direction passes at once. Own thread and loop."""
+
+    def __init__(self, target_port: int, delay: float) -> None:
+        import threading
+
+        self.port = free_port()
+        self.target_port = target_port
+        self.delay = delay
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._server = None
+
+    def start(self) -> DelayProxy:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("delay proxy did not start")
+        return self
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def read_delayed() -> None:
+            while data := await reader.read(65536):
+                queue.put_nowait((self._loop.time() + self.delay, data))
+            queue.put_nowait((0.0, b""))
+
+        async def write_delayed() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                await asyncio.sleep(max(0.0, due - self._loop.time()))
+                up_writer.write(data)
+
+        async def back() -> None:
+            while data := await up_reader.read(65536):
+                writer.write(data)
+
+        tasks = [asyncio.ensure_future(t()) for t in (read_delayed, write_delayed, back)]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            t.cancel()
+        writer.close()
+        up_writer.close()

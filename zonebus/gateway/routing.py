@@ -1,0 +1,190 @@
+"""How a message crosses gateways: which clusters get it, which cluster serves a queue group, reply mapping.
+
+`Server.process_msg` hands every message that did not come over a route to `GatewayRouting.process_msg`
+(the GatewayManager inherits it) once gateways are configured:
+
+- published here (client or internal): delivered in this cluster first (local subscribers, routes, one
+  member per queue group via the cluster's queue policy); then one RMSG per remote cluster that may want it:
+  plain interest per the connection's mode (`interest.OutboundInterest.wants`), plus the queue groups this
+  cluster could not serve, each given to the first cluster with a member in RTT order (lowest first).
+  A reply subject that a local client subscribed to is mapped to `_GR_.<cluster hash>.<server hash>.<reply>`
+  so the response comes back to this very server.
+- from a gateway: delivered in this cluster only (local subscribers and routes, and the queue groups the
+  sender named), never to another gateway. No plain subscriber in the cluster: answer "no interest".
+- `_GR_.` subjects: published here -> straight to the cluster named by the hash; arrived from a gateway
+  -> unwrapped and delivered on this server or handed to the route of the server named by the hash.
+
+Runs inside `process_msg` on the event loop thread; no state of its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from zonebus.protocol.route_parser import msg_line
+from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, ROUTE
+from zonebus.subjects.sublist import MatchResult, Subscription
+
+if TYPE_CHECKING:
+    from zonebus.gateway.connection import GatewayConnection
+    from zonebus.server.server import Server
+
+GR_PREFIX = b"_GR_."
+_INTERNAL_HEAD = b"$GW."
+_ROUTE_SLOT = Subscription(None, b">", None, b"")  # stands in for a subscription in route memo entries
+
+
+class GatewayRouting:
+    server: Server
+    by_rtt: list[GatewayConnection]
+    outbound: dict[str, GatewayConnection]
+    cluster_hash: bytes
+    server_hash: bytes
+    reply_prefix: bytes
+    hash_to_gateway: dict[bytes, str]
+
+    def process_msg(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                    queues: Any, r: MatchResult) -> bool:
+        server = self.server
+        if src.kind == GATEWAY:
+            if subject.startswith(GR_PREFIX):
+                return self._reply_arrived(src, subject, reply, hdr_len, data)
+            delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) if r else False
+            if not r.psubs and not subject.startswith(_INTERNAL_HEAD):
+                self.no_interest(src, subject)
+            return delivered
+        delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, None) if r else False
+        if subject.startswith(GR_PREFIX):
+            return self._reply_home(src, subject, reply, hdr_len, data) or delivered
+        sent = False
+        if self.by_rtt and not subject.startswith(_INTERNAL_HEAD):
+            sent = self._forward(src, subject, reply, hdr_len, data, r)
+        if not delivered and not sent and reply and src.kind == CLIENT and src.no_responders:
+            server._no_responders(src, subject, reply)
+        return delivered or sent
+
+    def no_interest(self, conn: GatewayConnection, subject: bytes) -> None:  # implemented by the manager
+        raise NotImplementedError
+
+    def route_by_hash(self, server_hash: bytes) -> Any:  # implemented by the manager
+        raise NotImplementedError
+
+    # -- to other clusters -----------------------------------------------------------------------------
+    def _forward(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                 r: MatchResult) -> bool:
+        served: set[bytes] | None = None
+        mapped: bytes | None = None
+        sent = False
+        for conn in self.by_rtt:
+            oi = conn.oi
+            qnames: list[bytes] | None = None
+            if oi.queue_subs:
+                for group in oi.queue_groups(subject):
+                    name = group[0].queue
+                    if served is None:
+                        served = _served_here(src, r)
+                    if name in served:
+                        continue
+                    served.add(name)  # the first cluster in RTT order with a member takes it
+                    if qnames is None:
+                        qnames = [name]
+                    else:
+                        qnames.append(name)
+            if qnames is not None or oi.wants(subject):
+                if reply is not None and mapped is None:
+                    mapped = self._map_reply(reply)
+                conn.forward(subject, mapped, hdr_len, data, qnames)
+                sent = True
+        return sent
+
+    def _map_reply(self, reply: bytes) -> bytes:
+        """`_GR_.<cluster>.<server>.<reply>` when a client of this server is subscribed to the reply."""
+        if reply.startswith(GR_PREFIX):
+            return reply
+        for sub in self.server.sublist.match(reply).psubs:
+            if sub.conn.kind in (CLIENT, INTERNAL):
+                return self.reply_prefix + reply
+        return reply
+
+    def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:
+        """Add the gateway deliveries of a reply-less plain PUB to a client's memo (entries `(conn, line,
+        sub)`, as `Server._memoize` builds them); False: don't memoize.
+
+        Valid until `routing_changed` bumps the sublist generation (interest, mode or connection change).
+        """
+        if subject.startswith(GR_PREFIX) or subject.startswith(_INTERNAL_HEAD):
+            return False
+        line = None
+        for conn in self.by_rtt:
+            oi = conn.oi
+            if oi.queue_subs and oi.queue_groups(subject):
+                return False
+            if oi.wants(subject):
+                if line is None:
+                    line = b"RMSG $G %b %d\r\n" % (subject, size)
+                memo.append((conn, line, conn.memo_sub))
+        return True
+
+    def inbound_memo(self, subject: bytes, size: int) -> list | None:
+        """Deliveries of a plain, reply-less message from a gateway, as `(conn, line, sub)`: local client
+        subscribers and one RMSG per route with interest. None: it needs the full path (no plain subscriber
+        here, so maybe a no-interest answer; internal or auto-unsubscribing subscribers; reply subjects)."""
+        r = self.server.sublist.match(subject)
+        if not r.psubs or subject.startswith(GR_PREFIX):
+            return None
+        memo: list = []
+        routes: set[int] = set()
+        for sub in r.psubs:
+            conn = sub.conn
+            kind = conn.kind
+            if kind == CLIENT and not sub.max_msgs:
+                memo.append((conn, b"MSG %b %b %d\r\n" % (subject, sub.sid, size), sub))
+            elif kind == ROUTE:
+                if conn.cid not in routes:
+                    routes.add(conn.cid)
+                    memo.append((conn, msg_line(b"$G", subject, None, None, -1, size), _ROUTE_SLOT))
+            else:
+                return None
+        return memo
+
+    # -- replies ---------------------------------------------------------------------------------------
+    def _reply_home(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> bool:
+        """A client here answered to a mapped reply subject: send it to the requester's cluster."""
+        parts = subject.split(b".", 3)
+        if len(parts) < 4:
+            return False
+        if parts[1] == self.cluster_hash:
+            return self._deliver_reply(src, parts[2], parts[3], reply, hdr_len, data)
+        name = self.hash_to_gateway.get(parts[1])
+        conn = self.outbound.get(name) if name is not None else None
+        if conn is None:
+            return False
+        conn.forward(subject, reply, hdr_len, data, None)
+        return True
+
+    def _reply_arrived(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> bool:
+        parts = subject.split(b".", 3)
+        if len(parts) < 4 or parts[1] != self.cluster_hash:
+            return False
+        return self._deliver_reply(src, parts[2], parts[3], reply, hdr_len, data)
+
+    def _deliver_reply(self, src: Any, server_hash: bytes, inner: bytes, reply: bytes | None, hdr_len: int,
+                       data: bytes) -> bool:
+        server = self.server
+        if server_hash != self.server_hash:
+            route = self.route_by_hash(server_hash)
+            if route is not None:
+                route.forward(inner, reply, hdr_len, data, None)
+                return True
+        r = server.sublist.match(inner)
+        return server.deliver_in_cluster(src, r, inner, reply, hdr_len, data, None) if r else False
+
+
+def _served_here(src: Any, r: MatchResult) -> set[bytes]:
+    """Names of the queue groups with a member in this cluster that may receive the message."""
+    served: set[bytes] = set()
+    no_echo = src.kind == CLIENT and not src.echo
+    for group in r.qsubs:
+        if not no_echo or any(s.conn is not src for s in group):
+            served.add(group[0].queue)
+    return served
