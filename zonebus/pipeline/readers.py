@@ -1,0 +1,175 @@
+"""Reading the ledger into Spark DataFrames, with clear errors for missing, empty or corrupt input.
+
+`--ledger PATH` may be the ledger directory (holding `traffic/` and `decisions/`), the data directory above
+it (holding `ledger/`), or a URL Spark can read (`s3a://bucket/zonebus/ledger`, `hdfs://...`). Files are
+found recursively (`*.parquet`, hidden temporary files skipped) and read with the schema from
+`zonebus.ledger.schema`, so files are self-describing and the `date=`/`server=` directories need not be
+parsed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from zonebus.ledger import schema as S
+from zonebus.ledger.writer import LEDGER_DIRNAME
+from zonebus.pipeline.errors import PipelineInputError, PipelineOptionError
+
+_ARROW_TO_SPARK = {
+    pa.string(): T.StringType(),
+    pa.bool_(): T.BooleanType(),
+    pa.int64(): T.LongType(),
+    pa.float64(): T.DoubleType(),
+    S.TIMESTAMP: T.TimestampType(),
+}
+
+
+def spark_schema(schema: pa.Schema) -> T.StructType:
+    """The Spark schema of a ledger pyarrow schema (columns nullable, as Spark reads Parquet)."""
+    return T.StructType([T.StructField(f.name, _ARROW_TO_SPARK[f.type], True) for f in schema])
+
+
+TRAFFIC_SPARK_SCHEMA = spark_schema(S.TRAFFIC_SCHEMA)
+DECISIONS_SPARK_SCHEMA = spark_schema(S.DECISIONS_SCHEMA)
+
+
+@dataclass(frozen=True)
+class LedgerLocation:
+    root: str  # the ledger directory (or URL)
+    traffic: str
+    decisions: str | None  # None: no decision rows (no queue groups were used)
+
+
+def is_url(path: str) -> bool:
+    scheme = urlparse(path).scheme
+    return len(scheme) > 1 and scheme != "file"
+
+
+def _local(path: str) -> str:
+    return urlparse(path).path if path.startswith("file:") else path
+
+
+def locate_ledger(spark: SparkSession | None, path: str, option: str = "--ledger") -> LedgerLocation:
+    """Find `traffic/` (and `decisions/`) under `path`; local paths are checked without Spark."""
+    if not path:
+        raise PipelineOptionError(f"{option}: empty path")
+    root = path
+    if not is_url(path):
+        local = root = _local(path)
+        if not os.path.exists(local):
+            raise PipelineOptionError(f"{option}: ledger path {path!r} does not exist")
+        if not os.path.isdir(local):
+            raise PipelineOptionError(f"{option}: {path!r} is not a directory (give the ledger directory)")
+        exists = os.path.isdir
+        join = os.path.join
+    else:
+        if spark is None:
+            raise ValueError("a SparkSession is needed to look at a URL")
+        exists = _hadoop_exists(spark)
+
+        def join(a: str, b: str) -> str:
+            return a.rstrip("/") + "/" + b
+
+    if not exists(join(root, S.TRAFFIC)) and exists(join(join(root, LEDGER_DIRNAME), S.TRAFFIC)):
+        root = join(root, LEDGER_DIRNAME)
+    traffic = join(root, S.TRAFFIC)
+    if not exists(traffic):
+        raise PipelineInputError(
+            f"empty ledger: no {S.TRAFFIC}/ directory under {path!r} (expected the ledger directory, "
+            f"<data_dir>/{LEDGER_DIRNAME}, written by servers with a `ledger {{ dir: <data_dir> }}` block)"
+        )
+    decisions = join(root, S.DECISIONS)
+    return LedgerLocation(root, traffic, decisions if exists(decisions) else None)
+
+
+def _hadoop_exists(spark: SparkSession) -> Callable[[str], bool]:
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+
+    def exists(url: str) -> bool:
+        try:
+            p = jvm.org.apache.hadoop.fs.Path(url)
+            return bool(p.getFileSystem(conf).exists(p))
+        except Exception as exc:
+            raise PipelineInputError(f"cannot access {url!r}: {first_line(str(exc))}")
+
+    return exists
+
+
+def _read(spark: SparkSession, path: str, schema: T.StructType) -> DataFrame:
+    try:
+        return (
+            spark.read.schema(schema)
+            .option("recursiveFileLookup", "true")
+            .option("pathGlobFilter", "*.parquet")
+            .parquet(path)
+        )
+    except Exception as exc:
+        raise explain_read_error(exc, path)
+
+
+def read_traffic(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
+    return _read(spark, loc.traffic, TRAFFIC_SPARK_SCHEMA)
+
+
+def read_decisions(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
+    if loc.decisions is None:
+        return spark.createDataFrame([], DECISIONS_SPARK_SCHEMA)
+    return _read(spark, loc.decisions, DECISIONS_SPARK_SCHEMA)
+
+
+def first_line(text: str) -> str:
+    """The line of an exception text that says what went wrong (for py4j errors: the Java exception's)."""
+    if "An error occurred while calling" in text and "\n: " in text:
+        text = text.split("\n: ", 1)[1]
+    for line in text.strip().splitlines():
+        line = line.strip()
+        if line:
+            return line[:400]
+    return text[:400]
+
+
+_FILE_RE = re.compile(r"((?:file|s3a?|gs|hdfs|abfss?|wasbs?):[^\s,'\"\]]+|/[^\s,'\"\]]+\.parquet)")
+_READING_RE = re.compile(r"while reading file (\S+?)\.?(?:\s|$)")
+_MISMATCH_RE = re.compile(
+    r"(Data type mismatches when reading Parquet column \[[^\]]*\]\. Expected Spark type [^,]+, "
+    r"actual Parquet type [A-Za-z0-9_()]+)"
+)
+_CORRUPT_MARKERS = (
+    "is not a Parquet file",
+    "Could not read footer",
+    "CORRUPT",
+    "ParquetDecodingException",
+    "can not read class org.apache.parquet",
+    "FAILED_READ_FILE",
+)
+
+
+def explain_read_error(exc: BaseException, path: str = "") -> PipelineInputError:
+    """Turn a Spark exception raised while reading the ledger into one clear message."""
+    text = str(exc)
+    match = _READING_RE.search(text) or _FILE_RE.search(text)
+    where = match.group(1) if match else "a file under " + repr(path)
+    if "DATA_TYPE_MISMATCH" in text or "SchemaColumnConvertNotSupported" in text:
+        detail = _MISMATCH_RE.search(text)
+        return PipelineInputError(
+            f"ledger file {where} does not have the ledger schema"
+            + (f": {detail.group(1)}" if detail else "")
+            + ". Only zonebus ledger files belong under the ledger directory."
+        )
+    if any(marker in text for marker in _CORRUPT_MARKERS):
+        return PipelineInputError(
+            f"cannot read ledger file {where}: not a valid Parquet file (corrupt or cut short). "
+            "Remove it, or pass --skip-corrupt to ignore unreadable files."
+        )
+    if "PATH_NOT_FOUND" in text or "Path does not exist" in text:
+        return PipelineInputError(f"ledger path not found: {path!r}")
+    return PipelineInputError(f"cannot read the ledger at {path!r}: {first_line(text)}")

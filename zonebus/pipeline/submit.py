@@ -1,0 +1,32 @@
+"""spark-submit entry for the cost jobs: `spark-submit zonebus/pipeline/submit.py report --ledger ... --out ...`.
+
+Takes the same arguments as `zonebus cost` and uses the master spark-submit was given. The jobs use no
+Python UDFs, so executors need no zonebus code; only the driver imports it (this file puts the checkout
+on sys.path when zonebus is not installed).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _fix_path() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    # Running a file puts its directory first on sys.path; this one's module names must not shadow others.
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    try:
+        import zonebus  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(here)))
+
+
+def main() -> int:
+    _fix_path()
+    from zonebus.cli.cost import run_cost_cli
+
+    return run_cost_cli(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
