@@ -140,8 +140,6 @@ class GatewayConnection(Connection, asyncio.Protocol):
             return
         ops, error = self.parser.feed(data)
         server = self.server
-        if ops and not self.outbound:
-            server.producing(self)  # messages come in here: stall this link if a receiver backs up
         for op in ops:
             code = op[0]
             if code == RMSG:
@@ -183,6 +181,8 @@ class GatewayConnection(Connection, asyncio.Protocol):
             if self.closed:
                 return
         self.last_activity = time.time()
+        if ops and not self.outbound:
+            server.producing(self, len(data))  # messages come in here: stall this link if a receiver backs up
         if error is not None:
             self.send(error.wire())
             self.close()

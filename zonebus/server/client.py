@@ -92,8 +92,8 @@ class ClientConnection(Connection, asyncio.Protocol):
             return
         ops, error = self.parser.feed(data)
         if ops:
-            self.server.producing(self)
             self._handle_ops(ops)
+            self.server.producing(self, len(data))
         if error is not None and not self.closed:
             self.protocol_error(error)
 
@@ -102,6 +102,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         process_msg = server.process_msg
         sublist = server.sublist
         mark_dirty = server.mark_dirty
+        rnd = server.random.random
         for op in ops:
             code = op[0]
             if code == PUB and self.connected:
@@ -126,6 +127,19 @@ class ClientConnection(Connection, asyncio.Protocol):
                         if not conn.dirty:
                             conn.dirty = True
                             mark_dirty(conn)
+                    qmemo = hdr.qmemo
+                    if qmemo is not None:
+                        for group in qmemo:
+                            conn, line, sub = group[int(rnd() * len(group))]
+                            out = conn.out
+                            out.append(line)
+                            out.append(data)
+                            sub.delivered += 1
+                            conn.out_msgs += 1
+                            conn.out_bytes += size
+                            if not conn.dirty:
+                                conn.dirty = True
+                                mark_dirty(conn)
                     continue
                 if hdr.hdr_len >= 0 and not self.headers:
                     self.protocol_error(malformed())

@@ -79,7 +79,7 @@ class Connection:
 
     def slow_consumer(self) -> None:
         self.server.slow_consumers += 1
-        self.server.log(f"{self.kind} {self.cid} slow consumer: closing")
+        self.server.log(f"{self.kind} {self.cid} slow consumer: closing (pending {self._buffered()} bytes)")
         self.close(abort=True)
 
     def set_write_limits(self, transport: asyncio.BaseTransport) -> None:

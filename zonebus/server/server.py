@@ -26,6 +26,7 @@ from zonebus.server.options import ServerOptions
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
 _B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+EARLY_FLUSH = 512 * 1024
 
 
 def new_server_id() -> str:
@@ -46,6 +47,7 @@ class Server:
         self._cid = 0
         self._dirty: list[Connection] = []
         self.turn_producers: list[Connection] = []  # publishers whose input was processed this turn
+        self.turn_bytes = 0  # input bytes processed since the last flush
         self._flush_scheduled = False
         self.start_time = time.time()
         self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0  # totals of closed connections
@@ -305,21 +307,40 @@ class Server:
         if hdr.ledger_n and self.ledger is not None:
             self.ledger.settle(src, hdr)
         hdr.gen = self.sublist.generation
-        hdr.memo = None
+        hdr.memo = hdr.qmemo = None
         gw = self.gateway
-        if hdr.reply is not None or hdr.hdr_len >= 0 or r.qsubs or (not r.psubs and gw is None):
+        if hdr.reply is not None or hdr.hdr_len >= 0:
             return
-        memo = []
-        for sub in r.psubs:
+        memo = self._memo_entries(src, hdr, r.psubs)
+        if memo is None or (gw is not None and not gw.memo_entries(hdr.subject, hdr.size, memo)):
+            return
+        if r.qsubs:
+            # queue groups: only on a lone server without a ledger (elsewhere the cluster policy, gateways
+            # and the decision counts need the full path); one member is drawn per message on the fast path
+            if self.cluster is not None or gw is not None or self.ledger is not None:
+                return
+            qmemo = []
+            for group in r.qsubs:
+                entries = self._memo_entries(src, hdr, group)
+                if entries is None:
+                    return
+                if entries:
+                    qmemo.append(entries)
+            hdr.qmemo = qmemo
+        hdr.memo = memo
+
+    @staticmethod
+    def _memo_entries(src: Connection, hdr: PubHeader, subs: list[Subscription]) -> list[tuple] | None:
+        """(conn, MSG line, sub) per client subscription, or None when one of them needs the full path."""
+        entries = []
+        for sub in subs:
             conn = sub.conn
             if conn.kind != CLIENT or sub.max_msgs:
-                return
+                return None
             if conn is src and not src.echo:
                 continue
-            memo.append((conn, b"MSG %b %b %d\r\n" % (hdr.subject, sub.sid, hdr.size), sub))
-        if gw is not None and not gw.memo_entries(hdr.subject, hdr.size, memo):
-            return
-        hdr.memo = memo
+            entries.append((conn, b"MSG %b %b %d\r\n" % (hdr.subject, sub.sid, hdr.size), sub))
+        return entries
 
     def _route_queues(self, src: Connection, groups: list[list[Subscription]], routes, subject: bytes,
                       reply: bytes | None, hdr_len: int, data: bytes, echo: bool, only=None):
@@ -389,14 +410,24 @@ class Server:
 
     def _flush_dirty(self) -> None:
         self._flush_scheduled = False
+        self._flush_now()
+        self.turn_producers.clear()
+
+    def _flush_now(self) -> None:
+        self.turn_bytes = 0
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush()
-        self.turn_producers.clear()
 
-    def producing(self, conn: Connection) -> None:
-        """`conn` published this loop turn: it is the one to stall if a receiver backs up (see connection.py)."""
-        self.turn_producers.append(conn)
+    def producing(self, conn: Connection, nbytes: int) -> None:
+        """`conn` handed us `nbytes` of input this loop turn: it is the one to stall if a receiver backs up
+        (see connection.py). The event loop may deliver several reads in one turn; past EARLY_FLUSH bytes the
+        output is flushed at once, so that a backed-up receiver can stop the producer before more is read."""
+        if not self.turn_producers or self.turn_producers[-1] is not conn:
+            self.turn_producers.append(conn)
+        self.turn_bytes += nbytes
+        if self.turn_bytes > EARLY_FLUSH:
+            self._flush_now()
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush_dirty)

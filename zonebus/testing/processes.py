@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,8 +25,35 @@ from pathlib import Path
 IMPLEMENTATIONS = ("nats", "zonebus")
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Picked below the kernel's ephemeral range, so that no outgoing connection (a client, a route dialling
+    out) can be given it as its local port between now and the moment a server binds it; never the same
+    port twice in one process."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randint(min(10000, low - 2000), low - 1)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
