@@ -7,17 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from gwkit import Supercluster, start_supercluster, wait_for_full_mesh
-
-
-def started(impl: str, **kwargs: object) -> Supercluster:
-    sc = start_supercluster(impl, **kwargs)
-    try:
-        wait_for_full_mesh(sc)
-    except Exception:
-        sc.stop()
-        raise
-    return sc
+from gwkit import Supercluster, started
 
 
 @pytest.fixture(scope="module")

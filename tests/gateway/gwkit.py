@@ -362,3 +362,14 @@ class DelayProxy:
             t.cancel()
         writer.close()
         up_writer.close()
+
+
+def started(impl: str, **kwargs: object) -> Supercluster:
+    """A supercluster whose gateway mesh is complete (stopped again if it does not form)."""
+    sc = start_supercluster(impl, **kwargs)
+    try:
+        wait_for_full_mesh(sc)
+    except Exception:
+        sc.stop()
+        raise
+    return sc

@@ -42,7 +42,7 @@ _fences = itertools.count()
 
 @pytest.fixture(scope="module")
 def sc() -> Supercluster:
-    from conftest import started
+    from gwkit import started
 
     sc = started("zonebus", gateway_extra=f"interest_only_threshold: {THRESHOLD}")
     yield sc

@@ -6,24 +6,12 @@ shared by every test in tests/stream (starting them costs about a second).
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 
 import pytest
+from js_kit import start_js
 
 from zonebus.testing.processes import ServerProcess
-
-
-def js_config(store_dir: str) -> str:
-    return f'jetstream {{ store_dir: "{store_dir}" }}\n'
-
-
-def start_js(impl: str, store_dir: str | None = None) -> ServerProcess:
-    store = store_dir or tempfile.mkdtemp(prefix=f"zb-js-{impl}-")
-    proc = ServerProcess(impl=impl, config=js_config(store))
-    proc.start()
-    proc.store_dir = store  # type: ignore[attr-defined]
-    return proc
 
 
 @pytest.fixture(scope="session")

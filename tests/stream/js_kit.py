@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 from typing import Any
 
 from zonebus.stream.subjects import matches
+from zonebus.testing.processes import ServerProcess
 
 
 class FakeClient:
@@ -59,3 +61,15 @@ def normalize(doc: Any) -> Any:
 
 def load_json(data: bytes) -> Any:
     return json.loads(data) if data else None
+
+
+def js_config(store_dir: str) -> str:
+    return f'jetstream {{ store_dir: "{store_dir}" }}\n'
+
+
+def start_js(impl: str, store_dir: str | None = None) -> ServerProcess:
+    store = store_dir or tempfile.mkdtemp(prefix=f"zb-js-{impl}-")
+    proc = ServerProcess(impl=impl, config=js_config(store))
+    proc.start()
+    proc.store_dir = store  # type: ignore[attr-defined]
+    return proc

@@ -13,7 +13,7 @@ import tempfile
 
 import nats
 import pytest
-from conftest import start_js
+from js_kit import start_js
 from nats.js.api import AckPolicy, ConsumerConfig
 
 

@@ -46,6 +46,7 @@ class ClusterManager:
         self._listener: asyncio.base_events.Server | None = None
         self._running = False
         self.route_url = ""
+        self.gateway_gossip: dict[str, Any] | None = None  # this server's gateway facts, sent in route INFO
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -102,6 +103,7 @@ class ClusterManager:
             "peers": peers,
             "headers": True,
             "version": server._info_base.get("version", ""),
+            **({"gateway": self.gateway_gossip} if self.gateway_gossip else {}),
         }
 
     def check_route_auth(self, fields: dict[str, Any]) -> bool:
@@ -154,12 +156,14 @@ class ClusterManager:
                 conn.send_interest(subject, queue, n)
         self._gossip()
         self._learn_peers(conn, info.get("peers") or [])
+        self._gateway_info(conn, info)
 
     def route_info_update(self, conn: RouteConnection, info: dict[str, Any]) -> None:
         conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
         conn.zone_known = bool(conn.zone)
         self._learn_peers(conn, info.get("peers") or [])
+        self._gateway_info(conn, info)
 
     def _learn_peers(self, conn: RouteConnection, peers: list[dict[str, Any]]) -> None:
         for p in peers:
@@ -174,6 +178,25 @@ class ClusterManager:
         for c in self.peers.values():
             if c.established and not c.closed:
                 c.send(line)
+
+    def set_gateway_gossip(self, body: dict[str, Any]) -> None:
+        """The gateway layer's facts for the other servers of this cluster: sent now and on every new route."""
+        if body != self.gateway_gossip:
+            self.gateway_gossip = body
+            self._gossip()
+
+    def _gateway_info(self, conn: RouteConnection, info: dict[str, Any]) -> None:
+        body = info.get("gateway")
+        if body:
+            conn.gateway_info = body
+            if self.server.gateway is not None:
+                self.server.gateway.cluster_gossip(body)
+
+    def replay_gateway_gossip(self) -> None:
+        """The gateway layer started after some routes told us theirs: hand it what they said."""
+        for conn in list(self.peers.values()):
+            if conn.gateway_info and self.server.gateway is not None:
+                self.server.gateway.cluster_gossip(conn.gateway_info)
 
     def tags_changed(self) -> None:
         for c in self.peers.values():

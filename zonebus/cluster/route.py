@@ -60,6 +60,7 @@ class RouteConnection(Connection, asyncio.Protocol):
         self.established = False
         self.duplicate = False
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}
+        self.gateway_info: dict[str, Any] | None = None  # the peer's gateway gossip, from its INFO
         self.rtt = 0.0
         self._ping_sent = 0.0
         self._ping_timer: asyncio.TimerHandle | None = None

@@ -12,9 +12,9 @@ State owned here (event loop thread only):
   is sent on the first member in the cluster and withdrawn with the last.
 
 In-cluster gossip: servers of one cluster tell each other their gateway name, gateway URL and the remote
-gateways they know through an internal subscription on `$GW.GOSSIP` (carried by the routes like any
-subject, never sent over gateways). A server whose gateway name differs from ours is reported as a
-misconfiguration. Routing of messages lives in `routing.GatewayRouting`, monitoring in `monitoring`.
+gateways they know in a `gateway` field of their route INFO (`ClusterManager.set_gateway_gossip`), out of
+reach of clients. A server whose gateway name differs from ours is reported as a misconfiguration.
+Routing of messages lives in `routing.GatewayRouting`, monitoring in `monitoring`.
 """
 
 from __future__ import annotations
@@ -41,17 +41,14 @@ from zonebus.gateway.interest import (
     INTEREST_ONLY,
 )
 from zonebus.gateway.routing import GR_PREFIX, GatewayRouting
-from zonebus.server.connection import ROUTE
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
-GOSSIP_SUBJECT = "$GW.GOSSIP"
 INTERNAL_PREFIX = b"$GW."
 IMPLICIT_RETRIES = 10
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
-GOSSIP_POLL = 0.25
 
 
 class GatewayConfigError(OSError):
@@ -109,10 +106,7 @@ class GatewayManager(GatewayRouting):
         self._route_hashes: dict[str, bytes] = {}
         self._listener: asyncio.base_events.Server | None = None
         self._running = False
-        self._internal = None
-        self._gossip_peers: frozenset[int] = frozenset()
         self._gossip_pending = False
-        self._poll_timer: asyncio.TimerHandle | None = None
         self._mismatch_reported: set[str] = set()
         self._misconfig_seen: dict[str, int] = {}
         self._rng = random.Random()
@@ -149,20 +143,16 @@ class GatewayManager(GatewayRouting):
             server.log(f"gateway name is {self.name}; no gateway listen port: this server only dials out")
         if self.delays:
             server.log(f"TEST HOOK {os.environ.get('ZONEBUS_GATEWAY_DELAY_MS')!r}: delaying outbound gateway writes")
-        from zonebus.server.internal import InternalClient
-
-        self._internal = InternalClient(server, "$GW")
-        self._internal.subscribe(GOSSIP_SUBJECT, self._cluster_gossip)
         for remote in opts.gateways:
             if remote.name == self.name:
                 continue  # the same gateway list on every server may name this cluster too
             self.learn(remote.name, remote.urls, configured=True, source="configuration")
-        self._poll_timer = server.loop.call_later(GOSSIP_POLL, self._poll_routes)
+        self._publish_cluster_gossip()
+        if server.cluster is not None:
+            server.cluster.replay_gateway_gossip()
 
     async def stop(self) -> None:
         self._running = False
-        if self._poll_timer is not None:
-            self._poll_timer.cancel()
         if self._listener is not None:
             self._listener.close()
         for remote in self.remotes.values():
@@ -397,7 +387,7 @@ class GatewayManager(GatewayRouting):
 
     # -- gossip ----------------------------------------------------------------------------------------
     def _gossip_soon(self) -> None:
-        if not self._gossip_pending and self._running and self._internal is not None:
+        if not self._gossip_pending and self._running:
             self._gossip_pending = True
             self.server.loop.call_soon(self._gossip)
 
@@ -413,24 +403,15 @@ class GatewayManager(GatewayRouting):
                 conn.send(line)
 
     def _publish_cluster_gossip(self) -> None:
+        """This server's gateway name, URL and known gateways ride on its route INFO (zonebus.cluster)."""
         body = {"server_id": self.server.server_id, "server_name": self.server.name, "gateway": self.name,
                 "gateway_url": self.url, "gateways": self.known_gateways()}
-        self._internal.publish(GOSSIP_SUBJECT, _json(body))
+        if self.server.cluster is not None:
+            self.server.cluster.set_gateway_gossip(body)
 
-    def _poll_routes(self) -> None:
-        """Gossip again when a route peer newly subscribed to the gossip subject (a new or restarted peer)."""
-        if not self._running:
-            return
-        r = self.server.sublist.match(GOSSIP_SUBJECT.encode())
-        peers = frozenset(s.conn.cid for s in r.psubs if s.conn.kind == ROUTE)
-        if peers - self._gossip_peers:
-            self._publish_cluster_gossip()
-        self._gossip_peers = peers
-        self._poll_timer = self.server.loop.call_later(GOSSIP_POLL, self._poll_routes)
-
-    def _cluster_gossip(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+    def cluster_gossip(self, body: Any) -> None:
+        """A route peer's gateway gossip (from its route INFO)."""
         try:
-            body = json.loads(payload)
             sid = str(body["server_id"])
             name = str(body["gateway"])
         except (ValueError, KeyError, TypeError):
