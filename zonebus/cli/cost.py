@@ -133,7 +133,7 @@ def _report(args: argparse.Namespace) -> int:
 
     opts = ReportOptions(args.ledger, args.out, prices, args.top, args.skip_corrupt)
     with spark_session(args.master, "zonebus-cost-report") as spark, \
-            Progress(spark, enabled=not args.quiet) as progress:
+            Progress(spark, enabled=_progress_wanted(args)) as progress:
         summary = run_report(spark, opts, progress)
     _emit(args, summary, format_table)
     if args.out and not args.json:
@@ -167,7 +167,7 @@ def _simulate(args: argparse.Namespace) -> int:
         args.samples or workload.samples, workload.seed if args.seed is None else args.seed,
     )
     with spark_session(args.master, "zonebus-cost-simulate") as spark, \
-            Progress(spark, enabled=not args.quiet) as progress:
+            Progress(spark, enabled=_progress_wanted(args)) as progress:
         summary = run_simulate(spark, opts, progress)
     if args.out:
         with open(os.path.join(args.out, "simulation.json"), "w") as fh:
@@ -182,3 +182,10 @@ def _emit(args: argparse.Namespace, summary: dict[str, Any], fmt: Any) -> None:
         print(json.dumps(summary, indent=2, default=str))
     else:
         print(fmt(summary))
+
+
+def _progress_wanted(args: argparse.Namespace) -> bool:
+    """spark-submit merges the driver's stderr into stdout, where --json output must stand alone."""
+    from zonebus.pipeline.session import under_spark_submit
+
+    return not args.quiet and not (args.json and under_spark_submit())
