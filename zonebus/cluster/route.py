@@ -26,15 +26,13 @@ from zonebus.protocol.route_parser import (
     RS_MINUS,
     RS_PLUS,
     RouteParser,
-    msg_line,
 )
-from zonebus.server.connection import ROUTE, Connection
+from zonebus.server.connection import ACCOUNT, ROUTE, Connection
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
 
-ACCOUNT = b"$G"
 PING_EVERY = 2.0
 
 
@@ -196,21 +194,6 @@ class RouteConnection(Connection, asyncio.Protocol):
             self.send(b"RS+ %b %b %b %d\r\n" % (ACCOUNT, subject, queue, weight))
         else:
             self.send(b"RS- %b %b %b\r\n" % (ACCOUNT, subject, queue))
-
-    def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                queues: list[bytes] | None) -> None:
-        size = len(data) - 2
-        line = msg_line(ACCOUNT, subject, reply, queues, hdr_len, size)
-        out = self.out
-        out.append(line)
-        out.append(data)
-        self.out_msgs += 1
-        self.out_bytes += size
-        if self.ledger_out is not None:
-            self.server.ledger_count(self.ledger_out, subject, len(line) + size + 2)
-        if not self.dirty:
-            self.dirty = True
-            self.server.mark_dirty(self)
 
     def drop_remote_interest(self) -> None:
         for sub in self.remote_subs.values():

@@ -27,7 +27,6 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from zonebus.gateway.interest import (
-    ACCOUNT,
     CMD_ALL_SUBS_COMPLETE,
     CMD_ALL_SUBS_START,
     CMD_GOSSIP,
@@ -47,9 +46,8 @@ from zonebus.protocol.route_parser import (
     RS_MINUS,
     RS_PLUS,
     RouteParser,
-    msg_line,
 )
-from zonebus.server.connection import GATEWAY, Connection
+from zonebus.server.connection import ACCOUNT, GATEWAY, Connection
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -277,20 +275,6 @@ class GatewayConnection(Connection, asyncio.Protocol):
         self.manager.routing_changed()
 
     # -- messages ------------------------------------------------------------------------------------
-    def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                queues: list[bytes] | None) -> None:
-        size = len(data) - 2
-        line = msg_line(ACCOUNT, subject, reply, queues, hdr_len, size)
-        out = self.out
-        out.append(line)
-        out.append(data)
-        self.out_msgs += 1
-        self.out_bytes += size
-        if self.ledger_out is not None:
-            self.server.ledger_count(self.ledger_out, subject, len(line) + size + 2)
-        if not self.dirty:
-            self.dirty = True
-            self.server.mark_dirty(self)
 
     # -- RTT -----------------------------------------------------------------------------------------
     def start_pinging(self) -> None:

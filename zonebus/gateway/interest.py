@@ -20,9 +20,9 @@ zonebus has one account (`$G`); lines for other accounts are ignored.
 
 from __future__ import annotations
 
+from zonebus.server.connection import ACCOUNT
 from zonebus.subjects.sublist import Sublist, Subscription
 
-ACCOUNT = b"$G"
 OPTIMISTIC, TRANSITIONING, INTEREST_ONLY = 0, 1, 2
 MODE_NAMES = {OPTIMISTIC: "Optimistic", TRANSITIONING: "Transitioning", INTEREST_ONLY: "Interest-Only"}
 

@@ -13,7 +13,8 @@ import datetime as dt
 import time
 from typing import TYPE_CHECKING, Any
 
-from zonebus.gateway.interest import ACCOUNT, MODE_NAMES, OPTIMISTIC
+from zonebus.gateway.interest import MODE_NAMES, OPTIMISTIC
+from zonebus.server.connection import ACCOUNT
 
 if TYPE_CHECKING:
     from zonebus.gateway.connection import GatewayConnection

@@ -117,6 +117,7 @@ class ClientConnection(Connection, asyncio.Protocol):
                         if not hdr.ledger_n:
                             self.ledger_hdrs.append(hdr)
                         hdr.ledger_n += 1
+                    # (the two loops below are written out rather than shared: this is the hottest path)
                     for conn, line, sub in memo:
                         out = conn.out
                         out.append(line)
@@ -278,16 +279,7 @@ class ClientConnection(Connection, asyncio.Protocol):
                 line = b"MSG %b %b %b %d\r\n" % (subject, sub.sid, reply, size)
             else:
                 line = b"MSG %b %b %d\r\n" % (subject, sub.sid, size)
-        out = self.out
-        out.append(line)
-        out.append(data)
-        self.out_msgs += 1
-        self.out_bytes += size
-        if self.ledger_out is not None:
-            self.server.ledger_count(self.ledger_out, subject, len(line) + size + 2)
-        if not self.dirty:
-            self.dirty = True
-            self.server.mark_dirty(self)
+        self.write_frame(line, data, subject)
 
     # -- errors and timers ---------------------------------------------------------------------------
     def protocol_error(self, error: ProtocolError) -> None:

@@ -18,10 +18,13 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
+from zonebus.protocol.route_parser import msg_line
+
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 CLIENT, ROUTE, GATEWAY, INTERNAL = "client", "route", "gateway", "internal"
+ACCOUNT = b"$G"  # the one account zonebus serves
 STALL_MAX = 0.5
 
 
@@ -58,6 +61,26 @@ class Connection:
         if not self.dirty:
             self.dirty = True
             self.server.mark_dirty(self)
+
+    def write_frame(self, line: bytes, data: bytes, subject: bytes) -> None:
+        """Queue one message: its control line and its payload (with CRLF); count it for stats and ledger."""
+        out = self.out
+        out.append(line)
+        out.append(data)
+        size = len(data) - 2
+        self.out_msgs += 1
+        self.out_bytes += size
+        if self.ledger_out is not None:
+            self.server.ledger_count(self.ledger_out, subject, len(line) + size + 2)
+        if not self.dirty:
+            self.dirty = True
+            self.server.mark_dirty(self)
+
+    def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                queues: list[bytes] | None) -> None:
+        """Server-to-server links (routes, gateways): send a message as RMSG/HMSG, naming the queue groups
+        the receiver is to serve."""
+        self.write_frame(msg_line(ACCOUNT, subject, reply, queues, hdr_len, len(data) - 2), data, subject)
 
     @property
     def out_pending(self) -> int:
