@@ -79,14 +79,14 @@ async def _restart_and_check(s: list[ServerProcess], v: int) -> None:
                 await after.publish(p, range(k * 50, (k + 1) * 50))
                 await after.settle(p)
             n = 50 * len(pubs)
-            after.each_receiver_got_all(range(n), {"plain"})
+            after.each_got_all(range(n), {"plain"})
             after.check_exactly_once(range(n), {"queue"})
 
             await wait_interest(s[v], back.subject, peers=[others[0]])
             await wait_interest(s[v], back.barrier_subject, peers=[others[0]])
             await back.publish(new, range(20))
             await back.settle(new)
-            back.each_receiver_got_all(range(20), {"keeper"})
+            back.each_got_all(range(20), {"keeper"})
         finally:
             for nc in [new, *pubs]:
                 await nc.close()
@@ -231,7 +231,7 @@ async def test_route_authorization(impl):
         await wait_interest(b, tally.barrier_subject, peers=[f])
         await tally.publish(pub, range(20))
         await tally.settle(pub)
-        tally.each_receiver_got_all(range(20), {"F"})
+        tally.each_got_all(range(20), {"F"})
     finally:
         for nc in (sub, pub):
             await nc.close()
