@@ -148,6 +148,8 @@ class ClusterManager:
         if self.server.ledger is not None:
             self.server.ledger.route_connected(conn)
         self.server.log(f"route established with {conn.describe()} tags={conn.remote_tags}")
+        if conn.remote_client_url:
+            self.server.client_urls_changed()
         for subject, n in self.plain_refs.items():
             if n > 0:
                 conn.send_interest(subject, None, 1)
@@ -209,6 +211,8 @@ class ClusterManager:
         if self.peers.get(conn.remote_id) is conn:
             del self.peers[conn.remote_id]
             self.server.log(f"route closed: {conn.describe()}")
+            if conn.remote_client_url:
+                self.server.client_urls_changed()
         if self.server.ledger is not None:
             self.server.ledger.connection_closed(conn)
 

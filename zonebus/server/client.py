@@ -53,6 +53,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.echo = True
         self.headers = False
         self.no_responders = False
+        self.protocol = 0  # 1: the client takes asynchronous INFO (cluster connect_urls updates)
         self.name = ""
         self.lang = ""
         self.version = ""
@@ -200,6 +201,10 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.echo = bool(opts.get("echo", self.echo))
         self.headers = bool(opts.get("headers", self.headers))
         self.no_responders = bool(opts.get("no_responders", self.no_responders))
+        try:
+            self.protocol = int(opts.get("protocol", self.protocol) or 0)
+        except (TypeError, ValueError):
+            self.protocol = 0
         self.name = str(opts.get("name", "") or "")
         self.lang = str(opts.get("lang", "") or "")
         self.version = str(opts.get("version", "") or "")

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 from zonebus.ledger.accumulator import LedgerAccumulator, window_start_for
 from zonebus.ledger.zones import ClientZoneResolver, server_zone
 from zonebus.protocol.client_parser import PubHeader, pub_wire_bytes
-from zonebus.server.connection import CLIENT, INTERNAL, Connection
+from zonebus.protocol.route_parser import msg_line
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, Connection
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
-ACCOUNT = "$G"
+ACCOUNT_NAME = ACCOUNT.decode()
 DEFAULT_DIR = "zonebus-data"
 
 
@@ -91,7 +92,11 @@ class LedgerHooks:
         return conn.zone
 
     def queue_decision(self, src: Any, group: list, chosen: Any, subject: bytes, size: int) -> None:
+        """Count one queue routing decision. Its bytes are those of the frame that would cross to a remote
+        member (an RMSG line naming the queue, the payload, CRLF), so that the pipeline's counterfactual
+        prices decisions like the traffic rows price what did cross."""
         pub_zone = src.zone if src.kind == CLIENT and src.zone else self.server.zone
+        size = len(msg_line(ACCOUNT, subject, None, [chosen.queue], -1, size)) + size + 2
         w_in = w_out = 0
         for m in group:
             if self.member_zone(m) == pub_zone:
@@ -143,7 +148,7 @@ class LedgerHooks:
         for direction, counts in (("in", cin), ("out", cout)):
             if counts:
                 self.acc.record_traffic(window, conn.kind, peer, conn.zone, conn.zone_known, direction,
-                                        ACCOUNT, counts)
+                                        ACCOUNT_NAME, counts)
 
 
 def _add(counts: dict[bytes, list[int]] | None, subject: bytes, msgs: int, nbytes: int) -> None:

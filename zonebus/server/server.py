@@ -197,6 +197,13 @@ class Server:
                 info["connect_urls"] = urls
         return b"INFO " + _json(info) + b"\r\n"
 
+    def client_urls_changed(self) -> None:
+        """The cluster's client URLs changed: tell the clients that take asynchronous INFO, as nats-server
+        does, so that they can fail over to any server of the cluster."""
+        for conn in self.clients.values():
+            if conn.connected and conn.protocol >= 1 and not conn.closed:
+                conn.send(self.client_info(conn))
+
     def _build_info(self) -> dict[str, Any]:
         opts = self.opts
         info: dict[str, Any] = {
