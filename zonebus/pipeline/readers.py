@@ -1,7 +1,8 @@
 """Reading the ledger into Spark DataFrames, with clear errors for missing, empty or corrupt input.
 
 `--ledger PATH` may be the ledger directory (holding `traffic/` and `decisions/`), the data directory above
-it (holding `ledger/`), or a URL Spark can read (`s3a://bucket/zonebus/ledger`, `hdfs://...`). Files are
+it (holding `ledger/`), a URL Spark can read (`s3a://...` with Hadoop's AWS jars, `hdfs://...`), or an
+`s3://bucket/prefix` URL, read through pyarrow's S3 client by a Python data source (`objectstore`). Files are
 found recursively (`*.parquet`, hidden temporary files skipped) and read with the schema from
 `zonebus.ledger.schema`, so files are self-describing and the `date=`/`server=` directories need not be
 parsed.
@@ -21,6 +22,7 @@ from pyspark.sql import types as T
 
 from zonebus.ledger import schema as S
 from zonebus.ledger.writer import LEDGER_DIRNAME
+from zonebus.pipeline import objectstore
 from zonebus.pipeline.errors import PipelineInputError, PipelineOptionError
 
 _ARROW_TO_SPARK = {
@@ -71,9 +73,12 @@ def locate_ledger(spark: SparkSession | None, path: str, option: str = "--ledger
         exists = os.path.isdir
         join = os.path.join
     else:
-        if spark is None:
+        if objectstore.is_object_store(path):
+            exists = _checked(objectstore.exists, path)
+        elif spark is None:
             raise ValueError("a SparkSession is needed to look at a URL")
-        exists = _hadoop_exists(spark)
+        else:
+            exists = _hadoop_exists(spark)
 
         def join(a: str, b: str) -> str:
             return a.rstrip("/") + "/" + b
@@ -104,7 +109,22 @@ def _hadoop_exists(spark: SparkSession) -> Callable[[str], bool]:
     return exists
 
 
-def _read(spark: SparkSession, path: str, schema: T.StructType) -> DataFrame:
+def _checked(exists: Callable[[str], bool], root: str) -> Callable[[str], bool]:
+    def check(url: str) -> bool:
+        try:
+            return exists(url)
+        except Exception as exc:
+            raise PipelineInputError(f"cannot access {root!r}: {first_line(str(exc))}")
+
+    return check
+
+
+def _read(spark: SparkSession, path: str, schema: T.StructType, kind: str) -> DataFrame:
+    if objectstore.is_object_store(path):
+        try:
+            return objectstore.read(spark, path, kind)
+        except Exception as exc:
+            raise explain_read_error(exc, path)
     try:
         return (
             spark.read.schema(schema)
@@ -117,13 +137,13 @@ def _read(spark: SparkSession, path: str, schema: T.StructType) -> DataFrame:
 
 
 def read_traffic(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
-    return _read(spark, loc.traffic, TRAFFIC_SPARK_SCHEMA)
+    return _read(spark, loc.traffic, TRAFFIC_SPARK_SCHEMA, S.TRAFFIC)
 
 
 def read_decisions(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
     if loc.decisions is None:
         return spark.createDataFrame([], DECISIONS_SPARK_SCHEMA)
-    return _read(spark, loc.decisions, DECISIONS_SPARK_SCHEMA)
+    return _read(spark, loc.decisions, DECISIONS_SPARK_SCHEMA, S.DECISIONS)
 
 
 def first_line(text: str) -> str:
