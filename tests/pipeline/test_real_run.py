@@ -138,3 +138,61 @@ def test_simulation_agrees_with_the_real_run(real_run, spark, run_cli) -> None:
     assert abs(measured - predicted) <= bound, (measured, predicted, bound)
     # and the option's prediction is what the option does: nothing crosses
     assert policies["prefer_matching_tags"]["sampled"]["cross_zone_fraction"] == 0.0
+
+
+async def _plain_workload(servers: list[ServerProcess], n: int) -> int:
+    """A publisher on s0, one plain subscriber on s0 and one on s1; returns the deliveries counted."""
+    got = 0
+    done = asyncio.Event()
+    conns = []
+    for s in servers:
+        nc = await nats.connect(s.url, name="audit")
+
+        async def on_msg(msg) -> None:
+            nonlocal got
+            got += 1
+            if got == 2 * n:
+                done.set()
+
+        await nc.subscribe("metrics.cpu", cb=on_msg)
+        await nc.flush()
+        conns.append(nc)
+    await asyncio.to_thread(wait_for_route_interest, servers[0], "metrics.cpu")
+    pub = await nats.connect(servers[0].url, name="pub")
+    for _ in range(n):
+        await pub.publish("metrics.cpu", b"y" * 50)  # the same PUB line each time: the fast paths
+    await pub.flush()
+    await asyncio.wait_for(done.wait(), 30)
+    for nc in conns + [pub]:
+        await nc.close()
+    return got
+
+
+@pytest.mark.timeout(120)
+def test_fast_path_traffic_is_counted(tmp_path: Path) -> None:
+    """Repeated PUB lines take the client's and the route's remembered delivery lists; the ledger still
+    counts every message on every link."""
+    n = 3000
+    route_ports = [free_port(), free_port()]
+    ledger = f'ledger {{ dir: "{tmp_path}", interval: "1s", subject_tokens: 2 }}'
+    servers = [ServerProcess("zonebus", cluster_config(f"p{i}", route_ports[i], [route_ports[0]], [f"az:z{i}"],
+                                                       extra=ledger), http_port=free_port()) for i in range(2)]
+    start_parallel(servers)
+    try:
+        wait_for_mesh(servers)
+        delivered = asyncio.run(_plain_workload(servers, n))
+    finally:
+        stop_all(servers)
+    assert delivered == 2 * n
+    rows = [r for r in _rows(tmp_path, "traffic") if r["subject_prefix"] == "metrics.cpu"]
+    total = Counter()
+    for r in rows:
+        total[(r["server"], r["link_kind"], r["direction"])] += r["msgs"]
+    assert total[("p0", "client", "in")] == n
+    assert total[("p0", "client", "out")] == n
+    assert total[("p0", "route", "out")] == n
+    assert total[("p1", "route", "in")] == n
+    assert total[("p1", "client", "out")] == n
+    frame = len(b"MSG metrics.cpu 1 50\r\n") + 50 + 2
+    out_bytes = sum(r["bytes"] for r in rows if r["server"] == "p1" and r["link_kind"] == "client")
+    assert out_bytes == n * frame

@@ -25,15 +25,17 @@ from zonebus.protocol.route_parser import (
     RMSG,
     RS_MINUS,
     RS_PLUS,
+    MsgHeader,
     RouteParser,
 )
-from zonebus.server.connection import ACCOUNT, ROUTE, Connection
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, ROUTE, Connection, replay
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
 
 PING_EVERY = 2.0
+MEMO_MAX = 256
 
 
 class RouteConnection(Connection, asyncio.Protocol):
@@ -63,6 +65,8 @@ class RouteConnection(Connection, asyncio.Protocol):
         self._ping_sent = 0.0
         self._ping_timer: asyncio.TimerHandle | None = None
         self.closed_future: asyncio.Future = manager.server.loop.create_future()
+        self._memos: dict[MsgHeader, tuple[int, list[tuple] | None]] = {}  # see _memo
+        self.memo_sub = Subscription(self, b">", None, b"")  # counts forwards on client fast paths
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,6 +106,11 @@ class RouteConnection(Connection, asyncio.Protocol):
                 self.in_bytes += hdr.size
                 if self.ledger_in is not None:
                     server.ledger_count(self.ledger_in, hdr.subject, hdr.size + len(hdr.subject) + 16)
+                if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues:
+                    entries = self._memo(hdr)
+                    if entries is not None:
+                        replay(server, entries, hdr.subject, hdr.size, payload)
+                        continue
                 server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or ())
             elif code == RS_PLUS:
                 if self.established:
@@ -129,6 +138,27 @@ class RouteConnection(Connection, asyncio.Protocol):
         if error is not None:
             self.send(error.wire())
             self.close()
+
+    def _memo(self, hdr: MsgHeader) -> list[tuple] | None:
+        """Local deliveries of a plain, reply-less RMSG whose line repeats (the parser hands back the same
+        header object): remembered per header while the sublist generation holds. None: full path."""
+        generation = self.server.sublist.generation
+        memo = self._memos.get(hdr)
+        if memo is not None and memo[0] == generation:
+            return memo[1]
+        if len(self._memos) >= MEMO_MAX:
+            self._memos.clear()
+        entries: list[tuple] | None = []
+        for sub in self.server.sublist.match(hdr.subject).psubs:
+            conn = sub.conn
+            if conn.kind == CLIENT and not sub.max_msgs:
+                entries.append((conn, b"MSG %b %b %d\r\n" % (hdr.subject, sub.sid, hdr.size), sub))
+            elif conn.kind == INTERNAL or conn.kind == CLIENT:
+                entries = None  # internal subscribers and auto-unsubscribing ones take the full path
+                break
+            # routes and gateways: a message from a route is delivered here only
+        self._memos[hdr] = (generation, entries)
+        return entries
 
     # -- handshake -----------------------------------------------------------------------------------
     def _connect(self, raw: bytes) -> bool:

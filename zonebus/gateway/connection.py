@@ -47,7 +47,7 @@ from zonebus.protocol.route_parser import (
     RS_PLUS,
     RouteParser,
 )
-from zonebus.server.connection import ACCOUNT, GATEWAY, Connection
+from zonebus.server.connection import ACCOUNT, GATEWAY, Connection, replay
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -198,19 +198,7 @@ class GatewayConnection(Connection, asyncio.Protocol):
         entries = memo[1]
         if entries is None:
             return False
-        size = hdr.size
-        for conn, line, sub in entries:
-            out = conn.out
-            out.append(line)
-            out.append(payload)
-            sub.delivered += 1
-            conn.out_msgs += 1
-            conn.out_bytes += size
-            if conn.ledger_out is not None:
-                server.ledger_count(conn.ledger_out, hdr.subject, len(line) + size + 2)
-            if not conn.dirty:
-                conn.dirty = True
-                server.mark_dirty(conn)
+        replay(server, entries, hdr.subject, hdr.size, payload)
         return True
 
     # -- handshake -----------------------------------------------------------------------------------

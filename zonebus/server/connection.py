@@ -181,3 +181,20 @@ class Connection:
         peer = transport.get_extra_info("peername")
         if peer:
             self.ip, self.remote_port = peer[0], peer[1]
+
+
+def replay(server: Server, entries: list[tuple], subject: bytes, size: int, payload: bytes) -> None:
+    """Deliver one message along a remembered delivery list of `(conn, control line, sub)` entries (the
+    fast paths of route and gateway links; the client's own loop is inlined in client.py)."""
+    for conn, line, sub in entries:
+        out = conn.out
+        out.append(line)
+        out.append(payload)
+        sub.delivered += 1
+        conn.out_msgs += 1
+        conn.out_bytes += size
+        if conn.ledger_out is not None:
+            server.ledger_count(conn.ledger_out, subject, len(line) + size + 2)
+        if not conn.dirty:
+            conn.dirty = True
+            server.mark_dirty(conn)

@@ -20,8 +20,9 @@ from typing import Any
 from zonebus import SERVER_VERSION
 from zonebus.ledger.zones import server_zone
 from zonebus.protocol.client_parser import PubHeader
+from zonebus.protocol.route_parser import msg_line
 from zonebus.server.client import ClientConnection
-from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
 from zonebus.server.options import ServerOptions
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
@@ -338,10 +339,17 @@ class Server:
 
     @staticmethod
     def _memo_entries(src: Connection, hdr: PubHeader, subs: list[Subscription]) -> list[tuple] | None:
-        """(conn, MSG line, sub) per client subscription, or None when one of them needs the full path."""
+        """(conn, line, sub) per client subscription (MSG) and per route with interest (RMSG), or None when
+        one of them needs the full path."""
         entries = []
+        routes: set[Connection] = set()
         for sub in subs:
             conn = sub.conn
+            if conn.kind == ROUTE and sub.queue is None:  # one RMSG per route with interest
+                if conn not in routes:
+                    routes.add(conn)
+                    entries.append((conn, msg_line(ACCOUNT, hdr.subject, None, None, -1, hdr.size), conn.memo_sub))
+                continue
             if conn.kind != CLIENT or sub.max_msgs:
                 return None
             if conn is src and not src.echo:
