@@ -135,6 +135,8 @@ class RouteConnection(Connection, asyncio.Protocol):
             if self.closed:
                 return
         self.last_activity = time.time()
+        if ops:
+            server.producing(self, len(data))  # messages come in here: stall this route if a receiver backs up
         if error is not None:
             self.send(error.wire())
             self.close()
