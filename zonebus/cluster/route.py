@@ -83,9 +83,7 @@ class RouteConnection(Connection, asyncio.Protocol):
         self._ping_timer = self.server.loop.call_later(0.05, self._ping)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed:
-            self.closed = True
-            self.server.connection_closed(self)
+        super().connection_lost(exc)
         if self._ping_timer is not None:
             self._ping_timer.cancel()
         if not self.closed_future.done():

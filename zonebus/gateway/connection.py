@@ -123,10 +123,7 @@ class GatewayConnection(Connection, asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed:
-            self.closed = True
-            self.server.connection_closed(self)
-        self._release_producers()
+        super().connection_lost(exc)
         for timer in (self._ping_timer, self._delay_timer):
             if timer is not None:
                 timer.cancel()

@@ -81,10 +81,7 @@ class ClientConnection(Connection, asyncio.Protocol):
             self._timers.append(loop.call_later(server.opts.ping_interval, self._ping_timer))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed:
-            self.closed = True
-            self.server.connection_closed(self)
-        self._release_producers()
+        super().connection_lost(exc)
         for t in self._timers:
             t.cancel()
 

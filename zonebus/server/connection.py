@@ -163,6 +163,13 @@ class Connection:
             self.slow_consumer()
 
     # -- lifecycle -----------------------------------------------------------------------------------
+    def connection_lost(self, exc: Exception | None) -> None:
+        """asyncio: the socket is gone (whoever closed it). Subclasses add their own timers."""
+        if not self.closed:
+            self.closed = True
+            self.server.connection_closed(self)
+        self._release_producers()
+
     def close(self, abort: bool = False) -> None:
         if self.closed:
             return
