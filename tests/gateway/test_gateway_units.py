@@ -12,10 +12,10 @@ from zonebus.gateway.interest import (
     TRANSITIONING,
     InboundInterest,
     OutboundInterest,
-    subject_matches,
 )
 from zonebus.gateway.manager import host_port, short_hash
 from zonebus.gateway.monitoring import go_duration
+from zonebus.subjects.patterns import matches
 
 
 @pytest.mark.parametrize(("pattern", "subject", "expected"), [
@@ -31,7 +31,7 @@ from zonebus.gateway.monitoring import go_duration
     ("foo.bar.baz", "foo.bar", False),
 ])
 def test_subject_matches(pattern, subject, expected):
-    assert subject_matches(pattern.encode(), subject.encode()) is expected
+    assert matches(pattern, subject) is expected
 
 
 def test_outbound_optimistic_no_interest_and_cancel():

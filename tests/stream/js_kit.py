@@ -7,7 +7,7 @@ import json
 import tempfile
 from typing import Any
 
-from zonebus.stream.subjects import matches
+from zonebus.subjects.patterns import matches
 from zonebus.testing.processes import ServerProcess
 
 

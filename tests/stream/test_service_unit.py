@@ -193,6 +193,6 @@ def test_api_never_raises_on_any_input(offline_service, subject, body, caplog) -
 
 @pytest.mark.parametrize("flt,subject,ok", [("a.*", "a.b", True), ("a.>", "a", False), ("a.*.c", "a.b.c", True)])
 def test_filter_matching(flt, subject, ok) -> None:
-    from zonebus.stream.subjects import matches
+    from zonebus.subjects.patterns import matches
 
     assert matches(flt, subject) is ok

@@ -21,6 +21,7 @@ zonebus has one account (`$G`); lines for other accounts are ignored.
 from __future__ import annotations
 
 from zonebus.server.connection import ACCOUNT
+from zonebus.subjects.patterns import matches
 from zonebus.subjects.sublist import Sublist, Subscription
 
 OPTIMISTIC, TRANSITIONING, INTEREST_ONLY = 0, 1, 2
@@ -28,20 +29,6 @@ MODE_NAMES = {OPTIMISTIC: "Optimistic", TRANSITIONING: "Transitioning", INTEREST
 
 # gateway_cmd values in INFO (as nats-server numbers them)
 CMD_GOSSIP, CMD_ALL_SUBS_START, CMD_ALL_SUBS_COMPLETE = 1, 2, 3
-
-
-def subject_matches(pattern: bytes, subject: bytes) -> bool:
-    """Whether a literal `subject` matches `pattern` (which may hold `*` and a trailing `>`)."""
-    if pattern == subject:
-        return True
-    ptoks = pattern.split(b".")
-    stoks = subject.split(b".")
-    for i, p in enumerate(ptoks):
-        if p == b">":
-            return len(stoks) > i
-        if i >= len(stoks) or (p != b"*" and p != stoks[i]):
-            return False
-    return len(ptoks) == len(stoks)
 
 
 class OutboundInterest:
@@ -163,7 +150,8 @@ class InboundInterest:
             self.a_minus_sent = False
             lines.append(b"A+ " + ACCOUNT + b"\r\n")
         if self.ni_sent:
-            cancelled = [s for s in self.ni_sent if subject_matches(subject, s)]
+            pattern = subject.decode()
+            cancelled = [s for s in self.ni_sent if matches(pattern, s.decode())]
             for s in cancelled:
                 self.ni_sent.discard(s)
                 lines.append(b"RS+ %b %b\r\n" % (ACCOUNT, s))

@@ -18,7 +18,8 @@ from zonebus.stream import consumer_config, stream_config
 from zonebus.stream.config import decode, decode_consumer_request, parse_json
 from zonebus.stream.consumer_config import CreateContext
 from zonebus.stream.errors import JSError
-from zonebus.stream.subjects import overlaps, valid_subject
+from zonebus.stream.subjects import valid_subject
+from zonebus.subjects.patterns import overlaps
 
 if TYPE_CHECKING:
     from zonebus.stream.service import JetStreamService

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.stream.config import format_time, parse_time
 from zonebus.stream.consumer_config import filters_of
 from zonebus.stream.pull import PullQueue, PullRequest, status
-from zonebus.stream.subjects import matches
+from zonebus.subjects.patterns import matches
 
 if TYPE_CHECKING:
     from zonebus.stream.stream import Stream

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zonebus.stream.errors import JSError, invalid_config
-from zonebus.stream.subjects import has_wildcards, is_subset, overlaps, valid_name, valid_subject
+from zonebus.stream.subjects import valid_name, valid_subject
+from zonebus.subjects.patterns import has_wildcards, is_subset, overlaps
 
 SECOND = 1_000_000_000
 DEFAULT_ACK_WAIT = 30 * SECOND

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 
 from zonebus.stream.subject_index import MsgIndex
-from zonebus.stream.subjects import matches
+from zonebus.subjects.patterns import matches
 
 
 def now_ns() -> int:

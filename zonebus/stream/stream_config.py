@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from zonebus.stream.errors import JSError, invalid_config
-from zonebus.stream.subjects import overlaps, valid_name, valid_subject
+from zonebus.stream.subjects import valid_name, valid_subject
+from zonebus.subjects.patterns import overlaps
 
 DEFAULT_DUPLICATE_WINDOW = 120 * 1_000_000_000
 

@@ -12,7 +12,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
 
-from zonebus.stream.subjects import has_wildcards, matches
+from zonebus.subjects.patterns import has_wildcards, matches
 
 DELETED = -1
 _SCAN_SUBJECT_LIMIT = 64  # above this many matching subjects, walk sequences instead of merging lists

@@ -35,33 +35,3 @@ def is_literal(subject: bytes) -> bool:
 
 def is_valid_publish_subject(subject: bytes) -> bool:
     return is_valid_subject(subject) and is_literal(subject)
-
-
-def subject_is_subset(sub: str, of: str) -> bool:
-    """True when every subject matched by `sub` is matched by `of` (both may hold wildcards)."""
-    a, b = sub.split("."), of.split(".")
-    for i, tok in enumerate(b):
-        if tok == ">":
-            return len(a) > i
-        if i >= len(a):
-            return False
-        if tok == "*":
-            if a[i] == ">":
-                return False
-            continue
-        if a[i] != tok:
-            return False
-    return len(a) == len(b)
-
-
-def subject_matches(literal: str, pattern: str) -> bool:
-    """Brute-force match of a literal subject against a pattern (used by tests and cold paths)."""
-    lt, pt = literal.split("."), pattern.split(".")
-    for i, tok in enumerate(pt):
-        if tok == ">":
-            return len(lt) > i
-        if i >= len(lt):
-            return False
-        if tok != "*" and tok != lt[i]:
-            return False
-    return len(lt) == len(pt)
