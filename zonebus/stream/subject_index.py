@@ -91,14 +91,7 @@ class MsgIndex:
     # -- mutation ------------------------------------------------------------------------------------
     def add(self, seq: int, subject: str, size: int, ts: int, loc: int) -> None:
         """Record message `seq` (must be > last_seq; gaps become deleted slots)."""
-        if seq <= self.last_seq:
-            raise ValueError(f"sequence {seq} not after last {self.last_seq}")
-        if self.msgs == 0 and not self.sids:
-            self.base = seq
-            self.first_seq = seq
-        gap = seq - (self.base + len(self.sids))
-        if gap > 0:
-            self._extend_deleted(gap)
+        self._append_at(seq)
         sid = self.subject_ids.get(subject)
         if sid is None:
             sid = self._new_subject(subject)
@@ -117,6 +110,17 @@ class MsgIndex:
         self.last_seq = seq
         self.last_ts = ts
 
+    def _append_at(self, seq: int) -> None:
+        """Make slot `seq` the next one: it must come after the last; sequences skipped become deleted slots."""
+        if seq <= self.last_seq:
+            raise ValueError(f"sequence {seq} not after last {self.last_seq}")
+        if self.msgs == 0 and not self.sids:
+            self.base = seq
+            self.first_seq = seq
+        gap = seq - (self.base + len(self.sids))
+        if gap > 0:
+            self._extend_deleted(gap)
+
     def add_bulk(self, base_seq: int, sids: array, sizes: array, tss: array, locs: array) -> int:
         """Record slots base_seq, base_seq + 1, ... at once (sid -1 = a removed message); returns live count.
 
@@ -125,14 +129,7 @@ class MsgIndex:
         n = len(sids)
         if not n:
             return 0
-        if base_seq <= self.last_seq:
-            raise ValueError(f"sequence {base_seq} not after last {self.last_seq}")
-        if self.msgs == 0 and not self.sids:
-            self.base = base_seq
-            self.first_seq = base_seq
-        gap = base_seq - (self.base + len(self.sids))
-        if gap > 0:
-            self._extend_deleted(gap)
+        self._append_at(base_seq)
         was_empty = self.msgs == 0
         per = self.per_subject
         live = 0
