@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, tags_overlap
 from zonebus.cluster.route import RouteConnection
 from zonebus.server.connection import CLIENT, INTERNAL
+from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -58,8 +59,7 @@ class ClusterManager:
                 lambda: RouteConnection(self, solicited=False), opts.host, opts.port, reuse_address=True
             )
             port = self._listener.sockets[0].getsockname()[1]
-            host = "127.0.0.1" if opts.host in ("", "0.0.0.0", "::") else opts.host
-            self.route_url = f"{host}:{port}"
+            self.route_url = f"{advertised_host(opts.host)}:{port}"
             server.log(f"listening for route connections on {opts.host}:{port}")
         for url in opts.routes:
             self.dial(url, configured=True)
@@ -99,7 +99,7 @@ class ClusterManager:
             "cluster": self.opts.name,
             "tags": self.tags,
             "route_url": "" if self.opts.no_advertise else self.route_url,
-            "client_url": f"{'127.0.0.1' if sopts.host in ('', '0.0.0.0') else sopts.host}:{sopts.port}",
+            "client_url": f"{advertised_host(sopts.host)}:{sopts.port}",
             "peers": peers,
             "headers": True,
             "version": server._info_base.get("version", ""),

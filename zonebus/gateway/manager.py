@@ -41,6 +41,7 @@ from zonebus.gateway.interest import (
     INTEREST_ONLY,
 )
 from zonebus.gateway.routing import GR_PREFIX, GatewayRouting
+from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -136,8 +137,7 @@ class GatewayManager(GatewayRouting):
                 lambda: GatewayConnection(self, outbound=False), opts.host, opts.port, reuse_address=True
             )
             port = self._listener.sockets[0].getsockname()[1]
-            host = "127.0.0.1" if opts.host in ("", "0.0.0.0", "::") else opts.host
-            self.url = f"{host}:{port}"
+            self.url = f"{advertised_host(opts.host)}:{port}"
             server.log(f"gateway name is {self.name}; listening for gateway connections on {opts.host}:{port}")
         else:
             server.log(f"gateway name is {self.name}; no gateway listen port: this server only dials out")

@@ -19,6 +19,12 @@ AUTH_TIMEOUT = 2.0
 WRITE_DEADLINE = 10.0
 
 
+def advertised_host(host: str) -> str:
+    """The host other servers and clients should dial for a listener bound to `host` (a wildcard address
+    is advertised as loopback: zonebus's deployments here are on one machine)."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
 @dataclass
 class RouteOptions:
     """`cluster { ... }` block."""

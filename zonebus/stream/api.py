@@ -200,21 +200,23 @@ class JSApi:
     def _paged(self, payload: bytes) -> dict[str, Any]:
         return decode(parse_json(payload, "JSApiStreamNamesRequest"), jsconfig.LIST_FIELDS, "JSApiStreamNamesRequest")
 
-    def stream_names(self, payload: bytes) -> dict[str, Any]:
-        req = self._paged(payload)
+    def _names(self, req: dict[str, Any]) -> list[str]:
+        """Stream names, sorted, limited to streams with a subject overlapping the request's `subject`."""
         names = sorted(self.svc.streams)
         subj = req.get("subject")
         if subj:
             names = [n for n in names if any(overlaps(subj, s) for s in self.svc.streams[n].cfg["subjects"])]
+        return names
+
+    def stream_names(self, payload: bytes) -> dict[str, Any]:
+        req = self._paged(payload)
+        names = self._names(req)
         off = max(req.get("offset", 0), 0)
         return {"total": len(names), "offset": off, "limit": NAMES_LIMIT, "streams": names[off : off + NAMES_LIMIT]}
 
     def stream_list(self, payload: bytes) -> dict[str, Any]:
         req = self._paged(payload)
-        names = sorted(self.svc.streams)
-        subj = req.get("subject")
-        if subj:
-            names = [n for n in names if any(overlaps(subj, s) for s in self.svc.streams[n].cfg["subjects"])]
+        names = self._names(req)
         off = max(req.get("offset", 0), 0)
         infos = []
         for n in names[off : off + LIST_LIMIT]:
