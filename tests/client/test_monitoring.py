@@ -73,9 +73,9 @@ async def test_metrics_in_prometheus_text(impl: str) -> None:
         sub = await _traffic(server.url)
         text = (await asyncio.to_thread(server.http_get, "/metrics"))["text"]
         lines = {ln.split("{")[0]: ln.rsplit(" ", 1)[1] for ln in text.splitlines() if ln and not ln.startswith("#")}
-        assert lines["zonebus_in_msgs"] == "10"
-        assert lines["zonebus_connections"] == "1"
-        assert "# TYPE zonebus_in_msgs counter" in text
+        assert lines["gnatsd_varz_in_msgs"] == "10"  # the NATS Prometheus exporter's names
+        assert lines["gnatsd_varz_connections"] == "1"
+        assert "# TYPE gnatsd_varz_in_msgs gauge" in text
         await sub.close()
     finally:
         server.stop()

@@ -14,9 +14,14 @@ Counted flows of the hand ledger (conftest.write_hand_ledger); route `in` rows a
             client s1   -> dash    az1->az1    50 msgs  21,000 B
 
     total 264 msgs, 101,200 B; cross-zone 158 msgs, 70,900 B; AWS: 70,900 B * $0.02/1e9 B = $1.418e-6
-    queue decisions: workers (w_in 1, w_out 1): 20 msgs 2,000 B, actual cross 800 B, random 1,000 B;
-                     bill (w_in 1, w_out 3): 10 msgs 4,000 B, actual cross 0 B, random 3,000 B
-    counterfactual = (70,900 - 800 + 4,000) B * 2e-11 = $1.482e-6; saved = 3,200 B * 2e-11 = $6.4e-8
+    queue decisions (what the choices added to cross-zone links; no copy into the other zone carried the
+    messages anyway, so every cross-zone choice adds a whole copy):
+        workers on s1 (w_in 1, w_out 1): 20 msgs 2,000 B; 8 chose az2 and s1 sent 8 copies to az2:
+                ride(az2) = (8 - 8) / (20 - 8) = 0; added 800 B; stock routing 0.5 * 2,000 = 1,000 B
+        bill on s3 (w_in 1, w_out 3): 10 msgs 4,000 B, none chose az1, no copies to az1: ride 0;
+                added 0 B; stock routing 0.75 * 4,000 = 3,000 B
+    with stock routing = (70,900 - 800 + 4,000) B * 2e-11 = $1.482e-6; saved = 3,200 B * 2e-11 = $6.4e-8
+    observed: 10:00:00 to 11:00:10 (the last 10 s window starts at 11:00), 3,610 s
 """
 
 from __future__ import annotations
@@ -43,12 +48,19 @@ def test_report_matches_hand_computation(spark, hand_ledger: Path, tmp_path: Pat
     assert s["cross_zone_bytes"] == 70_900
     assert s["unknown_zone_bytes"] == 4000
     assert s["cost_usd"] == pytest.approx(1.418e-6, rel=1e-9)
-    assert s["counterfactual_cost_usd"] == pytest.approx(1.482e-6, rel=1e-9)
+    assert s["stock_routing_cost_usd"] == pytest.approx(1.482e-6, rel=1e-9)
     assert s["saved_usd"] == pytest.approx(6.4e-8, rel=1e-9)
     q = s["queue_routing"]
-    assert (q["msgs"], q["bytes"], q["cross_zone_bytes"]) == (30, 6000, 800)
-    assert q["random_cross_zone_bytes"] == pytest.approx(4000)
-    assert q["random_cross_zone_msgs"] == pytest.approx(10 + 7.5)
+    assert (q["msgs"], q["bytes"], q["cross_zone_msgs"]) == (30, 6000, 8)
+    assert q["added_cross_zone_bytes"] == pytest.approx(800)
+    assert q["stock_routing"]["added_cross_zone_bytes"] == pytest.approx(4000)
+    assert q["stock_routing"]["cross_zone_msgs"] == pytest.approx(10 + 7.5)
+    assert s["observed"]["seconds"] == pytest.approx(3610)
+    assert s["observed"]["start"] == "2024-03-01T10:00:00+00:00"
+    assert s["monthly"]["cost_usd"] == pytest.approx(1.418e-6 * 30 * 86400 / 3610, rel=1e-9)
+    assert s["monthly"]["saved_usd"] == pytest.approx(6.4e-8 * 30 * 86400 / 3610, rel=1e-9)
+    # what the 264 message transfers are: 124 published (20 + 100 + 4), 70 delivered, 70 route copies
+    assert s["transfers"] == {"published": 124, "delivered": 70, "server_copies": 70, "storage": 0}
     pairs = {(p["src_zone"], p["dst_zone"]): (p["msgs"], p["bytes"]) for p in s["zone_pairs"]}
     assert pairs == {
         ("az1", "az1"): (98, 29_500),
@@ -75,7 +87,8 @@ def test_report_matches_hand_computation(spark, hand_ledger: Path, tmp_path: Pat
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # zone matrix, cost over time, top subjects
     assert "metrics.cpu" in html
-    assert "az1" in stdout and "cross-zone 158 msgs" in stdout  # the printed table
+    assert "az1" in stdout and "cross-zone (*) 158 transfers" in stdout  # the printed table
+    assert "264 message transfers on links: 124 published by clients" in stdout
     assert "Traceback" not in stderr
 
 

@@ -1,4 +1,5 @@
-"""One contract for both message stores, plus file-store durability (recovery, torn tails, segments)."""
+"""One contract for every message store (memory, file, shared file:// and shared s3:// through moto on
+loopback), plus file-store durability (recovery, torn tails, segments)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,31 @@ import pytest
 
 from zonebus.stream.filestore import FileStore
 from zonebus.stream.memstore import MemStore
+from zonebus.stream.shared import CommitOptions, SharedStorage
 
 
-@pytest.fixture(params=["mem", "file"])
+@pytest.fixture(params=["mem", "file", "shared-file", "shared-s3"])
 def store(request, tmp_path):
-    s = MemStore() if request.param == "mem" else FileStore(tmp_path / "s", segment_bytes=512)
+    if request.param == "mem":
+        s = MemStore()
+    elif request.param == "file":
+        s = FileStore(tmp_path / "s", segment_bytes=512)
+    else:
+        if request.param == "shared-file":
+            storage = SharedStorage(f"file://{tmp_path}/shared", cache_root=tmp_path / "cache",
+                                    options=CommitOptions(batch_bytes=512))
+        else:
+            s3 = request.getfixturevalue("moto_s3")
+            storage = SharedStorage(f"s3://{s3.bucket}/{tmp_path.name}", endpoint=s3.endpoint, region=s3.region,
+                                    cache_root=tmp_path / "cache", options=CommitOptions(batch_bytes=512))
+        s = storage.create_stream("S", {"name": "S"}, 0)
     yield s
     s.close()
+
+
+def file_like(store) -> bool:
+    """Stores that count sizes as nats-server's file store does (the shared store is a file-storage stream)."""
+    return not isinstance(store, MemStore)
 
 
 def fill(store, subjects):
@@ -32,7 +51,7 @@ def test_store_and_load(store):
     st = store.state()
     assert (st.msgs, st.first_seq, st.last_seq, st.num_subjects) == (2, 1, 2, 2)
     o = store.overhead
-    hdr_extra = 4 if isinstance(store, FileStore) else 0  # nats-server counts the header length field
+    hdr_extra = 4 if file_like(store) else 0  # nats-server counts the header length field
     assert st.bytes == (3 + 18 + hdr_extra + 5 + o) + (3 + o)
 
 
@@ -43,7 +62,7 @@ def test_sizes_match_nats_server(store, tmp_path):
     store.store("bar", None, b"x")
     store.remove(1)
     store.store("foo.a", None, b"hello")
-    expected = 115 if isinstance(store, FileStore) else 73
+    expected = 115 if file_like(store) else 73
     assert store.state().bytes == expected
 
 

@@ -1,8 +1,8 @@
 """`zonebus cost report` and `zonebus cost simulate`: the PySpark cost jobs' command line.
 
 Exit status: 0 done, 1 bad input (ledger, prices, topology or workload file) or a Spark failure, 2 bad
-options (the message names the option). Errors are one line on stderr, never a stack trace. Inputs that can
-be checked without Spark are checked before the JVM starts.
+options (the message names the option), no usable Java, or Ctrl-C. Errors are one line on stderr, never a
+stack trace. Inputs that can be checked without Spark, and Java itself, are checked before the JVM starts.
 """
 
 from __future__ import annotations
@@ -84,19 +84,31 @@ def run_cost_cli(argv: list[str]) -> int:
         if args.command == "report":
             return _report(args)
         return _simulate(args)
-    except PipelineOptionError as exc:
-        print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except PipelineInputError as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:
-        if not _is_spark_error(exc):
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt) or _interrupted():
+            # Ctrl-C: Spark's own handler may turn it into a Py4J error on the way out
+            print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+            return 2
+        if isinstance(exc, PipelineOptionError):
+            print(f"{PROG} {args.command}: {exc}", file=sys.stderr)
+            return 2
+        if isinstance(exc, PipelineInputError):
+            print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+            return 1
+        if not isinstance(exc, Exception) or not _is_spark_error(exc):
             raise
         from zonebus.pipeline.readers import first_line
 
         print(f"{PROG} {args.command}: Spark failed: {first_line(str(exc))}", file=sys.stderr)
         return 1
+
+
+def _interrupted() -> bool:
+    if "zonebus.pipeline.session" not in sys.modules:
+        return False
+    from zonebus.pipeline.session import interrupted
+
+    return interrupted()
 
 
 def _is_spark_error(exc: BaseException) -> bool:
@@ -129,8 +141,9 @@ def _report(args: argparse.Namespace) -> int:
     _prepare_out(args.out)
 
     from zonebus.pipeline.report import ReportOptions, format_table, run_report
-    from zonebus.pipeline.session import Progress, spark_session
+    from zonebus.pipeline.session import Progress, check_java, spark_session
 
+    check_java()
     opts = ReportOptions(args.ledger, args.out, prices, args.top, args.skip_corrupt)
     with spark_session(args.master, "zonebus-cost-report") as spark, \
             Progress(spark, enabled=_progress_wanted(args)) as progress:
@@ -159,9 +172,10 @@ def _simulate(args: argparse.Namespace) -> int:
             )
     _prepare_out(args.out)
 
-    from zonebus.pipeline.session import Progress, spark_session
+    from zonebus.pipeline.session import Progress, check_java, spark_session
     from zonebus.pipeline.simulate import SimulateOptions, format_simulation, run_simulate
 
+    check_java()
     opts = SimulateOptions(
         args.topology, args.workload, topology, workload, prices, policies,
         args.samples or workload.samples, workload.seed if args.seed is None else args.seed,

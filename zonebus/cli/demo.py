@@ -2,8 +2,9 @@
 
 Four real server processes on loopback (two tagged `az:us-east-1a`, two `az:us-east-1b`) with the traffic
 ledger on. The same workload (a queue group with one worker per zone, an audit subscriber, publishers in
-both zones on servers without a worker) runs once with stock NATS routing and once with
-`prefer_matching_tags`; then `cost report` prices both ledgers with PySpark and the demo prints the saving.
+both zones on servers without a worker, publishing spread over a few seconds) runs once with stock NATS
+routing and once with `prefer_matching_tags`; then `cost report` prices both ledgers with PySpark and the
+demo prints the saving.
 """
 
 from __future__ import annotations
@@ -12,17 +13,21 @@ import argparse
 import asyncio
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zonebus.pipeline.units import SECONDS_PER_MONTH, money, percent, size
+from zonebus.pipeline.wording import saving_sentence
 from zonebus.testing.processes import ServerProcess, free_port
 
 ZONES = ("us-east-1a", "us-east-1b")
 SUBJECT = "orders.created"
 QUEUE = "workers"
 PROJECTED_RATE = 10_000  # msgs/s, for the monthly projection
-SECONDS_PER_MONTH = 30 * 24 * 3600
+LEDGER_INTERVAL = "250ms"  # the run lasts a few seconds: short windows show it over time
+PACE = 0.1  # seconds between publishing batches when the run is paced (--seconds)
 
 
 @dataclass
@@ -50,7 +55,7 @@ cluster {{
   routes: ["nats-route://127.0.0.1:{route_ports[0]}"]
   prefer_matching_tags: {"true" if prefer else "false"}
 }}
-ledger {{ dir: "{ledger_dir}", interval: "1s", subject_tokens: 2 }}
+ledger {{ dir: "{ledger_dir}", interval: "{LEDGER_INTERVAL}", subject_tokens: 2 }}
 """
         out.append((f"s{i + 1}", conf, free_port()))
     return out
@@ -71,7 +76,9 @@ def _route_has_queue(server: ServerProcess, count: int) -> bool:
     return have >= count
 
 
-def run_workload(policy: str, workdir: Path, messages: int, size: int) -> RunResult:
+def run_workload(policy: str, workdir: Path, messages: int, size: int, seconds: float = 0.0) -> RunResult:
+    """Run the workload once on four fresh servers; `seconds` spreads the publishing over that long
+    (0: as fast as the clients go)."""
     ledger_dir = workdir / policy
     shutil.rmtree(ledger_dir, ignore_errors=True)
     servers = [ServerProcess("zonebus", conf, port=port, http_port=free_port(), workdir=workdir / f"{policy}-{name}")
@@ -82,7 +89,7 @@ def run_workload(policy: str, workdir: Path, messages: int, size: int) -> RunRes
         for s in servers:
             s.start()
         _wait(lambda: all(s.http_get("/routez")["num_routes"] == 3 for s in servers), "the full mesh")
-        result = asyncio.run(_clients(servers, messages, size))
+        result = asyncio.run(_clients(servers, messages, size, seconds))
     finally:
         for s in servers:
             s.stop()
@@ -90,7 +97,8 @@ def run_workload(policy: str, workdir: Path, messages: int, size: int) -> RunRes
     return RunResult(policy, ledger_dir / "ledger", 2 * messages, q, cross, audit)
 
 
-async def _clients(servers: list[ServerProcess], messages: int, size: int) -> tuple[int, int, int]:
+async def _clients(servers: list[ServerProcess], messages: int, size: int, seconds: float
+                   ) -> tuple[int, int, int]:
     import nats
 
     got = {zone: 0 for zone in ZONES}
@@ -133,12 +141,17 @@ async def _clients(servers: list[ServerProcess], messages: int, size: int) -> tu
     for idx, zone in ((1, ZONES[0]), (3, ZONES[1])):
         pub = await nats.connect(servers[idx].url, name=f"orders-api?az={zone}")
         pubs.append((pub, zone))
-    for i in range(messages):
-        for pub, zone in pubs:
-            await pub.publish(SUBJECT, payload, headers={"zone": zone})
-        if i % 500 == 499:
-            for pub, _ in pubs:
-                await pub.flush()
+    loop = asyncio.get_running_loop()
+    batches = max(1, round(seconds / PACE)) if seconds > 0 else max(1, messages // 500)
+    start = loop.time()
+    for b in range(batches):
+        for _ in range(messages * (b + 1) // batches - messages * b // batches):
+            for pub, zone in pubs:
+                await pub.publish(SUBJECT, payload, headers={"zone": zone})
+        for pub, _ in pubs:
+            await pub.flush()
+        if seconds > 0:  # pacing the load (a steady rate), not waiting for anything
+            await asyncio.sleep(max(0.0, start + (b + 1) * PACE - loop.time()))
     for pub, _ in pubs:
         await pub.flush()
     try:
@@ -155,16 +168,26 @@ def run_demo_cli(argv: list[str]) -> int:
     ap.add_argument("--out", default="demo-out", help="output folder (ledgers, reports)")
     ap.add_argument("--messages", type=int, default=3000, help="messages per publisher per run")
     ap.add_argument("--size", type=int, default=1024, help="payload bytes")
+    ap.add_argument("--seconds", type=float, default=3.0,
+                    help="spread each run's publishing over this many seconds (0: as fast as possible)")
     args = ap.parse_args(argv)
-    if args.messages <= 0 or args.size < 0:
-        ap.error("--messages must be > 0 and --size >= 0")
+    if args.messages <= 0 or args.size < 0 or args.seconds < 0:
+        ap.error("--messages must be > 0, --size and --seconds >= 0")
+    from zonebus.pipeline.errors import PipelineEnvironmentError
+    from zonebus.pipeline.session import check_java
+
+    try:
+        check_java()  # before the servers run: the report at the end needs it
+    except PipelineEnvironmentError as exc:
+        print(f"zonebus demo: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     results = []
     for i, policy in enumerate(("stock", "prefer_matching_tags"), 1):
         print(f"[{i}/4] running the workload with {policy} routing: 4 servers, 2 zones, "
               f"{2 * args.messages} messages of {args.size} B ...", flush=True)
-        r = run_workload(policy, out / "runs", args.messages, args.size)
+        r = run_workload(policy, out / "runs", args.messages, args.size, args.seconds)
         print(f"      queue deliveries {r.queue_delivered}/{r.published}, crossed zones {r.queue_cross_zone}, "
               f"audit got {r.audit_delivered}", flush=True)
         results.append(r)
@@ -180,22 +203,25 @@ def run_demo_cli(argv: list[str]) -> int:
         summaries[r.policy] = json.loads((report_dir / "summary.json").read_text())
     stock, prefer = summaries["stock"], summaries["prefer_matching_tags"]
     print()
-    print("policy                 cross-zone bytes   cost (USD)      queue msgs crossing zones")
+    print(f"{'policy':<22} {'cross-zone bytes':>16} {'cost':>12}   queue deliveries crossing zones")
     for r in results:
         s = summaries[r.policy]
-        print(f"{r.policy:<22} {s['cross_zone_bytes']:>16,} {s['cost_usd']:>12.8f}   "
-              f"{r.queue_cross_zone:>6} / {r.queue_delivered}")
-    saved = stock["cost_usd"] - prefer["cost_usd"]
-    pct = 100.0 * saved / stock["cost_usd"] if stock["cost_usd"] else 0.0
-    print(f"\nprefer_matching_tags saved ${saved:.8f} on this run ({pct:.1f}% of the cross-zone cost), "
-          f"measured from the servers' ledgers.")
+        print(f"{r.policy:<22} {size(s['cross_zone_bytes']):>16} {money(s['cost_usd']):>12}   "
+              f"{r.queue_cross_zone:>6,} of {r.queue_delivered:,}")
+    measured = stock["cost_usd"] - prefer["cost_usd"]
+    predicted = prefer["saved_usd"]
+    print(f"\nMeasured: prefer_matching_tags cost {money(measured)} less than stock routing on this workload "
+          f"({percent(measured, stock['cost_usd'])} of its cross-zone cost), from the two runs' ledgers.")
+    print(f"Predicted by the prefer run's own report (what stock NATS routing would have cost, from its ledger "
+          f"alone): {money(predicted)}" + (f", {percent(predicted, measured)} of the measured saving." if measured
+                                           else "."))
+    print(f"The stock run's report: {saving_sentence(stock)}.")
     published = results[0].published
+    rate = prefer["observed"]["published_msgs_per_second"]
     if published:
-        monthly = saved / published * PROJECTED_RATE * SECONDS_PER_MONTH
-        print(f"Projected: at {PROJECTED_RATE:,} msgs/s of this workload that is ${monthly:,.2f} per month.")
-    print(f"The prefer run's own report, from its queue routing decisions alone, estimates the saving against "
-          f"random routing at ${prefer.get('saved_usd', 0.0):.8f} (stock run: ${stock.get('saved_usd', 0.0):+.8f}, "
-          "as its routing is random).")
+        monthly = measured / published * PROJECTED_RATE * SECONDS_PER_MONTH
+        print(f"Per month: {money(prefer['monthly']['saved_usd'])} at the rate the prefer run observed "
+              f"({rate:,.0f} msgs/s published); {money(monthly)} at {PROJECTED_RATE:,} msgs/s of this workload.")
     print(f"HTML report: {out / 'report-prefer_matching_tags' / 'report.html'}")
     print(f"HTML report (stock): {out / 'report-stock' / 'report.html'}")
     lost = sum(r.published - r.queue_delivered for r in results)

@@ -6,17 +6,23 @@ State owned here (event loop thread only):
 - dial loops per URL: configured seeds retry forever with backoff, gossiped peers a few times.
 Two routes to one peer (both sides dialled at once) are resolved the same way on both ends: keep the route
 dialled by the server with the smaller server_id.
+
+It is an extension of the server core (`zonebus.server.hooks`): it watches local interest, picks queue
+members (`pick_queue_member`), gives clients the cluster's `connect_urls`, and offers the routes' channels
+(`channels`, `zonebus.link.channels`) to other extensions. Monitoring lives in `monitoring.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, tags_overlap
 from zonebus.cluster.route import RouteConnection
+from zonebus.link import Backoff, LinkChannels, json_line
+from zonebus.link.connection import listen
 from zonebus.server.connection import CLIENT, INTERNAL
 from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
@@ -25,7 +31,6 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 IMPLICIT_RETRIES = 5
-BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 
 
 def parse_route_url(url: str) -> tuple[str, int]:
@@ -48,6 +53,12 @@ class ClusterManager:
         self._running = False
         self.route_url = ""
         self.gateway_gossip: dict[str, Any] | None = None  # this server's gateway facts, sent in route INFO
+        self.on_gateway_gossip: Callable[[Any], None] | None = None  # set by the gateway layer when there is one
+        self.channels = LinkChannels()
+        self.info_extras: dict[str, Any] = {}  # fields other extensions add to this server's route INFO
+        # configured route URL -> (server name found there, whether it runs JetStream); ours for a self-seed
+        self.configured_peers: dict[str, tuple[str, bool]] = {}
+        self.zone_local_urls = False  # zone router: clients get only the client URLs of this server's zone
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -55,12 +66,9 @@ class ClusterManager:
         server = self.server
         opts = self.opts
         if opts.port:
-            self._listener = await server.loop.create_server(
-                lambda: RouteConnection(self, solicited=False), opts.host, opts.port, reuse_address=True
-            )
-            port = self._listener.sockets[0].getsockname()[1]
-            self.route_url = f"{advertised_host(opts.host)}:{port}"
-            server.log(f"listening for route connections on {opts.host}:{port}")
+            self._listener, self.route_url = await listen(
+                server, lambda: RouteConnection(self, solicited=False), opts.host, opts.port)
+            server.log(f"listening for route connections on {opts.host}:{self.route_url.rsplit(':', 1)[1]}")
         for url in opts.routes:
             self.dial(url, configured=True)
 
@@ -70,8 +78,13 @@ class ClusterManager:
             self._listener.close()
         for t in list(self._tasks):
             t.cancel()
-        for conn in list(self.server.routes.values()):
-            conn.close()
+        for conn in list(self.server.links.values()):
+            if isinstance(conn, RouteConnection):
+                conn.close()
+
+    def reloaded(self, opts: Any) -> None:
+        """SIGHUP: `server_tags` and `prefer_matching_tags` were reloaded."""
+        self.tags_changed()
 
     # -- identity and gossip -------------------------------------------------------------------------
     @property
@@ -104,16 +117,14 @@ class ClusterManager:
             "headers": True,
             "version": server._info_base.get("version", ""),
             **({"gateway": self.gateway_gossip} if self.gateway_gossip else {}),
+            **self.info_extras,
         }
-
-    def check_route_auth(self, fields: dict[str, Any]) -> bool:
-        if not self.opts.user:
-            return True
-        return fields.get("user") == self.opts.user and fields.get("pass") == self.opts.password
 
     def route_identified(self, conn: RouteConnection, info: dict[str, Any]) -> bool:
         """A route's first INFO arrived: reject self/cluster mismatch, resolve duplicates, then go live."""
         server = self.server
+        if conn.configured:
+            self.configured_peers[conn.url] = (conn.remote_name, info.get("jetstream") is True)
         if conn.remote_id == server.server_id:
             conn.duplicate = True  # a seed that points at ourselves
             conn.close()
@@ -142,6 +153,7 @@ class ClusterManager:
 
     def _go_live(self, conn: RouteConnection, info: dict[str, Any]) -> None:
         conn.established = True
+        conn.msgs_in = True
         conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
         conn.zone_known = bool(conn.zone)
@@ -157,26 +169,29 @@ class ClusterManager:
             if n > 0:
                 conn.send_interest(subject, queue, n)
         self._gossip()
-        self._learn_peers(conn, info.get("peers") or [])
+        self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)
+        self.channels.link_up(conn)
 
     def route_info_update(self, conn: RouteConnection, info: dict[str, Any]) -> None:
         conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
         conn.zone_known = bool(conn.zone)
-        self._learn_peers(conn, info.get("peers") or [])
+        self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)
 
-    def _learn_peers(self, conn: RouteConnection, peers: list[dict[str, Any]]) -> None:
-        for p in peers:
-            pid, url = p.get("id", ""), p.get("url", "")
+    def _learn_peers(self, conn: RouteConnection, peers: Any) -> None:
+        for p in peers if isinstance(peers, list) else ():
+            if not isinstance(p, dict):
+                continue
+            pid, url = str(p.get("id") or ""), str(p.get("url") or "")
             if not url or pid == self.server.server_id or pid in self.peers:
                 continue
             self.dial(url, configured=False)
 
     def _gossip(self) -> None:
         """Tell every peer whom we know, so any seed grows into a full mesh."""
-        line = b"INFO " + _json(self.info_fields()) + b"\r\n"
+        line = json_line(b"INFO", self.info_fields())
         for c in self.peers.values():
             if c.established and not c.closed:
                 c.send(line)
@@ -191,14 +206,14 @@ class ClusterManager:
         body = info.get("gateway")
         if body:
             conn.gateway_info = body
-            if self.server.gateway is not None:
-                self.server.gateway.cluster_gossip(body)
+            if self.on_gateway_gossip is not None:
+                self.on_gateway_gossip(body)
 
     def replay_gateway_gossip(self) -> None:
         """The gateway layer started after some routes told us theirs: hand it what they said."""
         for conn in list(self.peers.values()):
-            if conn.gateway_info and self.server.gateway is not None:
-                self.server.gateway.cluster_gossip(conn.gateway_info)
+            if conn.gateway_info and self.on_gateway_gossip is not None:
+                self.on_gateway_gossip(conn.gateway_info)
 
     def tags_changed(self) -> None:
         for c in self.peers.values():
@@ -206,8 +221,8 @@ class ClusterManager:
         self._gossip()
 
     def route_closed(self, conn: RouteConnection) -> None:
-        self.server.routes.pop(conn.cid, None)
         conn.drop_remote_interest()
+        self.channels.link_down(conn)
         if self.peers.get(conn.remote_id) is conn:
             del self.peers[conn.remote_id]
             self.server.log(f"route closed: {conn.describe()}")
@@ -233,8 +248,7 @@ class ClusterManager:
             self.server.log(str(exc))
             self._dialing.discard(url)
             return
-        backoff = BACKOFF_START
-        failures = 0
+        backoff = Backoff()
         try:
             while self._running:
                 try:
@@ -242,15 +256,13 @@ class ClusterManager:
                         lambda: RouteConnection(self, solicited=True, url=url, configured=configured), host, port
                     )
                 except OSError:
-                    failures += 1
-                    if not configured and failures >= IMPLICIT_RETRIES:
+                    if backoff.failed() >= IMPLICIT_RETRIES and not configured:
                         return
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    await backoff.wait()
                     continue
                 await conn.closed_future
                 if conn.established:
-                    backoff = BACKOFF_START  # a refused or failed handshake keeps backing off
+                    backoff.reset()  # a refused or failed handshake keeps backing off
                 if conn.remote_id == self.server.server_id:
                     return  # the seed is ourselves
                 if conn.duplicate:  # the peer dialled us: redial only once that route is gone
@@ -259,13 +271,14 @@ class ClusterManager:
                         await other.closed_future
                 if not configured:
                     return  # a restarted peer dials its own seeds and learns the mesh again by gossip
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                await backoff.wait()
         finally:
             self._dialing.discard(url)
 
-    # -- interest ------------------------------------------------------------------------------------
-    def local_interest_added(self, sub: Subscription) -> None:
+    # -- interest (an InterestWatcher of the server: local subscriptions go out as RS+/RS-) -------------
+    def interest_added(self, sub: Subscription) -> None:
+        if sub.conn.kind not in _LOCAL:
+            return
         if sub.queue is None:
             n = self.plain_refs.get(sub.subject, 0) + 1
             self.plain_refs[sub.subject] = n
@@ -277,7 +290,9 @@ class ClusterManager:
             self.queue_refs[key] = n
             self._broadcast(sub.subject, sub.queue, n)
 
-    def local_interest_removed(self, sub: Subscription) -> None:
+    def interest_removed(self, sub: Subscription) -> None:
+        if sub.conn.kind not in _LOCAL:
+            return
         if sub.queue is None:
             n = self.plain_refs.get(sub.subject, 0) - 1
             if n <= 0:
@@ -312,49 +327,13 @@ class ClusterManager:
 
     # -- monitoring ----------------------------------------------------------------------------------
     def client_connect_urls(self) -> list[str]:
-        return [c.remote_client_url for c in self.peers.values() if c.remote_client_url]
+        peers = self.peers.values()
+        if self.zone_local_urls:  # a route's zone is set from its tags when it goes live
+            peers = [c for c in peers if c.zone == self.server.zone]
+        return [c.remote_client_url for c in peers if c.remote_client_url]
 
-    def varz_cluster(self) -> dict[str, Any]:
-        return {"name": self.opts.name, "addr": self.opts.host, "cluster_port": int(self.route_url.rsplit(":", 1)[-1])
-                if self.route_url else 0, "urls": list(self.opts.routes),
-                "prefer_matching_tags": self.opts.prefer_matching_tags, "tags": self.tags}
 
-    def routez(self, subs: bool) -> dict[str, Any]:
-        routes = []
-        for c in sorted(self.peers.values(), key=lambda c: c.cid):
-            entry: dict[str, Any] = {
-                "rid": c.cid,
-                "remote_id": c.remote_id,
-                "remote_name": c.remote_name,
-                "did_solicit": c.solicited,
-                "is_configured": c.configured,
-                "ip": c.ip,
-                "port": c.remote_port,
-                "start": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.start)),
-                "rtt": f"{c.rtt * 1000:.3f}ms",
-                "pending_size": c.out_pending,
-                "in_msgs": c.in_msgs,
-                "out_msgs": c.out_msgs,
-                "in_bytes": c.in_bytes,
-                "out_bytes": c.out_bytes,
-                "subscriptions": len(c.remote_subs),
-                "tags": c.remote_tags,
-                "zone": c.zone,
-                "tag_match": c.tag_match,
-            }
-            if subs:
-                entry["subscriptions_list"] = sorted(
-                    (s.subject.decode() + (" " + s.queue.decode() if s.queue else "")) for s in c.remote_subs.values()
-                )
-                entry["subscriptions_list_detail"] = [
-                    {"subject": s.subject.decode(), "qgroup": s.queue.decode() if s.queue else "", "weight": s.weight}
-                    for s in c.remote_subs.values()
-                ]
-            routes.append(entry)
-        server = self.server
-        return {"server_id": server.server_id, "server_name": server.name,
-                "now": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "num_routes": len(routes), "routes": routes}
+_LOCAL = (CLIENT, INTERNAL)
 
 
 def _tier(sub: Subscription) -> int:
@@ -363,9 +342,3 @@ def _tier(sub: Subscription) -> int:
     if kind in (CLIENT, INTERNAL):
         return LOCAL
     return MATCHING if getattr(conn, "tag_match", False) else OTHER
-
-
-def _json(obj: Any) -> bytes:
-    import json
-
-    return json.dumps(obj, separators=(",", ":")).encode()

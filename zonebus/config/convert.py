@@ -171,6 +171,18 @@ def get_storage_size(v: Value) -> int:
     raise expected('size (e.g. 1073741824, 1GB or "10G")', v)
 
 
+def is_url(url: str) -> bool:
+    """`scheme://host:port` with a numeric port: what route and gateway URLs must be (nats-server refuses
+    others at start)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        return bool(parts.scheme and parts.hostname and parts.port is not None)
+    except ValueError:
+        return False
+
+
 def split_host_port(text: str) -> tuple[str, str]:
     """Go's net.SplitHostPort: "host:port", "[::1]:port" or ":port"."""
     if text.startswith("["):

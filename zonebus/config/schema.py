@@ -29,6 +29,7 @@ from zonebus.config.convert import (
     get_storage_size,
     get_str,
     get_str_list,
+    is_url,
     show,
 )
 from zonebus.config.parser import ConfigError, Value
@@ -36,10 +37,17 @@ from zonebus.server.options import (
     GatewayOptions,
     JetStreamOptions,
     LedgerOptions,
+    Permissions,
+    QueueGroupOptions,
     RemoteGatewayOptions,
+    ResponsePermission,
     RouteOptions,
     ServerOptions,
+    SubjectPermission,
+    UserOptions,
 )
+from zonebus.subjects.patterns import overlaps
+from zonebus.subjects.validate import is_valid_subject
 
 # A handler stores one entry's value on its target, or raises BadValue.
 Handler = Callable[[Any, Value, "_Errors"], None]
@@ -110,6 +118,119 @@ class _Auth:
     def __init__(self) -> None:
         self.user = self.password = self.token = ""
         self.timeout: float | None = None
+        self.users: list[UserOptions] = []
+        self.default_permissions: Permissions | None = None
+        self.users_at: Value | None = None
+
+
+def _subject_list(v: Value, queues: bool) -> list[str]:
+    """Permission subjects: a string or a list of them; with `queues`, `"subject queue"` entries."""
+    out = []
+    items = v.value if v.kind == "array" else [v]
+    if v.kind not in ("array", "string"):
+        raise expected("string or array of subjects", v)
+    for item in items:
+        text = get_str(item).strip()
+        parts = text.split()
+        ok = (len(parts) == 1 or (queues and len(parts) == 2)) and is_valid_subject(parts[0].encode())
+        if not ok:
+            raise BadValue(f"invalid subject {json.dumps(text)}", item)
+        out.append(" ".join(parts))
+    return out
+
+
+def _subject_permission(queues: bool) -> Callable[[Value, _Errors], SubjectPermission]:
+    def read(v: Value, errors: _Errors) -> SubjectPermission:
+        perm = SubjectPermission()
+        if v.kind != "map":
+            perm.allow = _subject_list(v, queues)
+            return perm
+        handlers: dict[str, Handler] = {
+            "allow": lambda p, x, e: setattr(p, "allow", _subject_list(x, queues)),
+            "deny": lambda p, x, e: setattr(p, "deny", _subject_list(x, queues)),
+        }
+        _apply(v.value, handlers, perm, errors)
+        return perm
+
+    return read
+
+
+def _allow_responses(perms: Permissions, v: Value, errors: _Errors) -> None:
+    if v.kind == "bool":
+        perms.response = ResponsePermission() if v.value else None
+        return
+    resp = ResponsePermission()
+    handlers: dict[str, Handler] = {
+        "max": _int("max_msgs", 0),
+        "max_msgs": _int("max_msgs", 0),
+        "expires": _setter("expires", get_duration),
+        "ttl": _setter("expires", get_duration),
+    }
+    _apply(get_map(v), handlers, resp, errors)
+    if resp.max_msgs == 0:
+        resp.max_msgs = ResponsePermission.max_msgs
+    perms.response = resp
+
+
+_PERMISSION_HANDLERS: dict[str, Handler] = {
+    "publish": lambda p, v, e: setattr(p, "publish", _subject_permission(False)(v, e)),
+    "pub": lambda p, v, e: setattr(p, "publish", _subject_permission(False)(v, e)),
+    "subscribe": lambda p, v, e: setattr(p, "subscribe", _subject_permission(True)(v, e)),
+    "sub": lambda p, v, e: setattr(p, "subscribe", _subject_permission(True)(v, e)),
+    "allow_responses": _allow_responses,
+    "publish_allow_responses": _allow_responses,
+}
+
+
+def _permissions(v: Value, errors: _Errors) -> Permissions:
+    perms = Permissions()
+    _apply(get_map(v), _PERMISSION_HANDLERS, perms, errors)
+    return perms
+
+
+def _nkey(user: UserOptions, v: Value, errors: _Errors) -> None:
+    from zonebus.server.auth import decode_user_nkey
+
+    key = get_str(v).strip()
+    if decode_user_nkey(key) is None:
+        raise BadValue(f"Not a valid public nkey for a user: {json.dumps(key)}", v)
+    user.nkey = key
+
+
+_USER_HANDLERS: dict[str, Handler] = {
+    "user": _str("user"),
+    "username": _str("user"),
+    "password": _str("password"),
+    "pass": _str("password"),
+    "nkey": _nkey,
+    "permissions": lambda u, v, e: setattr(u, "permissions", _permissions(v, e)),
+    "permission": lambda u, v, e: setattr(u, "permissions", _permissions(v, e)),
+}
+
+
+def _users(auth: _Auth, v: Value, errors: _Errors) -> None:
+    if v.kind != "array":
+        raise expected("array of users", v)
+    auth.users_at = v
+    seen: set[str] = set()
+    for item in v.value:
+        if item.kind != "map":
+            errors.add(item, f"users: expected map with user or nkey, got {show(item)}")
+            continue
+        user = UserOptions()
+        _apply(item.value, _USER_HANDLERS, user, errors)
+        if not user.user and not user.nkey:
+            errors.add(item, "users: a user needs a user name or an nkey")
+            continue
+        if user.user and user.nkey:
+            errors.add(item, "users: a user has either a user name or an nkey, not both")
+            continue
+        name = user.user or user.nkey
+        if name in seen:
+            errors.add(item, f"users: duplicate user {json.dumps(name)}")
+            continue
+        seen.add(name)
+        auth.users.append(user)
 
 
 _AUTH_HANDLERS: dict[str, Handler] = {
@@ -119,6 +240,8 @@ _AUTH_HANDLERS: dict[str, Handler] = {
     "pass": _str("password"),
     "token": _str("token"),
     "timeout": _setter("timeout", get_seconds),
+    "users": _users,
+    "default_permissions": lambda a, v, e: setattr(a, "default_permissions", _permissions(v, e)),
 }
 
 
@@ -129,12 +252,19 @@ def _read_auth(v: Value, errors: _Errors, allow_token: bool, block: str) -> _Aut
         errors.add(v, f"{block} authorization does not support tokens")
     elif auth.token and (auth.user or auth.password):
         errors.add(v, "Cannot have a user/pass and token")
+    if auth.users_at is not None and not allow_token:
+        errors.add(auth.users_at, f"{block} authorization does not support a users array")
+    elif auth.users_at is not None and auth.token:
+        errors.add(auth.users_at, "Can not have a token and a users array")
+    elif auth.users_at is not None and auth.user:
+        errors.add(auth.users_at, "Can not have a single user/pass and a users array")
     return auth
 
 
 def _top_auth(opts: ServerOptions, v: Value, errors: _Errors) -> None:
     auth = _read_auth(v, errors, allow_token=True, block="")
     opts.auth_user, opts.auth_password, opts.auth_token = auth.user, auth.password, auth.token
+    opts.users, opts.default_permissions = auth.users, auth.default_permissions
     if auth.timeout is not None:
         opts.auth_timeout = auth.timeout
 
@@ -154,12 +284,7 @@ def _block_auth(block: str) -> Handler:
 
 def _url(v: Value) -> str:
     url = get_str(v)
-    parts = urlsplit(url)
-    try:
-        ok = bool(parts.scheme and parts.hostname and parts.port is not None)
-    except ValueError:
-        ok = False
-    if not ok:
+    if not is_url(url):
         raise BadValue(f"error parsing url {show(v)}: expected scheme://host:port", v)
     return url
 
@@ -246,6 +371,54 @@ def _sync_interval(js: JetStreamOptions, v: Value, errors: _Errors) -> None:
         js.sync_always, js.sync_interval = False, get_duration(v)
 
 
+def _shared_store(js: JetStreamOptions, v: Value, errors: _Errors) -> None:
+    url = get_str(v).strip()
+    parts = urlsplit(url)
+    if parts.scheme == "s3":
+        if not parts.netloc:
+            raise BadValue(f"an s3:// URL needs a bucket (s3://bucket/prefix), got {show(v)}", v)
+    elif parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise BadValue(f"a file:// URL needs an absolute path (file:///path), got {show(v)}", v)
+    else:
+        raise BadValue(f"expected a file:// or s3:// URL, got {show(v)}", v)
+    js.shared_store = url
+
+
+def _s3_endpoint(js: JetStreamOptions, v: Value, errors: _Errors) -> None:
+    text = get_str(v).strip()
+    if "://" in text and urlsplit(text).scheme not in ("http", "https"):
+        raise BadValue(f"expected an http:// or https:// endpoint, got {show(v)}", v)
+    js.s3_endpoint = text
+
+
+_S3_HANDLERS: dict[str, Handler] = {
+    "endpoint": _s3_endpoint,
+    "region": _str("s3_region"),
+}
+
+
+def _s3(js: JetStreamOptions, v: Value, errors: _Errors) -> None:
+    _apply(get_map(v), _S3_HANDLERS, js, errors)
+
+
+def _positive_size(attr: str) -> Handler:
+    def read(v: Value) -> int:
+        n = get_storage_size(v)
+        if n <= 0:
+            raise BadValue(f"expected a size above 0, got {show(v)}", v)
+        return n
+
+    return _setter(attr, read)
+
+
+def _router_linger(v: Value) -> float:
+    seconds = get_duration(v)
+    if not 0 <= seconds <= 0.001:
+        raise BadValue(f"expected a duration from 0 to 1ms, got {show(v)}", v)
+    return seconds
+
+
 _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "enabled": _bool("enabled"),
     "enable": _bool("enabled"),
@@ -257,6 +430,15 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "max_file_store": _setter("max_file_store", get_storage_size),
     "max_file": _setter("max_file_store", get_storage_size),
     "sync_interval": _sync_interval,
+    "shared_store": _shared_store,
+    "shared_store_linger": _setter("shared_store_linger", get_duration),
+    "shared_store_batch": _positive_size("shared_store_batch"),
+    "shared_store_inflight": _int("shared_store_inflight", 1, 1024),
+    "s3": _s3,
+    "failover_timeout": _setter("failover_timeout", get_duration),
+    "zone_router": _bool("zone_router"),
+    "zone_router_linger": _setter("zone_router_linger", _router_linger),
+    "zone_router_batch": _positive_size("zone_router_batch"),
 }
 
 
@@ -272,6 +454,8 @@ def _jetstream(opts: ServerOptions, v: Value, errors: _Errors) -> None:
     elif v.kind == "map":
         js.enabled = True
         _apply(v.value, _JETSTREAM_HANDLERS, js, errors)
+        if js.zone_router and not js.shared_store:
+            errors.add(v, "zone_router: the zone router needs a shared store (jetstream { shared_store })")
     else:
         raise expected("map, bool or string to define JetStream", v)
 
@@ -311,6 +495,71 @@ def _ledger(opts: ServerOptions, v: Value, errors: _Errors) -> None:
     _apply(entries, _LEDGER_HANDLERS, opts.ledger, errors)
     if opts.ledger.interval <= 0:
         errors.add(v, "ledger: interval must be greater than zero")
+
+
+# ---- durable queue groups (zonebus.queue) --------------------------------------------------------
+
+
+def _queue_duration(attr: str, allow_zero: bool) -> Handler:
+    def read(v: Value) -> float:
+        seconds = get_duration(v)
+        if seconds < 0 or (seconds == 0 and not allow_zero):
+            raise BadValue(f"duration must be greater than zero, got {show(v)}", v)
+        return seconds
+
+    return _setter(attr, read)
+
+
+def _queue_ack(group: QueueGroupOptions, v: Value, errors: _Errors) -> None:
+    word = get_str(v).strip().lower()
+    if word not in ("none", "explicit"):
+        raise BadValue(f'expected "none" or "explicit", got {show(v)}', v)
+    group.ack = word
+
+
+def _queue_subjects(group: QueueGroupOptions, v: Value, errors: _Errors) -> None:
+    subjects = get_str_list(v)
+    for subject in subjects:
+        if not is_valid_subject(subject.encode()):
+            raise BadValue(f"invalid subject {json.dumps(subject)}", v)
+    group.subjects = subjects
+
+
+_QUEUE_GROUP_HANDLERS: dict[str, Handler] = {
+    "subjects": _queue_subjects,
+    "durable": _bool("durable"),
+    "ack": _queue_ack,
+    "ack_policy": _queue_ack,
+    "max_deliver": _int("max_deliver", -1),
+    "ack_wait": _queue_duration("ack_wait", False),
+    "max_age": _queue_duration("max_age", True),
+}
+
+
+def _queue_groups(opts: ServerOptions, v: Value, errors: _Errors) -> None:
+    """`queue_groups { name: { subjects, durable, ack, max_deliver, ack_wait, max_age } }`: a group needs
+    subjects, a name usable in a subject token, and subjects that overlap no other durable group's."""
+    groups: dict[str, QueueGroupOptions] = {}
+    seen: list[tuple[str, str, Value]] = []  # (subject, group, where) of the durable groups so far
+    for name, entry in get_map(v).items():
+        if not name or any(c in name for c in " \t.*>$") or name.startswith("_"):
+            errors.add(entry, f"queue_groups: invalid group name {json.dumps(name)}")
+            continue
+        group = QueueGroupOptions(name=name)
+        _apply(get_map(entry), _QUEUE_GROUP_HANDLERS, group, errors)
+        if group.max_deliver == 0:
+            errors.add(entry, f"queue_groups: {name}: max_deliver must be -1 (unlimited) or at least 1")
+        if not group.subjects:
+            errors.add(entry, f"queue_groups: {name}: a group needs subjects")
+        elif group.durable:
+            for subject in group.subjects:
+                clash = next(((s, g) for s, g, _ in seen if overlaps(s, subject)), None)
+                if clash is not None:
+                    errors.add(entry, f"queue_groups: {name}: subject {json.dumps(subject)} overlaps "
+                                      f"{json.dumps(clash[0])} of group {json.dumps(clash[1])}")
+                seen.append((subject, name, entry))
+        groups[name] = group
+    opts.queue_groups = groups
 
 
 # ---- top level ------------------------------------------------------------------------------------
@@ -362,6 +611,7 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "ping_max": _int("ping_max"),
     "write_deadline": _positive_duration("write_deadline"),
     "authorization": _top_auth,
+    "no_auth_user": _str("no_auth_user"),
     "debug": _bool("debug"),
     "trace": _bool("trace"),
     "logtime": _bool("logtime"),
@@ -373,6 +623,7 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "gateway": _gateway,
     "jetstream": _jetstream,
     "ledger": _ledger,
+    "queue_groups": _queue_groups,
 }
 
 
@@ -382,6 +633,11 @@ def apply_config(tree: dict[str, Value], opts: ServerOptions | None = None) -> S
     opts = ServerOptions() if opts is None else opts
     errors = _Errors()
     _apply(tree, _TOP_HANDLERS, opts, errors)
+    if opts.no_auth_user and not errors and not any(u.user == opts.no_auth_user for u in opts.users):
+        where = next((v for k, v in tree.items() if k.lower() == "no_auth_user"), None)
+        msg = (f'no_auth_user: "{opts.no_auth_user}" not present as user or nkey in authorization block '
+               "or account configuration")
+        errors.append(f"{where.where}: {msg}" if where is not None else msg)
     if errors:
         raise ConfigError(list(errors))
     return opts

@@ -15,6 +15,10 @@ In-cluster gossip: servers of one cluster tell each other their gateway name, ga
 gateways they know in a `gateway` field of their route INFO (`ClusterManager.set_gateway_gossip`), out of
 reach of clients. A server whose gateway name differs from ours is reported as a misconfiguration.
 Routing of messages lives in `routing.GatewayRouting`, monitoring in `monitoring`.
+
+It is an extension of the server core (`zonebus.server.hooks`): the server's `forwarder` (every message
+not from a route goes through `process_msg`) and an interest watcher. `cluster` is this server's
+ClusterManager when it has one (set by `zonebus.node`): in-cluster gossip and reply routing use it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import asyncio
 import base64
 import functools
 import hashlib
-import json
 import os
 import random
 import sys
@@ -41,15 +44,16 @@ from zonebus.gateway.interest import (
     INTEREST_ONLY,
 )
 from zonebus.gateway.routing import GR_PREFIX, GatewayRouting
-from zonebus.server.options import advertised_host
+from zonebus.link import Backoff, json_line
+from zonebus.link.connection import listen
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
+    from zonebus.cluster.manager import ClusterManager
     from zonebus.server.server import Server
 
 INTERNAL_PREFIX = b"$GW."
 IMPLICIT_RETRIES = 10
-BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 
 
 class GatewayConfigError(OSError):
@@ -85,8 +89,9 @@ class RemoteGateway:
 
 
 class GatewayManager(GatewayRouting):
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, cluster: ClusterManager | None = None) -> None:
         self.server = server
+        self.cluster = cluster
         self.opts = server.opts.gateway
         self.name = self.opts.name
         self.threshold = self.opts.interest_only_threshold
@@ -111,7 +116,6 @@ class GatewayManager(GatewayRouting):
         self._mismatch_reported: set[str] = set()
         self._misconfig_seen: dict[str, int] = {}
         self._rng = random.Random()
-        server.gateway_conns = self.connections  # read by the ledger's handover (zonebus.server.ledger_hooks)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -133,12 +137,10 @@ class GatewayManager(GatewayRouting):
             raise GatewayConfigError(str(exc))
         self._running = True
         if opts.port:
-            self._listener = await server.loop.create_server(
-                lambda: GatewayConnection(self, outbound=False), opts.host, opts.port, reuse_address=True
-            )
-            port = self._listener.sockets[0].getsockname()[1]
-            self.url = f"{advertised_host(opts.host)}:{port}"
-            server.log(f"gateway name is {self.name}; listening for gateway connections on {opts.host}:{port}")
+            self._listener, self.url = await listen(
+                server, lambda: GatewayConnection(self, outbound=False), opts.host, opts.port)
+            server.log(f"gateway name is {self.name}; listening for gateway connections on "
+                       f"{opts.host}:{self.url.rsplit(':', 1)[1]}")
         else:
             server.log(f"gateway name is {self.name}; no gateway listen port: this server only dials out")
         if self.delays:
@@ -148,8 +150,8 @@ class GatewayManager(GatewayRouting):
                 continue  # the same gateway list on every server may name this cluster too
             self.learn(remote.name, remote.urls, configured=True, source="configuration")
         self._publish_cluster_gossip()
-        if server.cluster is not None:
-            server.cluster.replay_gateway_gossip()
+        if self.cluster is not None:
+            self.cluster.replay_gateway_gossip()
 
     async def stop(self) -> None:
         self._running = False
@@ -209,11 +211,6 @@ class GatewayManager(GatewayRouting):
         password = parts.password or (self.opts.password if not parts.username else "")
         return {"name": self.server.server_id, "gateway": self.name, "user": user, "pass": password,
                 "headers": True, "verbose": False, "pedantic": False}
-
-    def check_auth(self, fields: dict[str, Any]) -> bool:
-        if not self.opts.user:
-            return True
-        return fields.get("user") == self.opts.user and fields.get("pass") == self.opts.password
 
     # -- learning gateways -----------------------------------------------------------------------------
     def learn(self, name: str, urls: list[str], configured: bool = False, source: str = "") -> bool:
@@ -278,6 +275,7 @@ class GatewayManager(GatewayRouting):
                 return False
         conn.remote_gateway = name
         conn.established = True
+        conn.msgs_in = not conn.outbound  # messages only flow into the accepting side
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
         conn.zone_known = bool(conn.zone)
         if self.server.ledger is not None:  # counted like routes, with the remote server's zone
@@ -314,39 +312,35 @@ class GatewayManager(GatewayRouting):
     async def _dial_loop(self, remote: RemoteGateway) -> None:
         """Keep one outbound connection to `remote`: configured ones forever, implicit ones while reachable."""
         loop = self.server.loop
-        failures = 0
-        backoff = BACKOFF_START
+        backoff = Backoff()
         try:
             while self._running and self.remotes.get(remote.name) is remote:
-                url = remote.url_for(failures, self._rng)
+                url = remote.url_for(backoff.failures, self._rng)
                 host, port = host_port(url).rsplit(":", 1)
                 try:
                     _, conn = await loop.create_connection(
                         functools.partial(GatewayConnection, self, True, remote.name, url), host, int(port))
                 except OSError as exc:
-                    failures += 1
+                    failures = backoff.failed()
                     self._report_unreachable(remote, url, failures, exc)
                     if not remote.configured and failures >= IMPLICIT_RETRIES:
                         self.log_error(f"giving up on implicit gateway {remote.name!r} after {failures} attempts")
                         del self.remotes[remote.name]
                         return
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    await backoff.wait()
                     continue
                 await conn.closed_future
                 if conn.rejected:  # a misconfiguration (reported already): keep backing off
                     remote.rejections += 1
-                    failures += 1
+                    backoff.failed()
                 elif conn.established:
-                    failures = 0
-                    backoff = BACKOFF_START
+                    backoff.reset()
                     remote.rejections = 0
                     if self._running:
                         self.log(f"outbound gateway connection to {remote.name!r} closed; reconnecting")
                 else:
-                    failures += 1
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                    backoff.failed()
+                await backoff.wait()
         finally:
             remote.task = None
 
@@ -397,7 +391,7 @@ class GatewayManager(GatewayRouting):
         if not self._running:
             return
         self._publish_cluster_gossip()
-        line = b"INFO " + _json(self.info_fields(CMD_GOSSIP)) + b"\r\n"
+        line = json_line(b"INFO", self.info_fields(CMD_GOSSIP))
         for conn in self.connections.values():
             if conn.established:
                 conn.send(line)
@@ -406,8 +400,8 @@ class GatewayManager(GatewayRouting):
         """This server's gateway name, URL and known gateways ride on its route INFO (zonebus.cluster)."""
         body = {"server_id": self.server.server_id, "server_name": self.server.name, "gateway": self.name,
                 "gateway_url": self.url, "gateways": self.known_gateways()}
-        if self.server.cluster is not None:
-            self.server.cluster.set_gateway_gossip(body)
+        if self.cluster is not None:
+            self.cluster.set_gateway_gossip(body)
 
     def cluster_gossip(self, body: Any) -> None:
         """A route peer's gateway gossip (from its route INFO)."""
@@ -501,16 +495,16 @@ class GatewayManager(GatewayRouting):
         ii.ni_sent.clear()
         ii.a_minus_sent = False
         payload = ACCOUNT.decode()
-        conn.send(b"INFO " + _json({"gateway_cmd": CMD_ALL_SUBS_START, "gateway_cmd_payload": payload}) + b"\r\n")
+        conn.send_json(b"INFO", {"gateway_cmd": CMD_ALL_SUBS_START, "gateway_cmd_payload": payload})
         for subject in self.plain_counts:
             conn.send(b"RS+ %b %b\r\n" % (ACCOUNT, subject))
-        conn.send(b"INFO " + _json({"gateway_cmd": CMD_ALL_SUBS_COMPLETE, "gateway_cmd_payload": payload}) + b"\r\n")
+        conn.send_json(b"INFO", {"gateway_cmd": CMD_ALL_SUBS_COMPLETE, "gateway_cmd_payload": payload})
         why = f"after {answered} subjects without interest" if self.threshold > 0 else "(threshold 0)"
         self.log(f"gateway {conn.describe()}: account {payload} switched to interest-only mode {why}")
 
     # -- replies: route peers by server hash ---------------------------------------------------------
     def route_by_hash(self, server_hash: bytes) -> Any:
-        cluster = self.server.cluster
+        cluster = self.cluster
         if cluster is None:
             return None
         hashes = self._route_hashes
@@ -521,11 +515,3 @@ class GatewayManager(GatewayRouting):
             if h == server_hash and conn.established and not conn.closed:
                 return conn
         return None
-
-    # -- stats -----------------------------------------------------------------------------------------
-    def conns(self) -> list[GatewayConnection]:
-        return list(self.connections.values())
-
-
-def _json(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()

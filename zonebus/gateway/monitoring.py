@@ -9,35 +9,18 @@ does for clients.
 
 from __future__ import annotations
 
-import datetime as dt
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from zonebus.gateway.interest import MODE_NAMES, OPTIMISTIC
 from zonebus.server.connection import ACCOUNT
+from zonebus.server.monitor import go_duration, nats_uptime, query_flag, rfc3339
 
 if TYPE_CHECKING:
     from zonebus.gateway.connection import GatewayConnection
     from zonebus.gateway.manager import GatewayManager
-
-
-def _rfc3339(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat().replace("+00:00", "Z")
-
-
-def go_duration(seconds: float) -> str:
-    """A duration the way Go prints one: `0s`, `250µs`, `1.5ms`, `2s`, `1m3s`."""
-    if seconds <= 0:
-        return "0s"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f}µs"
-    if seconds < 1:
-        return f"{seconds * 1e3:.3f}".rstrip("0").rstrip(".") + "ms"
-    s = int(seconds)
-    h, rest = divmod(s, 3600)
-    m, sec = divmod(rest, 60)
-    out = (f"{h}h" if h else "") + (f"{m}m" if h or m else "")
-    return out + (f"{sec}s" if out else f"{seconds:.3f}".rstrip("0").rstrip(".") + "s")
+    from zonebus.server.server import Server
 
 
 def connection_info(conn: GatewayConnection) -> dict[str, Any]:
@@ -47,11 +30,11 @@ def connection_info(conn: GatewayConnection) -> dict[str, Any]:
         "kind": "Gateway",
         "ip": conn.ip,
         "port": conn.remote_port,
-        "start": _rfc3339(conn.start),
-        "last_activity": _rfc3339(conn.last_activity),
+        "start": rfc3339(conn.start),
+        "last_activity": rfc3339(conn.last_activity),
         "rtt": go_duration(conn.rtt),
-        "uptime": go_duration(now - conn.start),
-        "idle": go_duration(now - conn.last_activity),
+        "uptime": nats_uptime(now - conn.start),
+        "idle": nats_uptime(now - conn.last_activity),
         "pending_bytes": conn.out_pending if conn.transport is not None else 0,
         "in_msgs": conn.in_msgs,
         "out_msgs": conn.out_msgs,
@@ -127,13 +110,23 @@ def gatewayz(mgr: GatewayManager, accs: bool = False, subs: str = "", gw_name: s
     host, _, port = mgr.url.rpartition(":")
     return {
         "server_id": server.server_id,
-        "now": _rfc3339(time.time()),
+        "now": rfc3339(time.time()),
         "name": mgr.name,
         "host": host or mgr.opts.host,
         "port": int(port) if port.isdigit() else mgr.opts.port,
         "outbound_gateways": outbound,
         "inbound_gateways": inbound,
     }
+
+
+def gatewayz_page(server: Server, mgr: GatewayManager | None, query: Mapping[str, str]) -> dict[str, Any]:
+    """nats-server's /gatewayz (`accs`, `subs`, `gw_name`); no gateway block: empty maps, as nats-server."""
+    if mgr is None:
+        return {"server_id": server.server_id, "now": rfc3339(time.time()), "name": "", "host": "", "port": 0,
+                "outbound_gateways": {}, "inbound_gateways": {}}
+    subs = query.get("subs", "")
+    return gatewayz(mgr, query_flag(query, "accs"), "" if subs in ("0", "false") else subs,
+                    query.get("gw_name", ""))
 
 
 def varz_gateway(mgr: GatewayManager) -> dict[str, Any]:

@@ -9,3 +9,8 @@ class PipelineInputError(Exception):
 
 class PipelineOptionError(PipelineInputError):
     """A bad command-line option value: the message names the option (exit status 2)."""
+
+
+class PipelineEnvironmentError(PipelineOptionError):
+    """The machine lacks what the job needs (a Java runtime for Spark): the message says what to install.
+    Reported like a bad option (exit status 2), before anything is started."""

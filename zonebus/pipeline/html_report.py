@@ -1,7 +1,11 @@
 """The cost report as one self-contained HTML page: matplotlib charts embedded as base64 PNGs, plus tables.
 
-Charts: the zone-pair matrix (GB from zone to zone), cost over time (actual vs random queue routing), and the
-top subjects by cost. Uses matplotlib's object API (no pyplot), so no display or global state is involved.
+The page leads with the monthly projection at the rate the ledger observed, then the comparison with stock
+NATS routing (the whole cross-zone bill both ways; one meaning, the same in the headline and in the queue
+routing table). Charts: the zone-pair matrix, cross-zone cost over time (buckets follow the ledger's span),
+and the top subjects by cost; a chart with nothing to show says why instead of drawing empty axes. Figures
+use significant digits and scaling units (`zonebus.pipeline.units`). Uses matplotlib's object API (no
+pyplot), so no display or global state is involved.
 """
 
 from __future__ import annotations
@@ -9,22 +13,32 @@ from __future__ import annotations
 import base64
 import html
 import io
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import matplotlib.dates as mdates
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from zonebus.pipeline import transforms as T
+from zonebus.pipeline.units import byte_unit, count, duration, money, percent, sig, size, when
+from zonebus.pipeline.wording import saving_sentence, transfers_sentence
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
+p.lead { font-size: 1.15em; }
 table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
 th { background: #f3f3f3; } td.l, th.l { text-align: left; }
-.kpi { display: inline-block; margin: 0 2em 1em 0; } .kpi b { display: block; font-size: 1.4em; }
+.kpi { display: inline-block; margin: 0 2em 1em 0; vertical-align: top; }
+.kpi b { display: block; font-size: 1.4em; } .kpi small { display: block; color: #666; }
+.note { color: #555; font-size: 0.9em; }
+p.empty { color: #555; font-style: italic; padding: 1em; border: 1px dashed #ccc; }
 img { max-width: 100%; }
 """
+ACTUAL_COLOR = "#4878a8"
+STOCK_COLOR = "#d9822b"
 
 
 def _png(fig: Figure) -> str:
@@ -33,12 +47,20 @@ def _png(fig: Figure) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def byte_unit(largest: float) -> tuple[float, str]:
-    """A divisor and unit name that keep `largest` readable."""
-    for div, name in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
-        if largest >= div:
-            return div, name
-    return 1.0, "bytes"
+def empty_chart(why: str) -> str:
+    """A chart with nothing to draw is a sentence saying why (`_figure` shows it as text, not as axes)."""
+    return why
+
+
+def _figure(alt: str, chart: str) -> str:
+    """An <img> for a chart, or the sentence of an empty one."""
+    if chart.startswith("data:"):
+        return f"<img alt='{html.escape(alt)}' src='{chart}'>"
+    return f"<p class='empty'>{html.escape(chart)}</p>"
+
+
+def _money_axis(currency: str) -> FuncFormatter:
+    return FuncFormatter(lambda v, _pos: money(v, currency) if v else "0")
 
 
 def zone_matrix_chart(pairs: list[dict[str, Any]]) -> str:
@@ -52,7 +74,7 @@ def zone_matrix_chart(pairs: list[dict[str, Any]]) -> str:
     grid = [[v / div for v in row] for row in grid]
     fig = Figure(figsize=(1.6 + 1.3 * n, 1.2 + 1.1 * n))
     ax = fig.subplots()
-    image = ax.imshow(grid, cmap="Blues")
+    image = ax.imshow(grid, cmap="Blues", vmin=0)
     ax.set_xticks(range(n), labels=zones, rotation=30, ha="right")
     ax.set_yticks(range(n), labels=zones)
     ax.set_xlabel("to zone")
@@ -62,43 +84,64 @@ def zone_matrix_chart(pairs: list[dict[str, Any]]) -> str:
     for i in range(n):
         for j in range(n):
             color = "white" if top and grid[i][j] > top / 2 else "black"
-            ax.text(j, i, f"{grid[i][j]:.3g}", ha="center", va="center", color=color, fontsize=9)
+            ax.text(j, i, sig(grid[i][j]), ha="center", va="center", color=color, fontsize=9,
+                    fontweight="bold" if i != j else "normal")
     fig.colorbar(image, ax=ax, label=unit)
     return _png(fig)
 
 
-def cost_over_time_chart(hours: list[dict[str, Any]], queue_hours: list[dict[str, Any]], per_hour_random:
-                         dict[datetime, float]) -> str:
+def _utc(epoch_s: float) -> datetime:
+    return datetime.fromtimestamp(epoch_s, UTC).replace(tzinfo=None)
+
+
+def cost_over_time_chart(buckets: list[dict[str, Any]], queue_buckets: list[dict[str, Any]], bucket_s: float,
+                         currency: str) -> str:
+    """Cross-zone cost per time bucket, and the same under stock NATS routing."""
+    title = f"Cross-zone cost per {duration(bucket_s)} (UTC)"
+    if len(buckets) == 1:
+        title = f"Cross-zone cost (all traffic fell in one {duration(bucket_s)} ledger window)"
+    extra = {q[T.BUCKET]: (q[T.STOCK_COST] or 0.0) - (q[T.COST] or 0.0) for q in queue_buckets}
+    xs = [b[T.BUCKET] for b in buckets]
+    actual = [b[T.COST] or 0.0 for b in buckets]
+    stock = [c + extra.get(x, 0.0) for x, c in zip(xs, actual, strict=True)]
+    if not any(actual) and not any(v > 0 for v in stock):
+        why = "Nothing crossed zones: no cross-zone cost in this ledger"
+        if xs:
+            why += f" ({duration(xs[-1] + bucket_s - xs[0])} of traffic)"
+        return empty_chart(why + ".")
     fig = Figure(figsize=(9, 3.2))
     ax = fig.subplots()
-    xs = [h[T.HOUR] for h in hours]
-    actual = [h[T.COST] for h in hours]
-    ax.bar(xs, actual, width=timedelta(minutes=50), align="edge", color="#4878a8", label="actual")
-    if queue_hours:
-        counter = [c + per_hour_random.get(x, 0.0) for x, c in zip(xs, actual, strict=True)]
-        mid = [x + timedelta(minutes=25) for x in xs]
-        ax.plot(mid, counter, marker="o", ms=4, color="#d9822b", linestyle="--", label="random queue routing")
-    if xs:
-        ax.set_xlim(min(xs) - timedelta(minutes=30), max(xs) + timedelta(minutes=90))
-    ax.set_ylabel("cross-zone cost per hour")
-    ax.set_title("Cost over time (UTC hours)")
+    times = [_utc(x) for x in xs]
+    width = timedelta(seconds=bucket_s)
+    ax.bar(times, actual, width=width * 0.85, align="edge", color=ACTUAL_COLOR, label="this ledger")
+    if queue_buckets:
+        mid = [t + width / 2 for t in times]
+        ax.plot(mid, stock, marker="o", ms=4, color=STOCK_COLOR, linestyle="--", label="with stock NATS routing")
+    ax.set_xlim(times[0] - width / 2, times[-1] + width * 1.5)
+    ax.set_ylim(bottom=0, top=max(max(actual), max(stock)) * 1.3)  # room for the legend above the bars
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=10)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.yaxis.set_major_formatter(_money_axis(currency))
+    ax.set_ylabel(f"cost per {duration(bucket_s)}")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.autofmt_xdate()
+    ax.legend(loc="upper left", fontsize=9, ncol=2)
     return _png(fig)
 
 
-def top_subjects_chart(top: list[dict[str, Any]]) -> str:
-    rows = list(reversed(top[:15]))
-    fig = Figure(figsize=(9, 0.8 + 0.35 * max(1, len(rows))))
+def top_subjects_chart(top: list[dict[str, Any]], currency: str) -> str:
+    rows = [r for r in top[:15] if r[T.COST]]
+    if not rows:
+        return empty_chart("Nothing crossed zones: no subject has a cross-zone cost.")
+    rows.reverse()
+    fig = Figure(figsize=(9, 0.8 + 0.35 * len(rows)))
     ax = fig.subplots()
-    by_cost = any(r[T.COST] for r in rows)
-    values = [r[T.COST] if by_cost else r[T.CROSS_BYTES] / 1e9 for r in rows]
-    labels = [f"{r['subject_prefix']} ({r['account']})" for r in rows]
-    ax.barh(range(len(rows)), values, color="#4878a8")
-    ax.set_yticks(range(len(rows)), labels=labels)
-    ax.set_xlabel("cross-zone cost" if by_cost else "cross-zone GB")
-    ax.set_title("Top subjects")
+    ax.barh(range(len(rows)), [r[T.COST] for r in rows], color=ACTUAL_COLOR)
+    ax.set_yticks(range(len(rows)), labels=[f"{r['subject_prefix']} ({r['account']})" for r in rows])
+    ax.xaxis.set_major_formatter(_money_axis(currency))
+    ax.set_xlabel("cross-zone cost")
+    ax.set_title("Top subjects by cross-zone cost")
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)
 
@@ -113,62 +156,91 @@ def _table(headers: list[str], rows: list[list[Any]], left: int = 0) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _when(iso: str) -> str:
+    return when(datetime.fromisoformat(iso).timestamp())
+
+
+def _kpi(label: str, value: str, note: str = "") -> str:
+    small = f"<small>{html.escape(note)}</small>" if note else ""
+    return f"<div class='kpi'>{html.escape(label)}<b>{html.escape(value)}</b>{small}</div>"
+
+
 def render_report(
     summary: dict[str, Any],
     pairs: list[dict[str, Any]],
-    hours: list[dict[str, Any]],
-    queue_hours: list[dict[str, Any]],
+    buckets: list[dict[str, Any]],
+    queue_buckets: list[dict[str, Any]],
     top: list[dict[str, Any]],
 ) -> str:
-    cur = html.escape(summary["prices"]["currency"])
-    per_byte = summary["prices"]["cross_zone_per_gb_each_side"] * summary["prices"]["sides_charged"] / (
-        summary["prices"]["bytes_per_gb"]
+    cur = summary["prices"]["currency"]
+    m = summary["monthly"]
+    observed = summary["observed"]
+    seconds = observed["seconds"]
+    over = f"over {duration(seconds)}"
+    prices = summary["prices"]
+    lead = (
+        f"Cross-zone traffic costs <b>{html.escape(money(m['cost_usd'], cur))} per month</b> at the rate this "
+        f"ledger observed ({html.escape(duration(seconds))} of traffic from {html.escape(_when(observed['start']))} "
+        f"to {html.escape(_when(observed['end']))}). With stock NATS queue routing it would cost "
+        f"<b>{html.escape(money(m['stock_routing_cost_usd'], cur))} per month</b>: "
+        f"{html.escape(saving_sentence(summary))}."
     )
-    per_hour_random = {
-        q[T.HOUR]: (q[T.RANDOM_CROSS_BYTES] - q[T.CROSS_BYTES]) * per_byte for q in queue_hours
-    }
     kpis = [
-        ("total", f"{summary['total_bytes'] / 1e9:.4f} GB"),
-        ("cross-zone", f"{summary['cross_zone_bytes'] / 1e9:.4f} GB ({summary['cross_zone_fraction']:.1%})"),
-        ("cost", f"{summary['cost_usd']:.4f} {cur}"),
-        ("random queue routing", f"{summary['counterfactual_cost_usd']:.4f} {cur}"),
-        ("saved", f"{summary['saved_usd']:.4f} {cur}"),
+        _kpi("cross-zone cost per month", money(m["cost_usd"], cur), f"{money(summary['cost_usd'], cur)} {over}"),
+        _kpi("with stock NATS routing", money(m["stock_routing_cost_usd"], cur),
+             f"{money(summary['stock_routing_cost_usd'], cur)} {over}"),
+        _kpi("saved per month", money(m["saved_usd"], cur) if summary["saving_is_significant"] else "none",
+             f"{money(summary['saved_usd'], cur)} {over}, noise ±{money(summary['saved_noise_usd'], cur)}"),
+        _kpi("crossed zones", f"{size(summary['cross_zone_bytes'])} of {size(summary['total_bytes'])}",
+             f"{percent(summary['cross_zone_bytes'], summary['total_bytes'])} of the bytes on links"),
     ]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>zonebus cost report</title>",
         f"<style>{CSS}</style></head><body><h1>zonebus cross-zone cost report</h1>",
-        f"<p>Ledger <code>{html.escape(str(summary['ledger']))}</code>, {summary['ledger_rows']:,} rows, "
-        f"{html.escape(str(summary['first_hour']))} to {html.escape(str(summary['last_hour']))} (UTC). "
-        f"Prices: {html.escape(summary['prices']['provider'] or summary['prices']['source'])}, "
-        f"{summary['prices']['cross_zone_per_gb_each_side']} {cur}/GB x {summary['prices']['sides_charged']} "
+        f"<p class='lead'>{lead}</p>",
+        "".join(kpis),
+        f"<p>{html.escape(transfers_sentence(summary))}. Monthly figures are the ledger's cost divided by its "
+        "span, times a 30-day month.</p>",
+        f"<p class='note'>Ledger <code>{html.escape(str(summary['ledger']))}</code>, {summary['ledger_rows']:,} rows. "
+        f"Prices: {html.escape(prices['provider'] or prices['source'])}, "
+        f"{html.escape(money(prices['cross_zone_per_gb_each_side'], cur))}/GB x {prices['sides_charged']} "
         "side(s).</p>",
-        "".join(f"<div class='kpi'>{html.escape(k)}<b>{v}</b></div>" for k, v in kpis),
     ]
     if pairs:
-        parts += ["<h2>Zone pairs</h2>", f"<img alt='zone-pair matrix' src='{zone_matrix_chart(pairs)}'>"]
+        parts += ["<h2>Zone pairs</h2>", _figure("zone-pair matrix", zone_matrix_chart(pairs))]
         parts.append(_table(
-            ["from zone", "to zone", "link", "messages", "bytes", "cross-zone bytes", f"cost {cur}"],
-            [[p["src_zone"], p["dst_zone"], p["link_kind"], f"{p['msgs']:,}", f"{p['bytes']:,}",
-              f"{p[T.CROSS_BYTES]:,}", f"{p[T.COST]:.6f}"] for p in pairs], left=3))
-    if hours:
-        parts += ["<h2>Cost over time</h2>",
-                  f"<img alt='cost over time' src='{cost_over_time_chart(hours, queue_hours, per_hour_random)}'>"]
+            ["from zone", "to zone", "link", "message transfers", "bytes", "cross-zone bytes", "cost"],
+            [[p["src_zone"], p["dst_zone"], p["link_kind"], f"{p['msgs']:,}", size(p["bytes"]),
+              size(p[T.CROSS_BYTES]), money(p[T.COST], cur)] for p in pairs], left=3))
+    timeline = cost_over_time_chart(buckets, queue_buckets, observed["timeline_bucket_seconds"], cur)
+    parts += ["<h2>Cost over time</h2>", _figure("cost over time", timeline)]
+    parts += ["<h2>Top subjects</h2>", _figure("top subjects", top_subjects_chart(top, cur))]
     if top:
-        parts += ["<h2>Top subjects</h2>", f"<img alt='top subjects' src='{top_subjects_chart(top)}'>"]
         parts.append(_table(
-            ["account", "subject prefix", "messages", "bytes", "cross-zone bytes", f"cost {cur}"],
-            [[r["account"], r["subject_prefix"], f"{r['msgs']:,}", f"{r['bytes']:,}", f"{r[T.CROSS_BYTES]:,}",
-              f"{r[T.COST]:.6f}"] for r in top], left=2))
+            ["account", "subject prefix", "message transfers", "bytes", "cross-zone bytes", "cost"],
+            [[r["account"], r["subject_prefix"], f"{r['msgs']:,}", size(r["bytes"]), size(r[T.CROSS_BYTES]),
+              money(r[T.COST], cur)] for r in top], left=2))
     q = summary["queue_routing"]
+    stock = q["stock_routing"]
+    if not q["msgs"]:
+        parts += ["<h2>Queue routing</h2>", "<p class='empty'>No queue group deliveries in this ledger: queue "
+                  "routing makes no difference to its cost.</p>", "</body></html>"]
+        return "\n".join(parts)
     parts += [
-        "<h2>Queue routing</h2>",
-        "<p>Random routing (stock NATS, weighted by member count) would have sent a message outside the "
-        "publisher's zone with probability weight_outside / (weight_in_zone + weight_outside).</p>",
-        _table(["", "messages", "cross-zone messages", "cross-zone bytes", f"cost {cur}"], [
-            ["actual", f"{q['msgs']:,}", f"{q['cross_zone_msgs']:,}", f"{q['cross_zone_bytes']:,}",
-             f"{q['cost_usd']:.6f}"],
-            ["random routing", f"{q['msgs']:,}", f"{q['random_cross_zone_msgs']:,.1f}",
-             f"{q['random_cross_zone_bytes']:,.0f}", f"{q['random_cost_usd']:.6f}"],
+        "<h2>Queue routing: this ledger and stock NATS routing</h2>",
+        "<p>Stock NATS routing gives each message of a queue group to one member drawn at random anywhere in "
+        "the cluster, weighted by member count. A route carries a message once however many subscribers and "
+        "queue groups behind it want it, so a queue choice adds a cross-zone copy only when that route does "
+        "not carry the message anyway. The stock routing row is an estimate from this ledger's queue "
+        "decisions and route copies; the rest of the traffic is the same in both rows, so the last columns "
+        "are the whole cross-zone bill of the headline.</p>",
+        _table(["", "queue deliveries", "delivered across zones", "cross-zone bytes the choices added",
+                "their cost", "whole cross-zone bill", "per month"], [
+            ["this ledger", f"{q['msgs']:,}", f"{q['cross_zone_msgs']:,}", size(q["added_cross_zone_bytes"]),
+             money(q["cost_usd"], cur), money(summary["cost_usd"], cur), money(m["cost_usd"], cur)],
+            ["stock NATS routing (estimate)", f"{q['msgs']:,}", count(round(stock["cross_zone_msgs"], 1)),
+             size(stock["added_cross_zone_bytes"]), money(stock["cost_usd"], cur),
+             money(summary["stock_routing_cost_usd"], cur), money(m["stock_routing_cost_usd"], cur)],
         ], left=1),
         "</body></html>",
     ]

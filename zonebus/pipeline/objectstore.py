@@ -20,6 +20,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from zonebus.ledger import schema as S
+from zonebus.storage.fs import filesystem as storage_filesystem
 
 FORMAT = "zonebus_ledger"
 FILES_PER_PARTITION = 64
@@ -36,8 +37,8 @@ def is_object_store(url: str) -> bool:
 
 
 def filesystem(url: str) -> tuple[pafs.FileSystem, str]:
-    """(pyarrow filesystem, path inside it) for an s3:// URL."""
-    return pafs.FileSystem.from_uri(url)
+    """(pyarrow filesystem, path inside it) for an s3:// URL: the project's one S3 setup (`zonebus.storage`)."""
+    return storage_filesystem(url)
 
 
 def exists(url: str) -> bool:

@@ -5,16 +5,21 @@ Outputs under `--out DIR`:
     zone_pairs/      Parquet: per (src_zone, dst_zone, link_kind): rows, msgs, bytes, cross-zone msgs/bytes, cost
     hourly/          Parquet: the same sums per hour (UTC)
     subjects/        Parquet: the same sums per (account, subject_prefix), most expensive first
-    queue_routing/   Parquet: per (subject_prefix, queue): actual vs random-routing crossings, costs, saving
-    summary.json     totals, counterfactual cost, saving, per zone pair and link kind, top subjects
+    queue_routing/   Parquet: per (subject_prefix, queue): what the queue choices added to cross-zone links,
+                     in this ledger and under stock NATS routing, their costs and the saving
+    summary.json     totals, the monthly projection at the observed rate, the bill under stock NATS routing,
+                     the saving, per zone pair and link kind, top subjects
     report.html      one self-contained page with charts
 
-The transforms (and how each crossing is counted once) are in `zonebus.pipeline.transforms`.
+`msgs` counts message transfers on links (published, delivered, copied between servers), not messages. The
+transforms (how each crossing is counted once, and the stock routing model) are in
+`zonebus.pipeline.transforms`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +38,8 @@ from zonebus.pipeline.html_report import render_report
 from zonebus.pipeline.prices import Prices
 from zonebus.pipeline.readers import explain_read_error, locate_ledger, read_decisions, read_traffic
 from zonebus.pipeline.session import Progress
+from zonebus.pipeline.units import duration, money, per_month, size
+from zonebus.pipeline.wording import saving_sentence, transfers_sentence
 
 SPARK_ERRORS = (PySparkException, Py4JError)
 
@@ -77,26 +84,58 @@ def _rows(df: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in df.collect()]
 
 
+BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 2 * 3600, 3 * 3600,
+           6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400)
+TARGET_BUCKETS = 48  # about this many bars on the cost-over-time chart, whatever the span
+
+
+def bucket_seconds(span_s: float, interval_s: float) -> float:
+    """A time bucket for the timeline: a round length, no shorter than a ledger interval, that cuts the
+    span into at most about TARGET_BUCKETS bars."""
+    floor = max(interval_s, span_s / TARGET_BUCKETS) * (1 - 1e-9)
+    fits = [b for b in BUCKETS if b >= floor]
+    # whole ledger windows per bucket when a round length nearby allows it
+    aligned = [b for b in fits[:4] if interval_s <= 0 or abs(b / interval_s - round(b / interval_s)) < 1e-6]
+    return float((aligned or fits or [BUCKETS[-1]])[0])
+
+
 def _run(spark: SparkSession, opts: ReportOptions, loc: Any, progress: Progress) -> dict[str, Any]:
     progress.phase("listing ledger files")
     traffic = read_traffic(spark, loc)
     decisions = read_decisions(spark, loc)
 
-    progress.phase("counting ledger rows")
-    ledger_rows = traffic.count()  # from Parquet footers
+    progress.phase("measuring the ledger's time span")
+    span = T.time_span(traffic).collect()[0]
+    ledger_rows = int(span[T.ROWS])
     if ledger_rows == 0:
         raise PipelineInputError(f"empty ledger: no traffic rows under {loc.traffic!r}")
     progress.phase("checking server zone tags")
     _check_priceable(T.unpriceable_rows(traffic).limit(50).collect())
+    first_s, end_s = float(span["first_s"]), float(span["end_s"])
+    bucket_s = bucket_seconds(end_s - first_s, float(span["interval_s"]))
 
     progress.phase(f"aggregating {ledger_rows:,} traffic rows")
-    rollup = T.traffic_rollup(T.counted_flows(traffic)).persist()
-    drollup = T.decision_rollup(T.decision_flows(decisions)).persist()
+    rollup = T.traffic_rollup(T.counted_flows(traffic, bucket_s)).persist()
+    dflows = T.decision_flows(decisions, T.route_copies(rollup), T.zones(rollup, decisions), bucket_s)
+    drollup = T.decision_rollup(dflows).persist()
     try:
-        return _tables(spark, opts, loc, rollup, drollup, progress, ledger_rows)
+        return _tables(spark, opts, loc, rollup, drollup, progress,
+                       Span(ledger_rows, first_s, end_s, bucket_s))
     finally:
         drollup.unpersist()
         rollup.unpersist()
+
+
+@dataclass(frozen=True)
+class Span:
+    ledger_rows: int
+    first_s: float  # start of the first ledger window, epoch seconds
+    end_s: float  # end of the last one
+    bucket_s: float  # the timeline's bucket length, seconds
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.end_s - self.first_s)
 
 
 def _check_priceable(bad: list[Any]) -> None:
@@ -118,7 +157,7 @@ def _check_priceable(bad: list[Any]) -> None:
 
 def _tables(
     spark: SparkSession, opts: ReportOptions, loc: Any, rollup: DataFrame, drollup: DataFrame,
-    progress: Progress, ledger_rows: int,
+    progress: Progress, span: Span,
 ) -> dict[str, Any]:
     per_byte = opts.prices.per_byte_crossing
     tables = {
@@ -137,22 +176,26 @@ def _tables(
             df.write.mode("overwrite").parquet(path)
             paths[name] = path
     progress.phase("summarising")
+
+    def rows(name: str, df: DataFrame) -> list[dict[str, Any]]:
+        return _rows(df.coalesce(1).sortWithinPartitions(*T.sort_columns(name)))
+
     pairs = _rows(sorted_tables["zone_pairs"])
     hours = _rows(sorted_tables["hourly"])
     queues = _rows(sorted_tables["queue_routing"])
     top = _rows(tables["subjects"].orderBy(*T.sort_columns("subjects")).limit(opts.top))
-    queue_hours = _rows(T.queue_hourly(drollup, per_byte).coalesce(1)
-                        .sortWithinPartitions(*T.sort_columns("queue_hourly")))
-    q = {k: sum(r[k] or 0 for r in queues) for k in
-         (T.ROWS, S.MSGS, S.BYTES, T.CROSS_MSGS, T.CROSS_BYTES, T.RANDOM_CROSS_MSGS, T.RANDOM_CROSS_BYTES)}
-    summary = build_summary(opts, loc.root, ledger_rows, pairs, hours, top, q, paths)
+    directions = rows("link_directions", T.link_directions(rollup, per_byte))
+    buckets = rows("timeline", T.timeline(rollup, per_byte))
+    queue_buckets = rows("queue_timeline", T.queue_timeline(drollup, per_byte))
+    q = {k: sum(r[k] or 0 for r in queues) for k in T.DECISION_SUMS}
+    summary = build_summary(opts, loc.root, span, pairs, hours, directions, top, q, paths)
 
     if opts.out:
         progress.phase("writing summary.json and report.html")
         with open(os.path.join(opts.out, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=2, default=str)
             fh.write("\n")
-        html = render_report(summary, pairs, hours, queue_hours, top)
+        html = render_report(summary, pairs, buckets, queue_buckets, top)
         with open(os.path.join(opts.out, "report.html"), "w") as fh:
             fh.write(html)
     return summary
@@ -162,15 +205,35 @@ def _sum(rows: list[dict[str, Any]], key: str) -> int:
     return int(sum(r[key] or 0 for r in rows))
 
 
+NOISE_SIGMAS = 2.0  # a saving smaller than this many standard deviations of sampling noise is not claimed
+
+
+def transfer_counts(directions: list[dict[str, Any]]) -> dict[str, int]:
+    """What the message transfers on links are: published by clients, delivered to clients, copies between
+    servers (routes, gateways, leaf links) and to storage."""
+    counts = {"published": 0, "delivered": 0, "server_copies": 0, "storage": 0}
+    for r in directions:
+        kind, direction, msgs = r[S.LINK_KIND], r[S.DIRECTION], int(r[S.MSGS] or 0)
+        if kind == "client":
+            counts["published" if direction == "in" else "delivered"] += msgs
+        elif kind in S.SERVER_LINK_KINDS:
+            counts["server_copies"] += msgs
+        else:
+            counts["storage"] += msgs
+    return counts
+
+
 def build_summary(
-    opts: ReportOptions, ledger: str, ledger_rows: int, pairs: list[dict[str, Any]], hours: list[dict[str, Any]],
-    top: list[dict[str, Any]], q: dict[str, Any], paths: dict[str, str],
+    opts: ReportOptions, ledger: str, span: Span, pairs: list[dict[str, Any]], hours: list[dict[str, Any]],
+    directions: list[dict[str, Any]], top: list[dict[str, Any]], q: dict[str, Any], paths: dict[str, str],
 ) -> dict[str, Any]:
     prices = opts.prices
     cost = prices.cost(_sum(pairs, T.CROSS_BYTES))
-    q_cost = prices.cost(q[T.CROSS_BYTES])
-    q_random = prices.cost(q[T.RANDOM_CROSS_BYTES])
-    counterfactual = cost - q_cost + q_random
+    q_cost = prices.cost(q[T.ADDED_BYTES])
+    q_stock = prices.cost(q[T.STOCK_ADDED_BYTES])
+    stock_cost = cost - q_cost + q_stock
+    saved = stock_cost - cost
+    noise = prices.cost(math.sqrt(max(0.0, q[T.STOCK_VARIANCE])))
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     kinds: dict[str, dict[str, Any]] = {}
     for r in pairs:
@@ -189,32 +252,56 @@ def build_summary(
         kind[T.CROSS_BYTES] += int(r[T.CROSS_BYTES])
     total_bytes = _sum(pairs, S.BYTES)
     cross_bytes = _sum(pairs, T.CROSS_BYTES)
+    seconds = span.seconds
+    transfers = transfer_counts(directions)
     return {
         "ledger": ledger,
         "prices": {k: v for k, v in prices.to_dict().items() if k != "description"},
-        "ledger_rows": int(ledger_rows),
+        "ledger_rows": int(span.ledger_rows),
         "counted_rows": _sum(pairs, T.ROWS),
         "decision_rows": int(q[T.ROWS]),
         "first_hour": _iso(hours[0][T.HOUR]) if hours else None,
         "last_hour": _iso(hours[-1][T.HOUR]) if hours else None,
+        "observed": {
+            "start": _epoch_iso(span.first_s),
+            "end": _epoch_iso(span.end_s),
+            "seconds": seconds,
+            "timeline_bucket_seconds": span.bucket_s,
+            "published_msgs_per_second": transfers["published"] / seconds if seconds else 0.0,
+        },
+        # At the rate this ledger observed, over a 30-day month.
+        "monthly": {
+            "cost_usd": per_month(cost, seconds),
+            "stock_routing_cost_usd": per_month(stock_cost, seconds),
+            "saved_usd": per_month(saved, seconds),
+            "basis": f"the rate observed over {seconds:g} s of ledger, times a 30-day month",
+        },
+        # msgs: message transfers on links; see `transfers` for what they are.
         "total_msgs": _sum(pairs, S.MSGS),
+        "transfers": transfers,
         "total_bytes": total_bytes,
         "cross_zone_msgs": _sum(pairs, T.CROSS_MSGS),
         "cross_zone_bytes": cross_bytes,
         "cross_zone_fraction": cross_bytes / total_bytes if total_bytes else 0.0,
         "unknown_zone_bytes": _sum(pairs, T.UNKNOWN_BYTES),
         "cost_usd": cost,
-        "counterfactual_cost_usd": counterfactual,
-        "saved_usd": counterfactual - cost,
+        # The whole cross-zone bill had queue groups been routed as stock NATS does (a random member anywhere
+        # in the cluster, one copy per route), the rest of the traffic unchanged.
+        "stock_routing_cost_usd": stock_cost,
+        "saved_usd": saved,
+        "saved_noise_usd": noise,  # one standard deviation of what sampling alone moves `saved_usd` by
+        "saving_is_significant": saved > NOISE_SIGMAS * noise,
         "queue_routing": {
             "msgs": int(q[S.MSGS]),
             "bytes": int(q[S.BYTES]),
             "cross_zone_msgs": int(q[T.CROSS_MSGS]),
-            "cross_zone_bytes": int(q[T.CROSS_BYTES]),
-            "random_cross_zone_msgs": float(q[T.RANDOM_CROSS_MSGS]),
-            "random_cross_zone_bytes": float(q[T.RANDOM_CROSS_BYTES]),
+            "added_cross_zone_bytes": float(q[T.ADDED_BYTES]),
             "cost_usd": q_cost,
-            "random_cost_usd": q_random,
+            "stock_routing": {
+                "cross_zone_msgs": float(q[T.STOCK_CROSS_MSGS]),
+                "added_cross_zone_bytes": float(q[T.STOCK_ADDED_BYTES]),
+                "cost_usd": q_stock,
+            },
         },
         "zone_pairs": sorted(merged.values(), key=lambda p: (p["src_zone"], p["dst_zone"])),
         "link_kinds": sorted(kinds.values(), key=lambda k: k["link_kind"]),
@@ -227,37 +314,42 @@ def build_summary(
     }
 
 
+def _epoch_iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
+
+
 def _iso(value: datetime | None) -> str | None:
     """PySpark hands timestamps over as naive local times; say them in UTC."""
     return value.astimezone(UTC).isoformat() if value is not None else None
 
 
-def _money(value: float) -> str:
-    return f"{value:,.6f}" if value == 0 or abs(value) >= 0.001 else f"{value:.3g}"
-
-
 def format_table(summary: dict[str, Any]) -> str:
     """The zone-pair table and totals, for the terminal."""
     cur = summary["prices"]["currency"]
-    lines = [f"{'from zone':<20} {'to zone':<20} {'messages':>14} {'GB':>12} {'cost ' + cur:>12}"]
+    lines = [f"{'from zone':<20} {'to zone':<20} {'transfers':>12} {'bytes':>11} {'cost':>12}"]
     lines.append("-" * len(lines[0]))
     for p in summary["zone_pairs"]:
         mark = " *" if p["cross_zone"] else ""
         lines.append(
-            f"{p['src_zone'] or '?':<20} {p['dst_zone'] or '?':<20} {p['msgs']:>14,} "
-            f"{p['bytes'] / 1e9:>12.6f} {_money(p['cost_usd']):>12}{mark}"
+            f"{p['src_zone'] or '?':<20} {p['dst_zone'] or '?':<20} {p['msgs']:>12,} "
+            f"{size(p['bytes']):>11} {money(p['cost_usd'], cur):>12}{mark}"
         )
     lines.append("-" * len(lines[0]))
+    monthly = summary["monthly"]
+    seconds = summary["observed"]["seconds"]
     lines += [
-        f"total: {summary['total_msgs']:,} msgs, {summary['total_bytes'] / 1e9:.6f} GB; cross-zone "
-        f"{summary['cross_zone_msgs']:,} msgs, {summary['cross_zone_bytes'] / 1e9:.6f} GB "
-        f"({summary['cross_zone_fraction']:.1%}); * = cross-zone",
-        f"cost {_money(summary['cost_usd'])} {cur}; under random queue routing "
-        f"{_money(summary['counterfactual_cost_usd'])} {cur}; saved {_money(summary['saved_usd'])} {cur}",
+        transfers_sentence(summary) + ".",
+        f"{size(summary['total_bytes'])} in all; cross-zone (*) {summary['cross_zone_msgs']:,} transfers, "
+        f"{size(summary['cross_zone_bytes'])} ({summary['cross_zone_fraction']:.1%}).",
+        f"cross-zone cost {money(summary['cost_usd'], cur)} over {duration(seconds)} of ledger: "
+        f"{money(monthly['cost_usd'], cur)} per month at this rate; with stock NATS queue routing "
+        f"{money(summary['stock_routing_cost_usd'], cur)} ({money(monthly['stock_routing_cost_usd'], cur)} "
+        "per month).",
+        saving_sentence(summary)[0].upper() + saving_sentence(summary)[1:] + ".",
     ]
     if summary["unknown_zone_bytes"]:
         lines.append(
-            f"note: {summary['unknown_zone_bytes'] / 1e9:.6f} GB from clients with no known zone were counted "
+            f"note: {size(summary['unknown_zone_bytes'])} from clients with no known zone were counted "
             "in their server's zone (name them `...?az=<zone>` or configure ledger client_zones)"
         )
     return "\n".join(lines)

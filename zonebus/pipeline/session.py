@@ -3,21 +3,31 @@
 Local by default (`local[*]`, driver bound to 127.0.0.1, UI off, quiet logs, UTC session time zone). With
 `--master URL` it connects to that cluster; under `spark-submit` (the JVM started Python, so
 `PYSPARK_GATEWAY_PORT` is set) it uses whatever spark-submit was given. An already active session (tests,
-notebooks) is reused and left running.
+notebooks) is reused and left running. `check_java` looks for the Java runtime Spark needs before a session
+is started, so that a missing one is reported in plain words rather than as Spark's JAVA_GATEWAY_EXITED.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import TextIO
 
 from pyspark.sql import SparkSession
+
+from zonebus.pipeline.errors import PipelineEnvironmentError
 
 LOCAL_MASTER = "local[*]"
 LOCAL_DRIVER_MEMORY = "2g"  # local mode: the driver JVM is the whole cluster
@@ -26,6 +36,61 @@ LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 def under_spark_submit() -> bool:
     return bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+
+
+INSTALL_JAVA = ("install a Java runtime, e.g. `apt-get install openjdk-17-jre-headless` (Debian, Ubuntu), "
+                "`dnf install java-17-openjdk-headless` (Fedora, RHEL) or `brew install openjdk@17` (macOS), "
+                "or set JAVA_HOME to one")
+
+
+def required_java() -> int:
+    """The oldest Java major version the installed PySpark runs on (Spark 4: 17; Spark 3: 8)."""
+    import pyspark
+
+    return 17 if int(pyspark.__version__.split(".")[0]) >= 4 else 8
+
+
+def java_major(version_output: str) -> int | None:
+    """The major version in `java -version` output: `"17.0.15"` -> 17, `"1.8.0_392"` -> 8."""
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', version_output)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def check_java() -> None:
+    """Raise PipelineEnvironmentError when Spark could not start its driver JVM here: no `java` (JAVA_HOME,
+    else PATH), or one too old for this PySpark. Nothing to check when a session is already running or under
+    spark-submit (the JVM started us); with a remote master the driver JVM still runs here, so it is checked."""
+    if under_spark_submit() or SparkSession.getActiveSession() is not None:
+        return
+    need = required_java()
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not os.access(java, os.X_OK):
+            raise PipelineEnvironmentError(
+                f"JAVA_HOME is {home!r} but {java} is not there: Spark needs Java {need} or newer; point "
+                f"JAVA_HOME at a Java installation, or unset it to use the java on PATH"
+            )
+    else:
+        found = shutil.which("java")
+        if found is None:
+            raise PipelineEnvironmentError(
+                f"Java is not installed: the cost pipeline runs on Spark, which needs Java {need} or newer; "
+                + INSTALL_JAVA
+            )
+        java = found
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise PipelineEnvironmentError(f"cannot run {java} -version ({exc}): Spark needs a working Java {need}+")
+    major = java_major(proc.stderr + proc.stdout)
+    if major is not None and major < need:
+        raise PipelineEnvironmentError(
+            f"{java} is Java {major}, and this Spark needs Java {need} or newer; " + INSTALL_JAVA
+        )
 
 
 def build_session(master: str | None, app_name: str, conf: dict[str, str] | None = None) -> SparkSession:
@@ -64,18 +129,81 @@ def build_session(master: str | None, app_name: str, conf: dict[str, str] | None
     return spark
 
 
+
+class _DropPy4J(logging.Filter):
+    """Py4J logs through the root logger, with a stack trace, when Ctrl-C interrupts a call into the JVM
+    ("KeyboardInterrupt while sending command.") or the JVM goes away; the command line reports those in
+    one line of its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
+def quiet_py4j() -> None:
+    """Give the root logger a stderr handler that drops Py4J's records (before anything logs through it:
+    logging's automatic setup would otherwise print them). Leaves a root logger configured elsewhere as is."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.addFilter(_DropPy4J())
+    handler.setFormatter(logging.Formatter("%(levelname)s:%(name)s:%(message)s"))
+    root.addHandler(handler)
+
+
+_interrupted = threading.Event()
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C (SIGINT) arrived while a session of `spark_session` ran."""
+    return _interrupted.is_set()
+
+
+def _note_interrupts() -> Callable[[], None]:
+    """Wrap the SIGINT handler (PySpark's cancels the running jobs) so that an interrupt is remembered even
+    when the KeyboardInterrupt it raises turns into a Py4J error on the way out; returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        _interrupted.set()
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    return lambda: signal.signal(signal.SIGINT, previous)
+
+
 @contextmanager
 def spark_session(
     master: str | None, app_name: str, conf: dict[str, str] | None = None
 ) -> Iterator[SparkSession]:
     """Yield a SparkSession; stop it afterwards only if this call created it."""
+    quiet_py4j()
     existed = SparkSession.getActiveSession() is not None
     spark = build_session(master, app_name, conf)
+    undo = _note_interrupts()
     try:
         yield spark
     finally:
+        undo()
         if not existed:
+            _stop(spark)
+
+
+def _stop(spark: SparkSession) -> None:
+    if not interrupted():
+        spark.stop()
+        return
+    # After Ctrl-C the JVM may be half gone: stopping is best effort, and its complaints are no news.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
             spark.stop()
+        except Exception:
+            pass
 
 
 class Progress:

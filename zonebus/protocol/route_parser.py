@@ -6,10 +6,12 @@ Op tuples:
   (RS_MINUS, account, subject, queue|None)
   (A_PLUS, account) (A_MINUS, account)
   (CONNECT, json) (INFO, json) (PING,) (PONG,) (ERR, text)
+  (RMSG, MsgHeader(account=LINK_ACCOUNT, subject=channel), data)   LMSG: a frame on an extension's channel
 
 Message lines: `RMSG <acc> <subj> [reply] <size>`, or with queue groups
 `RMSG <acc> <subj> + <reply> <q1>... <size>` / `RMSG <acc> <subj> | <q1>... <size>`;
-`HMSG` likewise with `<hdr_len> <size>` at the end.
+`HMSG` likewise with `<hdr_len> <size>` at the end. `LMSG <channel> <size>`: a frame for an extension's
+channel (`zonebus.link.channels`), between zonebus servers only.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from zonebus.protocol.frames import FrameParser, size_arg, split_args, split_op
 
 RMSG, RS_PLUS, RS_MINUS, A_PLUS, A_MINUS, CONNECT, INFO, PING, PONG, ERR, OK = range(11)
 
+LINK_ACCOUNT = b""  # the account of LMSG frames: no RMSG line can produce an empty account
 _SIMPLE = {b"PING": (PING,), b"PONG": (PONG,), b"+OK": (OK,)}
 
 
@@ -82,7 +85,7 @@ def msg_line(account: bytes, subject: bytes, reply: bytes | None, queues: list[b
 
 class RouteParser(FrameParser):
     PAYLOAD_OP = RMSG
-    OP_NAMES = (b"RMSG", b"HMSG", b"RS+", b"RS-", b"A+", b"A-", b"PING", b"PONG", b"CONNECT", b"INFO",
+    OP_NAMES = (b"RMSG", b"HMSG", b"LMSG", b"RS+", b"RS-", b"A+", b"A-", b"PING", b"PONG", b"CONNECT", b"INFO",
                 b"+OK", b"-ERR")
 
     def _header(self, line: bytes, ops: list[tuple]) -> MsgHeader | None:
@@ -91,6 +94,11 @@ class RouteParser(FrameParser):
             return self._remember(line, parse_msg_args(split_args(rest), False))
         if op == b"HMSG":
             return self._remember(line, parse_msg_args(split_args(rest), True))
+        if op == b"LMSG":
+            args = split_args(rest)
+            if len(args) != 2:
+                raise ProtocolError(errors.UNKNOWN_OP)
+            return self._remember(line, MsgHeader(LINK_ACCOUNT, args[0], None, None, -1, size_arg(args[1])))
         simple = _SIMPLE.get(op)
         if simple is not None:
             ops.append(simple)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from zonebus.protocol.client_parser import (
     pub_wire_bytes,
 )
 from zonebus.protocol.errors import ProtocolError, malformed
+from zonebus.server.auth import ClientPermissions, pub_violation, sub_violation
 from zonebus.server.connection import CLIENT, Connection
 from zonebus.subjects.sublist import Subscription
 from zonebus.subjects.validate import is_valid_publish_subject, is_valid_subject
@@ -37,6 +39,67 @@ if TYPE_CHECKING:
 _PING = b"PING\r\n"
 _PONG = b"PONG\r\n"
 _OK = b"+OK\r\n"
+# CONNECT fields and the JSON type nats-server decodes them into (anything else closes the connection)
+_BOOL_FIELDS = ("verbose", "pedantic", "tls_required", "echo", "headers", "no_responders")
+_STR_FIELDS = ("auth_token", "user", "pass", "nkey", "jwt", "sig", "name", "lang", "version")
+INVALID_PROTOCOL = "invalid client protocol"
+MAX_JSON_DEPTH = 10000
+
+
+class BadConnect(Exception):
+    """A CONNECT nats-server would refuse; `err` is the -ERR text to send before closing ("" = none)."""
+
+    def __init__(self, reason: str, err: str = "") -> None:
+        super().__init__(reason)
+        self.err = err
+
+
+def _no_constants(name: str) -> float:
+    raise ValueError(f"invalid character {name[0]!r} looking for beginning of value")
+
+
+def _loads(raw: bytes) -> object:
+    """json.loads; nesting up to MAX_JSON_DEPTH levels (Go's decoder limit) is accepted, as nats-server
+    accepts it (inside fields it ignores), beyond Python's default recursion limit."""
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:
+        pass
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(old + MAX_JSON_DEPTH)
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def parse_connect(raw: bytes) -> dict:
+    """The CONNECT JSON, typed as nats-server types it: booleans, strings, `protocol` a JSON integer in
+    0..1 (null keeps the default). Raises BadConnect with a one-line reason."""
+    try:
+        opts = _loads(raw) if raw else {}
+    except RecursionError:
+        raise BadConnect(f"CONNECT JSON nested more than {MAX_JSON_DEPTH} levels")
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8
+        raise BadConnect(f"invalid CONNECT JSON: {str(exc).splitlines()[0][:120]}")
+    if not isinstance(opts, dict):
+        raise BadConnect(f"CONNECT is a JSON {type(opts).__name__}, not an object")
+    for key in _BOOL_FIELDS:
+        v = opts.get(key)
+        if v is not None and not isinstance(v, bool):
+            raise BadConnect(f"CONNECT field {key} must be a boolean")
+    for key in _STR_FIELDS:
+        v = opts.get(key)
+        if v is not None and not isinstance(v, str):
+            raise BadConnect(f"CONNECT field {key} must be a string")
+    proto = opts.get("protocol")
+    if proto is not None:
+        if type(proto) is not int or not -(2**63) <= proto < 2**63:
+            raise BadConnect("CONNECT field protocol must be an integer")
+        if not 0 <= proto <= 1:
+            raise BadConnect(INVALID_PROTOCOL, INVALID_PROTOCOL)
+    return opts
+
 
 
 class ClientConnection(Connection, asyncio.Protocol):
@@ -58,6 +121,10 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.lang = ""
         self.version = ""
         self.user = ""
+        self.perms: ClientPermissions | None = None  # None: everything allowed, no check at all
+        self.auth_user = ""  # who logged in (/connz authorized_user)
+        self.nonce = ""  # sent in INFO when nkey users exist
+        self.connect_opts: dict = {}  # the CONNECT fields, kept to check the login again on reload
         self.pings_out = 0
         self.ledger_hdrs: list[PubHeader] | None = None  # PUB lines counted on the fast path
         self._timers: list[asyncio.TimerHandle] = []
@@ -108,6 +175,11 @@ class ClientConnection(Connection, asyncio.Protocol):
                 self.in_msgs += 1
                 size = hdr.size
                 self.in_bytes += size
+                perms = self.perms
+                if perms is not None and not perms.can_publish(hdr.subject):
+                    self.send(pub_violation(hdr.subject))
+                    server.auth_log(self, f'Publish Violation - Subject "{hdr.subject.decode(errors="replace")}"')
+                    continue
                 memo = hdr.memo
                 if memo is not None and hdr.gen == sublist.generation and not self.verbose:
                     # fast path: same control line, same subscriptions as last time
@@ -184,29 +256,23 @@ class ClientConnection(Connection, asyncio.Protocol):
 
     # -- ops ---------------------------------------------------------------------------------------
     def _connect(self, raw: bytes) -> bool:
-        try:
-            opts = json.loads(raw) if raw else {}
-            if not isinstance(opts, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            self.protocol_error(malformed())
-            return False
         server = self.server
-        # fields absent from CONNECT keep their current values (nats-server's defaults: verbose, pedantic, echo)
-        self.verbose = bool(opts.get("verbose", self.verbose))
-        self.pedantic = bool(opts.get("pedantic", self.pedantic))
-        self.echo = bool(opts.get("echo", self.echo))
-        self.headers = bool(opts.get("headers", self.headers))
-        self.no_responders = bool(opts.get("no_responders", self.no_responders))
         try:
-            self.protocol = int(opts.get("protocol", self.protocol) or 0)
-        except (TypeError, ValueError):
-            self.protocol = 0
+            opts = parse_connect(raw)
+        except BadConnect as exc:
+            server.auth_log(self, str(exc))
+            self.protocol_error(ProtocolError(exc.err, close=True) if exc.err else malformed())
+            return False
+        # fields absent from CONNECT keep their current values (nats-server's defaults: verbose, pedantic, echo)
+        for key in ("verbose", "pedantic", "echo", "headers", "no_responders", "protocol"):
+            value = opts.get(key)
+            if value is not None:  # JSON null keeps the default, as in nats-server
+                setattr(self, key, value)
         self.name = str(opts.get("name", "") or "")
         self.lang = str(opts.get("lang", "") or "")
         self.version = str(opts.get("version", "") or "")
         self.user = str(opts.get("user", "") or "")
-        if server.opts.auth_required and not server.check_auth(opts):
+        if server.opts.auth_required and not server.check_auth(self, opts):
             self.send(errors.err(errors.AUTH_VIOLATION))
             self.close()
             return False
@@ -228,6 +294,14 @@ class ClientConnection(Connection, asyncio.Protocol):
             self.send(errors.err(errors.INVALID_SUBJECT))
             return
         server = self.server
+        perms = self.perms
+        if perms is not None and not perms.can_subscribe(subject, queue):
+            self.send(sub_violation(subject, queue))
+            what = f'Subject "{subject.decode(errors="replace")}"'
+            if queue is not None:
+                what += f', Queue: "{queue.decode(errors="replace")}"'
+            server.auth_log(self, f"Subscription Violation - {what}, SID {sid.decode(errors='replace')}")
+            return
         limit = server.opts.max_subscriptions
         if limit and len(self.subs) >= limit:
             self.send(errors.err(errors.MAX_SUBSCRIPTIONS))
@@ -263,6 +337,12 @@ class ClientConnection(Connection, asyncio.Protocol):
     # -- delivery ------------------------------------------------------------------------------------
     def deliver(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
         """Queue one MSG/HMSG for `sub`; `data` is payload (with any header block) plus CRLF."""
+        perms = self.perms
+        if perms is not None:
+            if perms.deliver_deny is not None and perms.delivery_denied(subject):
+                return
+            if reply and perms.replies is not None:
+                perms.request_received(reply)
         size = len(data) - 2
         if hdr_len < 0:
             if reply:

@@ -18,8 +18,6 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from zonebus.protocol.route_parser import msg_line
-
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
@@ -75,12 +73,6 @@ class Connection:
         if not self.dirty:
             self.dirty = True
             self.server.mark_dirty(self)
-
-    def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                queues: list[bytes] | None) -> None:
-        """Server-to-server links (routes, gateways): send a message as RMSG/HMSG, naming the queue groups
-        the receiver is to serve."""
-        self.write_frame(msg_line(ACCOUNT, subject, reply, queues, hdr_len, len(data) - 2), data, subject)
 
     @property
     def out_pending(self) -> int:
@@ -188,20 +180,3 @@ class Connection:
         peer = transport.get_extra_info("peername")
         if peer:
             self.ip, self.remote_port = peer[0], peer[1]
-
-
-def replay(server: Server, entries: list[tuple], subject: bytes, size: int, payload: bytes) -> None:
-    """Deliver one message along a remembered delivery list of `(conn, control line, sub)` entries (the
-    fast paths of route and gateway links; the client's own loop is inlined in client.py)."""
-    for conn, line, sub in entries:
-        out = conn.out
-        out.append(line)
-        out.append(payload)
-        sub.delivered += 1
-        conn.out_msgs += 1
-        conn.out_bytes += size
-        if conn.ledger_out is not None:
-            server.ledger_count(conn.ledger_out, subject, len(line) + size + 2)
-        if not conn.dirty:
-            conn.dirty = True
-            server.mark_dirty(conn)

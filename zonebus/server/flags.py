@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from zonebus.config import ConfigError, load_config
-from zonebus.config.convert import split_host_port
+from zonebus.config.convert import is_url, split_host_port
 from zonebus.server.options import ServerOptions
 
 PROG = "zonebus server"
@@ -109,6 +109,14 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def _route_urls(text: str) -> list[str]:
+    urls = _csv(text)
+    for url in urls:
+        if not is_url(url):
+            raise _FlagError(f"error parsing url {url!r}: expected nats-route://host:port")
+    return urls
+
+
 def _listen_url(text: str) -> tuple[str, int]:
     try:
         if "://" in text:
@@ -165,7 +173,7 @@ _FLAGS = (
     _Flag(("user",), "value", _set("auth_user")),
     _Flag(("pass",), "value", _set("auth_password")),
     _Flag(("auth",), "value", _set("auth_token")),
-    _Flag(("routes",), "value", lambda o, v: setattr(o.cluster, "routes", v), _csv),
+    _Flag(("routes",), "value", lambda o, v: setattr(o.cluster, "routes", v), _route_urls),
     _Flag(("cluster", "cluster_listen"), "value", _set_cluster_listen, _listen_url),
     _Flag(("cluster_name",), "value", lambda o, v: setattr(o.cluster, "name", v), _name),
     _Flag(("no_advertise",), "bool", lambda o, v: setattr(o.cluster, "no_advertise", v)),
@@ -226,9 +234,9 @@ def _scan(argv: list[str]) -> tuple[list[tuple[_Flag, Any]], str, bool]:
             print(USAGE)
             raise SystemExit(0)
         if special == "version" and on:
-            from zonebus import __version__
+            from zonebus import version_text
 
-            print(f"{PROG}: v{__version__}")
+            print(version_text(PROG))
             raise SystemExit(0)
         if special == "test":
             test = on

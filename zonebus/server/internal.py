@@ -3,21 +3,29 @@
 Deliveries to an internal subscription are queued and run from their own loop callback, never from inside
 `process_msg`, so a callback may publish without re-entering the routing code. Callbacks get
 `(subject: str, reply: str | None, headers: bytes | None, payload: bytes)`.
+
+A subscription may be `local`: it receives what is published on this server only, and is never told to
+routes or gateways (a clustered JetStream answers its own clients' API requests and forwards them itself).
+Deliveries under another subject than the one routed by (`msg_subject`, JetStream's deliveries) reach route
+peers through `shown_forwarder` when an extension sets one (it keeps the shown subject across the hop).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zonebus.server.connection import CLIENT, INTERNAL, Connection
+from zonebus.server.connection import CLIENT, INTERNAL, ROUTE, Connection
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 Callback = Callable[[str, "str | None", "bytes | None", bytes], None]
+# (route connection, routed subject, shown subject, reply, hdr_len, data, queue names)
+ShownForwarder = Callable[[Connection, bytes, bytes, "bytes | None", int, bytes, "list[bytes] | None"], None]
 
 
 class InternalClient(Connection):
@@ -33,19 +41,34 @@ class InternalClient(Connection):
         self._next_sid = 0
         self._queue: deque[tuple] = deque()
         self._draining = False
+        self._local: set[bytes] = set()  # sids of local-only subscriptions
+        self.shown_forwarder: ShownForwarder | None = None
+        self._inbox = ""  # the wildcard reply subscription of request(), made on first use
+        self._pending: dict[str, asyncio.Future] = {}
+        self._next_request = 0
 
-    def subscribe(self, subject: str, callback: Callback, queue: str | None = None) -> int:
+    def subscribe(self, subject: str, callback: Callback, queue: str | None = None, local: bool = False) -> int:
         self._next_sid += 1
         sid = str(self._next_sid).encode()
         sub = Subscription(self, subject.encode(), queue.encode() if queue else None, sid)
         sub.callback = callback
         self.subs[sid] = sub
-        self.server.add_subscription(sub)
+        if local:
+            self._local.add(sid)
+            self.server.sublist.insert(sub)  # not told to the interest watchers: no route hears of it
+        else:
+            self.server.add_subscription(sub)
         return self._next_sid
 
     def unsubscribe(self, sid: int) -> None:
-        sub = self.subs.pop(str(sid).encode(), None)
-        if sub is not None:
+        key = str(sid).encode()
+        sub = self.subs.pop(key, None)
+        if sub is None:
+            return
+        if key in self._local:
+            self._local.discard(key)
+            self.server.sublist.remove(sub)
+        else:
             self.server.remove_subscription(sub)
 
     def publish(self, subject: str, payload: bytes, reply: str | None = None,
@@ -62,8 +85,20 @@ class InternalClient(Connection):
             self._deliver_as(subject.encode(), msg_subject.encode(), rep, hdr_len, data)
 
     def _deliver_as(self, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
-        """Local subscribers of `subject` get the message under `shown`; routes with interest get it under
-        `subject` (clustered streams, a later issue, will carry the shown subject across routes)."""
+        """Local subscribers of `subject` get the message under `shown`; routes with interest get it through
+        `shown_forwarder` (which keeps `shown`), else as a plain RMSG under `subject`."""
+        routes = self.deliver_local_as(subject, shown, reply, hdr_len, data)
+        fwd = self.shown_forwarder
+        for conn, queues in routes.items():
+            if fwd is not None and conn.kind == ROUTE:
+                fwd(conn, subject, shown, reply, hdr_len, data, queues or None)
+            else:
+                conn.forward(subject, reply, hdr_len, data, queues or None)  # type: ignore[attr-defined]
+
+    def deliver_local_as(self, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int,
+                         data: bytes) -> dict[Connection, list[bytes]]:
+        """Deliver to the local subscribers of `subject` under `shown`; returns the links (with the queue
+        groups they are to serve) that still want the message."""
         server = self.server
         r = server.sublist.match(subject)
         routes: dict[Connection, list[bytes]] = {}
@@ -81,8 +116,31 @@ class InternalClient(Connection):
             elif group:
                 member = group[server.random.randrange(len(group))]
                 routes.setdefault(member.conn, []).append(member.queue)
-        for conn, queues in routes.items():
-            conn.forward(subject, reply, hdr_len, data, queues or None)
+        return routes
+
+    async def request(self, subject: str, payload: bytes, timeout: float,
+                      headers: bytes | None = None) -> tuple[bytes | None, bytes] | None:
+        """Publish with a reply subject of our own and wait for the first answer: `(headers, payload)`, or
+        None after `timeout` seconds."""
+        if not self._inbox:
+            self._inbox = f"_ZB_INBOX.{self.server.server_id[-12:]}.{self.cid}"
+            self.subscribe(self._inbox + ".*", self._on_reply)
+        self._next_request += 1
+        token = str(self._next_request)
+        fut = self.server.loop.create_future()
+        self._pending[token] = fut
+        self.publish(subject, payload, f"{self._inbox}.{token}", headers)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return None
+        finally:
+            self._pending.pop(token, None)
+
+    def _on_reply(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        fut = self._pending.get(subject.rpartition(".")[2])
+        if fut is not None and not fut.done():
+            fut.set_result((headers, payload))
 
     def has_interest(self, subject: str) -> bool:
         return bool(self.server.sublist.match(subject.encode()))

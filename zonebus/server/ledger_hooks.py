@@ -5,6 +5,11 @@ the data path updates with one dict operation per message. At every interval bou
 them for fresh ones and hands the full ones to `LedgerAccumulator` (which reduces subjects to prefixes and
 writes Parquet off the event loop). Queue routing decisions are counted here the same way. Runs on the event
 loop thread; only the accumulator's flush runs in a worker thread.
+
+The handover also adds each window to running totals (`LedgerTotals`, read by `/metrics`): bytes and message
+transfers per (link kind, source zone, destination zone), each crossing once as the cost pipeline counts it
+(a server-to-server copy on the sending server, client traffic in both directions on the client's server),
+and queue decisions per (publisher zone, chosen zone). Only the handover writes them; readers only read.
 """
 
 from __future__ import annotations
@@ -17,13 +22,52 @@ from zonebus.ledger.accumulator import LedgerAccumulator, window_start_for
 from zonebus.ledger.zones import ClientZoneResolver, server_zone
 from zonebus.protocol.client_parser import PubHeader, pub_wire_bytes
 from zonebus.protocol.route_parser import msg_line
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, Connection
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 ACCOUNT_NAME = ACCOUNT.decode()
 DEFAULT_DIR = "zonebus-data"
+SERVER_LINKS = (ROUTE, GATEWAY)  # both ends keep a ledger: a copy is counted where it was sent
+
+
+class LedgerTotals:
+    """Running totals since start, advanced once per handover (never on the message path).
+
+    `flows`: (link kind, source zone, destination zone) -> [message transfers, bytes];
+    `decisions`: (publisher zone, chosen member's zone) -> queue decisions; `last_handover`: Unix time."""
+
+    def __init__(self) -> None:
+        self.flows: dict[tuple[str, str, str], list[int]] = {}
+        self.decisions: dict[tuple[str, str], int] = {}
+        self.last_handover = 0.0
+
+    def link_seen(self, kind: str, server_zone: str, peer_zone: str) -> None:
+        """A live connection's flows start at 0 (so a rate over them sees the first bytes that cross)."""
+        keys = [(kind, server_zone, peer_zone)]
+        if kind not in SERVER_LINKS:
+            keys.append((kind, peer_zone, server_zone))
+        for key in keys:
+            if key not in self.flows:
+                self.flows[key] = [0, 0]
+
+    def add_traffic(self, kind: str, server_zone: str, peer_zone: str, direction: str,
+                    counts: dict[bytes, list[int]]) -> None:
+        if kind in SERVER_LINKS and direction != "out":
+            return  # the peer counts this copy as its `out`
+        key = (kind, server_zone, peer_zone) if direction == "out" else (kind, peer_zone, server_zone)
+        row = self.flows.get(key)
+        if row is None:
+            row = self.flows[key] = [0, 0]
+        for msgs, nbytes in counts.values():
+            row[0] += msgs
+            row[1] += nbytes
+
+    def add_decisions(self, decisions: dict[tuple, list[int]]) -> None:
+        for (_subject, _queue, pub_zone, chosen, _w_in, _w_out), (msgs, _bytes) in decisions.items():
+            key = (pub_zone, chosen)
+            self.decisions[key] = self.decisions.get(key, 0) + msgs
 
 
 class LedgerHooks:
@@ -38,6 +82,7 @@ class LedgerHooks:
         self.decisions: dict[tuple, list[int]] = {}
         self.closed: list[Connection] = []  # closed since the last handover, recorded then
         self.window = window_start_for(time.time(), opts.interval)
+        self.totals = LedgerTotals()
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -124,8 +169,7 @@ class LedgerHooks:
     def handover(self, window: float) -> None:
         server = self.server
         closed, self.closed = self.closed, []
-        conns: list[Connection] = [*server.clients.values(), *server.routes.values(),
-                                   *getattr(server, "gateway_conns", {}).values(), *closed]
+        conns: list[Connection] = [*server.clients.values(), *server.links.values(), *closed]
         for conn in conns:
             hdrs = getattr(conn, "ledger_hdrs", None)
             if hdrs:
@@ -133,11 +177,16 @@ class LedgerHooks:
                     if hdr.ledger_n:
                         self.settle(conn, hdr)
                 hdrs.clear()
+        totals = self.totals
         for conn in conns:
             self._record(conn, window)
+            if conn.ledger_in is not None and not conn.closed:
+                totals.link_seen(conn.kind, self.acc.server_zone, conn.zone)
         if self.decisions:
             decisions, self.decisions = self.decisions, {}
             self.acc.record_decisions(window, decisions)
+            self.totals.add_decisions(decisions)
+        self.totals.last_handover = time.time()
 
     def _record(self, conn: Connection, window: float) -> None:
         cin, cout = conn.ledger_in, conn.ledger_out
@@ -149,6 +198,7 @@ class LedgerHooks:
             if counts:
                 self.acc.record_traffic(window, conn.kind, peer, conn.zone, conn.zone_known, direction,
                                         ACCOUNT_NAME, counts)
+                self.totals.add_traffic(conn.kind, self.acc.server_zone, conn.zone, direction, counts)
 
 
 def _add(counts: dict[bytes, list[int]] | None, subject: bytes, msgs: int, nbytes: int) -> None:

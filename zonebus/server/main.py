@@ -1,7 +1,7 @@
-"""`zonebus server`: parse flags and config, run the server on asyncio (uvloop when installed), handle signals.
+"""`zonebus server`: parse flags and config, then run a node (`zonebus.node`) on asyncio (uvloop when installed).
 
 SIGTERM/SIGINT shut down cleanly; SIGHUP reloads the config file (server_tags and
-`cluster.prefer_matching_tags`) without dropping connections. `--signal reload[=PID]` sends SIGHUP to a
+`cluster.prefer_matching_tags`) without dropping connections (`Node.reload`). `--signal reload[=PID]` sends SIGHUP to a
 running server (PID from the flag or the pid file).
 """
 
@@ -11,6 +11,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 
 from zonebus.server.options import ServerOptions
 
@@ -37,11 +38,21 @@ def _send_signal(opts: ServerOptions, spec: str) -> int:
     if not pid_text.isdigit():
         print("zonebus server: --signal needs a pid (reload=PID) or a pid_file", file=sys.stderr)
         return 2
-    os.kill(int(pid_text), sigs[name])
+    try:
+        os.kill(int(pid_text), sigs[name])
+    except ProcessLookupError:
+        print(f"zonebus server: --signal {name}: no process with pid {pid_text} (is the server running?)",
+              file=sys.stderr)
+        return 2
+    except PermissionError:
+        print(f"zonebus server: --signal {name}: not permitted to signal pid {pid_text}", file=sys.stderr)
+        return 2
     return 0
 
 
-def run_server_cli(argv: list[str]) -> int:
+def run_server_cli(argv: list[str], run: Callable[[ServerOptions], Awaitable[None]]) -> int:
+    """Parse `argv`; then `--signal`, `-t`, or run the server with `run` (the composition root's
+    `zonebus.node.run`, handed in so that this package imports none of its extensions)."""
     from zonebus.config import ConfigError
 
     try:
@@ -61,49 +72,8 @@ def run_server_cli(argv: list[str]) -> int:
     except ImportError:
         pass
     try:
-        asyncio.run(_run(opts))
+        asyncio.run(run(opts))
     except OSError as exc:
         print(f"zonebus server: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-async def _run(opts: ServerOptions) -> None:
-    from zonebus.server.server import Server
-
-    server = Server(opts)
-    await server.start()
-    if opts.pid_file:
-        with open(opts.pid_file, "w") as f:
-            f.write(str(os.getpid()))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.request_shutdown)
-    loop.add_signal_handler(signal.SIGHUP, lambda: _reload(server))
-    try:
-        await server.serve_forever()
-    finally:
-        await server.shutdown()
-
-
-def _reload(server) -> None:
-    """Re-read the config file; apply the settings that may change at run time."""
-    from zonebus.config import ConfigError, load_config
-
-    path = server.opts.config_file
-    if not path:
-        server.log("reload: no config file")
-        return
-    try:
-        new = load_config(path)
-    except ConfigError as exc:
-        server.log(f"reload failed: {exc}")
-        return
-    server.opts.server_tags = new.server_tags
-    server.opts.cluster.prefer_matching_tags = new.cluster.prefer_matching_tags
-    if server.cluster is not None:
-        server.cluster.tags_changed()
-    if server.ledger is not None:
-        server.ledger.tags_changed()
-    server.log(f"reloaded {path}: tags={new.server_tags} "
-               f"prefer_matching_tags={new.cluster.prefer_matching_tags}")

@@ -1,42 +1,197 @@
 """HTTP monitoring with nats-server's endpoint and field names.
 
-`varz()`, `connz()`, `subsz()`, `routez()` build plain dicts from the server's state; the aiohttp handlers
-only serialise them, and `/metrics` renders a few of the same numbers in Prometheus text format.
+`varz()`, `connz()`, `subsz()` build plain dicts from the server's state; the aiohttp handlers only
+serialise them, and `/metrics` renders the same data in Prometheus text format (`zonebus.server.metrics`).
+Extensions add their own `/varz` sections (`server.varz_sections`) and pages (`server.pages`: `/routez`,
+`/gatewayz`, `/jsz`, ..., each a builder from the query parameters to a dict), so this module knows none of
+them. A builder that finds a query parameter it cannot read raises `MonitorQueryError`: the handler answers
+400 with its text, as nats-server does.
+
+Formats, as nats-server writes them: times RFC 3339 in UTC; `uptime`/`idle` in nats-server's own form
+(`nats_uptime`: `1d2h3m4s`); `rtt` as a Go duration (`go_duration`: `897µs`). `mem` is the resident set
+size in bytes, `cpu` the percentage of one core the process used over the last second or more.
+Everything here runs on the event loop thread.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from zonebus import SERVER_VERSION
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, ROUTE
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
+ACCOUNT_NAME = ACCOUNT.decode()
+DEFAULT_LIST_SIZE = 1024  # nats-server's DefaultConnListSize / DefaultSubListSize
 
-def _rfc3339(ts: float) -> str:
+
+# -- formats ------------------------------------------------------------------------------------------
+def rfc3339(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat().replace("+00:00", "Z")
 
 
-def _uptime(seconds: float) -> str:
-    s = int(seconds)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    parts = [f"{d}d" if d else "", f"{h}h" if h else "", f"{m}m" if m else "", f"{s}s"]
-    return "".join(parts)
+def nats_uptime(seconds: float) -> str:
+    """A duration the way nats-server's `myUptime` writes `uptime` and `idle`: `0s`, `5m0s`, `1d0h0m5s`."""
+    secs = int(max(seconds, 0.0))
+    mins, hrs = secs // 60, secs // 3600
+    days = hrs // 24
+    years = days // 365
+    if years:
+        return f"{years}y{days % 365}d{hrs % 24}h{mins % 60}m{secs % 60}s"
+    if days:
+        return f"{days}d{hrs % 24}h{mins % 60}m{secs % 60}s"
+    if hrs:
+        return f"{hrs}h{mins % 60}m{secs % 60}s"
+    if mins:
+        return f"{mins}m{secs % 60}s"
+    return f"{secs}s"
+
+
+def _decimal(n: int, unit: int) -> str:
+    whole, frac = divmod(n, unit)
+    if not frac:
+        return str(whole)
+    width = len(str(unit)) - 1
+    return f"{whole}." + f"{frac:0{width}d}".rstrip("0")
+
+
+def go_duration(seconds: float) -> str:
+    """A duration the way Go's `time.Duration.String` prints it: `0s`, `250µs`, `1.5ms`, `2s`, `1h0m3s`."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    if ns < 1_000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{_decimal(ns, 1_000)}µs"
+    if ns < 1_000_000_000:
+        return f"{sign}{_decimal(ns, 1_000_000)}ms"
+    hours, rest = divmod(ns, 3600 * 10**9)
+    mins, rest = divmod(rest, 60 * 10**9)
+    head = f"{hours}h{mins}m" if hours else (f"{mins}m" if mins else "")
+    return f"{sign}{head}{_decimal(rest, 10**9)}s"
+
+
+def go_float(value: float) -> float:
+    """A Go float64 as Go's JSON encoder writes it: a whole number without a fraction (`2`, not `2.0`)."""
+    return int(value) if float(value).is_integer() else value
+
+
+# -- query parameters ---------------------------------------------------------------------------------
+class MonitorQueryError(ValueError):
+    """A query parameter a page cannot read: answered with HTTP 400 and this text, as nats-server does."""
+
+
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def query_flag(query: Mapping[str, str], name: str) -> bool:
+    """A lenient boolean query parameter (`?subs=1`, `?subs=detail`): anything but empty, 0 or false."""
+    return query.get(name, "") not in ("", "0", "false")
+
+
+def decode_bool(query: Mapping[str, str], name: str) -> bool:
+    """A boolean query parameter read as nats-server reads one (Go's `strconv.ParseBool`); absent: False."""
+    raw = query.get(name, "")
+    if raw == "" or raw in _FALSE:
+        return False
+    if raw in _TRUE:
+        return True
+    raise MonitorQueryError(
+        f"Error decoding boolean for '{name}': strconv.ParseBool: parsing \"{raw}\": invalid syntax")
+
+
+def decode_int(query: Mapping[str, str], name: str) -> int:
+    """An integer query parameter read as nats-server reads one (Go's `strconv.Atoi`); absent: 0."""
+    raw = query.get(name, "")
+    if raw == "":
+        return 0
+    body = raw[1:] if raw[:1] in "+-" else raw
+    if not body.isascii() or not body.isdigit():
+        raise MonitorQueryError(f"Error decoding int for '{name}': strconv.Atoi: parsing \"{raw}\": invalid syntax")
+    return int(raw)
+
+
+# -- process usage ------------------------------------------------------------------------------------
+class ProcessUsage:
+    """`mem` and `cpu` of this process, as nats-server samples them (`pse`): CPU is the share of one core used
+    between two samples at least `period` seconds apart (the first sample counts from process start-up)."""
+
+    def __init__(self, period: float = 1.0) -> None:
+        self.period = period
+        self._wall = time.monotonic()
+        self._cpu = time.process_time()
+        self.pcpu = 0.0
+
+    def cpu(self) -> float:
+        now = time.monotonic()
+        if now - self._wall >= self.period:
+            used = time.process_time()
+            self.pcpu = round(100.0 * (used - self._cpu) / (now - self._wall), 2)
+            self._wall, self._cpu = now, used
+        return self.pcpu
+
+    @staticmethod
+    def rss() -> int:
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the peak: no better portable figure
+
+
+USAGE = ProcessUsage()
+
+
+# -- /varz --------------------------------------------------------------------------------------------
+def client_totals(server: Server) -> dict[str, int]:
+    """nats-server's `in/out_client_msgs/bytes`: what client connections (not routes or gateways) moved.
+
+    Closed clients count through the core's `closed_client_totals` ([in msgs, in bytes, out msgs, out bytes])
+    when it keeps one; else through its one sum over closed connections of every kind, which is exact until a
+    route or gateway connection has closed."""
+    conns = server.clients.values()
+    closed = getattr(server, "closed_client_totals", None)
+    if closed is None:
+        closed = (server.in_msgs, server.in_bytes, server.out_msgs, server.out_bytes)
+    return {
+        "in_client_msgs": closed[0] + sum(c.in_msgs for c in conns),
+        "in_client_bytes": closed[1] + sum(c.in_bytes for c in conns),
+        "out_client_msgs": closed[2] + sum(c.out_msgs for c in conns),
+        "out_client_bytes": closed[3] + sum(c.out_bytes for c in conns),
+    }
+
+
+def slow_consumer_stats(server: Server) -> dict[str, int]:
+    """nats-server's `slow_consumer_stats`, from the core's count by connection kind (`slow_consumer_kinds`)
+    when it keeps one; else its one total, under `clients`. zonebus has no leafnodes."""
+    kinds = getattr(server, "slow_consumer_kinds", None)
+    if kinds is None:
+        return {"clients": server.slow_consumers, "routes": 0, "gateways": 0, "leafs": 0}
+    return {"clients": kinds.get(CLIENT, 0), "routes": kinds.get(ROUTE, 0), "gateways": kinds.get(GATEWAY, 0),
+            "leafs": 0}
 
 
 def varz(server: Server) -> dict[str, Any]:
     opts = server.opts
     now = time.time()
     totals = server.totals()
+    clients = client_totals(server)
+    routes = sum(1 for c in server.links.values() if c.kind == ROUTE)
     out: dict[str, Any] = {
         "server_id": server.server_id,
         "server_name": server.name,
@@ -51,38 +206,44 @@ def varz(server: Server) -> dict[str, Any]:
         "ping_max": opts.ping_max,
         "http_host": opts.http_host or opts.host,
         "http_port": opts.http_port,
-        "auth_timeout": opts.auth_timeout,
+        "auth_timeout": go_float(opts.auth_timeout),
         "max_control_line": opts.max_control_line,
         "max_payload": opts.max_payload,
         "max_pending": opts.max_pending,
         "write_deadline": int(opts.write_deadline * 1e9),
         "tags": list(opts.server_tags),
-        "start": _rfc3339(server.start_time),
-        "now": _rfc3339(now),
-        "uptime": _uptime(now - server.start_time),
-        "cores": os.cpu_count(),
+        "start": rfc3339(server.start_time),
+        "now": rfc3339(now),
+        "uptime": nats_uptime(now - server.start_time),
+        "mem": USAGE.rss(),
+        "cores": os.cpu_count() or 1,
+        "cpu": go_float(USAGE.cpu()),
         "connections": len(server.clients),
         "total_connections": server.total_connections,
-        "routes": len(server.routes),
-        "remotes": len(server.routes),
+        "routes": routes,
+        "remotes": routes,
+        "in_msgs": totals["in_msgs"],
+        "in_bytes": totals["in_bytes"],
+        "in_client_msgs": clients["in_client_msgs"],
+        "in_client_bytes": clients["in_client_bytes"],
+        "out_msgs": totals["out_msgs"],
+        "out_bytes": totals["out_bytes"],
+        "out_client_msgs": clients["out_client_msgs"],
+        "out_client_bytes": clients["out_client_bytes"],
         "slow_consumers": server.slow_consumers,
         "stale_connections": server.stale_connections,
         "subscriptions": server.sublist.count,
-        "config_load_time": _rfc3339(server.start_time),
-        **totals,
+        "config_load_time": rfc3339(server.start_time),
+        "slow_consumer_stats": slow_consumer_stats(server),
     }
-    if server.cluster is not None:
-        out["cluster"] = server.cluster.varz_cluster()
-    if server.gateway is not None:  # -- gateways (zonebus.gateway.monitoring)
-        from zonebus.gateway.monitoring import varz_gateway
-
-        out["gateway"] = varz_gateway(server.gateway)
-    if server.jetstream is not None:
-        out["jetstream"] = {"config": {"store_dir": opts.jetstream.store_dir}}
+    for name, section in server.varz_sections.items():
+        out[name] = section()
     return out
 
 
-def connz(server: Server, subs: bool = False) -> dict[str, Any]:
+# -- /connz -------------------------------------------------------------------------------------------
+def connz(server: Server, subs: bool = False, auth: bool = False) -> dict[str, Any]:
+    now = time.time()
     conns = []
     for c in sorted(server.clients.values(), key=lambda c: c.cid):
         entry: dict[str, Any] = {
@@ -91,8 +252,11 @@ def connz(server: Server, subs: bool = False) -> dict[str, Any]:
             "type": "nats",
             "ip": c.ip,
             "port": c.remote_port,
-            "start": _rfc3339(c.start),
-            "last_activity": _rfc3339(c.last_activity),
+            "start": rfc3339(c.start),
+            "last_activity": rfc3339(c.last_activity),
+            "rtt": go_duration(getattr(c, "rtt", 0.0)),  # clients have one once the core measures it
+            "uptime": nats_uptime(now - c.start),
+            "idle": nats_uptime(now - c.last_activity),
             "pending_bytes": c.out_pending,
             "in_msgs": c.in_msgs,
             "out_msgs": c.out_msgs,
@@ -105,25 +269,32 @@ def connz(server: Server, subs: bool = False) -> dict[str, Any]:
         }
         if c.zone:
             entry["zone"] = c.zone
+        if auth and c.auth_user:  # nats-server: `?auth=true` shows who logged in
+            entry["authorized_user"] = c.auth_user
         if subs:
             entry["subscriptions_list"] = sorted(s.subject.decode() for s in c.subs.values())
         conns.append(entry)
     return {
         "server_id": server.server_id,
-        "now": _rfc3339(time.time()),
+        "now": rfc3339(now),
         "num_connections": len(conns),
         "total": len(conns),
         "offset": 0,
-        "limit": 1024,
+        "limit": DEFAULT_LIST_SIZE,
         "connections": conns,
     }
 
 
-def subsz(server: Server, subs: bool = False) -> dict[str, Any]:
+# -- /subsz -------------------------------------------------------------------------------------------
+def subsz(server: Server, subs: bool = False, offset: int = 0, limit: int = 0, test: str = "") -> dict[str, Any]:
+    """nats-server's /subsz: sublist statistics; `subs` lists the subscriptions (`total` of them, `limit`
+    from `offset`), only those a message on the literal subject `test` would reach when it is given."""
     sl = server.sublist
+    limit = limit if limit > 0 else DEFAULT_LIST_SIZE
+    offset = max(offset, 0)
     out: dict[str, Any] = {
         "server_id": server.server_id,
-        "now": _rfc3339(time.time()),
+        "now": rfc3339(time.time()),
         "num_subscriptions": sl.count,
         "num_cache": sl.cache_size(),
         "num_inserts": sl.inserts,
@@ -132,29 +303,51 @@ def subsz(server: Server, subs: bool = False) -> dict[str, Any]:
         "cache_hit_rate": (sl.cache_hits / sl.matches) if sl.matches else 0.0,
         "max_fanout": 0,
         "avg_fanout": 0.0,
+        "total": 0,
+        "offset": offset,
+        "limit": limit,
     }
     if subs:
-        out["subscriptions_list"] = [
-            {"subject": s.subject.decode(), "qgroup": s.queue.decode() if s.queue else "",
-             "sid": s.sid.decode(), "cid": getattr(s.conn, "cid", 0)}
-            for s in sl.all_subscriptions()
-        ]
+        if test:
+            r = sl.match(test.encode())
+            found = [*r.psubs, *(s for group in r.qsubs for s in group)]
+        else:
+            found = sl.all_subscriptions()
+        found.sort(key=lambda s: (getattr(s.conn, "cid", 0), s.sid))
+        out["total"] = len(found)
+        out["subscriptions_list"] = [_sub_detail(s) for s in found[offset : offset + limit]]
     return out
 
 
-def metrics_text(server: Server) -> str:
-    v = varz(server)
-    lines = []
-    for key, kind in (("connections", "gauge"), ("total_connections", "counter"), ("subscriptions", "gauge"),
-                      ("slow_consumers", "counter"), ("in_msgs", "counter"), ("out_msgs", "counter"),
-                      ("in_bytes", "counter"), ("out_bytes", "counter"), ("routes", "gauge")):
-        name = f"zonebus_{key}"
-        lines += [f"# TYPE {name} {kind}", f'{name}{{server_name="{server.name}"}} {v[key]}']
-    return "\n".join(lines) + "\n"
+def _sub_detail(s: Any) -> dict[str, Any]:
+    detail: dict[str, Any] = {"account": ACCOUNT_NAME, "account_tag": ACCOUNT_NAME, "subject": s.subject.decode()}
+    if s.queue:
+        detail["qgroup"] = s.queue.decode()
+    detail["sid"] = s.sid.decode()
+    detail["msgs"] = s.delivered
+    if s.max_msgs:
+        detail["max"] = s.max_msgs
+    detail["cid"] = getattr(s.conn, "cid", 0)
+    return detail
 
 
-def _flag(request: web.Request, name: str) -> bool:
-    return request.query.get(name, "") not in ("", "0", "false")
+def subsz_page(server: Server, query: Mapping[str, str]) -> dict[str, Any]:
+    return subsz(server, decode_bool(query, "subs"), decode_int(query, "offset"), decode_int(query, "limit"),
+                 query.get("test", ""))
+
+
+# -- HTTP ---------------------------------------------------------------------------------------------
+async def _page(build: Any, request: web.Request) -> web.Response:
+    try:
+        return web.json_response(build(request.query))
+    except MonitorQueryError as exc:
+        return web.Response(status=400, text=str(exc))
+
+
+async def _metrics(server: Server, request: web.Request) -> web.Response:
+    from zonebus.server.metrics import CONTENT_TYPE, metrics_text
+
+    return web.Response(body=metrics_text(server).encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
 class Monitor:
@@ -165,45 +358,24 @@ class Monitor:
     async def start(self) -> None:
         app = web.Application()
         s = self.server
-        app.router.add_get("/", lambda r: web.json_response({"endpoints": ["/varz", "/connz", "/subsz",
-                                                                           "/routez", "/gatewayz", "/healthz",
-                                                                           "/metrics"]}))
-        app.router.add_get("/varz", lambda r: web.json_response(varz(s)))
-        app.router.add_get("/connz", lambda r: web.json_response(connz(s, _flag(r, "subs"))))
-        app.router.add_get("/subsz", lambda r: web.json_response(subsz(s, _flag(r, "subs"))))
-        app.router.add_get("/subscriptionsz", lambda r: web.json_response(subsz(s, _flag(r, "subs"))))
-        app.router.add_get("/routez", self._routez)
-        app.router.add_get("/gatewayz", self._gatewayz)
-        app.router.add_get("/healthz", lambda r: web.json_response({"status": "ok"}))
-        app.router.add_get("/metrics", lambda r: web.Response(text=metrics_text(s), content_type="text/plain"))
+        pages: dict[str, Any] = {
+            "/varz": lambda q: varz(s),
+            "/connz": lambda q: connz(s, query_flag(q, "subs"), query_flag(q, "auth")),
+            "/subsz": functools.partial(subsz_page, s),
+            "/subscriptionsz": functools.partial(subsz_page, s),
+            **s.pages,
+            "/healthz": lambda q: {"status": "ok"},
+        }
+        endpoints = [*pages, "/metrics"]
+        app.router.add_get("/", lambda r: web.json_response({"endpoints": endpoints}))
+        for path, build in pages.items():
+            app.router.add_get(path, functools.partial(_page, build))
+        app.router.add_get("/metrics", functools.partial(_metrics, s))
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         opts = s.opts
         site = web.TCPSite(self.runner, opts.http_host or opts.host, opts.http_port, reuse_address=True)
         await site.start()
-
-    async def _gatewayz(self, request: web.Request) -> web.Response:
-        """nats-server's /gatewayz (`accs`, `subs`, `gw_name`); no gateway block: empty maps, as nats-server."""
-        s = self.server
-        if s.gateway is None:
-            body = {"server_id": s.server_id, "now": _rfc3339(time.time()), "name": "", "host": "", "port": 0,
-                    "outbound_gateways": {}, "inbound_gateways": {}}
-        else:
-            from zonebus.gateway.monitoring import gatewayz
-
-            subs = request.query.get("subs", "")
-            body = gatewayz(s.gateway, _flag(request, "accs"), "" if subs in ("0", "false") else subs,
-                            request.query.get("gw_name", ""))
-        return web.json_response(body)
-
-    async def _routez(self, request: web.Request) -> web.Response:
-        s = self.server
-        if s.cluster is None:
-            body = {"server_id": s.server_id, "server_name": s.name, "now": _rfc3339(time.time()),
-                    "num_routes": 0, "routes": []}
-        else:
-            body = s.cluster.routez(_flag(request, "subs"))
-        return web.json_response(body)
 
     async def stop(self) -> None:
         if self.runner is not None:

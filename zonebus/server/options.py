@@ -72,6 +72,18 @@ class JetStreamOptions:
     max_file_store: int = -1
     sync_interval: float = 120.0  # seconds; 0 = sync always
     sync_always: bool = False
+    # shared storage for file-storage streams (store_dir is then only a cache); see docs/shared-store-layout.md
+    shared_store: str = ""  # file:///path or s3://bucket/prefix; "" = off
+    shared_store_linger: float = 0.001  # seconds a group-commit batch waits for more messages
+    shared_store_batch: int = 1024 * 1024  # bytes at which a batch is written at once
+    shared_store_inflight: int = 4  # batch uploads in flight per stream
+    s3_endpoint: str = ""  # `s3 { endpoint }`; else AWS_ENDPOINT_URL
+    s3_region: str = ""  # `s3 { region }`; else AWS_REGION / AWS_DEFAULT_REGION
+    failover_timeout: float = 3.0  # clustered: a server unreachable this long loses its streams to another
+    # zone router (zonebus.zonerouter): clients stay in their zone, payloads cross zones through the shared store
+    zone_router: bool = False
+    zone_router_linger: float = 0.001  # seconds a router batch waits for more publishes (at most 1 ms)
+    zone_router_batch: int = 256 * 1024  # bytes at which a router batch is written at once
 
 
 @dataclass
@@ -84,6 +96,56 @@ class LedgerOptions:
     subject_tokens: int = 2
     zone_tag_prefix: str = "az"
     client_zones: dict[str, list[str]] = field(default_factory=dict)  # zone -> CIDR blocks
+
+
+@dataclass
+class QueueGroupOptions:
+    """One entry of `queue_groups { name: {...} }`: a durable queue group (zonebus.queue). Members are ordinary
+    queue subscribers named `name` on `subjects`; publishes are stored first and pushed by the group's primary."""
+
+    name: str = ""
+    subjects: list[str] = field(default_factory=list)
+    durable: bool = True  # false: the group behaves as a core NATS queue group
+    ack: str = "none"  # "none": delivered once written to a member; "explicit": the member acks
+    max_deliver: int = -1  # explicit acks: deliveries per message (-1 = unlimited)
+    ack_wait: float = 30.0  # explicit acks: seconds before an unacked message goes to another member
+    max_age: float = 0.0  # seconds a stored message waits for a member (0 = unlimited)
+
+
+@dataclass
+class SubjectPermission:
+    """`publish`/`subscribe` of a permissions block: None = no list (everything allowed by that side).
+    Subscribe entries may carry a queue after a space: `"foo.> workers"`."""
+
+    allow: list[str] | None = None
+    deny: list[str] | None = None
+
+
+@dataclass
+class ResponsePermission:
+    """`allow_responses`: publish to the reply subjects of requests received, `max_msgs` times within
+    `expires` seconds (0 = no time limit). nats-server's defaults: 1 message, 2 minutes."""
+
+    max_msgs: int = 1
+    expires: float = 120.0
+
+
+@dataclass
+class Permissions:
+    publish: SubjectPermission | None = None
+    subscribe: SubjectPermission | None = None
+    response: ResponsePermission | None = None
+
+
+@dataclass
+class UserOptions:
+    """One entry of `authorization { users: [...] }`: by name and password (clear or bcrypt), or by
+    public nkey (`U...`)."""
+
+    user: str = ""
+    password: str = ""
+    nkey: str = ""
+    permissions: Permissions | None = None  # None: the block's default_permissions
 
 
 @dataclass
@@ -107,6 +169,9 @@ class ServerOptions:
     auth_password: str = ""
     auth_token: str = ""
     auth_timeout: float = AUTH_TIMEOUT
+    users: list[UserOptions] = field(default_factory=list)  # authorization { users: [...] }
+    default_permissions: Permissions | None = None  # authorization { default_permissions }
+    no_auth_user: str = ""  # top-level: the user a client without credentials logs in as
     debug: bool = False
     trace: bool = False
     logtime: bool = True
@@ -118,7 +183,8 @@ class ServerOptions:
     gateway: GatewayOptions = field(default_factory=GatewayOptions)
     jetstream: JetStreamOptions = field(default_factory=JetStreamOptions)
     ledger: LedgerOptions = field(default_factory=LedgerOptions)
+    queue_groups: dict[str, QueueGroupOptions] = field(default_factory=dict)  # zonebus.queue
 
     @property
     def auth_required(self) -> bool:
-        return bool(self.auth_user or self.auth_token)
+        return bool(self.auth_user or self.auth_token or self.users)

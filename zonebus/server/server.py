@@ -4,6 +4,9 @@
 subject (cached), hand the message to each plain subscriber, pick one member per queue group, and forward
 to routes/gateways that have interest. Outbound data is batched per connection and flushed once per loop
 turn (`mark_dirty` / `_flush_dirty`). Everything here runs on the event loop thread.
+
+The server knows nothing of its extensions (routes, gateways, streams): they register through the hooks
+described in `zonebus.server.hooks`, wired by the composition root `zonebus.node`.
 """
 
 from __future__ import annotations
@@ -15,14 +18,24 @@ import random
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from zonebus import SERVER_VERSION
 from zonebus.ledger.zones import server_zone
 from zonebus.protocol.client_parser import PubHeader
 from zonebus.protocol.route_parser import msg_line
+from zonebus.server.auth import Authenticator, ClientPermissions
 from zonebus.server.client import ClientConnection
 from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
+from zonebus.server.hooks import (
+    Extension,
+    Forwarder,
+    InterestWatcher,
+    PageBuilder,
+    PublishInterceptor,
+    QueuePicker,
+)
 from zonebus.server.options import ServerOptions
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
@@ -43,7 +56,7 @@ class Server:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.sublist = Sublist()
         self.clients: dict[int, ClientConnection] = {}
-        self.routes: dict[int, Connection] = {}
+        self.links: dict[int, Connection] = {}  # connections to other servers (routes, gateways), by cid
         self.closed_conns: list[dict[str, Any]] = []
         self._cid = 0
         self._dirty: list[Connection] = []
@@ -58,11 +71,20 @@ class Server:
         self._servers: list[asyncio.base_events.Server] = []
         self._shutdown = asyncio.Event()
         self.monitor = None
-        self.cluster = None  # zonebus.cluster.ClusterManager when a cluster block is set
-        self.gateway = None  # zonebus.gateway.GatewayManager when a gateway block is set
-        self.jetstream = None
         self.ledger = None  # zonebus.ledger.LedgerHooks when a ledger block is set
+        # -- extension hooks (zonebus.server.hooks) --
+        self.extensions: list[Extension] = []
+        self.interest_watchers: list[InterestWatcher] = []
+        self.forwarder: Forwarder | None = None
+        self.queue_picker: QueuePicker | None = None
+        self.connect_urls: Callable[[], list[str]] | None = None
+        self.info_extras: dict[str, Any] = {}
+        self.varz_sections: dict[str, Callable[[], dict[str, Any]]] = {}
+        self.pages: dict[str, PageBuilder] = {}
+        self.reload_hooks: list[Callable[[ServerOptions], None]] = []
+        self.publish_interceptor: PublishInterceptor | None = None
         self.random = random.Random()
+        self.authenticator = Authenticator(opts)
         self.zone = self.zone_of_tags(opts.server_tags)
         self.zone_known = bool(self.zone)
 
@@ -86,38 +108,20 @@ class Server:
 
             self.ledger = LedgerHooks(self)
             self.ledger.start()
-        if opts.cluster.port or opts.cluster.routes:
-            from zonebus.cluster.manager import ClusterManager
-
-            self.cluster = ClusterManager(self)
-            await self.cluster.start()
-        if opts.gateway.name or opts.gateway.port or opts.gateway.gateways:  # -- gateways (zonebus.gateway)
-            from zonebus.gateway.manager import GatewayManager
-
-            self.gateway = GatewayManager(self)
-            await self.gateway.start()
-        if opts.jetstream.enabled:
-            await self._start_jetstream()
+        for ext in self.extensions:
+            await ext.start()
+        self._info_base = self._build_info()
         if opts.http_port:
             from zonebus.server.monitor import Monitor
 
             self.monitor = Monitor(self)
             await self.monitor.start()
+            self.log(f"monitoring on http://{opts.http_host or opts.host}:{opts.http_port}")
         self.log(f"zonebus {SERVER_VERSION} listening for clients on {opts.host}:{opts.port} ({self.name})")
 
-    async def _start_jetstream(self) -> None:
-        from zonebus.server.internal import InternalClient
-        from zonebus.stream.service import JetStreamService
-
-        js = self.opts.jetstream
-        if not js.store_dir:
-            import tempfile
-
-            js.store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
-        self.jetstream = JetStreamService(js, self.name, InternalClient(self, "$JS"))
-        await self.jetstream.start()
-        self._info_base = self._build_info()
-        self.log(f"JetStream enabled, store {js.store_dir}")
+    def add_extension(self, ext: Extension) -> None:
+        """Started after the client listener (in the order added), stopped at shutdown in reverse."""
+        self.extensions.append(ext)
 
     async def serve_forever(self) -> None:
         await self._shutdown.wait()
@@ -130,21 +134,24 @@ class Server:
             srv.close()
         if self.monitor is not None:
             await self.monitor.stop()
-        if self.gateway is not None:
-            await self.gateway.stop()
-        if self.cluster is not None:
-            await self.cluster.stop()
-        if self.jetstream is not None:
-            await self.jetstream.stop()
+        for ext in reversed(self.extensions):
+            await ext.stop()
         for conn in list(self.clients.values()):
             conn.close()
         self._flush_dirty()
         if self.ledger is not None:
             await self.ledger.close()
+        self.log(f"server {self.name} shut down")
 
-    def log(self, msg: str) -> None:
+    def log(self, msg: str, level: str = "INF") -> None:
         ts = time.strftime("%Y/%m/%d %H:%M:%S")
-        print(f"[{os.getpid()}] {ts} [INF] {msg}", file=sys.stderr, flush=True)
+        print(f"[{os.getpid()}] {ts} [{level}] {msg}", file=sys.stderr, flush=True)
+
+    def auth_log(self, conn: ClientConnection, msg: str) -> None:
+        """One [ERR] line about a client, with its address, as nats-server writes them."""
+        who = f' - "{conn.auth_user}"' if conn.auth_user else ""
+        self.log(f"{conn.ip}:{conn.remote_port} - cid:{conn.cid}{who} - {msg.splitlines()[0] if msg else ''}",
+                 "ERR")
 
     def zone_of_tags(self, tags: list[str]) -> str:
         """The zone named by a server's `<prefix>:<zone>` tag, or ""."""
@@ -183,17 +190,17 @@ class Server:
             self.closed_conns.append({"cid": conn.cid, "name": conn.name, "ip": conn.ip,
                                       "stop": time.time()})
             del self.closed_conns[:-100]
-        elif self.cluster is not None and conn.kind == ROUTE:
-            self.cluster.route_closed(conn)
-        elif self.gateway is not None and conn.kind == GATEWAY:
-            self.gateway.connection_closed(conn)
+        elif self.links.pop(conn.cid, None) is not None:
+            conn.unregister()  # type: ignore[attr-defined]
 
     def client_info(self, conn: ClientConnection) -> bytes:
         info = dict(self._info_base)
         info["client_id"] = conn.cid
         info["client_ip"] = conn.ip
-        if self.cluster is not None:
-            urls = self.cluster.client_connect_urls()
+        if self.authenticator.needs_nonce:
+            conn.nonce = info["nonce"] = self.authenticator.new_nonce()
+        if self.connect_urls is not None:
+            urls = self.connect_urls()
             if urls:
                 info["connect_urls"] = urls
         return b"INFO " + _json(info) + b"\r\n"
@@ -222,31 +229,64 @@ class Server:
             info["auth_required"] = True
         if opts.cluster.name:
             info["cluster"] = opts.cluster.name
-        if self.jetstream is not None:
-            info["jetstream"] = True
+        info.update(self.info_extras)
         return info
 
-    def check_auth(self, connect: dict[str, Any]) -> bool:
+    def check_auth(self, conn: ClientConnection, connect: dict[str, Any]) -> bool:
+        """Log `conn` in with its CONNECT fields: sets its user and permissions, or logs the refusal."""
+        login, why = self.authenticator.authenticate(connect, conn.nonce)
+        if login is None:
+            self.auth_log(conn, "authentication error" + why)
+            return False
+        conn.connect_opts = connect
+        conn.auth_user = login.user
+        conn.perms = ClientPermissions(login.perms) if login.perms is not None else None
+        return True
+
+    def reload_auth(self, new: ServerOptions) -> None:
+        """Apply changed users, permissions, token and `no_auth_user` (SIGHUP): each logged-in client is
+        checked again with the CONNECT it sent; refused ones are closed, the others get their (maybe new)
+        permissions, and subscriptions these no longer allow are removed with a Permissions Violation."""
         opts = self.opts
-        if opts.auth_token:
-            return connect.get("auth_token") == opts.auth_token
-        return connect.get("user") == opts.auth_user and connect.get("pass") == opts.auth_password
+        opts.auth_user, opts.auth_password, opts.auth_token = new.auth_user, new.auth_password, new.auth_token
+        opts.users, opts.default_permissions = new.users, new.default_permissions
+        opts.no_auth_user, opts.auth_timeout = new.no_auth_user, new.auth_timeout
+        self.authenticator = Authenticator(opts)
+        self._info_base = self._build_info()
+        for conn in list(self.clients.values()):
+            if not conn.connected or conn.closed:
+                continue
+            if not opts.auth_required:
+                conn.perms, conn.auth_user = None, ""
+                continue
+            login, _ = self.authenticator.authenticate(conn.connect_opts, conn.nonce)
+            if login is None:
+                self.auth_log(conn, "authorization removed on reload")  # closed without -ERR, as nats-server
+                conn.close()
+                continue
+            conn.auth_user = login.user
+            conn.perms = perms = ClientPermissions(login.perms) if login.perms is not None else None
+            if perms is None:
+                continue
+            for sub in list(conn.subs.values()):
+                if not perms.can_subscribe(sub.subject, sub.queue):
+                    conn.send(b"-ERR 'Permissions Violation for Subscription to \"%b\" (sid \"%b\")'\r\n"
+                              % (sub.subject, sub.sid))
+                    del conn.subs[sub.sid]
+                    self.remove_subscription(sub)
+        self.sublist.touch()  # cached fast-path deliveries were built under the old permissions
 
     # -- subscriptions --------------------------------------------------------------------------------
     def add_subscription(self, sub: Subscription) -> None:
         self.sublist.insert(sub)
-        if self.cluster is not None and sub.conn.kind in (CLIENT, INTERNAL):
-            self.cluster.local_interest_added(sub)
-        if self.gateway is not None:  # this cluster's interest (local and route subs), told to other clusters
-            self.gateway.interest_added(sub)
+        for watcher in self.interest_watchers:
+            watcher.interest_added(sub)
 
     def remove_subscription(self, sub: Subscription) -> None:
         if not self.sublist.remove(sub):
             return
-        if self.cluster is not None and sub.conn.kind in (CLIENT, INTERNAL):
-            self.cluster.local_interest_removed(sub)
-        if self.gateway is not None:
-            self.gateway.interest_removed(sub)
+        for watcher in self.interest_watchers:
+            watcher.interest_removed(sub)
 
     # -- routing --------------------------------------------------------------------------------------
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
@@ -259,15 +299,25 @@ class Server:
         remembered there for the client's fast path. Returns whether anything received the message.
         """
         r = self.sublist.match(subject)
+        taken = False
+        if self.publish_interceptor is not None:  # e.g. durable queue groups (zonebus.queue), see hooks.py
+            took = self.publish_interceptor(src, subject, reply, hdr_len, data, r)
+            if took is not None:
+                r, taken = took
+                if memo_for is not None:
+                    memo_for.memo = memo_for.qmemo = None
+                    memo_for = None
+                if not r:
+                    return taken
         if memo_for is not None:
             self._memoize(src, memo_for, r)
-        if self.gateway is not None and src.kind != ROUTE:  # -- gateways: zonebus.gateway.routing
-            return self.gateway.process_msg(src, subject, reply, hdr_len, data, queues, r)
+        if self.forwarder is not None and src.kind != ROUTE:  # e.g. gateways: zonebus.gateway.routing
+            return self.forwarder.process_msg(src, subject, reply, hdr_len, data, queues, r)
         if not r:
             if reply and src.kind == CLIENT and src.no_responders:
                 self._no_responders(src, subject, reply)
             return False
-        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues)
+        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
         if not delivered and reply and src.kind == CLIENT and src.no_responders:
             self._no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
         return delivered
@@ -316,16 +366,16 @@ class Server:
             self.ledger.settle(src, hdr)
         hdr.gen = self.sublist.generation
         hdr.memo = hdr.qmemo = None
-        gw = self.gateway
+        fwd = self.forwarder
         if hdr.reply is not None or hdr.hdr_len >= 0:
             return
         memo = self._memo_entries(src, hdr, r.psubs)
-        if memo is None or (gw is not None and not gw.memo_entries(hdr.subject, hdr.size, memo)):
+        if memo is None or (fwd is not None and not fwd.memo_entries(hdr.subject, hdr.size, memo)):
             return
         if r.qsubs:
             # queue groups: only on a lone server without a ledger (elsewhere the cluster policy, gateways
             # and the decision counts need the full path); one member is drawn per message on the fast path
-            if self.cluster is not None or gw is not None or self.ledger is not None:
+            if self.queue_picker is not None or fwd is not None or self.ledger is not None:
                 return
             qmemo = []
             for group in r.qsubs:
@@ -350,7 +400,7 @@ class Server:
                     routes.add(conn)
                     entries.append((conn, msg_line(ACCOUNT, hdr.subject, None, None, -1, hdr.size), conn.memo_sub))
                 continue
-            if conn.kind != CLIENT or sub.max_msgs:
+            if conn.kind != CLIENT or sub.max_msgs or (conn.perms is not None and conn.perms.deliver_deny):
                 return None
             if conn is src and not src.echo:
                 continue
@@ -363,7 +413,7 @@ class Server:
 
         `only`: serve just these queue names (a message a gateway sent for the groups it named)."""
         delivered = False
-        pick = self.cluster.pick_queue_member if self.cluster is not None else None
+        pick = self.queue_picker
         for group in groups:
             if only is not None and group[0].queue not in only:
                 continue
@@ -459,9 +509,7 @@ class Server:
 
     # -- stats ----------------------------------------------------------------------------------------
     def totals(self) -> dict[str, int]:
-        conns: list[Connection] = [*self.clients.values(), *self.routes.values()]
-        if self.gateway is not None:
-            conns += self.gateway.conns()
+        conns: list[Connection] = [*self.clients.values(), *self.links.values()]
         return {
             "in_msgs": self.in_msgs + sum(c.in_msgs for c in conns),
             "in_bytes": self.in_bytes + sum(c.in_bytes for c in conns),

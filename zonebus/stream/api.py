@@ -142,10 +142,14 @@ class JSApi:
         }
 
     # -- streams -------------------------------------------------------------------------------------
-    def _stream_config(self, payload: bytes, name: str) -> dict[str, Any]:
+    def _stream_config(self, payload: bytes, name: str, others: dict[str, dict[str, Any]] | None = None
+                       ) -> dict[str, Any]:
+        """A stream create request's normalized config; `others` (name -> config) are the streams whose
+        subjects it must not overlap (default: this server's)."""
         req = decode(parse_json(payload, "StreamConfigRequest"), jsconfig.STREAM_FIELDS, "StreamConfigRequest")
-        others = {n: s.cfg for n, s in self.svc.streams.items()}
-        return stream_config.normalize(req, name, others)
+        if others is None:
+            others = {n: s.cfg for n, s in self.svc.streams.items()}
+        return stream_config.normalize(req, name, others, self.svc.clustered)
 
     def stream_create(self, payload: bytes, name: str) -> dict[str, Any]:
         cfg = self._stream_config(payload, name)
@@ -163,7 +167,7 @@ class JSApi:
             raise JSError("stream_mismatch")
         stream = self._stream(name)
         others = {n: s.cfg for n, s in self.svc.streams.items()}
-        cfg = stream_config.normalize(req, name, others)
+        cfg = stream_config.normalize(req, name, others, self.svc.clustered)
         stream_config.check_update(stream.cfg, cfg)
         self.svc.update_stream(stream, cfg)
         info = stream.info()

@@ -213,13 +213,17 @@ class Consumer:
             self._in_redeliver.discard(seq)
         if not self.can_deliver_new():
             return 0, False
-        idx = self.stream.store.index
+        store = self.stream.store
+        idx = store.index
+        visible = store.visible_seq()  # a shared store's messages are delivered only once durable
         while self.lps:
             seq = self.lps[0]
             if idx.has(seq):
-                return seq, False
+                return (seq, False) if seq <= visible else (0, False)
             self.lps.popleft()
         seq = idx.next_seq(self.sseq, self.filters)
+        if seq > visible:
+            return 0, False
         if not seq and self.sseq <= idx.last_seq:
             self.sseq = idx.last_seq + 1  # scanned to the end: nothing below here matches
         return seq, False
@@ -474,6 +478,8 @@ class Consumer:
         }
         if self.push_bound():
             out["push_bound"] = True
+        if self.service.stream_cluster is not None:  # clustered: the consumer lives with its stream's leader
+            out["cluster"] = self.service.stream_cluster(self.stream)
         out["ts"] = format_time(time.time_ns())
         return out
 

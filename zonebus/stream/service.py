@@ -7,10 +7,20 @@ an `os.write` of one record.
 
 On-disk layout: `<store_dir>/jetstream/streams/<stream>/{meta.json, msgs/<n>.blk + <n>.idx,
 consumers/<consumer>/{meta.json,state.json}}`. Memory streams are not written: like nats-server's, they do not
-survive a restart. Consumer state is written 50 ms after it changes (and on stop), so a crash can forget the
-last acks: those messages are redelivered (at-least-once), never lost.
+survive a restart. With `shared_store` set, file-storage streams live on the shared store instead
+(`zonebus.stream.shared`; messages, stream config and consumer documents), `<store_dir>/jetstream/shared-cache`
+only caches their batches, and the server takes every stream found there over at start (a lone server owns
+the whole shared store). Their PubAcks go out once the message is durable on the shared store.
+
+Consumer state is written 50 ms after it changes (and on stop), so a crash can forget the last acks: those
+messages are redelivered (at-least-once), never lost.
 
 Deliveries keep the stream subject on the MSG line: `InternalClient.publish(..., msg_subject=...)`.
+
+Clustered (`clustered=True`, driven by `zonebus.stream.cluster`): the service serves only the streams the
+meta group makes it lead (`adopt_shared` / `adopt_memory`, `release`), recovers nothing by itself, and does not
+subscribe the API (the clustered layer answers it); acks and flow control are subscribed per stream, so that
+they reach the stream's leader wherever they are published.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.filestore import FileStore
 from zonebus.stream.memstore import MemStore
+from zonebus.stream.shared import CommitOptions, SharedStorage, SharedStore
 from zonebus.stream.store import MsgStore, now_ns
 from zonebus.stream.stream import Stream
 
@@ -47,8 +58,10 @@ def _write_json(path: Path, doc: Any) -> None:
 
 
 class JetStreamService:
-    def __init__(self, opts: JetStreamOptions, server_name: str, client: Any) -> None:
+    def __init__(self, opts: JetStreamOptions, server_name: str, client: Any, clustered: bool = False) -> None:
         self.opts = opts
+        self.clustered = clustered
+        self.stream_cluster: Any = None  # clustered: stream -> its StreamInfo `cluster` block
         self.server_name = server_name
         self.client = client
         self.streams: dict[str, Stream] = {}
@@ -61,6 +74,7 @@ class JetStreamService:
         self._flush_handle: asyncio.TimerHandle | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._tmpdir: str | None = None
+        self.shared: SharedStorage | None = None
         self.started = False
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -71,15 +85,18 @@ class JetStreamService:
             self._tmpdir = store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
         self.root = Path(store_dir) / "jetstream" / "streams"
         self.root.mkdir(parents=True, exist_ok=True)
-        for d in sorted(p for p in self.root.iterdir() if p.is_dir()):
+        for d in sorted(p for p in self.root.iterdir() if p.is_dir() and not self.clustered):
             try:
                 self._recover_stream(d)
             except Exception:
                 log.exception("JetStream: could not recover stream from %s", d)
+        if self.opts.shared_store:
+            self._start_shared(Path(store_dir) / "jetstream" / "shared-cache")
         c = self.client
-        self._sids.append(c.subscribe("$JS.API.>", self._on_api))
-        self._sids.append(c.subscribe("$JS.ACK.>", self._on_ack))
-        self._sids.append(c.subscribe("$JS.FC.>", self._on_fc))
+        if not self.clustered:
+            self._sids.append(c.subscribe("$JS.API.>", self._on_api))
+            self._sids.append(c.subscribe("$JS.ACK.>", self._on_ack))
+            self._sids.append(c.subscribe("$JS.FC.>", self._on_fc))
         for stream in self.streams.values():
             self._subscribe_stream(stream)
             for cons in stream.consumers.values():
@@ -106,6 +123,9 @@ class JetStreamService:
             stream.close()
         self.streams.clear()
         self.started = False
+        if self.shared is not None:
+            self.shared.shutdown()
+            self.shared = None
         if self._tmpdir:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
 
@@ -201,12 +221,121 @@ class JetStreamService:
         d = self._stream_dir(cfg["name"])
         if d.exists():
             shutil.rmtree(d, ignore_errors=True)
-        # like nats-server, memory streams (and their consumers) do not survive a restart
-        stream = Stream(self, cfg, now_ns(), self._open_store(cfg, d), d if cfg["storage"] == "file" else None)
-        stream.save_meta()
+        created = now_ns()
+        if self.shared is not None and cfg["storage"] == "file":
+            # blocking: a takeover is a few round trips to the shared store (stream creation is rare)
+            store = self.shared.create_stream(cfg["name"], cfg, created, writer=self.server_name)
+            stream = self._shared_stream(cfg, created, store)
+        else:
+            # like nats-server, memory streams (and their consumers) do not survive a restart
+            stream = Stream(self, cfg, created, self._open_store(cfg, d), d if cfg["storage"] == "file" else None)
+            stream.save_meta()
         self.streams[cfg["name"]] = stream
         self._subscribe_stream(stream)
         return stream
+
+    # -- shared store --------------------------------------------------------------------------------
+    def _start_shared(self, cache_root: Path) -> None:
+        o = self.opts
+        options = CommitOptions(linger=o.shared_store_linger, batch_bytes=o.shared_store_batch,
+                                inflight=o.shared_store_inflight)
+        # Blocking, like the local recovery above: no client is served before every stream is back (the
+        # listener is open already, but its connections are not set up while the loop is busy here).
+        self.shared = SharedStorage(o.shared_store, endpoint=o.s3_endpoint, region=o.s3_region,
+                                    cache_root=cache_root, options=options)
+        if self.clustered:
+            return  # the meta group says which streams this server takes over
+        for name in self.shared.list_streams():
+            if name in self.streams:
+                log.warning("JetStream: stream %s is both in store_dir and on the shared store; keeping the "
+                            "local one", name)
+                continue
+            try:
+                self._recover_shared(name)
+            except Exception:
+                log.exception("JetStream: could not recover stream %s from the shared store", name)
+
+    def _recover_shared(self, name: str) -> None:
+        assert self.shared is not None
+        store = self.shared.takeover(name, writer=self.server_name)
+        meta, consumers = store.config(), store.consumers()
+        if meta is None:
+            store.close()
+            return
+        self._serve_shared(store, meta, consumers)
+
+    def _serve_shared(self, store: SharedStore, meta: dict[str, Any],
+                      consumers: dict[str, tuple[dict, dict | None]]) -> Stream:
+        """A stream taken over on the shared store, with its consumers, becomes one this server serves."""
+        name = meta["config"]["name"]
+        stream = self._shared_stream(meta["config"], meta["created"], store)
+        stream.rebuild_dedupe()
+        self.streams[name] = stream
+        for cname, (cmeta, state) in sorted(consumers.items()):
+            try:
+                cons = Consumer(stream, cmeta["name"], cmeta["config"], cmeta["created"], True, state)
+                stream.consumers[cname] = cons
+            except Exception:
+                log.exception("JetStream: could not recover consumer %s > %s", name, cname)
+        if stream.cfg["max_age"]:
+            stream.schedule_age_check()
+        return stream
+
+    # -- clustered: the streams the meta group makes this server lead ---------------------------------
+    def adopt_shared(self, store: SharedStore, meta: dict[str, Any],
+                     consumers: dict[str, tuple[dict, dict | None]]) -> Stream:
+        """Serve a stream this server just took over on the shared store (`SharedStorage.takeover` or
+        `create_stream`, run in a worker thread by the caller)."""
+        stream = self._serve_shared(store, meta, consumers)
+        self._subscribe_stream(stream)
+        for cons in stream.consumers.values():
+            cons.start()
+        return stream
+
+    def adopt_memory(self, cfg: dict[str, Any], created: int) -> Stream:
+        """Serve a memory stream (it starts empty here, as after a restart)."""
+        stream = Stream(self, cfg, created, MemStore(), None)
+        self.streams[cfg["name"]] = stream
+        self._subscribe_stream(stream)
+        return stream
+
+    def release(self, name: str) -> None:
+        """Stop serving a stream (another server leads it now); its data stays where it is."""
+        stream = self.streams.pop(name, None)
+        if stream is None:
+            return
+        self._unsubscribe_stream(stream)
+        for cons in stream.consumers.values():
+            self._dirty.discard(cons)
+            if cons.durable and self._persistent(stream):
+                self._write_state(cons)
+            cons.stop()
+        stream.close()
+
+    def _shared_stream(self, cfg: dict[str, Any], created: int, store: SharedStore) -> Stream:
+        assert self.shared is not None
+        store.attach(self.loop, self.shared.executor)
+        stream = Stream(self, cfg, created, store, None)
+        store.on_visible = stream.on_visible
+        store.on_fenced = lambda reason: self._on_fenced(stream, reason)
+        return stream
+
+    def _on_fenced(self, stream: Stream, reason: str) -> None:
+        """Another writer took the stream over: stop serving it here."""
+        log.error("JetStream: stream %s was taken over elsewhere (%s); no longer serving it", stream.name, reason)
+        if self.streams.get(stream.name) is stream:
+            self._unsubscribe_stream(stream)
+            self.streams.pop(stream.name, None)
+            for c in stream.consumers.values():
+                self._dirty.discard(c)
+            stream.close()
+
+    @staticmethod
+    def _shared_of(stream: Stream) -> SharedStore | None:
+        return stream.store if isinstance(stream.store, SharedStore) else None
+
+    def _persistent(self, stream: Stream) -> bool:
+        return stream.dir is not None or isinstance(stream.store, SharedStore)
 
     def update_stream(self, stream: Stream, cfg: dict[str, Any]) -> None:
         resubscribe = cfg["subjects"] != stream.cfg["subjects"]
@@ -227,6 +356,9 @@ class JetStreamService:
     def _subscribe_stream(self, stream: Stream) -> None:
         for subj in stream.cfg["subjects"]:
             stream.sids.append(self.client.subscribe(subj, stream.on_publish))
+        if self.clustered:  # acks and flow control reach the leader wherever they are published
+            stream.sids.append(self.client.subscribe(f"$JS.ACK.{stream.name}.>", self._on_ack))
+            stream.sids.append(self.client.subscribe(f"$JS.FC.{stream.name}.>", self._on_fc))
 
     def _unsubscribe_stream(self, stream: Stream) -> None:
         for sid in stream.sids:
@@ -263,7 +395,7 @@ class JetStreamService:
     def create_consumer(self, stream: Stream, name: str, cfg: dict[str, Any], durable: bool) -> Consumer:
         cons = Consumer(stream, name, cfg, now_ns(), durable)
         stream.consumers[name] = cons
-        if durable and stream.dir is not None:
+        if durable and self._persistent(stream):
             self._save_consumer_meta(cons)
             self._write_state(cons)
         cons.start()
@@ -271,7 +403,7 @@ class JetStreamService:
 
     def update_consumer(self, cons: Consumer, cfg: dict[str, Any]) -> None:
         cons.update_config(cfg)
-        if cons.durable and cons.stream.dir is not None:
+        if cons.durable and self._persistent(cons.stream):
             self._save_consumer_meta(cons)
         if cons.stream.retention != "limits":
             cons.stream.recheck_interest()
@@ -282,15 +414,28 @@ class JetStreamService:
         stream.consumers.pop(cons.name, None)
         self._dirty.discard(cons)
         if cons.durable:
-            shutil.rmtree(self._consumer_dir(cons), ignore_errors=True)
+            shared = self._shared_of(stream)
+            if shared is not None:
+                shared.delete_docs(f"consumers/{cons.name}")
+            else:
+                shutil.rmtree(self._consumer_dir(cons), ignore_errors=True)
         stream.recheck_interest()
 
     def _save_consumer_meta(self, cons: Consumer) -> None:
+        doc = {"name": cons.name, "config": cons.cfg, "created": cons.created}
+        shared = self._shared_of(cons.stream)
+        if shared is not None:
+            shared.put_doc(f"consumers/{cons.name}", "meta", doc)
+            return
         d = self._consumer_dir(cons)
         d.mkdir(parents=True, exist_ok=True)
-        _write_json(d / "meta.json", {"name": cons.name, "config": cons.cfg, "created": cons.created})
+        _write_json(d / "meta.json", doc)
 
     def _write_state(self, cons: Consumer) -> None:
+        shared = self._shared_of(cons.stream)
+        if shared is not None:
+            shared.put_doc(f"consumers/{cons.name}", "state", cons.state_dict())
+            return
         d = self._consumer_dir(cons)
         if d.is_dir():
             _write_json(d / "state.json", cons.state_dict())
@@ -304,7 +449,7 @@ class JetStreamService:
         self._flush_handle = None
         dirty, self._dirty = self._dirty, set()
         for cons in dirty:
-            if cons.closed or cons.stream.dir is None or cons.stream.name not in self.streams:
+            if cons.closed or not self._persistent(cons.stream) or cons.stream.name not in self.streams:
                 continue
             try:
                 self._write_state(cons)

@@ -8,6 +8,7 @@ makes removals durable (`_log_delete`, `_log_watermark`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from zonebus.stream.subject_index import MsgIndex
@@ -66,6 +67,19 @@ class MsgStore:
 
     def sync(self) -> None:
         pass
+
+    # -- durability (a shared store acknowledges later; these stores are durable at once) -------------
+    def write_error(self) -> str | None:
+        """Why writes are refused right now (fenced, closed, backlog full), or None."""
+        return None
+
+    def visible_seq(self) -> int:
+        """Every message up to this sequence is durable: consumers may see it."""
+        return self.index.last_seq
+
+    def ack_when_durable(self, seq: int, cb: Callable[[str | None], None]) -> bool:
+        """Arrange `cb(None)` (or `cb(error text)`) once `seq` is durable; False (and no call) when it is already."""
+        return False
 
     def close(self) -> None:
         pass

@@ -66,6 +66,10 @@ class Stream:
         return self.cfg["retention"]
 
     def save_meta(self) -> None:
+        put_doc = getattr(self.store, "put_doc", None)  # a shared store keeps the config next to the data
+        if put_doc is not None:
+            put_doc("", "stream", {"config": self.cfg, "created": self.created})
+            return
         if self.dir is None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -82,41 +86,58 @@ class Stream:
     # -- publish path --------------------------------------------------------------------------------
     def on_publish(self, subject: str, reply: str | None, hdrs: bytes | None, data: bytes) -> None:
         """Internal-client callback for the stream's subjects."""
+        wait = 0
         try:
-            resp = self.process(subject, hdrs, data)
+            resp, wait = self._process(subject, hdrs, data)
         except JSError as err:
             resp = _pub_error(self.name, err)
         except Exception:  # a store failure must not kill the subscription
             log.exception("stream %s: storing a message on %s failed", self.name, subject)
             resp = _pub_error(self.name, JSError("stream_store_failed", err="store failure"))
         if reply and not self.cfg.get("no_ack"):
+            # a shared store acknowledges once the message is durable there (or tells why it is not)
+            if wait and self.store.ack_when_durable(wait, lambda err: self._durable_reply(reply, resp, err)):
+                return
             self.service.send(reply, resp)
 
+    def _durable_reply(self, reply: str, resp: bytes, err: str | None) -> None:
+        if err is not None:
+            resp = _pub_error(self.name, JSError("stream_store_failed", err=err))
+        self.service.send(reply, resp)
+
     def process(self, subject: str, hdrs: bytes | None, data: bytes) -> bytes:
+        return self._process(subject, hdrs, data)[0]
+
+    def _process(self, subject: str, hdrs: bytes | None, data: bytes) -> tuple[bytes, int]:
+        """(reply, sequence the reply must wait for to be durable, or 0)."""
         cfg = self.cfg
         if self.closed:
             raise JSError("stream_not_found")
         size = len(data) + (len(hdrs) if hdrs else 0)
         if 0 < cfg["max_msg_size"] < size:
-            return _pub_error(self.name, JSError("stream_message_exceeds_max"))
+            return _pub_error(self.name, JSError("stream_message_exceeds_max")), 0
         h = parse_headers(hdrs) if hdrs else {}
         msg_id = ""
         if h:
             exp = h.get("Nats-Expected-Stream")
             if exp is not None and exp != self.name:
-                return _pub_error(self.name, JSError("stream_not_match"))
+                return _pub_error(self.name, JSError("stream_not_match")), 0
             msg_id = h.get("Nats-Msg-Id", "")
             if msg_id:
                 self._expire_dedupe()
                 dup = self._dedupe.get(msg_id)
                 if dup is not None:
-                    return f'{{"stream":{json.dumps(self.name)},"seq":{dup[0]},"duplicate": true}}'.encode()
+                    resp = f'{{"stream":{json.dumps(self.name)},"seq":{dup[0]},"duplicate": true}}'.encode()
+                    return resp, dup[0]
             err = self._check_expected(subject, h)
             if err is not None:
-                return _pub_error(self.name, err)
+                return _pub_error(self.name, err), 0
         err = self._check_discard_new(subject, hdrs, data)
         if err is not None:
-            return _pub_error(self.name, err)
+            return _pub_error(self.name, err), 0
+        refused = self.store.write_error()
+        if refused is not None:
+            return _pub_error(self.name, JSError("stream_store_failed", err=refused)), 0
         seq, ts = self.store.store(subject, hdrs, data)
         if msg_id:
             self._dedupe[msg_id] = (seq, ts)
@@ -126,12 +147,27 @@ class Stream:
         self._enforce_limits(subject)
         if self.retention == "interest" and not self._has_interest(subject):
             self.remove_msg(seq)
-        else:
+        elif seq <= self.store.visible_seq():
             for c in list(self.consumers.values()):
                 c.on_new_msg(seq, subject)
+        # else: announced to the consumers by on_visible once durable
         if cfg["max_age"] and self._age_timer is None:
             self.schedule_age_check()
-        return f'{{"stream":{json.dumps(self.name)},"seq":{seq}}}'.encode()
+        return f'{{"stream":{json.dumps(self.name)},"seq":{seq}}}'.encode(), seq
+
+    def on_visible(self, first: int, last: int) -> None:
+        """Store callback: messages first..last became durable; announce the ones still stored."""
+        if self.closed:
+            return
+        idx = self.store.index
+        consumers = list(self.consumers.values())
+        if not consumers:
+            return
+        for seq in range(first, last + 1):
+            subject = idx.subject_of(seq)
+            if subject is not None:
+                for c in consumers:
+                    c.on_new_msg(seq, subject)
 
     def _check_expected(self, subject: str, h: dict[str, str]) -> JSError | None:
         last = h.get("Nats-Expected-Last-Sequence")
@@ -220,6 +256,8 @@ class Stream:
         return True
 
     def _notify_removed(self, seq: int, subject: str) -> None:
+        if seq > self.store.visible_seq():
+            return  # not announced yet (not durable): the consumers never counted it
         for c in list(self.consumers.values()):
             c.on_removed(seq, subject)
 
@@ -307,7 +345,8 @@ class Stream:
             "config": self.cfg,
             "created": format_time(self.created),
             "state": self.state(subjects_filter, deleted_details),
-            "cluster": {"leader": self.service.server_name},
+            "cluster": self.service.stream_cluster(self) if self.service.stream_cluster is not None
+            else {"leader": self.service.server_name},
             "ts": format_time(time.time_ns()),
         }
 

@@ -28,10 +28,12 @@ _LIMITS = ("max_consumers", "max_msgs", "max_bytes", "max_msgs_per_subject", "ma
 JS_API_PREFIX = "$JS.API.>"
 
 
-def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
+              clustered: bool = False) -> dict[str, Any]:
     """Apply defaults and check a (decoded) stream config for stream `name`.
 
-    `others` maps the other streams' names to their configs, for the subject overlap check.
+    `others` maps the other streams' names to their configs, for the subject overlap check. `clustered`:
+    `num_replicas` above 1 is the meta group's to place (a lone server refuses it, as nats-server does).
     """
     req = dict(req)
     req.pop("pedantic", None)
@@ -40,7 +42,7 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]])
     if not valid_name(name):
         raise invalid_config("stream name is required and can not contain '.', '*', '>', '\\', '/'")
     replicas = req.get("num_replicas", 0)
-    if replicas > 1:
+    if replicas > 1 and not clustered:
         raise JSError("stream_replicas_not_supported")
     if req.get("mirror") or req.get("sources"):
         raise invalid_config("stream mirrors and sources are not supported by zonebus")
@@ -73,7 +75,7 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]])
     cfg["max_age"] = max_age
     cfg["discard"] = req.get("discard", "old")
     cfg["storage"] = req.get("storage", "file")
-    cfg["num_replicas"] = 1
+    cfg["num_replicas"] = max(1, replicas) if clustered else 1
     dup = req.get("duplicate_window", 0)
     if dup < 0:
         raise invalid_config("duplicates window can not be negative")

@@ -1,0 +1,111 @@
+"""Clustered JetStream on three real servers and one shared file store, through nats-py.
+
+Create a stream from each server and see one stream (one leader) from all of them; placement by tags pins
+the leader in a zone; publish on one server and consume on another with the stream subject kept; a second
+create with another config is refused; stepdown moves the leader; delete removes it everywhere.
+"""
+
+from __future__ import annotations
+
+import nats
+import pytest
+from jscluster import api, start_cluster, wait_meta_leader
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from zonebus.testing.processes import stop_all
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    servers = start_cluster(tmp_path_factory.mktemp("jsc"))
+    yield servers
+    stop_all(servers)
+
+
+@pytest.mark.timeout(90)
+async def test_create_from_every_server_one_stream(cluster) -> None:
+    await wait_meta_leader(cluster)
+    conns = [await nats.connect(s.url) for s in cluster]
+    try:
+        for i, nc in enumerate(conns):
+            js = nc.jetstream(timeout=5)
+            info = await js.add_stream(name=f"EACH{i}", subjects=[f"each{i}.>"])
+            assert info.config.name == f"EACH{i}"
+        leaders = set()
+        for nc in conns:
+            names = await api(nc, "$JS.API.STREAM.NAMES")
+            assert {"EACH0", "EACH1", "EACH2"} <= set(names["streams"])
+            for i in range(3):
+                info = await api(nc, f"$JS.API.STREAM.INFO.EACH{i}")
+                assert "error" not in info, info
+                assert info["cluster"]["name"] == "c1"
+                leaders.add((i, info["cluster"]["leader"]))
+        assert len(leaders) == 3  # every server names the same leader for each stream
+        listed = await api(conns[0], "$JS.API.STREAM.LIST")
+        assert {s["config"]["name"] for s in listed["streams"]} >= {"EACH0", "EACH1", "EACH2"}
+        # the same name with another config is refused, from any server
+        resp = await api(conns[2], "$JS.API.STREAM.CREATE.EACH0", {"name": "EACH0", "subjects": ["other.>"]})
+        assert resp["error"]["err_code"] == 10058
+    finally:
+        for nc in conns:
+            await nc.close()
+
+
+@pytest.mark.timeout(90)
+async def test_placement_pins_the_leader_and_messages_cross(cluster) -> None:
+    await wait_meta_leader(cluster)
+    pub = await nats.connect(cluster[0].url)
+    sub = await nats.connect(cluster[2].url)
+    try:
+        js = pub.jetstream(timeout=5)
+        resp = await api(pub, "$JS.API.STREAM.CREATE.PINNED",
+                         {"name": "PINNED", "subjects": ["pinned.>"], "num_replicas": 1,
+                          "placement": {"tags": ["az:z2"]}})
+        assert resp["cluster"]["leader"] == "s2", resp
+        for i in range(50):
+            ack = await js.publish(f"pinned.{i % 5}", f"m{i}".encode())
+            assert ack.seq == i + 1
+        sjs = sub.jetstream(timeout=5)
+        await sjs.add_consumer("PINNED", ConsumerConfig(durable_name="d", ack_policy=AckPolicy.EXPLICIT))
+        psub = await sjs.pull_subscribe_bind(durable="d", stream="PINNED")
+        got = []
+        while len(got) < 50:
+            for m in await psub.fetch(20, timeout=5):
+                got.append((m.subject, m.data, m.metadata.sequence.stream))
+                await m.ack()
+        assert [g[2] for g in got] == list(range(1, 51))
+        assert [g[0] for g in got] == [f"pinned.{i % 5}" for i in range(50)]  # the stream subject, not the inbox
+        cinfo = await sjs.consumer_info("PINNED", "d")
+        assert cinfo.cluster.leader == "s2"
+        assert cinfo.num_ack_pending == 0
+        bad = await api(pub, "$JS.API.STREAM.CREATE.NOWHERE",
+                        {"name": "NOWHERE", "subjects": ["nowhere"], "placement": {"tags": ["az:z9"]}})
+        assert bad["error"]["err_code"] == 10005
+    finally:
+        await pub.close()
+        await sub.close()
+
+
+@pytest.mark.timeout(90)
+async def test_stepdown_and_delete(cluster) -> None:
+    await wait_meta_leader(cluster)
+    nc = await nats.connect(cluster[1].url)
+    try:
+        js = nc.jetstream(timeout=5)
+        await js.add_stream(name="MOVE", subjects=["move.>"], num_replicas=3)
+        for i in range(10):
+            await js.publish("move.x", str(i).encode())
+        before = await api(nc, "$JS.API.STREAM.INFO.MOVE")
+        assert len(before["cluster"]["replicas"]) == 2
+        step = await api(nc, "$JS.API.STREAM.LEADER.STEPDOWN.MOVE")
+        assert step.get("success") is True, step
+        after = await api(nc, "$JS.API.STREAM.INFO.MOVE")
+        assert after["cluster"]["leader"] != before["cluster"]["leader"]
+        assert after["state"]["messages"] == 10
+        ack = await js.publish("move.x", b"10")
+        assert ack.seq == 11
+        assert (await api(nc, "$JS.API.STREAM.DELETE.MOVE"))["success"] is True
+        gone = await api(nc, "$JS.API.STREAM.INFO.MOVE")
+        assert gone["error"]["err_code"] == 10059
+    finally:
+        await nc.close()

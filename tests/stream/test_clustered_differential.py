@@ -1,0 +1,90 @@
+"""The clustered `$JS.API` against nats-server's own 3-server JetStream cluster: the same requests, the same
+answers (success or the same error code), modulo ids, timing and which server leads."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import nats
+import pytest
+from jscluster import api, start_cluster
+
+from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
+
+
+def nats_cluster(tmp: Path) -> list[ServerProcess]:
+    ports = [free_port() for _ in range(3)]
+    servers = [ServerProcess("nats", cluster_config(f"s{i + 1}", ports[i], ports, tags=[f"az:z{i + 1}"],
+                                                    extra=f'jetstream {{ store_dir: "{tmp}/n{i + 1}" }}'))
+               for i in range(3)]
+    return start_parallel(servers)
+
+
+async def ready(nc: nats.NATS, timeout: float = 30.0) -> None:
+    """Until the cluster accepts a stream (nats-server needs its meta leader and peers first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            resp = await api(nc, "$JS.API.STREAM.CREATE.READY", {"name": "READY", "subjects": ["ready"]}, 2.0)
+            if "error" not in resp:
+                await api(nc, "$JS.API.STREAM.DELETE.READY")
+                return
+        assert time.monotonic() < deadline, "JetStream cluster not ready"
+        await asyncio.sleep(0.2)
+
+
+def outcome(resp: dict) -> object:
+    """What must match: the error code, or the success shape."""
+    if "error" in resp:
+        return ("error", resp["error"]["err_code"])
+    return ("ok", resp.get("success"), resp.get("did_create"))
+
+
+async def scenario(nc: nats.NATS) -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+
+    async def step(label: str, subject: str, body: dict | None = None) -> dict:
+        resp = await api(nc, subject, body)
+        out.append((label, outcome(resp)))
+        return resp
+
+    created = await step("create", "$JS.API.STREAM.CREATE.DA", {"name": "DA", "subjects": ["da.>"]})
+    out.append(("cluster name", created["cluster"]["name"]))
+    await step("create same", "$JS.API.STREAM.CREATE.DA", {"name": "DA", "subjects": ["da.>"]})
+    await step("create other config", "$JS.API.STREAM.CREATE.DA", {"name": "DA", "subjects": ["other.>"]})
+    await step("overlapping subjects", "$JS.API.STREAM.CREATE.DB", {"name": "DB", "subjects": ["da.x"]})
+    await step("no such tags", "$JS.API.STREAM.CREATE.DC",
+               {"name": "DC", "subjects": ["dc"], "placement": {"tags": ["az:z9"]}})
+    await step("too many replicas", "$JS.API.STREAM.CREATE.DE", {"name": "DE", "subjects": ["de"], "num_replicas": 5})
+    r3 = await step("r3", "$JS.API.STREAM.CREATE.DR", {"name": "DR", "subjects": ["dr"], "num_replicas": 3})
+    out.append(("r3 replicas", len(r3["cluster"].get("replicas", []))))
+    pinned = await step("pinned", "$JS.API.STREAM.CREATE.DP",
+                        {"name": "DP", "subjects": ["dp"], "placement": {"tags": ["az:z2"]}})
+    out.append(("pinned leader", pinned["cluster"]["leader"]))
+    await step("info missing", "$JS.API.STREAM.INFO.NOPE")
+    await step("stepdown r3", "$JS.API.STREAM.LEADER.STEPDOWN.DR")
+    await step("stepdown missing", "$JS.API.STREAM.LEADER.STEPDOWN.NOPE")
+    names = await api(nc, "$JS.API.STREAM.NAMES")
+    out.append(("names", sorted(n for n in names["streams"] if n.startswith("D"))))
+    await step("delete", "$JS.API.STREAM.DELETE.DA")
+    await step("delete again", "$JS.API.STREAM.DELETE.DA")
+    return out
+
+
+@pytest.mark.timeout(180)
+async def test_clustered_api_answers_like_nats_server(tmp_path: Path) -> None:
+    results = {}
+    for impl in ("nats", "zonebus"):
+        servers = nats_cluster(tmp_path / impl) if impl == "nats" else start_cluster(tmp_path / impl)
+        try:
+            nc = await nats.connect(servers[0].url)
+            await ready(nc)
+            results[impl] = await scenario(nc)
+            await nc.close()
+        finally:
+            stop_all(servers)
+    diffs = [(n, z) for n, z in zip(results["nats"], results["zonebus"], strict=True) if n != z]
+    assert diffs == [], f"nats-server vs zonebus: {diffs}"

@@ -1,0 +1,73 @@
+"""`/routez` and the `cluster` section of `/varz`, with nats-server's field names (data builders only).
+
+Route entries carry nats-server's `start`, `last_activity` (RFC 3339), `rtt` (a Go duration), `uptime` and
+`idle` (nats-server's uptime form), plus zonebus's `tags`, `zone` and `tag_match`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from zonebus.server.monitor import go_duration, nats_uptime, query_flag, rfc3339
+
+if TYPE_CHECKING:
+    from zonebus.cluster.manager import ClusterManager
+    from zonebus.server.server import Server
+
+
+def routez(mgr: ClusterManager, subs: bool) -> dict[str, Any]:
+    now = time.time()
+    routes = []
+    for c in sorted(mgr.peers.values(), key=lambda c: c.cid):
+        entry: dict[str, Any] = {
+            "rid": c.cid,
+            "remote_id": c.remote_id,
+            "remote_name": c.remote_name,
+            "did_solicit": c.solicited,
+            "is_configured": c.configured,
+            "ip": c.ip,
+            "port": c.remote_port,
+            "start": rfc3339(c.start),
+            "last_activity": rfc3339(c.last_activity),
+            "rtt": go_duration(c.rtt),
+            "uptime": nats_uptime(now - c.start),
+            "idle": nats_uptime(now - c.last_activity),
+            "pending_size": c.out_pending,
+            "in_msgs": c.in_msgs,
+            "out_msgs": c.out_msgs,
+            "in_bytes": c.in_bytes,
+            "out_bytes": c.out_bytes,
+            "subscriptions": len(c.remote_subs),
+            "tags": c.remote_tags,
+            "zone": c.zone,
+            "tag_match": c.tag_match,
+        }
+        if subs:
+            entry["subscriptions_list"] = sorted(
+                (s.subject.decode() + (" " + s.queue.decode() if s.queue else "")) for s in c.remote_subs.values()
+            )
+            entry["subscriptions_list_detail"] = [
+                {"subject": s.subject.decode(), "qgroup": s.queue.decode() if s.queue else "", "weight": s.weight}
+                for s in c.remote_subs.values()
+            ]
+        routes.append(entry)
+    server = mgr.server
+    return {"server_id": server.server_id, "server_name": server.name, "now": rfc3339(now),
+            "num_routes": len(routes), "routes": routes}
+
+
+def routez_page(server: Server, mgr: ClusterManager | None, query: Mapping[str, str]) -> dict[str, Any]:
+    """`/routez` (`?subs=1`); a server without a cluster block answers with no routes, as nats-server."""
+    if mgr is None:
+        return {"server_id": server.server_id, "server_name": server.name, "now": rfc3339(time.time()),
+                "num_routes": 0, "routes": []}
+    return routez(mgr, query_flag(query, "subs"))
+
+
+def varz_cluster(mgr: ClusterManager) -> dict[str, Any]:
+    opts = mgr.opts
+    return {"name": opts.name, "addr": opts.host,
+            "cluster_port": int(mgr.route_url.rsplit(":", 1)[-1]) if mgr.route_url else 0,
+            "urls": list(opts.routes), "prefer_matching_tags": opts.prefer_matching_tags, "tags": mgr.tags}

@@ -1,0 +1,321 @@
+"""`LinkConnection`: the base of every connection to another server.
+
+What it owns, for every kind:
+- the handshake skeleton: INFO and CONNECT arrive as JSON objects (anything else is `-ERR 'Unknown
+  Protocol Operation'` and a close, never a traceback), INFO is refused before authorization, and the
+  identity a peer gives in its first INFO (server id, name, tags) is settled once for the connection;
+- framing of the inter-server protocol (`RouteParser`), one inbound dispatch loop, and the message fast
+  path: a plain RMSG whose control line repeats replays the delivery list built for it last time, while the
+  sublist generation holds;
+- PING/PONG with RTT, and closing a link whose PING stays unanswered (`STALE_AFTER`, 0 = never);
+- a handshake deadline, counters (in the `Connection` base) and the logging of link errors;
+- channel frames (`LMSG <channel> <size>`), handed to the `LinkChannels` the owner attached.
+
+A kind subclasses it and fills in the hooks: `greet` (what to send once connected), `credentials` and
+`authorized_by_connect` (the CONNECT check itself is here), `on_info`, `on_interest`, `build_memo` (local
+deliveries of a repeated message line), `on_rtt`, `on_error`, `log_error`, `handshake_timed_out`,
+`describe`, and `unregister` (forget the link when it closes).
+It sets `msgs_in` once messages may flow in over the link. Owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from zonebus.protocol import errors
+from zonebus.protocol.route_parser import (
+    A_MINUS,
+    A_PLUS,
+    CONNECT,
+    ERR,
+    INFO,
+    LINK_ACCOUNT,
+    PING,
+    PONG,
+    RMSG,
+    RS_MINUS,
+    RS_PLUS,
+    MsgHeader,
+    RouteParser,
+    msg_line,
+)
+from zonebus.server.connection import ACCOUNT, Connection
+from zonebus.server.options import advertised_host
+from zonebus.subjects.sublist import Subscription
+
+if TYPE_CHECKING:
+    from zonebus.link.channels import LinkChannels
+    from zonebus.server.server import Server
+
+_INTEREST = (RS_PLUS, RS_MINUS, A_PLUS, A_MINUS)
+JSON_DEPTH_ERRORS = (ValueError, RecursionError)
+
+
+def json_line(op: bytes, obj: Any) -> bytes:
+    """`OP {json}\\r\\n`, compact, as the inter-server protocol sends INFO and CONNECT."""
+    return op + b" " + json.dumps(obj, separators=(",", ":")).encode() + b"\r\n"
+
+
+def str_list(value: Any) -> list[str]:
+    """A list of strings from a peer's JSON field; anything that is not a list is no list."""
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+class LinkConnection(Connection, asyncio.Protocol):
+    PING_EVERY = 2.0
+    STALE_AFTER = 0.0  # a PING unanswered this long closes the link; 0 = never
+    MEMO_MAX = 256
+
+    def __init__(self, server: Server, channels: LinkChannels | None = None) -> None:
+        super().__init__(server)
+        self.channels = channels
+        self.parser = RouteParser(max_control_line=1 << 20, max_payload=1 << 30)
+        self.remote_id = ""
+        self.remote_name = ""
+        self.remote_tags: list[str] = []
+        self.authorized = False
+        self.established = False
+        self.msgs_in = False  # messages are accepted over this link (set by the kind once it is live)
+        self.rtt = 0.0  # seconds; 0 = not measured yet
+        self._ping_sent = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.closed_future: asyncio.Future = server.loop.create_future()
+        self._memos: dict[MsgHeader, tuple[int, list[tuple] | None]] = {}
+        # stands in for a subscription in a client's fast-path memo entries (conn, line, sub)
+        self.memo_sub = Subscription(self, b">", None, b"")
+
+    # -- hooks for the kinds -------------------------------------------------------------------------
+    def greet(self) -> None:
+        """Connected: send what this side sends first (CONNECT and/or INFO), start timers."""
+
+    def credentials(self) -> tuple[str, str]:
+        """The user and password a peer's CONNECT must carry ("" user: no authorization)."""
+        return "", ""
+
+    def authorized_by_connect(self) -> None:
+        """An accepted link's CONNECT passed authorization."""
+
+    def on_info(self, info: dict[str, Any]) -> bool:
+        return True
+
+    def on_interest(self, op: tuple) -> None:
+        pass
+
+    def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
+        """Deliveries `(conn, line, sub)` of a plain, reply-less message arriving over this link, or None
+        when it needs the full path."""
+        return None
+
+    def on_rtt(self) -> None:
+        pass
+
+    def on_error(self, text: str) -> None:
+        """The peer sent `-ERR text`."""
+        self.log_error(f"{self.kind} {self.describe()} error: {text}")
+
+    def log_error(self, msg: str) -> None:
+        self.server.log(msg)
+
+    def handshake_timed_out(self) -> None:
+        self.server.log(f"{self.kind} connection {self.describe()}: no handshake in time, closing")
+        self.close()
+
+    def unregister(self) -> None:
+        """The link closed: forget it (its owner's registries, its remote interest)."""
+
+    def describe(self) -> str:
+        return f"{self.remote_name or self.remote_id or '?'} ({self.ip}:{self.remote_port})"
+
+    # -- asyncio.Protocol ----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.peer_address(transport)
+        self.server.links[self.cid] = self
+        self.greet()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self.closed_future.done():
+            self.closed_future.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        ops, error = self.parser.feed(data)
+        server = self.server
+        for op in ops:
+            code = op[0]
+            if code == RMSG:
+                if not self.msgs_in:
+                    continue
+                hdr, payload = op[1], op[2]
+                self.in_msgs += 1
+                self.in_bytes += hdr.size
+                if self.ledger_in is not None:
+                    server.ledger_count(self.ledger_in, hdr.subject, hdr.size + len(hdr.subject) + 16)
+                if hdr.account != ACCOUNT:
+                    if hdr.account == LINK_ACCOUNT and self.channels is not None:
+                        self.channels.frame(self, hdr.subject, payload[:-2])
+                    continue
+                if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues:
+                    memo = self._memos.get(hdr)
+                    entries = memo[1] if memo is not None and memo[0] == server.sublist.generation \
+                        else self._memo_miss(hdr)
+                    if entries is not None:
+                        replay(server, entries, hdr.subject, hdr.size, payload)
+                        continue
+                server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or ())
+            elif code in _INTEREST:
+                if self.established:
+                    self.on_interest(op)
+            elif code == PING:
+                self.send(b"PONG\r\n")
+            elif code == PONG:
+                if self._ping_sent:
+                    self.rtt = max(time.monotonic() - self._ping_sent, 1e-6)
+                    self._ping_sent = 0.0
+                    self.on_rtt()
+            elif code == INFO:
+                info = self._json_object(op[1])
+                if info is None:
+                    return
+                if not self.authorized:
+                    self.reject(errors.AUTH_VIOLATION)
+                    return
+                if not self.on_info(info):
+                    return
+            elif code == CONNECT:
+                fields = self._json_object(op[1])
+                if fields is None or not self.on_connect(fields):
+                    return
+            elif code == ERR:
+                self.on_error(op[1].decode(errors="replace"))
+            if self.closed:
+                return
+        self.last_activity = time.time()
+        if ops and self.msgs_in:
+            server.producing(self, len(data))  # messages come in here: stall this link if a receiver backs up
+        if error is not None:
+            self.send(error.wire())
+            self.close()
+
+    def _memo_miss(self, hdr: MsgHeader) -> list[tuple] | None:
+        if len(self._memos) >= self.MEMO_MAX:
+            self._memos.clear()
+        entries = self.build_memo(hdr.subject, hdr.size)
+        self._memos[hdr] = (self.server.sublist.generation, entries)
+        return entries
+
+    # -- handshake -----------------------------------------------------------------------------------
+    def on_connect(self, fields: dict[str, Any]) -> bool:
+        """The peer's CONNECT: a dialled link (or one already authorized) takes it as it is; an accepted one
+        must carry the credentials of the block, else `-ERR 'Authorization Violation'` and a close."""
+        if self.authorized:
+            return True
+        user, password = self.credentials()
+        if user and (fields.get("user") != user or fields.get("pass") != password):
+            self.log_error(f"{self.kind} connection from {self.ip}:{self.remote_port}: authorization failed")
+            return self.reject(errors.AUTH_VIOLATION)
+        self.authorized = True
+        self.authorized_by_connect()
+        return True
+
+    def _json_object(self, raw: bytes) -> dict[str, Any] | None:
+        """The JSON object of an INFO/CONNECT line; anything else rejects the link (None)."""
+        try:
+            obj = json.loads(raw)
+        except JSON_DEPTH_ERRORS:
+            obj = None
+        if not isinstance(obj, dict):
+            self.server.log(f"{self.kind} {self.ip}:{self.remote_port}: INFO/CONNECT is not a JSON object, closing")
+            self.reject(errors.UNKNOWN_OP)
+            return None
+        return obj
+
+    def take_identity(self, info: dict[str, Any]) -> bool:
+        """The peer's identity from its first INFO; later INFOs may update tags but never the identity.
+        Returns whether this INFO was the first."""
+        self.remote_tags = str_list(info.get("tags"))
+        if self.remote_id:
+            return False
+        self.remote_id = str(info.get("server_id") or "")
+        self.remote_name = str(info.get("server_name") or "") or self.remote_id
+        return True
+
+    def handshake_deadline(self, seconds: float) -> None:
+        self._timer = self.server.loop.call_later(max(seconds, 0.1), self._handshake_check)
+
+    def _handshake_check(self) -> None:
+        if not self.established and not self.closed:
+            self.handshake_timed_out()
+
+    def reject(self, text: str) -> bool:
+        self.send(errors.err(text))
+        self.close()
+        return False
+
+    def send_json(self, op: bytes, obj: Any) -> None:
+        self.send(json_line(op, obj))
+
+    # -- PING / RTT ----------------------------------------------------------------------------------
+    def start_pinging(self, delay: float = 0.0) -> None:
+        if self._timer is not None:
+            self._timer.cancel()  # the handshake deadline
+        if delay:
+            self._timer = self.server.loop.call_later(delay, self._ping)
+        else:
+            self._ping()
+
+    def _ping(self) -> None:
+        if self.closed:
+            return
+        stale = self.STALE_AFTER
+        if stale and self._ping_sent and time.monotonic() - self._ping_sent > stale:
+            self.log_error(f"{self.kind} connection {self.describe()}: no PONG for {stale:.0f}s, closing")
+            self.close(abort=True)
+            return
+        if not self._ping_sent:
+            self._ping_sent = time.monotonic()
+            self.send(b"PING\r\n")
+        self._timer = self.server.loop.call_later(self.PING_EVERY, self._ping)
+
+    # -- outbound ------------------------------------------------------------------------------------
+    def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                queues: list[bytes] | None) -> None:
+        """Send a message as RMSG/HMSG, naming the queue groups the receiver is to serve."""
+        self.write_frame(msg_line(ACCOUNT, subject, reply, queues, hdr_len, len(data) - 2), data, subject)
+
+    def send_frame(self, channel: bytes, payload: bytes) -> None:
+        """One channel frame (`LMSG <channel> <size>`) for the peer's extension of that name."""
+        self.write_frame(b"LMSG %b %d\r\n" % (channel, len(payload)), payload + b"\r\n", channel)
+
+
+def replay(server: Server, entries: list[tuple], subject: bytes, size: int, payload: bytes) -> None:
+    """Deliver one message along a remembered delivery list of `(conn, control line, sub)` entries (the
+    fast path of links; the client's own loop is inlined in client.py)."""
+    for conn, line, sub in entries:
+        out = conn.out
+        out.append(line)
+        out.append(payload)
+        sub.delivered += 1
+        conn.out_msgs += 1
+        conn.out_bytes += size
+        if conn.ledger_out is not None:
+            server.ledger_count(conn.ledger_out, subject, len(line) + size + 2)
+        if not conn.dirty:
+            conn.dirty = True
+            server.mark_dirty(conn)
+
+
+async def listen(server: Server, factory: Callable[[], asyncio.Protocol], host: str,
+                 port: int) -> tuple[asyncio.base_events.Server, str]:
+    """A listener for links of one kind; returns it and the `host:port` other servers should dial."""
+    listener = await server.loop.create_server(factory, host, port, reuse_address=True)
+    bound = listener.sockets[0].getsockname()[1]
+    return listener, f"{advertised_host(host)}:{bound}"

@@ -1,0 +1,152 @@
+"""The composition root: one zonebus server process, wired together from its options.
+
+The layers, each knowing only those below it:
+
+    protocol (wire parsers) -> server core (clients, sublist, routing point, monitoring)
+      -> links (zonebus.link: every server-to-server connection)
+        -> cluster (routes) / gateways / streams (JetStream) -> node (this module)
+
+`Node` reads the options, creates the server core and the extensions the options ask for, and registers
+them through the core's hooks (`zonebus.server.hooks`); the core never imports an extension.
+- cluster (`cluster {}`): interest watcher, queue picker, the clients' `connect_urls`, `/routez`, the
+  `cluster` section of `/varz`, tags on reload; its routes carry the channels of later extensions;
+- gateways (`gateway {}`): the forwarder (messages to other clusters), an interest watcher, `/gatewayz`,
+  the `gateway` section of `/varz`; told about the cluster for gossip and replies;
+- JetStream (`jetstream {}`): an internal client of the server, `jetstream: true` in INFO; in a cluster the
+  clustered layer (`zonebus.stream.cluster`: meta group on the routes' channels, streams on shared storage);
+- the ledger lives in the core (`zonebus.server.ledger_hooks`) and is told about reloads here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import tempfile
+from typing import Any
+
+from zonebus.cluster.manager import ClusterManager
+from zonebus.cluster.monitoring import routez_page, varz_cluster
+from zonebus.gateway.manager import GatewayManager
+from zonebus.gateway.monitoring import gatewayz_page, varz_gateway
+from zonebus.server.internal import InternalClient
+from zonebus.server.options import ServerOptions
+from zonebus.server.server import Server
+from zonebus.stream.cluster import ClusteredJetStream
+from zonebus.stream.monitoring import JetStreamMonitor
+from zonebus.stream.routed import RoutedDeliveries
+
+
+class JetStreamExtension:
+    """Starts the JetStream service on an internal client once the server listens."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.service: Any = None
+
+    async def start(self) -> None:
+        from zonebus.stream.service import JetStreamService
+
+        server = self.server
+        js = server.opts.jetstream
+        if not js.store_dir:
+            js.store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
+        self.service = JetStreamService(js, server.name, InternalClient(server, "$JS"))
+        await self.service.start()
+        server.info_extras["jetstream"] = True
+        server.log(f"JetStream enabled, store {js.store_dir}")
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+
+
+class Node:
+    def __init__(self, opts: ServerOptions) -> None:
+        self.opts = opts
+        self.server = server = Server(opts)
+        self.cluster: ClusterManager | None = None
+        self.gateway: GatewayManager | None = None
+        self.jetstream: JetStreamExtension | ClusteredJetStream | None = None
+        self.routed: RoutedDeliveries | None = None
+        if opts.cluster.port or opts.cluster.routes:
+            self.cluster = cluster = ClusterManager(server)
+            server.add_extension(cluster)
+            server.interest_watchers.append(cluster)
+            server.queue_picker = cluster.pick_queue_member
+            server.connect_urls = cluster.client_connect_urls
+            server.varz_sections["cluster"] = functools.partial(varz_cluster, cluster)
+            server.reload_hooks.append(cluster.reloaded)
+        server.pages["/routez"] = functools.partial(routez_page, server, self.cluster)
+        if opts.gateway.name or opts.gateway.port or opts.gateway.gateways:
+            self.gateway = gateway = GatewayManager(server, self.cluster)
+            if self.cluster is not None:
+                self.cluster.on_gateway_gossip = gateway.cluster_gossip
+            server.add_extension(gateway)
+            server.interest_watchers.append(gateway)  # this cluster's interest, told to other clusters
+            server.forwarder = gateway
+            server.varz_sections["gateway"] = functools.partial(varz_gateway, gateway)
+        server.pages["/gatewayz"] = functools.partial(gatewayz_page, server, self.gateway)
+        if self.cluster is not None:  # stream deliveries from route peers keep their stream subject
+            self.routed = RoutedDeliveries(InternalClient(server, "$JSD"), self.cluster.channels)
+        if opts.jetstream.enabled and self.cluster is not None:
+            self.jetstream = ClusteredJetStream(server, self.cluster, self.routed)
+            server.add_extension(self.jetstream)
+            clustered = self.jetstream
+            self.jsz = JetStreamMonitor(server, lambda: clustered.svc, meta_cluster=clustered.meta_cluster,
+                                        stream_cluster=clustered.stream_cluster)
+        else:  # a lone server's /jsz and /varz `jetstream`, as nats-server (also without JetStream)
+            if opts.jetstream.enabled:
+                self.jetstream = JetStreamExtension(server)
+                server.add_extension(self.jetstream)
+            self.jsz = JetStreamMonitor(
+                server, lambda: self.jetstream.service if isinstance(self.jetstream, JetStreamExtension) else None)
+        server.pages["/jsz"] = self.jsz.page
+        server.varz_sections["jetstream"] = self.jsz.varz
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the config file and apply what may change at run time (tags,
+        `cluster.prefer_matching_tags`) without dropping connections."""
+        from zonebus.config import ConfigError, load_config
+
+        server = self.server
+        path = server.opts.config_file
+        if not path:
+            server.log("reload: no config file")
+            return
+        try:
+            new = load_config(path)
+        except ConfigError as exc:
+            server.log(f"reload failed: {exc}")
+            return
+        server.opts.server_tags = new.server_tags
+        server.reload_auth(new)  # users, permissions, token: logins checked again, see Server.reload_auth
+        server.opts.cluster.prefer_matching_tags = new.cluster.prefer_matching_tags
+        for hook in server.reload_hooks:
+            hook(server.opts)
+        if server.ledger is not None:
+            server.ledger.tags_changed()
+        server.log(f"reloaded {path}: tags={new.server_tags} "
+                   f"prefer_matching_tags={new.cluster.prefer_matching_tags}")
+
+
+async def run(opts: ServerOptions) -> None:
+    """Run one node until SIGTERM/SIGINT; SIGHUP reloads."""
+    node = Node(opts)
+    server = node.server
+    await node.start()
+    if opts.pid_file:
+        with open(opts.pid_file, "w") as f:
+            f.write(str(os.getpid()))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_shutdown)
+    loop.add_signal_handler(signal.SIGHUP, node.reload)
+    try:
+        await server.serve_forever()
+    finally:
+        await server.shutdown()

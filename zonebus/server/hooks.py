@@ -1,0 +1,77 @@
+"""What the server core offers its extensions, and what it expects of them.
+
+The core (`zonebus.server`) knows client connections, subscriptions, the one routing point
+(`Server.process_msg`), batching and monitoring. Routes, gateways, streams and everything later are
+*extensions*: objects that the composition root (`zonebus.node`) creates and registers on the `Server`
+through the attributes below. The core calls them; it never imports them.
+
+| attribute on Server | type | called when |
+|---|---|---|
+| `add_extension(ext)` | `Extension` | `start()` after the client listener is up, `stop()` at shutdown (reverse order) |
+| `interest_watchers` | list of `InterestWatcher` | every subscription added to / removed from the sublist |
+| `forwarder` | `Forwarder` or None | every message that did not come over a route (gateways take it from there) |
+| `queue_picker` | `QueuePicker` or None | a queue group needs a member (the cluster's routing policy) |
+| `connect_urls` | `() -> list[str]` or None | a client's INFO is built (`connect_urls` for failover) |
+| `client_urls_changed()` | method | an extension tells the core that `connect_urls` changed |
+| `links` | `{cid: Connection}` | extensions register their server-to-server connections (stats, ledger) |
+| `info_extras` | dict | fields extensions add to the client INFO (e.g. `jetstream: true`) |
+| `varz_sections` | `{name: () -> dict}` | `/varz` is built: each adds a section |
+| `pages` | `{path: PageBuilder}` | the monitor starts: each is served as JSON (`/routez`, `/gatewayz`, ...) |
+| `reload_hooks` | list of `(ServerOptions) -> None` | SIGHUP: the new options were read and applied |
+| `publish_interceptor` | `PublishInterceptor` or None | every message, before delivery (durable queue groups) |
+
+A connection of an extension's kind (`kind` not CLIENT/INTERNAL) implements `forward(...)` (send a message
+as RMSG) and `unregister()` (called once when it closes); `memo_sub` stands in for a subscription in
+client fast-path entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from zonebus.server.connection import Connection
+    from zonebus.subjects.sublist import MatchResult, Subscription
+
+
+class Extension(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class InterestWatcher(Protocol):
+    def interest_added(self, sub: Subscription) -> None: ...
+
+    def interest_removed(self, sub: Subscription) -> None: ...
+
+
+class Forwarder(Protocol):
+    def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                    queues: Any, r: MatchResult) -> bool:
+        """Deliver a message that did not come over a route, here and beyond; returns whether anything got it."""
+        ...
+
+    def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:
+        """Add this extension's deliveries of a plain PUB to a client's memo; False: no memo for it."""
+        ...
+
+
+QueuePicker = Callable[["Connection", list["Subscription"], bytes, int], "Subscription | None"]
+PageBuilder = Callable[[Mapping[str, str]], dict[str, Any]]
+
+
+class PublishInterceptor(Protocol):
+    """Takes publishes on some subjects before delivery (zonebus.queue: durable queue groups store first).
+
+    Called by `Server.process_msg` for every message while set (keep it None when there is nothing to take:
+    then the cost is one attribute check). Returns None when the subject is not its business (delivery goes
+    on untouched), else `(r, taken)`: the match result to deliver instead (e.g. without the queue groups it
+    serves itself) and whether it took the message (then the message counts as delivered: no 503 no-responders
+    for a request). A message it took is never memoized on the client fast path; an interceptor whose subjects
+    change must call `sublist.touch()` so that memos built before are dropped.
+    """
+
+    def __call__(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                 r: MatchResult) -> tuple[MatchResult, bool] | None: ...

@@ -1,0 +1,1 @@
+"""Object storage shared by the broker and the pipeline: `file://` and `s3://` URLs through pyarrow.fs."""

@@ -1,0 +1,160 @@
+"""URLs to pyarrow filesystems, and `ObjectStore`: whole-object put/get/list/delete under one root.
+
+`filesystem(url)` is the one S3 setup of the project (the cost pipeline's s3:// ledgers and the broker's shared
+stream store both use it): endpoint, region and credentials come from the standard AWS environment variables
+(`AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_S3`, `AWS_REGION` / `AWS_DEFAULT_REGION`, `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`) unless given explicitly. S3 writes use `allow_delayed_open`, so
+an object smaller than one part is one PutObject (no multipart upload).
+
+`ObjectStore.put` is atomic and durable: on S3 the object appears whole once the PUT returns; on a local file
+system it is written to a hidden temporary file, fsynced, renamed into place and the directory fsynced
+(pyarrow's LocalFileSystem has no fsync, so that one step uses `os`). Names starting with `.` are never
+listed. Keys are `/`-separated paths relative to the root.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+
+
+class StorageError(Exception):
+    """A shared-storage URL or setting that cannot be used."""
+
+
+def _env(*names: str) -> str:
+    for n in names:
+        v = os.environ.get(n, "")
+        if v:
+            return v
+    return ""
+
+
+def s3_filesystem(endpoint: str = "", region: str = "", bucket: str = "") -> pafs.S3FileSystem:
+    """An S3 filesystem; empty `endpoint`/`region` fall back to the AWS environment variables."""
+    endpoint = endpoint or _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    region = region or _env("AWS_REGION", "AWS_DEFAULT_REGION")
+    kwargs: dict = {"background_writes": False, "allow_delayed_open": True}
+    if endpoint:
+        u = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kwargs["endpoint_override"] = u.netloc + u.path.rstrip("/")
+        kwargs["scheme"] = u.scheme or "https"
+        kwargs["region"] = region or "us-east-1"
+    elif region:
+        kwargs["region"] = region
+    elif bucket:
+        try:
+            kwargs["region"] = pafs.resolve_s3_region(bucket)
+        except OSError:
+            pass
+    return pafs.S3FileSystem(**kwargs)
+
+
+def filesystem(url: str, endpoint: str = "", region: str = "") -> tuple[pafs.FileSystem, str]:
+    """(pyarrow filesystem, path inside it) for an `s3://bucket/prefix` or `file:///path` URL (or a plain path)."""
+    u = urlparse(url)
+    if u.scheme == "s3":
+        if not u.netloc:
+            raise StorageError(f"{url}: an s3:// URL needs a bucket (s3://bucket/prefix)")
+        return s3_filesystem(endpoint, region, u.netloc), (u.netloc + u.path).rstrip("/")
+    if u.scheme == "file":
+        if u.netloc not in ("", "localhost"):
+            raise StorageError(f"{url}: a file:// URL needs an absolute path (file:///path)")
+        return pafs.LocalFileSystem(), u.path.rstrip("/") or "/"
+    if u.scheme == "":
+        return pafs.LocalFileSystem(), os.path.abspath(url)
+    raise StorageError(f"{url}: unsupported storage URL scheme {u.scheme!r} (use file:// or s3://)")
+
+
+class ObjectStore:
+    """Whole objects under `root` of one pyarrow filesystem. Every method blocks: call from a worker thread."""
+
+    def __init__(self, fs: pafs.FileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.local = isinstance(fs, pafs.LocalFileSystem)
+        self._made_dirs: set[str] = set()
+
+    @classmethod
+    def from_url(cls, url: str, endpoint: str = "", region: str = "") -> ObjectStore:
+        fs, root = filesystem(url, endpoint, region)
+        return cls(fs, root)
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}" if key else self.root
+
+    def _mkdirs(self, d: str) -> None:
+        if d not in self._made_dirs:
+            self.fs.create_dir(d, recursive=True)
+            self._made_dirs.add(d)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write a whole object atomically; durable when this returns."""
+        path = self.path(key)
+        if not self.local:
+            with self.fs.open_output_stream(path) as out:
+                out.write(data)
+            return
+        d, name = path.rsplit("/", 1)
+        self._mkdirs(d)
+        tmp = f"{d}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            with self.fs.open_output_stream(tmp) as out:
+                out.write(data)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self.fs.move(tmp, path)
+        except BaseException:
+            try:
+                self.fs.delete_file(tmp)
+            except OSError:
+                pass
+            raise
+        dfd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; FileNotFoundError when it does not exist."""
+        with self.fs.open_input_stream(self.path(key)) as f:
+            return f.read()
+
+    def list(self, prefix: str, dirs: bool = False) -> list[str]:
+        """Names (not paths) of the objects (or, with `dirs`, the sub-directories) directly under `prefix`."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path(prefix), allow_not_found=True))
+        want = pafs.FileType.Directory if dirs else pafs.FileType.File
+        return sorted(i.base_name for i in infos if i.type == want and not i.base_name.startswith("."))
+
+    def list_recursive(self, prefix: str) -> list[str]:
+        """Keys (relative to the root) of every object under `prefix`."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path(prefix), allow_not_found=True, recursive=True))
+        n = len(self.root) + 1
+        return sorted(i.path[n:] for i in infos if i.type == pafs.FileType.File)
+
+    def exists(self, key: str) -> bool:
+        return self.fs.get_file_info(self.path(key)).type == pafs.FileType.File
+
+    def delete(self, key: str) -> None:
+        try:
+            self.fs.delete_file(self.path(key))
+        except FileNotFoundError:
+            pass
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under `prefix` (and, on a local file system, its directories)."""
+        for key in self.list_recursive(prefix):
+            self.delete(key)
+        if self.local:
+            try:
+                self.fs.delete_dir(self.path(prefix))
+            except (FileNotFoundError, OSError):
+                pass
+            self._made_dirs = {d for d in self._made_dirs if not d.startswith(self.path(prefix))}

@@ -1,0 +1,460 @@
+"""Clustered JetStream: the meta group decides which server leads each stream; streams live on shared storage.
+
+Every JetStream server of a cluster runs one `ClusteredJetStream`. Its parts:
+- a meta group (`zonebus.meta.MetaGroup`) on the cluster's `meta` link channel; its members are this server
+  and the JetStream servers behind the configured routes (`decide_members`), formed once every route answered;
+- a local `JetStreamService` in clustered mode that serves only the streams this server leads;
+- the API: `$JS.API.>` is subscribed *locally* (never told to routes), so each server answers its own
+  clients. Metadata writes (stream create/update/delete, stepdowns) are proposed to the meta group; requests
+  about one stream go to its leader as `$JSC.<leader hash>.<original subject>` with the client's reply subject,
+  so the leader answers the client directly. STREAM.NAMES comes from the replicated state, STREAM.LIST
+  gathers each leader's streams (`$JSC.<hash>.LIST`).
+- leadership: when an applied change makes this server a stream's leader it takes the stream over on the
+  shared store (a new writer epoch fences any older writer) with its consumers, and subscribes its subjects;
+  losing leadership releases it. Deliveries to clients on other servers keep the stream subject
+  (`zonebus.stream.routed`).
+Without a shared store a clustered stream would live on one disk and die with it: file streams then need
+`shared_store`, and R > 1 needs it too (a clear JetStream error, never a silent R1).
+Everything runs on the event loop; storage calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any
+
+from zonebus.meta import MetaError, MetaGroup, MetaTiming, NoQuorum, RoutePeer, decide_members, server_hash
+from zonebus.meta.state import Change, StreamRecord
+from zonebus.server.internal import InternalClient
+from zonebus.stream import api as jsapi
+from zonebus.stream import stream_config
+from zonebus.stream.errors import JSError
+from zonebus.stream.routed import RoutedDeliveries
+from zonebus.stream.service import JetStreamService
+from zonebus.stream.store import now_ns
+from zonebus.subjects.patterns import overlaps
+
+if TYPE_CHECKING:
+    from zonebus.cluster.manager import ClusterManager
+    from zonebus.server.server import Server
+
+log = logging.getLogger(__name__)
+
+API = "$JS.API."
+FORWARD = "$JSC."
+EXISTED = "X."  # after the forward prefix: a create that found the same stream (answered without did_create)
+PROPOSE_TIMEOUT = 4.0  # nats-py waits 5 s for an API answer
+READY_TIMEOUT = 4.0
+GATHER_TIMEOUT = 2.0
+EARLY_FRAMES = 10_000
+
+
+def _reply(kind: str, body: dict[str, Any]) -> bytes:
+    return json.dumps({"type": jsapi.PREFIX + kind, **body}, separators=(",", ":")).encode()
+
+
+def _error(kind: str, err: JSError) -> bytes:
+    return _reply(kind, {"error": err.to_dict()})
+
+
+def _created_ns(created: str) -> int:
+    try:
+        return int(dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() * 1e9)
+    except (ValueError, AttributeError):
+        return now_ns()
+
+
+class ClusteredJetStream:
+    def __init__(self, server: Server, cluster: ClusterManager, routed: RoutedDeliveries) -> None:
+        self.server = server
+        self.cluster = cluster
+        self.opts = server.opts.jetstream
+        self.name = server.name
+        self.hash = server_hash(server.name)
+        self.client = InternalClient(server, "$JS")
+        self.svc = JetStreamService(self.opts, server.name, self.client, clustered=True)
+        self.svc.stream_cluster = self.stream_cluster
+        self.meta: MetaGroup | None = None
+        self._early: list[tuple[str, bytes]] = []  # meta frames that came before the group was formed
+        self._ready: dict[str, asyncio.Event] = {}  # streams this server serves, once open
+        self._chains: dict[str, asyncio.Task] = {}  # per-stream leadership work, in order
+        self._tasks: set[asyncio.Task] = set()
+        self.channel = cluster.channels.register("meta", self._meta_frame, self._meta_up, self._meta_down)
+        routed.attach(self.client)
+        cluster.info_extras["jetstream"] = True
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if not self.opts.store_dir:
+            self.opts.store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
+        await self.svc.start()
+        self.server.info_extras["jetstream"] = True
+        self.client.subscribe(API + ">", self._on_client_api, local=True)
+        self.client.subscribe(f"{FORWARD}{self.hash}.>", self._on_forwarded)
+        self._spawn(self._form_meta())
+        self.server.log(f"JetStream enabled (clustered), store {self.opts.store_dir}"
+                        + (f", shared store {self.opts.shared_store}" if self.opts.shared_store else ""))
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._chains.values()]:
+            task.cancel()
+        if self.meta is not None:
+            await self.meta.stop()
+        await self.svc.stop()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _form_meta(self) -> None:
+        """Wait until every configured route answered, then join the meta group they name."""
+        warned = 0.0
+        while True:
+            routes = {url: (RoutePeer(*self.cluster.configured_peers[url])
+                            if url in self.cluster.configured_peers else None) for url in self.cluster.opts.routes}
+            decision = decide_members(self.name, routes, self.opts.store_dir)
+            if decision.membership is not None:
+                break
+            if time.monotonic() - warned > 10:
+                warned = time.monotonic()
+                self.server.log(f"JetStream: meta group not formed yet: {decision.reason}")
+            await asyncio.sleep(0.1)
+        if decision.warning:
+            self.server.log(f"JetStream: {decision.warning}")
+        meta = MetaGroup(server_name=self.name, cluster_name=self.cluster.opts.name,
+                         membership=decision.membership, store_dir=self.opts.store_dir,
+                         send_bytes=self.channel.send, tags=list(self.server.opts.server_tags),
+                         zone=self.server.zone, timing=MetaTiming(failover=self.opts.failover_timeout))
+        meta.on_change(self._on_change)
+        self.meta = meta
+        meta.start()
+        for peer in self.channel.peers():
+            meta.peer_up(peer)
+        early, self._early = self._early, []
+        for peer, payload in early:
+            meta.deliver(peer, payload)
+        self.server.log(f"JetStream: meta group {list(decision.membership.members)} ({decision.reason})")
+
+    # -- the meta channel ----------------------------------------------------------------------------
+    def _meta_frame(self, peer: str, payload: bytes) -> None:
+        if self.meta is not None:
+            self.meta.deliver(peer, payload)
+        elif len(self._early) < EARLY_FRAMES:  # a peer's hello may come before our group is formed
+            self._early.append((peer, payload))
+
+    def _meta_up(self, peer: str) -> None:
+        if self.meta is not None:
+            self.meta.peer_up(peer)
+
+    def _meta_down(self, peer: str) -> None:
+        if self.meta is not None:
+            self.meta.peer_down(peer)
+
+    # -- leadership ------------------------------------------------------------------------------------
+    def _on_change(self, change: Change) -> None:
+        if change.kind != "stream":
+            return
+        name, before, after = change.key, change.before, change.after
+        if after is None:
+            if name in self.svc.streams:
+                self._chain(name, self._delete(name))
+        elif change.gained_leader(self.name):
+            self._chain(name, self._lead(after))
+        elif change.lost_leader(self.name):
+            self._chain(name, self._release(name))
+        elif after.leader == self.name and before is not None and before.config != after.config:
+            self._chain(name, self._update(after))
+
+    def _chain(self, name: str, coro: Any) -> None:
+        """Run leadership work for one stream after the work queued before it."""
+        prev = self._chains.get(name)
+
+        async def run() -> None:
+            if prev is not None:
+                try:
+                    await prev
+                except (asyncio.CancelledError, Exception):
+                    pass
+            try:
+                await coro
+            except Exception:
+                log.exception("JetStream: leadership work for stream %s failed", name)
+                self.server.log(f"JetStream: could not take stream {name} over (see the log)")
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._chains[name] = task
+
+    async def _lead(self, rec: StreamRecord) -> None:
+        name, cfg = rec.name, rec.config
+        self._ready.setdefault(name, asyncio.Event()).clear()
+        if cfg.get("storage") == "memory":
+            self.svc.adopt_memory(cfg, _created_ns(rec.created))
+        else:
+            shared = self.svc.shared
+            if shared is None:
+                raise RuntimeError("file streams in a cluster need jetstream { shared_store }")
+            store, meta, consumers = await asyncio.to_thread(self._take_over, name, cfg, _created_ns(rec.created))
+            if self.meta is None or self.meta.state.streams.get(name, None) is None \
+                    or self.meta.state.streams[name].leader != self.name:
+                store.close()  # lost the stream again while taking it over
+                return
+            stream = self.svc.adopt_shared(store, meta, consumers)
+            if stream.cfg != cfg:
+                self.svc.update_stream(stream, cfg)
+        self._ready[name].set()
+        self.server.log(f"JetStream: leading stream {name} (epoch {rec.epoch})")
+
+    def _take_over(self, name: str, cfg: dict[str, Any], created: int) -> tuple[Any, dict, dict]:
+        """Worker thread: become the stream's writer on the shared store (a new epoch fences older writers)."""
+        shared = self.svc.shared
+        assert shared is not None
+        if name in shared.list_streams():
+            store = shared.takeover(name, writer=self.name)
+            meta = store.config()
+            if meta is not None:
+                return store, meta, store.consumers()
+            store.close()
+        store = shared.create_stream(name, cfg, created, writer=self.name)
+        return store, {"config": cfg, "created": created}, {}
+
+    async def _release(self, name: str) -> None:
+        self._ready.pop(name, None)
+        self.svc.release(name)
+        self.server.log(f"JetStream: no longer leading stream {name}")
+
+    async def _update(self, rec: StreamRecord) -> None:
+        stream = self.svc.streams.get(rec.name)
+        if stream is not None and stream.cfg != rec.config:
+            self.svc.update_stream(stream, rec.config)
+
+    async def _delete(self, name: str) -> None:
+        self._ready.pop(name, None)
+        stream = self.svc.streams.get(name)
+        if stream is not None:
+            self.svc.delete_stream(stream)
+        if self.svc.shared is not None and stream is not None and stream.cfg.get("storage") == "file":
+            await asyncio.to_thread(self.svc.shared.delete_stream, name)
+
+    async def _wait_ready(self, name: str) -> bool:
+        event = self._ready.setdefault(name, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), READY_TIMEOUT)
+        except TimeoutError:
+            return False
+        return name in self.svc.streams
+
+    # -- monitoring ----------------------------------------------------------------------------------
+    def meta_cluster(self) -> dict[str, Any] | None:
+        """`/jsz`'s `meta_cluster` block (nats-server's fields); None until the meta group is formed."""
+        return self.meta.info() if self.meta is not None else None
+
+    # -- StreamInfo's cluster block --------------------------------------------------------------------
+    def stream_cluster(self, stream: Any) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.cluster.opts.name, "leader": self.name}
+        rec = self.meta.state.streams.get(stream.name) if self.meta is not None else None
+        if rec is not None and rec.standbys:
+            live = self.meta.live_view() if self.meta is not None else None
+            out["replicas"] = [{"name": s, "current": bool(live and live.is_live(s)),
+                                "active": 0, "peer": server_hash(s)} for s in rec.standbys]
+        return out
+
+    # -- the API ---------------------------------------------------------------------------------------
+    def _on_client_api(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        if not reply:
+            return
+        toks = subject.split(".")[2:]
+        route = self.svc.api._route(toks)
+        kind = route[0] if route is not None else ""
+        if toks == ["META", "LEADER", "STEPDOWN"]:
+            self._spawn(self._meta_stepdown(reply))
+            return
+        if len(toks) == 4 and toks[:3] == ["STREAM", "LEADER", "STEPDOWN"]:
+            self._spawn(self._stream_stepdown(toks[3], reply))
+            return
+        meta = self.meta
+        if meta is None or meta.leader is None or self.name not in meta.state.peers:  # not placeable yet
+            if route is not None or toks[:3] == ["CONSUMER", "MSG", "NEXT"]:
+                self.svc.send(reply, _error(kind or "api_response", NoQuorum("no meta leader")))
+            return
+        if toks == ["INFO"] or route is None and toks[:3] != ["CONSUMER", "MSG", "NEXT"]:
+            self.svc._on_api(subject, reply, headers, payload)
+            return
+        op = toks[1] if len(toks) > 1 else ""
+        if toks[0] == "STREAM" and op == "NAMES":
+            self.svc.send(reply, self._names(kind, payload))
+        elif toks[0] == "STREAM" and op == "LIST":
+            self._spawn(self._list(kind, payload, reply))
+        elif toks[0] == "STREAM" and op in ("CREATE", "UPDATE") and len(toks) == 3:
+            self._spawn(self._create_or_update(op, toks[2], kind, payload, reply, headers))
+        elif toks[0] == "STREAM" and op == "DELETE" and len(toks) == 3:
+            self._spawn(self._delete_request(toks[2], kind, reply))
+        else:
+            self._to_leader(self._stream_of(toks), subject, reply, headers, payload, kind)
+
+    @staticmethod
+    def _stream_of(toks: list[str]) -> str:
+        """The stream a request is about (`$JS.API.` already stripped)."""
+        if toks[0] == "STREAM":
+            return toks[3] if toks[1] == "MSG" and len(toks) > 3 else toks[2] if len(toks) > 2 else ""
+        if toks[:2] == ["CONSUMER", "DURABLE"] or toks[:2] == ["CONSUMER", "MSG"]:
+            return toks[3] if len(toks) > 3 else ""
+        return toks[2] if len(toks) > 2 else ""
+
+    def _to_leader(self, name: str, subject: str, reply: str, headers: bytes | None, payload: bytes,
+                   kind: str, existed: bool = False) -> None:
+        """Hand a request to the stream's leader (here or over a route). `existed`: a create that found the
+        same stream already there (nats-server's cluster then answers without `did_create`)."""
+        rec = self.meta.state.streams.get(name) if self.meta is not None else None
+        if rec is None:
+            if kind:
+                self.svc.send(reply, _error(kind, JSError("stream_not_found")))
+            return
+        if rec.leader == self.name:
+            self._spawn(self._serve_local(name, subject, reply, headers, payload, existed))
+        else:
+            mark = EXISTED if existed else ""
+            self.client.publish(f"{FORWARD}{server_hash(rec.leader)}.{mark}{subject}", payload, reply, headers)
+
+    async def _serve_local(self, name: str, subject: str, reply: str, headers: bytes | None,
+                           payload: bytes, existed: bool = False) -> None:
+        if not await self._wait_ready(name):
+            return
+        if not existed:
+            self.svc._on_api(subject, reply, headers, payload)
+            return
+        resp = self.svc.api.handle(subject, payload)
+        if resp is not None:
+            resp.pop("did_create", None)
+            self.svc.send(reply, json.dumps(resp, separators=(",", ":")).encode())
+
+    def _on_forwarded(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        rest = subject.split(".", 2)[2] if subject.count(".") >= 2 else ""
+        if rest == "LIST":
+            if reply:
+                self.svc.send(reply, json.dumps(self._local_infos(payload)).encode())
+            return
+        existed = rest.startswith(EXISTED)
+        if existed:
+            rest = rest[len(EXISTED):]
+        if not rest.startswith(API) or not reply:
+            return
+        toks = rest.split(".")[2:]
+        self._spawn(self._serve_local(self._stream_of(toks), rest, reply, headers, payload, existed))
+
+    # -- metadata writes -------------------------------------------------------------------------------
+    async def _propose(self, request: dict[str, Any]) -> dict[str, Any]:
+        if self.meta is None:
+            raise NoQuorum("meta group not formed")
+        return await self.meta.propose(request, PROPOSE_TIMEOUT)
+
+    async def _create_or_update(self, op: str, name: str, kind: str, payload: bytes, reply: str,
+                                headers: bytes | None) -> None:
+        try:
+            state = self.meta.state if self.meta is not None else None
+            others = {n: r.config for n, r in (state.streams.items() if state else ()) if n != name}
+            cfg = self.svc.api._stream_config(payload, name, others)
+            if cfg["storage"] == "file" and self.svc.shared is None:
+                raise JSError("stream_invalid_config",
+                              err="file storage in a cluster needs a shared store (jetstream { shared_store })")
+            if cfg["num_replicas"] > 1 and self.svc.shared is None:
+                raise JSError("stream_replicas_not_supported")
+            rec = state.streams.get(name) if state else None
+            existed = False
+            if op == "UPDATE":
+                if rec is None:
+                    raise JSError("stream_not_found")
+                stream_config.check_update(rec.config, cfg)
+                await self._propose({"op": "stream_update", "name": name, "config": cfg})
+            else:
+                if rec is not None and not stream_config.equivalent(rec.config, cfg):
+                    raise JSError("stream_name_exist")
+                result = await self._propose({"op": "stream_create", "name": name, "config": cfg})
+                existed = bool(result.get("existed"))
+        except (JSError, MetaError) as err:
+            self.svc.send(reply, _error(kind, err))
+            return
+        # the leader answers the client with the stream's info once it serves the stream
+        self._to_leader(name, f"{API}STREAM.{op}.{name}", reply, headers, payload, kind, existed)
+
+    async def _delete_request(self, name: str, kind: str, reply: str) -> None:
+        try:
+            await self._propose({"op": "stream_delete", "name": name})
+        except (JSError, MetaError) as err:
+            self.svc.send(reply, _error(kind, err))
+            return
+        self.svc.send(reply, _reply(kind, {"success": True}))
+
+    async def _stream_stepdown(self, name: str, reply: str) -> None:
+        kind = "stream_leader_stepdown_response"
+        try:
+            await self._propose({"op": "stream_stepdown", "name": name})
+        except (JSError, MetaError) as err:
+            self.svc.send(reply, _error(kind, err))
+            return
+        self.svc.send(reply, _reply(kind, {"success": True}))
+
+    async def _meta_stepdown(self, reply: str) -> None:
+        kind = "meta_leader_stepdown_response"
+        try:
+            if self.meta is None:
+                raise NoQuorum("meta group not formed")
+            await self.meta.stepdown(PROPOSE_TIMEOUT)
+        except (JSError, MetaError) as err:
+            self.svc.send(reply, _error(kind, err))
+            return
+        self.svc.send(reply, _reply(kind, {"success": True}))
+
+    # -- names and lists -------------------------------------------------------------------------------
+    def _matching(self, payload: bytes) -> tuple[list[str], int]:
+        req = self.svc.api._paged(payload)
+        streams = self.meta.state.streams if self.meta is not None else {}
+        subj = req.get("subject")
+        names = sorted(n for n, r in streams.items()
+                       if not subj or any(overlaps(subj, s) for s in r.config.get("subjects", [n])))
+        return names, max(req.get("offset", 0), 0)
+
+    def _names(self, kind: str, payload: bytes) -> bytes:
+        try:
+            names, off = self._matching(payload)
+        except JSError as err:
+            return _error(kind, err)
+        page = names[off : off + jsapi.NAMES_LIMIT]
+        return _reply(kind, {"total": len(names), "offset": off, "limit": jsapi.NAMES_LIMIT, "streams": page})
+
+    def _local_infos(self, payload: bytes) -> list[dict[str, Any]]:
+        names = set(json.loads(payload or b"[]"))
+        return [self.svc.streams[n].info() for n in sorted(names) if n in self.svc.streams]
+
+    async def _list(self, kind: str, payload: bytes, reply: str) -> None:
+        try:
+            names, off = self._matching(payload)
+        except JSError as err:
+            self.svc.send(reply, _error(kind, err))
+            return
+        page = names[off : off + jsapi.LIST_LIMIT]
+        streams = self.meta.state.streams if self.meta is not None else {}
+        by_leader: dict[str, list[str]] = {}
+        for n in page:
+            by_leader.setdefault(streams[n].leader, []).append(n)
+        infos: list[dict[str, Any]] = []
+        missing: list[str] = []
+        for leader, wanted in by_leader.items():
+            body = json.dumps(wanted).encode()
+            if leader == self.name:
+                infos += self._local_infos(body)
+                continue
+            answer = await self.client.request(f"{FORWARD}{server_hash(leader)}.LIST", body, GATHER_TIMEOUT)
+            got = json.loads(answer[1]) if answer is not None else []
+            infos += got
+            missing += sorted(set(wanted) - {i["config"]["name"] for i in got})
+        infos.sort(key=lambda i: i["config"]["name"])
+        body: dict[str, Any] = {"total": len(names), "offset": off, "limit": jsapi.LIST_LIMIT, "streams": infos}
+        if missing:
+            body["missing"] = missing
+        self.svc.send(reply, _reply(kind, body))

@@ -1,0 +1,57 @@
+"""Stream deliveries across a route that keep the stream subject.
+
+A consumer delivers to a deliver subject or to a pull request's inbox, but the client must see the stored
+message's own subject on the MSG line, as nats-server shows it. On one server the internal client does that
+(`InternalClient.publish(..., msg_subject=)`); an RMSG could only carry the inbox. So deliveries for a route
+peer travel on the `jsd` link channel instead, one frame per message:
+
+    <routed subject> <shown subject> <reply or -> <hdr_len> <queue,...|->\\n<headers+payload>
+
+and the peer hands them to its own local subscribers of the routed subject under the shown subject (one
+hop: never further). Every server of a cluster receives them (the composition root registers the channel,
+JetStream or not); a JetStream server sends them (`attach` sets its internal client's `shown_forwarder`).
+Owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zonebus.server.connection import Connection
+
+if TYPE_CHECKING:
+    from zonebus.link.channels import LinkChannels
+    from zonebus.server.internal import InternalClient
+
+CHANNEL = "jsd"
+_WIRE = CHANNEL.encode()
+
+
+class RoutedDeliveries:
+    def __init__(self, client: InternalClient, channels: LinkChannels) -> None:
+        self.client = client  # delivers what arrives to this server's local subscribers
+        channels.register(CHANNEL, self._on_frame)
+        self.bad_frames = 0
+
+    def attach(self, sender: InternalClient) -> None:
+        """`sender`'s deliveries under a shown subject reach route peers through this channel."""
+        sender.shown_forwarder = self.forward
+
+    def forward(self, conn: Connection, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int,
+                data: bytes, queues: list[bytes] | None) -> None:
+        head = b"%b %b %b %d %b\n" % (subject, shown, reply or b"-", hdr_len, b",".join(queues) if queues else b"-")
+        conn.send_frame(_WIRE, head + data[:-2])  # type: ignore[attr-defined]
+
+    def _on_frame(self, peer: str, payload: bytes) -> None:
+        nl = payload.find(b"\n")
+        parts = payload[:nl].split(b" ") if nl > 0 else []
+        if len(parts) != 5 or not parts[3].lstrip(b"-").isdigit():
+            self.bad_frames += 1
+            return
+        subject, shown, reply, hdr_len = parts[0], parts[1], parts[2], int(parts[3])
+        data = payload[nl + 1 :] + b"\r\n"
+        if hdr_len > len(data) - 2:
+            self.bad_frames += 1
+            return
+        # routes left over are not served from here: a message from a route goes one hop only
+        self.client.deliver_local_as(subject, shown, None if reply == b"-" else reply, hdr_len, data)

@@ -1,0 +1,119 @@
+"""`SharedStorage`: one shared store root (`file://` or `s3://` URL) and the calls made on it.
+
+This is the API the JetStream service (a lone server) and the clustered layer use:
+
+- `takeover(stream, epoch, writer)` -> `SharedStore`: become the stream's only writer with `epoch`, which must
+  be above every epoch that ever claimed the stream (the clustered layer hands out epochs from its meta
+  group; a lone server uses `next_epoch`). An older writer that still runs is fenced: its later writes are
+  never acknowledged and never become part of the stream.
+- `create_stream(stream, config, created, epoch, writer)`: a new stream (leftovers of an old one deleted).
+- `open_view(stream)` -> `SharedView`: a read-only view (standbys, tools, a Spark reader); `refresh()` tails.
+- `list_streams()`, `next_epoch(stream)`, `delete_stream(stream)`.
+
+Every call blocks on storage I/O: call them from a worker thread (`asyncio.to_thread`). Writers attach to the
+event loop afterwards (`store.attach(loop, storage.executor)`). The root holds `layout.json`; opening a root
+whose layout version this code does not know fails with `LayoutError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from zonebus.storage.fs import ObjectStore
+from zonebus.stream import sharedlayout as L
+from zonebus.stream.sharedstore import CommitOptions, Fenced, SharedStore
+from zonebus.stream.sharedview import SharedView
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CommitOptions", "Fenced", "SharedStorage", "SharedStore", "SharedView"]
+
+
+class SharedStorage:
+    def __init__(self, url: str, *, endpoint: str = "", region: str = "", cache_root: str | Path | None = None,
+                 options: CommitOptions | None = None, create: bool = True) -> None:
+        self.url = url
+        self.objects = ObjectStore.from_url(url, endpoint, region)
+        self.cache_root = Path(cache_root) if cache_root else None
+        self.options = options or CommitOptions()
+        self._executor: ThreadPoolExecutor | None = None
+        self._check_layout(create)
+
+    def _check_layout(self, create: bool) -> None:
+        try:
+            raw = self.objects.get(L.LAYOUT_KEY)
+        except FileNotFoundError:
+            if not create:
+                raise L.LayoutError(f"{self.url}: no zonebus shared store here ({L.LAYOUT_KEY} missing)")
+            self.objects.put(L.LAYOUT_KEY, L.layout_doc())
+            return
+        L.check_layout(raw, self.url)
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The worker threads that run uploads and document writes for every stream of this root."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=max(4, self.options.inflight * 2),
+                                                thread_name_prefix="zb-shared")
+        return self._executor
+
+    def shutdown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def cache_dir(self, stream: str) -> Path | None:
+        return self.cache_root / stream if self.cache_root is not None else None
+
+    # -- streams -------------------------------------------------------------------------------------
+    def list_streams(self) -> list[str]:
+        """Names of the streams on the store (those with a config document)."""
+        out = []
+        for name in self.objects.list(L.STREAMS, dirs=True):
+            names = self.objects.list(L.stream_prefix(name))
+            if "stream" in L.latest_docs(names):
+                out.append(name)
+        return out
+
+    def max_epoch(self, stream: str) -> int:
+        """The highest epoch that ever claimed `stream` (0: none)."""
+        best = 0
+        for n in self.objects.list(f"{L.stream_prefix(stream)}/epochs"):
+            p = L.parse_epoch_name(n)
+            if p is not None:
+                best = max(best, p[0])
+        return best
+
+    def next_epoch(self, stream: str) -> int:
+        return self.max_epoch(stream) + 1
+
+    def takeover(self, stream: str, epoch: int | None = None, writer: str = "") -> SharedStore:
+        """Open `stream` as its writer with `epoch` (default: the next one). Raises `Fenced` when `epoch` is
+        not above every earlier claim or a higher one appears during the takeover."""
+        if epoch is None:
+            epoch = self.next_epoch(stream)
+        return SharedStore(self.objects, stream, epoch, writer, self.cache_dir(stream), self.options)
+
+    def create_stream(self, stream: str, config: dict, created: int, epoch: int | None = None,
+                      writer: str = "") -> SharedStore:
+        """A new, empty stream; whatever was left under its name is deleted first."""
+        if epoch is None:
+            epoch = self.next_epoch(stream)
+        self.objects.delete_prefix(L.stream_prefix(stream))
+        cache = self.cache_dir(stream)
+        if cache is not None and cache.is_dir():
+            for p in cache.glob("*"):
+                p.unlink(missing_ok=True)
+        store = SharedStore(self.objects, stream, epoch, writer, cache, self.options)
+        self.objects.put(f"{L.stream_prefix(stream)}/{L.doc_name('stream', epoch)}",
+                         json.dumps({"config": config, "created": created}).encode())
+        return store
+
+    def open_view(self, stream: str, cache_dir: str | Path | None = None) -> SharedView:
+        return SharedView(self.objects, stream, cache_dir)
+
+    def delete_stream(self, stream: str) -> None:
+        self.objects.delete_prefix(L.stream_prefix(stream))

@@ -1,0 +1,587 @@
+"""The writer of one stream on a shared store: takeover by epoch, group commit, acks once durable.
+
+`SharedStore(objects, stream, epoch)` takes the stream over (blocking; run it in a thread): it writes
+`epochs/<epoch>.claim`, checks that no higher claim exists, loads the whole chain (`SharedView.reload`), and
+writes `epochs/<epoch>.seal` naming the batch it continues from. From then on it is a `MsgStore`: every
+MSG/DEL/MARK record goes into the open batch (an in-memory object in the file store's record encoding); the
+batch is sealed after `linger` seconds or at `batch_bytes`, and uploaded by a worker thread (at most
+`inflight` at once). A worker PUTs the object, then lists `epochs/`: a claim above our epoch means another
+writer took over, and nothing more is acknowledged (fencing; see the layout doc for why this ordering makes
+every acknowledged batch part of the new writer's chain). Batches are released strictly in batch order: the
+store advances `durable_seq`, calls `on_visible(first, last)` (the stream announces the messages to its
+consumers only then) and the waiters registered with `ack_when_durable` (the PubAcks).
+
+A failed upload is retried with backoff (the same object, so retries are idempotent); the publishers waiting
+on it and on every later batch are told at once (`on_durable` callbacks get an error text) so that they retry;
+the messages still appear once the retry succeeds. Without an event loop (`attach` not called) the store is
+synchronous: batches are written inline on `sync()`, `close()` or when full.
+
+Front batches whose messages are all gone (durably) are dropped by writing `base/<b>.<epoch>.json` and
+deleting the objects below it. Stream and consumer documents go through one serial queue per store
+(`shareddocs.DocQueue`).
+
+Threads only run `_upload`, `_put_base` and document jobs; all state is owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from pathlib import Path
+
+from zonebus.storage.fs import ObjectStore
+from zonebus.stream import sharedlayout as L
+from zonebus.stream.shareddocs import DocQueue
+from zonebus.stream.sharedview import SharedView
+from zonebus.stream.store import now_ns
+
+log = logging.getLogger(__name__)
+
+DurableCallback = Callable[[str | None], None]  # None: durable; else the error text
+
+
+@dataclass
+class CommitOptions:
+    linger: float = 0.001  # seconds a batch stays open for more records (0: until the end of the loop turn)
+    batch_bytes: int = 1024 * 1024  # a batch is sealed at this size
+    inflight: int = 4  # uploads in flight at once
+    backlog_bytes: int = 64 * 1024 * 1024  # unreleased bytes above which publishes are refused
+    close_timeout: float = 10.0
+
+
+class Fenced(Exception):
+    """A writer with a higher epoch took the stream over (or the epoch given was not above every claim)."""
+
+
+class _Batch:
+    __slots__ = ("num", "buf", "nrec", "first_seq", "last_seq", "msgs", "removed", "waiters", "data", "state",
+                 "future", "error", "attempts", "size")
+
+    def __init__(self, num: int, first_seq: int) -> None:
+        self.num = num
+        self.buf = bytearray(L.BATCH_HDR_LEN)
+        self.nrec = 0
+        self.first_seq = first_seq
+        self.last_seq = first_seq - 1
+        self.msgs = 0
+        self.removed: dict[int, int] = {}  # batch -> messages of it removed by records of this batch
+        self.waiters: list[DurableCallback] = []
+        self.data: bytes | None = None
+        self.state = "open"  # open, queued, flight, done, released
+        self.future: Future | None = None
+        self.error: BaseException | None = None
+        self.attempts = 0
+        self.size = 0
+
+
+class SharedStore(SharedView):
+    def __init__(self, objects: ObjectStore, stream: str, epoch: int, writer: str = "",
+                 cache_dir: str | Path | None = None, options: CommitOptions | None = None) -> None:
+        super().__init__(objects, stream, cache_dir, load=False)
+        if epoch < 1:
+            raise ValueError("a writer epoch is a positive integer")
+        self.epoch = epoch
+        self.writer = writer
+        self.opts = options or CommitOptions()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.executor: Executor | None = None
+        self.on_visible: Callable[[int, int], None] | None = None
+        self.on_fenced: Callable[[str], None] | None = None
+        self.fenced = ""  # why, once fenced
+        self.closed = False
+        self.durable_seq = 0
+        self.durable_batch = 0
+        self._open: _Batch | None = None
+        self._unreleased: deque[_Batch] = deque()
+        self._by_num: dict[int, _Batch] = {}
+        self._flight = 0
+        self._backlog = 0
+        self._linger_handle: asyncio.TimerHandle | None = None
+        self._failing = False
+        self._failing_reason = ""
+        self._base_busy = False
+        self.docs = DocQueue(objects, self.prefix, epoch, self._run_job, lambda: bool(self.fenced))
+        self._last_base_move = time.monotonic()
+        self.uploads = 0
+        self._takeover()
+
+    # -- takeover ------------------------------------------------------------------------------------
+    def _epochs_key(self, kind: str) -> str:
+        return f"{self.prefix}/epochs/{L.num(self.epoch)}.{kind}"
+
+    def _max_claim(self) -> int:
+        lst = L.Listing()
+        self._list_epochs(lst)
+        return lst.max_claim()
+
+    def _takeover(self) -> None:
+        top = self._max_claim()
+        if top >= self.epoch:
+            raise Fenced(f"stream {self.stream}: epoch {self.epoch} is not above the highest claim {top}")
+        info = {"epoch": self.epoch, "writer": self.writer, "ts": now_ns()}
+        self.objects.put(self._epochs_key("claim"), json.dumps(info).encode())
+        self._check_fence()
+        chain = self.reload(settled_only=False)
+        seal = dict(info, prev=chain.top_epoch, start_batch=self.next_batch, next_seq=self.index.last_seq + 1)
+        self.objects.put(self._epochs_key("seal"), json.dumps(seal).encode())
+        self._check_fence()
+        self.top_epoch, self.pending_takeover = self.epoch, False
+        self.durable_seq = self.index.last_seq
+        self.durable_batch = self.next_batch - 1
+        self._clear_leftovers(chain.start)
+        self.prune_cache()
+
+    def _check_fence(self) -> None:
+        top = self._max_claim()
+        if top > self.epoch:
+            raise Fenced(f"stream {self.stream}: taken over by epoch {top} (this writer has epoch {self.epoch})")
+
+    def _clear_leftovers(self, start: int) -> None:
+        """Batch and base objects below the chain start (an interrupted base move left them)."""
+        for n in self.objects.list(f"{self.prefix}/log"):
+            p = L.parse_pair(n, ".blk")
+            if p is not None and p[0] < start:
+                self.objects.delete(f"{self.prefix}/log/{n}")
+        for n in self.objects.list(f"{self.prefix}/base"):
+            p = L.parse_pair(n, ".json")
+            if p is not None and p[0] < start:
+                self.objects.delete(f"{self.prefix}/base/{n}")
+
+    def attach(self, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
+        """Run asynchronously from now on: uploads on `executor`, completions on `loop`."""
+        self.loop = loop
+        self.executor = executor
+
+    # -- MsgStore hooks ------------------------------------------------------------------------------
+    def write_error(self) -> str | None:
+        if self.fenced:
+            return self.fenced
+        if self.closed:
+            return "stream store closed"
+        if self._backlog > self.opts.backlog_bytes:
+            return "shared store backlog full"
+        return None
+
+    def visible_seq(self) -> int:
+        return self.durable_seq
+
+    def count(self, start: int, filters: tuple[str, ...] | None) -> int:
+        idx = self.index
+        n = idx.count(start, filters)
+        if self.durable_seq < idx.last_seq:
+            n -= idx.count(max(start, self.durable_seq + 1), filters)
+        return n
+
+    def _batch(self) -> _Batch:
+        b = self._open
+        if b is None:
+            if self.fenced or self.closed:
+                raise RuntimeError(self.fenced or "stream store closed")
+            if self.loop is None and self._unreleased:
+                self._pump()  # synchronous mode: upload what was sealed before opening the next batch
+            num = self._unreleased[-1].num + 1 if self._unreleased else self.durable_batch + 1
+            b = self._open = _Batch(num, self.index.last_seq + 1)
+            self._by_num[num] = b
+            self.batch_first[num] = b.first_seq
+            self.live.setdefault(num, 0)
+            if self.loop is not None:
+                if self.opts.linger > 0:
+                    self._linger_handle = self.loop.call_later(self.opts.linger, self._linger_done)
+                else:
+                    self._linger_handle = self.loop.call_soon(self._linger_done)  # type: ignore[assignment]
+        return b
+
+    def _append(self, rec: bytes) -> tuple[_Batch, int]:
+        b = self._batch()
+        off = len(b.buf)
+        b.buf += rec
+        b.nrec += 1
+        self._backlog += len(rec)
+        return b, off
+
+    def _after_append(self, b: _Batch) -> None:
+        if len(b.buf) >= self.opts.batch_bytes:
+            self._seal()
+            self._pump()
+
+    def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
+        b, off = self._append(L.encode(L.MSG, seq, ts, subject.encode(), hdrs or b"", data))
+        b.last_seq = seq
+        b.msgs += 1
+        self.live[b.num] = self.live.get(b.num, 0) + 1
+        # the index records the message after this returns: seal (and maybe upload) on the next append
+        if len(b.buf) >= self.opts.batch_bytes:
+            self._seal()
+            if self.loop is not None:
+                self.loop.call_soon(self._pump)
+        return (b.num << L.LOC_SHIFT) | off
+
+    def _log_delete(self, seq: int) -> None:
+        b, _ = self._append(L.encode(L.DEL, seq, 0))
+        self._after_append(b)
+
+    def _log_watermark(self, first_seq: int) -> None:
+        b, _ = self._append(L.encode(L.MARK, first_seq, self.index.last_seq))
+        self._after_append(b)
+
+    def _forget(self, seq: int, loc: int) -> None:
+        # the removal record was just appended: to the open batch, or to the last one sealed
+        target = loc >> L.LOC_SHIFT
+        b = self._open if self._open is not None else (self._unreleased[-1] if self._unreleased else None)
+        if b is None:
+            self._dec_live_n(target, 1)  # its batch is already released (synchronous mode)
+        else:
+            b.removed[target] = b.removed.get(target, 0) + 1
+
+    def _batch_bytes(self, b: int) -> bytes | None:
+        pend = self._by_num.get(b)
+        if pend is not None:
+            return pend.data if pend.data is not None else bytes(pend.buf)
+        return super()._batch_bytes(b)
+
+    def ack_when_durable(self, seq: int, cb: DurableCallback) -> bool:
+        """Call `cb(None)` once `seq` is durable (or `cb(error)`); False (no call) when it already is."""
+        if seq <= self.durable_seq:
+            return False
+        if self.fenced or self.closed:
+            cb(f"stream fenced: {self.fenced}" if self.fenced else "stream store closed")
+            return True
+        target = self._open if self._open is not None and self._open.first_seq <= seq else None
+        if target is None:
+            for b in reversed(self._unreleased):
+                if b.first_seq <= seq:
+                    target = b
+                    break
+        if target is None:
+            return False
+        if self._failing and target.state != "open":
+            cb(f"shared store write failed: {self._failing_reason}")
+            return True
+        target.waiters.append(cb)
+        return True
+
+    # -- group commit --------------------------------------------------------------------------------
+    def _linger_done(self) -> None:
+        self._linger_handle = None
+        if self._open is not None and self._flight < self.opts.inflight:
+            self._seal()
+            self._pump()
+        # else: sealed when an upload slot frees up (the batch keeps growing meanwhile)
+
+    def _seal(self) -> None:
+        b = self._open
+        if b is None:
+            return
+        self._open = None
+        if self._linger_handle is not None:
+            self._linger_handle.cancel()
+            self._linger_handle = None
+        b.buf[: L.BATCH_HDR_LEN] = L.batch_header(self.epoch, b.num, b.first_seq, b.last_seq, b.nrec)
+        b.data = bytes(b.buf)
+        b.buf = bytearray()
+        b.size = len(b.data)
+        b.state = "queued"
+        self._unreleased.append(b)
+
+    def _pump(self) -> None:
+        """Start uploads for queued batches while slots are free; run them inline without a loop."""
+        if self.fenced:
+            return
+        if (self.loop is not None and self._open is not None and self._linger_handle is None
+                and self._flight < self.opts.inflight):
+            self._seal()  # its linger passed while every slot was busy
+        for b in list(self._unreleased):
+            if self._flight >= self.opts.inflight or self.fenced:
+                break
+            if b.state == "queued":
+                self._start(b)
+
+    def _start(self, b: _Batch) -> None:
+        b.state = "flight"
+        b.attempts += 1
+        self._flight += 1
+        if self.loop is None or self.executor is None:
+            try:
+                self._upload(b)
+                b.error = None
+            except Exception as exc:  # noqa: BLE001 - reported through the batch
+                b.error = exc
+            self._done(b)
+            return
+        fut = self.executor.submit(self._upload, b)
+        b.future = fut
+        loop = self.loop
+        fut.add_done_callback(lambda f, b=b: loop.call_soon_threadsafe(self._future_done, b, f))
+
+    def _upload(self, b: _Batch) -> None:
+        """Worker thread: PUT the batch, then make sure nobody took over meanwhile."""
+        assert b.data is not None
+        self.objects.put(self._key(b.num, self.epoch), b.data)
+        self.uploads += 1
+        self._check_fence()
+        path = self._cache_path(b.num, self.epoch)
+        if path is not None:
+            self._cache_write(path, b.data)
+
+    def _future_done(self, b: _Batch, fut: Future) -> None:
+        if b.state != "flight" or b.future is not fut:
+            return
+        b.error = fut.exception()
+        self._done(b)
+
+    def _done(self, b: _Batch) -> None:
+        self._flight -= 1
+        b.future = None
+        if b.error is not None:
+            b.state = "queued"
+            if isinstance(b.error, Fenced):
+                self._fence(str(b.error))
+                return
+            self._upload_failed(b)
+            return
+        b.state = "done"
+        while self._unreleased and self._unreleased[0].state == "done":
+            self._release(self._unreleased.popleft())
+        if self._failing and not any(x.state == "queued" and x.attempts for x in self._unreleased):
+            self._failing = False
+            log.info("shared store %s: uploads succeed again", self.stream)
+        self._pump()
+        self._maybe_move_base()
+
+    def _upload_failed(self, b: _Batch) -> None:
+        reason = f"{type(b.error).__name__}: {b.error}"
+        if not self._failing:
+            log.error("shared store %s: upload of batch %d failed (%s); retrying", self.stream, b.num, reason)
+        self._failing = True
+        self._failing_reason = reason
+        for x in list(self._unreleased) + ([self._open] if self._open is not None else []):
+            if x.num >= b.num and x.state != "open":
+                waiters, x.waiters = x.waiters, []
+                for cb in waiters:
+                    self._call(cb, f"shared store write failed: {reason}")
+        delay = min(0.05 * (2 ** min(b.attempts, 6)), 2.0)
+        if self.loop is not None:
+            self.loop.call_later(delay, self._retry, b)
+        # without a loop the caller (sync/close) retries
+
+    def _retry(self, b: _Batch) -> None:
+        if b.state == "queued" and not self.fenced and not self.closed:
+            self._pump()
+
+    def _release(self, b: _Batch) -> None:
+        b.state = "released"
+        self._backlog -= b.size - L.BATCH_HDR_LEN
+        self._by_num.pop(b.num, None)
+        self.batches[b.num] = self.epoch
+        assert b.data is not None
+        self._remember(b.num, b.data)
+        self.durable_batch = b.num
+        self.next_batch = b.num + 1
+        for target, n in b.removed.items():
+            self._dec_live_n(target, n)
+        if b.msgs:
+            self.durable_seq = max(self.durable_seq, b.last_seq)
+            if self.on_visible is not None:
+                try:
+                    self.on_visible(b.last_seq - b.msgs + 1, b.last_seq)
+                except Exception:
+                    log.exception("shared store %s: visibility callback failed", self.stream)
+        elif self.durable_seq < b.first_seq - 1:
+            self.durable_seq = b.first_seq - 1
+        for cb in b.waiters:
+            self._call(cb, None)
+        b.waiters = []
+
+    def _dec_live_n(self, target: int, n: int) -> None:
+        if target in self.live:
+            self.live[target] -= n
+
+    @staticmethod
+    def _call(cb: DurableCallback, err: str | None) -> None:
+        try:
+            cb(err)
+        except Exception:
+            log.exception("shared store: durability callback failed")
+
+    def _fence(self, reason: str) -> None:
+        if self.fenced:
+            return
+        self.fenced = reason
+        log.error("shared store %s: fenced: %s", self.stream, reason)
+        if self._linger_handle is not None:
+            self._linger_handle.cancel()
+            self._linger_handle = None
+        for x in list(self._unreleased) + ([self._open] if self._open is not None else []):
+            waiters, x.waiters = x.waiters, []
+            for cb in waiters:
+                self._call(cb, f"stream fenced: {reason}")
+        if self.on_fenced is not None:
+            try:
+                self.on_fenced(reason)
+            except Exception:
+                log.exception("shared store %s: fence callback failed", self.stream)
+
+    # -- base moves: drop front batches whose messages are all gone -----------------------------------
+    BASE_MIN_BATCHES = 16
+    BASE_INTERVAL = 1.0
+
+    def _maybe_move_base(self, force: bool = False) -> None:
+        if self._base_busy or self.fenced or self.closed:
+            return
+        b = self.chain_start
+        while b <= self.durable_batch and self.live.get(b, 0) <= 0:
+            b += 1
+        if b == self.chain_start:
+            return
+        if not force and b - self.chain_start < self.BASE_MIN_BATCHES and (
+                time.monotonic() - self._last_base_move < self.BASE_INTERVAL):
+            return
+        first = self.batch_first.get(b)
+        next_seq = first if first else self.index.last_seq + 1
+        old = [(n, e) for n, e in self.batches.items() if n < b]
+        self._base_busy = True
+        self._last_base_move = time.monotonic()
+        self._run_job(self._put_base, (b, next_seq, old), lambda err: self._base_moved(b, err))
+
+    def _put_base(self, args: tuple[int, int, list[tuple[int, int]]]) -> None:
+        b, next_seq, old = args
+        doc = {"batch": b, "epoch": self.epoch, "next_seq": next_seq, "writer": self.writer, "ts": now_ns()}
+        self.objects.put(f"{self.prefix}/base/{L.base_name(b, self.epoch)}", json.dumps(doc).encode())
+        self._check_fence()  # never delete anything once another writer owns the stream
+        for n, e in old:
+            self.objects.delete(self._key(n, e))
+            path = self._cache_path(n, e)
+            if path is not None:
+                path.unlink(missing_ok=True)
+        for name in self.objects.list(f"{self.prefix}/base"):
+            p = L.parse_pair(name, ".json")
+            if p is not None and p[0] < b:
+                self.objects.delete(f"{self.prefix}/base/{name}")
+
+    def _base_moved(self, b: int, err: BaseException | None) -> None:
+        self._base_busy = False
+        if isinstance(err, Fenced):
+            self._fence(str(err))
+            return
+        if err is not None:
+            log.warning("shared store %s: could not move the base to batch %d: %s", self.stream, b, err)
+            return
+        for n in [n for n in self.batches if n < b]:
+            self.batches.pop(n, None)
+            self.live.pop(n, None)
+            self.batch_first.pop(n, None)
+            data = self._mem.pop(n, None)
+            if data is not None:
+                self._mem_bytes -= len(data)
+        self.chain_start = max(self.chain_start, b)
+
+    def _run_job(self, fn: Callable, arg: object, then: Callable[[BaseException | None], None]) -> Future | None:
+        """Run `fn(arg)` on the executor and `then(error)` on the loop (both inline without a loop)."""
+        if self.loop is None or self.executor is None:
+            try:
+                fn(arg)
+                err = None
+            except Exception as exc:  # noqa: BLE001 - handed to `then`
+                err = exc
+            then(err)
+            return None
+        fut = self.executor.submit(fn, arg)
+        loop = self.loop
+
+        def done(f: Future) -> None:
+            loop.call_soon_threadsafe(lambda: then(f.exception()))
+
+        fut.add_done_callback(done)
+        return fut
+
+    # -- documents (stream config, consumer meta and state) -------------------------------------------
+    def put_doc(self, sub: str, kind: str, doc: dict) -> None:
+        """Write `<sub>/<kind>.<epoch>.json` under the stream (asynchronously, in order with other documents)."""
+        self.docs.put(sub, kind, doc)
+
+    def delete_docs(self, sub: str) -> None:
+        """Delete everything under the stream's `<sub>/` (a consumer's folder), after the writes queued before."""
+        self.docs.delete(sub)
+
+    # -- flushing and lifecycle ----------------------------------------------------------------------
+    def _flush(self, timeout: float) -> bool:
+        """Upload and release everything written so far (blocking); True when nothing is left."""
+        self._seal()
+        deadline = time.monotonic() + timeout
+        while self._unreleased and not self.fenced and time.monotonic() < deadline:
+            b = self._unreleased[0]
+            if b.state == "flight" and b.future is not None:
+                fut = b.future
+                wait_futures([fut], timeout=max(deadline - time.monotonic(), 0))
+                if fut.done():
+                    self._future_done(b, fut)
+                continue
+            if b.state == "queued":
+                if b.attempts:
+                    time.sleep(0.05)
+                saved, self.loop = self.loop, None  # run this one inline
+                try:
+                    self._start(b)
+                finally:
+                    self.loop = saved
+            else:
+                break
+        return not self._unreleased
+
+    def sync(self) -> None:
+        if self.loop is None and not self.closed:
+            if not self._flush(self.opts.close_timeout):
+                raise OSError(f"stream {self.stream}: shared store write failed: {self._failing_reason}")
+            self._maybe_move_base()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Blocking: write out everything pending now; True on success."""
+        return self._flush(self.opts.close_timeout if timeout is None else timeout)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        deadline = time.monotonic() + self.opts.close_timeout
+        ok = self._flush(self.opts.close_timeout)
+        if ok and not self.fenced:
+            saved, self.loop = self.loop, None
+            try:
+                self._maybe_move_base(force=True)  # inline; skipped when a move is already running
+            finally:
+                self.loop = saved
+        self.docs.flush(deadline)
+        if not ok and not self.fenced:
+            log.error("shared store %s: closing with %d batches not written", self.stream, len(self._unreleased))
+            for x in self._unreleased:
+                waiters, x.waiters = x.waiters, []
+                for cb in waiters:
+                    self._call(cb, "stream store closed before the write completed")
+        self.closed = True
+        if self._linger_handle is not None:
+            self._linger_handle.cancel()
+            self._linger_handle = None
+
+    def destroy(self) -> None:
+        """Close and delete the stream from the shared store and the cache."""
+        self._unreleased.clear()
+        self._open = None
+        self.docs.clear()
+        self.closed = True
+        if self._linger_handle is not None:
+            self._linger_handle.cancel()
+            self._linger_handle = None
+        self.objects.delete_prefix(self.prefix)
+        if self.cache_dir is not None:
+            for p in self.cache_dir.glob("*"):
+                p.unlink(missing_ok=True)
+            try:
+                self.cache_dir.rmdir()
+            except OSError:
+                pass

@@ -1,0 +1,315 @@
+"""A read-only view of one stream on a shared store: the resolved log replayed into a `MsgStore` index.
+
+`SharedView(objects, stream)` lists the stream's prefix, resolves the chain (`sharedlayout.resolve`), reads
+every batch of it (from the local cache directory when one is given and holds it, else from the store, then
+cached) and applies its records: MSG adds a message, DEL and MARK remove, exactly as the file store does on
+recovery. `refresh()` applies batches written since (a standby or a tailing reader); when a takeover or a
+base move makes the view stale it reloads from scratch. Only settled batches are applied: a view never shows
+a message that a pending takeover could still cut. All the `MsgStore` queries (`load`, `next_msg`, `state`,
+...) work on the view; writes raise. Every method blocks on storage I/O: use it from a worker thread (the
+writer subclass, `SharedStore`, does its own I/O in threads).
+
+Message locations are `(batch << 32) | offset in the batch object`. Batch bytes are kept in a small LRU in
+memory; the cache directory holds copies of batch objects under their shared names (immutable, so a cached
+copy is valid forever and needs no invalidation).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+from zonebus.storage.fs import ObjectStore
+from zonebus.stream import sharedlayout as L
+from zonebus.stream.filestore import FileStore
+from zonebus.stream.store import MsgStore
+
+log = logging.getLogger(__name__)
+
+MEM_CACHE_BYTES = 32 * 1024 * 1024
+LOAD_ATTEMPTS = 5
+
+
+class ReadOnlyError(Exception):
+    pass
+
+
+class SharedView(MsgStore):
+    overhead = FileStore.overhead
+    msg_size = FileStore.msg_size
+
+    def __init__(self, objects: ObjectStore, stream: str, cache_dir: str | Path | None = None,
+                 mem_cache_bytes: int = MEM_CACHE_BYTES, load: bool = True) -> None:
+        super().__init__()
+        self.objects = objects
+        self.stream = stream
+        self.prefix = L.stream_prefix(stream)
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        if self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.mem_cache_bytes = mem_cache_bytes
+        self._mem: OrderedDict[int, bytes] = OrderedDict()  # batch -> object bytes (LRU)
+        self._mem_bytes = 0
+        self._seals: dict[int, L.Seal] = {}
+        self.chain_start = 1  # first batch of the log
+        self.batches: dict[int, int] = {}  # batch -> epoch, for every applied batch
+        self.next_batch = 1  # the batch after the last applied one
+        self.base_seq = 1  # every sequence below this is gone (from the base object)
+        self.live: dict[int, int] = {}  # batch -> live messages in it
+        self.batch_first: dict[int, int] = {}  # batch -> its header's first_seq
+        self.top_epoch = 0
+        self.pending_takeover = False
+        if load:
+            self.reload()
+
+    # -- listing and resolution ----------------------------------------------------------------------
+    def list(self) -> L.Listing:
+        """List log/, base/ and epochs/ (in that order: see the layout's settledness argument)."""
+        lst = L.Listing()
+        for n in self.objects.list(f"{self.prefix}/log"):
+            p = L.parse_pair(n, ".blk")
+            if p is not None:
+                lst.batches[p] = n
+        for n in self.objects.list(f"{self.prefix}/base"):
+            p = L.parse_pair(n, ".json")
+            if p is not None:
+                lst.bases.append(p)
+        self._list_epochs(lst)
+        return lst
+
+    def _list_epochs(self, lst: L.Listing) -> None:
+        for n in self.objects.list(f"{self.prefix}/epochs"):
+            p = L.parse_epoch_name(n)
+            if p is None:
+                continue
+            (lst.claims if p[1] == "claim" else lst.seal_epochs).add(p[0])
+
+    def seals(self, lst: L.Listing) -> dict[int, L.Seal]:
+        for e in lst.seal_epochs:
+            if e not in self._seals:
+                self._seals[e] = L.Seal.from_json(self.objects.get(f"{self.prefix}/epochs/{L.num(e)}.seal"))
+        return {e: self._seals[e] for e in lst.seal_epochs}
+
+    def _base(self, lst: L.Listing) -> L.Base | None:
+        if not lst.bases:
+            return None
+        b, e = max(lst.bases)
+        d = json.loads(self.objects.get(f"{self.prefix}/base/{L.base_name(b, e)}"))
+        return L.Base(int(d["batch"]), int(d["epoch"]), int(d["next_seq"]))
+
+    def resolve(self) -> tuple[L.Listing, L.Chain, L.Base | None]:
+        lst = self.list()
+        base = self._base(lst)
+        return lst, L.resolve(lst, self.seals(lst), base), base
+
+    # -- loading -------------------------------------------------------------------------------------
+    def reload(self, settled_only: bool = True) -> L.Chain:
+        """Rebuild the index from the store (retrying when objects vanish under a concurrent writer)."""
+        for attempt in range(LOAD_ATTEMPTS):
+            try:
+                lst, chain, base = self.resolve()
+                self._reset(chain, base)
+                self._apply_chain(chain, settled_only)
+                return chain
+            except FileNotFoundError:
+                if attempt == LOAD_ATTEMPTS - 1:
+                    raise
+                log.info("shared store %s: an object vanished while loading; listing again", self.stream)
+        raise AssertionError("unreachable")
+
+    def _reset(self, chain: L.Chain, base: L.Base | None) -> None:
+        MsgStore.__init__(self)
+        self._mem.clear()
+        self._mem_bytes = 0
+        self.batches = {}
+        self.live = {}
+        self.batch_first = {}
+        self.chain_start = self.next_batch = chain.start
+        self.base_seq = base.next_seq if base else 1
+        if self.base_seq > 1:
+            self.index.skip_to(self.base_seq, self.base_seq - 1)
+        self.top_epoch = chain.top_epoch
+        self.pending_takeover = chain.pending
+
+    def _apply_chain(self, chain: L.Chain, settled_only: bool) -> int:
+        todo = chain.batches[: chain.settled] if settled_only else chain.batches
+        n = 0
+        for b, e in todo:
+            if b < self.next_batch:
+                continue
+            if b != self.next_batch:
+                break
+            self._apply_batch(b, e, self._fetch(b, e))
+            n += 1
+        self.top_epoch = chain.top_epoch
+        self.pending_takeover = chain.pending
+        return n
+
+    def refresh(self) -> int:
+        """Apply settled batches written since the last look; returns how many. Reloads when stale."""
+        for attempt in range(LOAD_ATTEMPTS):
+            try:
+                lst, chain, base = self.resolve()
+                last = self.next_batch - 1
+                stale = (base is not None and base.batch > self.next_batch) or (
+                    last >= chain.start and last in self.batches
+                    and (last - chain.start >= len(chain.batches) or chain.batches[last - chain.start][1]
+                         != self.batches[last]))
+                if stale:
+                    self._reset(chain, base)
+                return self._apply_chain(chain, True)
+            except FileNotFoundError:
+                if attempt == LOAD_ATTEMPTS - 1:
+                    raise
+        return 0
+
+    def _apply_batch(self, b: int, e: int, data: bytes) -> None:
+        head = L.read_header(data)
+        if head.batch != b or head.epoch != e:
+            raise L.LayoutError(f"{self.stream}: object {L.batch_name(b, e)} holds batch {head.batch} "
+                                f"of epoch {head.epoch}")
+        idx = self.index
+        loc0 = b << L.LOC_SHIFT
+        self.live.setdefault(b, 0)
+        for off, kind, seq, ts, slen, hlen, dlen in L.iter_records(data):
+            if kind == L.MSG:
+                if seq <= idx.last_seq:
+                    continue
+                subject = L.record_subject(data, off, slen)
+                size = slen + hlen + dlen + self.overhead + (4 if hlen else 0)
+                idx.add(seq, subject, size, ts, loc0 | off)
+                self.live[b] += 1
+                self._last_ts = max(self._last_ts, ts)
+            elif kind == L.DEL:
+                self._index_remove(seq)
+            else:  # MARK: below `seq` nothing is live; the last sequence is at least `ts`
+                while idx.msgs and idx.first_seq < seq:
+                    self._index_remove(idx.first_seq)
+                idx.skip_to(seq, ts)
+        self.batches[b] = e
+        self.batch_first[b] = head.first_seq
+        self.next_batch = b + 1
+        self._remember(b, data)
+
+    def _index_remove(self, seq: int) -> None:
+        gone = self.index.remove(seq)
+        if gone is not None:
+            self._dec_live(gone[2] >> L.LOC_SHIFT)
+
+    def _dec_live(self, b: int) -> None:
+        if b in self.live:
+            self.live[b] -= 1
+
+    # -- batch bytes ---------------------------------------------------------------------------------
+    def _key(self, b: int, e: int) -> str:
+        return f"{self.prefix}/log/{L.batch_name(b, e)}"
+
+    def _cache_path(self, b: int, e: int) -> Path | None:
+        return self.cache_dir / L.batch_name(b, e) if self.cache_dir is not None else None
+
+    def _fetch(self, b: int, e: int) -> bytes:
+        """A batch object's bytes: memory, then the cache directory, then the store (and cache it)."""
+        data = self._mem.get(b)
+        if data is not None:
+            self._mem.move_to_end(b)
+            return data
+        path = self._cache_path(b, e)
+        if path is not None:
+            try:
+                data = path.read_bytes()
+                head = L.read_header(data)
+                if head.batch == b and head.epoch == e:
+                    return data
+            except (OSError, L.LayoutError):
+                pass
+        data = self.objects.get(self._key(b, e))
+        if path is not None:
+            self._cache_write(path, data)
+        return data
+
+    def _cache_write(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError:
+            log.warning("shared store %s: could not write cache file %s", self.stream, path)
+
+    def _remember(self, b: int, data: bytes) -> None:
+        if b in self._mem:
+            self._mem.move_to_end(b)
+            return
+        self._mem[b] = data
+        self._mem_bytes += len(data)
+        while self._mem_bytes > self.mem_cache_bytes and len(self._mem) > 1:
+            _b, old = self._mem.popitem(last=False)
+            self._mem_bytes -= len(old)
+
+    def _batch_bytes(self, b: int) -> bytes | None:
+        e = self.batches.get(b)
+        if e is None:
+            return None
+        data = self._fetch(b, e)
+        self._remember(b, data)
+        return data
+
+    def prune_cache(self) -> None:
+        """Delete cached batch files that are not (or no longer) in the applied chain."""
+        if self.cache_dir is None:
+            return
+        keep = {L.batch_name(b, e) for b, e in self.batches.items()}
+        for p in self.cache_dir.iterdir():
+            if p.name not in keep:
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+
+    # -- MsgStore hooks ------------------------------------------------------------------------------
+    def _read(self, seq: int, loc: int, size: int) -> tuple[bytes | None, bytes] | None:
+        b, off = loc >> L.LOC_SHIFT, loc & L.LOC_MASK
+        try:
+            data = self._batch_bytes(b)
+        except (OSError, L.LayoutError):
+            log.exception("shared store %s: could not read batch %d", self.stream, b)
+            return None
+        if data is None:
+            return None
+        return L.record_body(data, off)
+
+    def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
+        raise ReadOnlyError(f"stream {self.stream}: a shared view is read-only")
+
+    def _log_delete(self, seq: int) -> None:
+        raise ReadOnlyError(f"stream {self.stream}: a shared view is read-only")
+
+    def _log_watermark(self, first_seq: int) -> None:
+        raise ReadOnlyError(f"stream {self.stream}: a shared view is read-only")
+
+    # -- documents -----------------------------------------------------------------------------------
+    def read_doc(self, sub: str, kind: str) -> dict | None:
+        """The highest-epoch `<kind>.<epoch>.json` under the stream's `sub` folder ("" = the stream's own)."""
+        folder = f"{self.prefix}/{sub}" if sub else self.prefix
+        latest = L.latest_docs(self.objects.list(folder)).get(kind)
+        if latest is None:
+            return None
+        try:
+            return json.loads(self.objects.get(f"{folder}/{latest[1]}"))
+        except FileNotFoundError:
+            return None
+
+    def config(self) -> dict | None:
+        """{"config": ..., "created": ...} of the stream, or None."""
+        return self.read_doc("", "stream")
+
+    def consumers(self) -> dict[str, tuple[dict, dict | None]]:
+        """consumer name -> (meta document, state document or None)."""
+        out = {}
+        for name in self.objects.list(f"{self.prefix}/consumers", dirs=True):
+            meta = self.read_doc(f"consumers/{name}", "meta")
+            if meta is not None:
+                out[name] = (meta, self.read_doc(f"consumers/{name}", "state"))
+        return out

@@ -1,0 +1,215 @@
+"""A byte-counting TCP proxy on loopback, for measuring the traffic between servers of a cluster.
+
+`ByteProxy.add(src, dst, target_port)` opens a listening port on 127.0.0.1 that forwards every connection to
+127.0.0.1:`target_port` (dst's route port); give that port to server `src` as its route to `dst`. Every byte
+read from the dialling side is counted as (src, dst), every byte read from the target as (dst, src): all
+bytes, whatever the protocol. One link per ordered pair (src, dst) means a route is counted whichever side
+dialled it. `route_ports()` is the set of ports a route through a proxy shows as its remote port (the
+listening ports, and the local ports of the proxy's own outgoing connections), so that a caller can check
+that no route bypasses the proxies.
+
+For benchmarks the proxy runs in its own process, so that it does not share an event loop (or the GIL) with
+the load generator: `ProxyProcess` drives `python -m zonebus.testing.byteproxy`, which takes one JSON command
+per line on stdin and answers one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+HOST = "127.0.0.1"
+CHUNK = 256 * 1024
+
+
+@dataclass
+class _Link:
+    src: str
+    dst: str
+    target_port: int
+    server: asyncio.Server | None = None
+    port: int = 0
+    upstream_ports: set[int] = field(default_factory=set)
+    accepted: int = 0
+
+
+class ByteProxy:
+    """Forwarding links on loopback that count the bytes of each direction per (src server, dst server)."""
+
+    def __init__(self) -> None:
+        self.counts: defaultdict[tuple[str, str], int] = defaultdict(int)
+        self.links: list[_Link] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def add(self, src: str, dst: str, target_port: int, listen_port: int = 0) -> int:
+        """Listen on 127.0.0.1:listen_port (0: any free port) and forward to 127.0.0.1:target_port; returns
+        the listening port."""
+        link = _Link(src, dst, target_port)
+        link.server = await asyncio.start_server(lambda r, w: self._accept(link, r, w), HOST, listen_port)
+        link.port = link.server.sockets[0].getsockname()[1]
+        self.links.append(link)
+        return link.port
+
+    def snapshot(self) -> dict[tuple[str, str], int]:
+        return dict(self.counts)
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+    def route_ports(self) -> set[int]:
+        ports = {link.port for link in self.links}
+        for link in self.links:
+            ports |= link.upstream_ports
+        return ports
+
+    def connections(self) -> int:
+        """Connections accepted so far, over all links."""
+        return sum(link.accepted for link in self.links)
+
+    async def close(self) -> None:
+        for link in self.links:
+            if link.server is not None:
+                link.server.close()
+        for w in list(self._writers):
+            w.close()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for link in self.links:
+            if link.server is not None:
+                await link.server.wait_closed()
+
+    def _accept(self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve(link, reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        link.accepted += 1
+        self._writers.add(writer)
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(HOST, link.target_port)
+            except OSError:
+                return  # the target is not listening (yet): the dialler sees a closed connection and retries
+            self._writers.add(up_writer)
+            local = up_writer.get_extra_info("sockname")[1]
+            link.upstream_ports.add(local)
+            try:
+                await asyncio.gather(self._pump(reader, up_writer, (link.src, link.dst)),
+                                     self._pump(up_reader, writer, (link.dst, link.src)))
+            finally:
+                link.upstream_ports.discard(local)
+                self._writers.discard(up_writer)
+                up_writer.close()
+                with contextlib.suppress(OSError, asyncio.CancelledError):
+                    await up_writer.wait_closed()
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: tuple[str, str]) -> None:
+        counts = self.counts
+        try:
+            while True:
+                data = await reader.read(CHUNK)
+                if not data:
+                    break
+                counts[key] += len(data)
+                writer.write(data)
+                if writer.transport.get_write_buffer_size() > CHUNK:
+                    await writer.drain()
+            if writer.can_write_eof():
+                writer.write_eof()
+        except (OSError, RuntimeError):
+            writer.close()  # a reset on one side: close the other side too
+
+
+# -- a proxy in its own process ----------------------------------------------------------------------
+
+
+async def _serve_stdin() -> None:
+    proxy = ByteProxy()
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    out = sys.stdout
+    while line := await reader.readline():
+        cmd = json.loads(line)
+        op = cmd.get("op")
+        if op == "add":
+            reply: dict = {"port": await proxy.add(cmd["src"], cmd["dst"], cmd["target"])}
+        elif op == "counts":
+            reply = {"counts": [[s, d, n] for (s, d), n in proxy.snapshot().items()],
+                     "route_ports": sorted(proxy.route_ports()), "connections": proxy.connections()}
+        elif op == "reset":
+            proxy.reset()
+            reply = {"ok": True}
+        else:
+            reply = {"error": f"unknown op {op!r}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    await proxy.close()
+
+
+class ProxyProcess:
+    """A `ByteProxy` in a child process, driven synchronously (add links, read counters, stop)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "zonebus.testing.byteproxy"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def _call(self, **cmd: object) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("byte proxy process exited")
+        return json.loads(line)
+
+    def add(self, src: str, dst: str, target_port: int) -> int:
+        return int(self._call(op="add", src=src, dst=dst, target=target_port)["port"])
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        return {(s, d): n for s, d, n in self._call(op="counts")["counts"]}
+
+    def route_ports(self) -> set[int]:
+        return set(self._call(op="counts")["route_ports"])
+
+    def reset(self) -> None:
+        self._call(op="reset")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def main() -> None:
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_serve_stdin())
+
+
+if __name__ == "__main__":
+    main()
