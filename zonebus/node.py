@@ -135,7 +135,7 @@ class Node:
 
 
 async def run(opts: ServerOptions) -> None:
-    """Run one node until SIGTERM/SIGINT; SIGHUP reloads."""
+    """Run one node until SIGTERM/SIGINT (or the end of lame duck mode, SIGUSR2); SIGHUP reloads."""
     node = Node(opts)
     server = node.server
     await node.start()
@@ -146,6 +146,7 @@ async def run(opts: ServerOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_shutdown)
     loop.add_signal_handler(signal.SIGHUP, node.reload)
+    loop.add_signal_handler(signal.SIGUSR2, server.enter_lame_duck)  # `--signal ldm`
     try:
         await server.serve_forever()
     finally:

@@ -109,3 +109,26 @@ async def test_stepdown_and_delete(cluster) -> None:
         assert gone["error"]["err_code"] == 10059
     finally:
         await nc.close()
+
+
+@pytest.mark.timeout(90)
+async def test_key_value_with_direct_gets_from_every_server(cluster) -> None:
+    """A KV bucket with direct gets: the leader answers `$JS.API.DIRECT.GET` for clients of any server; a
+    direct get for a stream that does not exist is answered with no responders, as nats-server does."""
+    await wait_meta_leader(cluster)
+    conns = [await nats.connect(s.url) for s in cluster]
+    try:
+        kv = await conns[0].jetstream(timeout=5).create_key_value(bucket="CKV", history=2, direct=True)
+        await kv.put("k", b"v1")
+        await kv.put("k", b"v2")
+        for nc in conns:
+            other = await nc.jetstream(timeout=5).key_value("CKV")
+            entry = await other.get("k")
+            assert (entry.value, entry.revision) == (b"v2", 2)
+            assert (await other.get("k", revision=1)).value == b"v1"
+        with pytest.raises(nats.errors.NoRespondersError):
+            await conns[1].request("$JS.API.DIRECT.GET.NOSUCH", b'{"seq":1}', timeout=5)
+        await conns[0].jetstream(timeout=5).delete_key_value("CKV")
+    finally:
+        for nc in conns:
+            await nc.close()

@@ -587,6 +587,17 @@ def _positive_duration(attr: str) -> Handler:
     return _setter(attr, read)
 
 
+LAME_DUCK_MIN = 30.0  # seconds; nats-server refuses less
+
+
+def _lame_duck_duration(v: Value) -> float:
+    seconds = get_duration(v)
+    if seconds < LAME_DUCK_MIN:
+        shown = v.value if v.kind == "string" else show(v)
+        raise BadValue(f"invalid lame_duck_duration of {shown}, minimum is 30 seconds", v)
+    return seconds
+
+
 _TOP_HANDLERS: dict[str, Handler] = {
     "listen": _listen("host", "port"),
     "host": _str("host"),
@@ -610,6 +621,8 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "ping_interval": _positive_duration("ping_interval"),
     "ping_max": _int("ping_max"),
     "write_deadline": _positive_duration("write_deadline"),
+    "lame_duck_duration": _setter("lame_duck_duration", _lame_duck_duration),
+    "lame_duck_grace_period": _positive_duration("lame_duck_grace_period"),
     "authorization": _top_auth,
     "no_auth_user": _str("no_auth_user"),
     "debug": _bool("debug"),

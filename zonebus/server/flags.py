@@ -22,7 +22,7 @@ from zonebus.config.convert import is_url, split_host_port
 from zonebus.server.options import ServerOptions
 
 PROG = "zonebus server"
-SIGNALS = ("ldm", "stop", "quit", "term", "reopen", "reload")
+SIGNALS = ("ldm", "stop", "quit", "term", "reload")
 
 USAGE = f"""
 Usage: {PROG} [options]

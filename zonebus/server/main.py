@@ -24,9 +24,10 @@ def _parse(argv: list[str]) -> tuple[ServerOptions, bool]:
 
 def _send_signal(opts: ServerOptions, spec: str) -> int:
     name, _, pid_text = spec.partition("=")
-    sigs = {"reload": signal.SIGHUP, "stop": signal.SIGTERM, "quit": signal.SIGINT, "term": signal.SIGTERM}
+    sigs = {"reload": signal.SIGHUP, "stop": signal.SIGTERM, "quit": signal.SIGINT, "term": signal.SIGTERM,
+            "ldm": signal.SIGUSR2}
     if name not in sigs:
-        print(f"zonebus server: --signal: unknown signal {name!r} (reload, stop, quit)", file=sys.stderr)
+        print(f"zonebus server: --signal: unknown signal {name!r} (reload, stop, quit, term, ldm)", file=sys.stderr)
         return 2
     if not pid_text and opts.pid_file:
         try:

@@ -164,6 +164,8 @@ class ServerOptions:
     ping_interval: float = PING_INTERVAL
     ping_max: int = PING_MAX
     write_deadline: float = WRITE_DEADLINE
+    lame_duck_duration: float = 120.0  # `--signal ldm`: clients are closed over this long, then the server stops
+    lame_duck_grace_period: float = 10.0  # ... starting this long after lame duck mode begins
     # top-level authorization { user, password, token, timeout }
     auth_user: str = ""
     auth_password: str = ""

@@ -69,6 +69,7 @@ class Server:
         self.stale_connections = 0
         self.total_connections = 0
         self._servers: list[asyncio.base_events.Server] = []
+        self.lame_duck = False  # `--signal ldm`: see zonebus.server.lameduck
         self._shutdown = asyncio.Event()
         self.monitor = None
         self.ledger = None  # zonebus.ledger.LedgerHooks when a ledger block is set
@@ -128,6 +129,20 @@ class Server:
 
     def request_shutdown(self) -> None:
         self._shutdown.set()
+
+    def stop_listening(self) -> None:
+        """Accept no more clients (lame duck mode); established connections stay."""
+        for srv in self._servers:
+            srv.close()
+
+    def enter_lame_duck(self) -> None:
+        from zonebus.server.lameduck import lame_duck
+
+        self._lame_duck_task = asyncio.ensure_future(lame_duck(self))
+
+    def refresh_info(self) -> None:
+        """Rebuild the INFO base after `info_extras` changed."""
+        self._info_base = self._build_info()
 
     async def shutdown(self) -> None:
         for srv in self._servers:

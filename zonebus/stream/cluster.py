@@ -32,7 +32,7 @@ from zonebus.meta import MetaError, MetaGroup, MetaTiming, NoQuorum, RoutePeer, 
 from zonebus.meta.state import Change, StreamRecord
 from zonebus.server.internal import InternalClient
 from zonebus.stream import api as jsapi
-from zonebus.stream import stream_config
+from zonebus.stream import direct, stream_config
 from zonebus.stream.errors import JSError
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
@@ -276,6 +276,13 @@ class ClusteredJetStream:
             return
         if len(toks) == 4 and toks[:3] == ["STREAM", "LEADER", "STEPDOWN"]:
             self._spawn(self._stream_stepdown(toks[3], reply))
+            return
+        if subject.startswith(direct.PREFIX):  # served by the stream's leader; no stream: no responders
+            name = direct.split_subject(subject)[0]
+            if self.meta is None or name not in self.meta.state.streams:
+                self.svc.send(reply, b"", headers=direct.no_responders(subject))
+            else:
+                self._to_leader(name, subject, reply, headers, payload, "")
             return
         meta = self.meta
         if meta is None or meta.leader is None or self.name not in meta.state.peers:  # not placeable yet

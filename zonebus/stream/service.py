@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.filestore import FileStore
@@ -169,9 +170,23 @@ class JetStreamService:
         if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
             self._on_pull(subject, reply, payload)
             return
+        if subject.startswith(direct.PREFIX):
+            self._on_direct_get(subject, reply, payload)
+            return
         resp = self.api.handle(subject, payload)
         if resp is not None and reply:
             self.send(reply, json.dumps(resp, separators=(",", ":")).encode())
+
+    def _on_direct_get(self, subject: str, reply: str | None, payload: bytes) -> None:
+        if not reply:
+            return
+        name, key = direct.split_subject(subject)
+        stream = self.streams.get(name)
+        if stream is None or not stream.cfg.get("allow_direct"):
+            self.send(reply, b"", headers=direct.no_responders(subject))
+            return
+        for hdrs, data in direct.answer(stream, key, payload):
+            self.send(reply, data, headers=hdrs)
 
     def _on_pull(self, subject: str, reply: str | None, payload: bytes) -> None:
         toks = subject.split(".")
