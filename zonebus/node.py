@@ -30,6 +30,8 @@ from zonebus.cluster.manager import ClusterManager
 from zonebus.cluster.monitoring import routez_page, varz_cluster
 from zonebus.gateway.manager import GatewayManager
 from zonebus.gateway.monitoring import gatewayz_page, varz_gateway
+from zonebus.queue.monitoring import queuez_page
+from zonebus.queue.service import QueueService
 from zonebus.server.internal import InternalClient
 from zonebus.server.options import ServerOptions
 from zonebus.server.server import Server
@@ -104,6 +106,20 @@ class Node:
                 server, lambda: self.jetstream.service if isinstance(self.jetstream, JetStreamExtension) else None)
         server.pages["/jsz"] = self.jsz.page
         server.varz_sections["jetstream"] = self.jsz.varz
+        self.queues = self._wire_queue_groups()
+
+    def _wire_queue_groups(self) -> QueueService:
+        """Durable queue groups (`queue_groups {}`, zonebus.queue): always wired, so that SIGHUP can add one;
+        with no durable group the core's `publish_interceptor` stays None. Primaries come from the meta group
+        when clustered JetStream runs."""
+        server = self.server
+        clustered = self.jetstream if isinstance(self.jetstream, ClusteredJetStream) else None
+        queues = QueueService(server, self.cluster, (lambda: clustered.meta) if clustered is not None else None)
+        server.add_extension(queues)
+        server.interest_watchers.append(queues)
+        server.reload_hooks.append(queues.reloaded)
+        server.pages["/queuez"] = functools.partial(queuez_page, queues)
+        return queues
 
     async def start(self) -> None:
         await self.server.start()
@@ -126,6 +142,7 @@ class Node:
         server.opts.server_tags = new.server_tags
         server.reload_auth(new)  # users, permissions, token: logins checked again, see Server.reload_auth
         server.opts.cluster.prefer_matching_tags = new.cluster.prefer_matching_tags
+        server.opts.queue_groups = new.queue_groups  # applied by QueueService.reloaded
         for hook in server.reload_hooks:
             hook(server.opts)
         if server.ledger is not None:

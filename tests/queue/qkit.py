@@ -1,0 +1,73 @@
+"""Durable queue group servers for the tests: a lone server, or a 3-zone cluster with clustered JetStream on
+one shared file store (the group's log lives there, so a new primary continues after a kill -9)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
+
+GROUP = 'workers: {{ subjects: ["orders.>"], ack: {ack}, ack_wait: "{ack_wait}", max_deliver: 5 }}'
+
+
+def groups_block(ack: str = "none", ack_wait: str = "1s", extra: str = "") -> str:
+    return "queue_groups {\n  " + GROUP.format(ack=ack, ack_wait=ack_wait) + ("\n  " + extra if extra else "") \
+        + "\n}\n"
+
+
+def lone_server(tmp: Path, ack: str = "none", ack_wait: str = "1s") -> ServerProcess:
+    conf = f'jetstream {{ store_dir: "{tmp}/store" }}\n' + groups_block(ack, ack_wait)
+    return ServerProcess("zonebus", conf, http_port=free_port()).start()
+
+
+def cluster(tmp: Path, zones: list[str], ack: str = "none", ack_wait: str = "1s",
+            failover: str = "1s") -> list[ServerProcess]:
+    route_ports = [free_port() for _ in zones]
+    servers = []
+    for i, zone in enumerate(zones):
+        js = (f'jetstream {{ store_dir: "{tmp}/local{i}", shared_store: "file://{tmp}/shared", '
+              f'failover_timeout: "{failover}" }}\n' + groups_block(ack, ack_wait))
+        conf = cluster_config(f"s{i}", route_ports[i], route_ports, tags=[f"az:{zone}"], extra=js)
+        servers.append(ServerProcess("zonebus", conf, http_port=free_port()))
+    return start_parallel(servers)
+
+
+def group_info(server: ServerProcess, name: str = "workers") -> dict:
+    page = server.http_get("/queuez")
+    return next(g for g in page["queue_groups"] if g["name"] == name)
+
+
+def primary_of(servers: list[ServerProcess], name: str = "workers") -> ServerProcess | None:
+    for s in servers:
+        if s.proc is not None and s.proc.poll() is None and group_info(s, name)["is_primary"]:
+            return s
+    return None
+
+
+def wait_until(check: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+async def await_until(check: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def members_seen(server: ServerProcess, expected: int, name: str = "workers") -> bool:
+    return sum(m["members"] for m in group_info(server, name)["members"]) >= expected

@@ -1,0 +1,317 @@
+"""The durable-queue-group extension: capture, primaries, the `qgroup` channel, reload.
+
+Wired by `zonebus.node` when `queue_groups` names a durable group (or on a SIGHUP that adds one). It sets the
+core's `publish_interceptor` (`intercept`), watches interest (members leaving), and runs one `Dispatcher` per
+group this server is primary of. Primaries: a lone server, or a cluster without a meta group (no JetStream),
+is primary of every group for what it stores itself; with clustered JetStream the meta group names one
+primary per group (`queue_primary` / `queue_set`, moved by the meta leader when its server dies) and the
+other servers forward what they capture to it, keeping each message until the primary confirms it is stored
+(then the publisher gets its PubAck). The log lives on the shared store's directory when there is a
+`file://` shared store, so a new primary continues where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from zonebus.meta import server_hash
+from zonebus.queue import wire
+from zonebus.queue.dispatcher import Dispatcher
+from zonebus.queue.intercept import Interceptor
+from zonebus.queue.log import GroupLog
+from zonebus.queue.model import durable_groups, parse_ack_subject, pub_ack, stream_name
+from zonebus.server.connection import CLIENT
+from zonebus.server.internal import InternalClient
+from zonebus.server.options import QueueGroupOptions, ServerOptions
+
+if TYPE_CHECKING:
+    from zonebus.cluster.manager import ClusterManager
+    from zonebus.server.server import Server
+    from zonebus.subjects.sublist import Subscription
+
+TICK = 0.25
+RESEND_AFTER = 1.0  # a forwarded publish not confirmed by then is sent again (to the current primary)
+ELECT_EVERY = 1.0
+PROPOSE_TIMEOUT = 4.0
+
+
+class _Pending:
+    __slots__ = ("group", "subject", "reply", "hdr_len", "data", "sent")
+
+    def __init__(self, group: str, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
+        self.group, self.subject, self.reply, self.hdr_len, self.data = group, subject, reply, hdr_len, data
+        self.sent = 0.0
+
+
+class QueueService:
+    def __init__(self, server: Server, cluster: ClusterManager | None = None, meta_source: Any = None) -> None:
+        self.server = server
+        self.cluster = cluster
+        self.meta_source = meta_source  # () -> MetaGroup | None, when clustered JetStream runs
+        self.client = InternalClient(server, "$QG")
+        self.interceptor = Interceptor(self._captured)
+        self.specs: dict[str, QueueGroupOptions] = {}
+        self.dispatchers: dict[str, Dispatcher] = {}
+        self._ack_sids: dict[str, int] = {}
+        self.hash = server_hash(server.name)
+        self.pending: dict[int, _Pending] = {}  # captured here, not yet confirmed stored by the primary
+        self._next_id = 0
+        self.tracks: dict[tuple[int, bytes], set[tuple[str, str]]] = {}  # local member -> (primary, group)
+        self.forwarded = 0
+        self._elect_at: dict[str, float] = {}
+        self._task: asyncio.Task | None = None
+        self._meta_hooked = False
+        self.channel = cluster.channels.register(wire.CHANNEL, self._frame, self._peer_up, self._peer_down) \
+            if cluster is not None else None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.apply(self.server.opts.queue_groups)
+        self._task = asyncio.get_running_loop().create_task(self._tick_loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for name in list(self.dispatchers):
+            self._release(name)
+
+    def base_dir(self) -> str:
+        js = self.server.opts.jetstream
+        if js.shared_store.startswith("file://"):
+            return urlparse(js.shared_store).path
+        if not js.store_dir:
+            js.store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
+        return js.store_dir
+
+    def apply(self, groups: dict[str, QueueGroupOptions]) -> None:
+        """(Re)configure the groups: start and release dispatchers, re-point the interceptor."""
+        old = self.specs
+        self.specs = durable_groups(groups)
+        for name in list(self.dispatchers):
+            if name not in self.specs or self.specs[name] != old.get(name):
+                self._release(name)
+        self.interceptor.set_groups(self.specs)
+        server = self.server
+        server.publish_interceptor = self.interceptor if self.specs else None
+        server.sublist.touch()  # client fast-path memos may deliver to members of a new group
+        self._sync()
+
+    def reloaded(self, opts: ServerOptions) -> None:
+        new = durable_groups(opts.queue_groups)
+        if new != self.specs:
+            self.server.log(f"queue groups reloaded: {sorted(new)}")
+        self.apply(opts.queue_groups)
+
+    # -- primaries -----------------------------------------------------------------------------------
+    def _meta(self) -> Any:
+        return self.meta_source() if self.meta_source is not None else None
+
+    def primary_of(self, group: str) -> str | None:
+        if self.meta_source is None:
+            return self.server.name
+        meta = self._meta()
+        if meta is None:
+            return None
+        rec = meta.state.queue_primaries.get(group)
+        return rec.server if rec is not None else None
+
+    def _sync(self) -> None:
+        """Lead the groups this server is primary of, release the others, resend to moved primaries."""
+        me = self.server.name
+        for name in self.specs:
+            primary = self.primary_of(name)
+            if primary == me and name not in self.dispatchers:
+                self._lead(name)
+            elif primary != me and name in self.dispatchers:
+                self._release(name)
+        for pid, p in list(self.pending.items()):
+            if p.group not in self.specs:
+                del self.pending[pid]
+            elif p.group in self.dispatchers:
+                del self.pending[pid]
+                self._store_here(p)
+
+    def _lead(self, name: str) -> None:
+        spec = self.specs[name]
+        try:
+            log = GroupLog(self.base_dir(), name)
+        except OSError as exc:
+            self.server.log(f"queue group {name}: cannot open its log: {exc}", "ERR")
+            return
+        d = Dispatcher(self.server, spec, log, self.hash, self._send_remote)
+        self.dispatchers[name] = d
+        self._ack_sids[name] = self.client.subscribe(f"$JS.ACK.{stream_name(name)}.{self.hash}.>", self._on_ack)
+        d.start()
+        self.server.log(f"queue group {name}: primary here, {log.msgs} stored messages waiting")
+
+    def _release(self, name: str) -> None:
+        d = self.dispatchers.pop(name, None)
+        sid = self._ack_sids.pop(name, None)
+        if sid is not None:
+            self.client.unsubscribe(sid)
+        if d is not None:
+            d.stop()
+            self.server.log(f"queue group {name}: no longer primary here")
+
+    async def _elect(self, meta: Any, name: str) -> None:
+        try:
+            await meta.propose({"op": "queue_primary", "group": name, "candidates": sorted(meta.state.peers),
+                                "zone": self.server.zone}, PROPOSE_TIMEOUT)
+        except Exception as exc:  # no quorum yet, a race with another server's proposal: tried again
+            self.server.log(f"queue group {name}: electing a primary failed: {exc}", "DBG")
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            try:
+                self._tick()
+            except Exception as exc:
+                self.server.log(f"queue groups: tick failed: {exc!r}", "ERR")
+
+    def _tick(self) -> None:
+        meta = self._meta()
+        now = time.monotonic()
+        if meta is not None:
+            if not self._meta_hooked:
+                self._meta_hooked = True
+                meta.on_change(self._on_meta_change)
+            if meta.leader is not None and meta.ready:
+                for name in self.specs:
+                    rec = meta.state.queue_primaries.get(name)
+                    if (rec is None or rec.server is None) and now >= self._elect_at.get(name, 0):
+                        self._elect_at[name] = now + ELECT_EVERY
+                        asyncio.get_running_loop().create_task(self._elect(meta, name))
+        self._sync()
+        for pid, p in self.pending.items():
+            if now - p.sent >= RESEND_AFTER:
+                self._forward(pid, p)
+
+    def _on_meta_change(self, change: Any) -> None:
+        if change.kind == "queue" and change.key in self.specs:
+            self.server.loop.call_soon(self._sync)
+
+    # -- capture -------------------------------------------------------------------------------------
+    def _captured(self, group: QueueGroupOptions, subject: bytes, reply: bytes | None, hdr_len: int,
+                  data: bytes) -> None:
+        p = _Pending(group.name, subject, reply, hdr_len, data)
+        if group.name in self.dispatchers:
+            self._store_here(p)
+            return
+        self._next_id += 1
+        self.pending[self._next_id] = p
+        self._forward(self._next_id, p)
+
+    def _store_here(self, p: _Pending) -> None:
+        d = self.dispatchers[p.group]
+        hdrs = p.data[: p.hdr_len] if p.hdr_len >= 0 else None
+        seq = d.append(p.subject.decode(errors="replace"), hdrs, p.data[max(p.hdr_len, 0) : -2],
+                       self.server.name, self.server.zone)
+        if p.reply:
+            self._send_later(p.reply.decode(), pub_ack(p.group, seq))
+
+    def _send_later(self, subject: str, body: bytes) -> None:
+        """Publish from a fresh loop turn (never from inside the core's routing of another message)."""
+        self.server.loop.call_soon(self.client.publish, subject, body)
+
+    def _forward(self, pid: int, p: _Pending) -> None:
+        primary = self.primary_of(p.group)
+        p.sent = time.monotonic()
+        if primary is None or self.channel is None or primary == self.server.name:
+            return
+        head = {"t": "pub", "g": p.group, "id": pid, "s": p.subject.decode(errors="replace"), "h": p.hdr_len,
+                "o": self.server.name, "z": self.server.zone}
+        if self.channel.send(primary, wire.frame(head, p.data[:-2])):
+            self.forwarded += 1
+
+    # -- the channel ---------------------------------------------------------------------------------
+    def _send_remote(self, server: str, group: str, seq: int, subject: bytes, reply: str | None,
+                     hdr_len: int, data: bytes) -> bool:
+        if self.channel is None:
+            return False
+        head = {"t": "dlv", "g": group, "seq": seq, "s": subject.decode(errors="replace"), "r": reply, "h": hdr_len}
+        return self.channel.send(server, wire.frame(head, data))
+
+    def _frame(self, peer: str, payload: bytes) -> None:
+        head, body = wire.parse(payload)
+        kind, group = head.get("t"), str(head.get("g", ""))
+        if kind == "pub":
+            d = self.dispatchers.get(group)
+            if d is None:
+                return  # not (or no longer) primary: the origin sends it again to the one named next
+            hdr_len = int(head["h"])
+            seq = d.append(str(head["s"]), body[:hdr_len] if hdr_len >= 0 else None, body[max(hdr_len, 0):],
+                           str(head.get("o", peer)), str(head.get("z", "")))
+            self.channel.send(peer, wire.frame({"t": "stored", "g": group, "id": head["id"], "seq": seq}))
+        elif kind == "stored":
+            p = self.pending.pop(int(head["id"]), None)
+            if p is not None and p.reply:
+                self._send_later(p.reply.decode(), pub_ack(p.group, int(head["seq"])))
+        elif kind == "dlv":
+            self._deliver_remote(peer, head, body)
+        elif kind == "dlvd":
+            d = self.dispatchers.get(group)
+            if d is not None:
+                d.remote_report(int(head["seq"]), bool(head.get("ok")), wire.member_key(head.get("m")))
+        elif kind == "gone":
+            d = self.dispatchers.get(group)
+            if d is not None:
+                d.member_gone(peer, wire.member_key(head.get("m")))
+
+    def _deliver_remote(self, primary: str, head: dict[str, Any], data: bytes) -> None:
+        """The primary chose a member of this server: write the message to one of them."""
+        group, seq = str(head["g"]), int(head["seq"])
+        subject = str(head["s"]).encode()
+        queue = group.encode()
+        r = self.server.sublist.match(subject)
+        members = [s for g in r.qsubs if g and g[0].queue == queue for s in g
+                   if s.conn.kind == CLIENT and not s.conn.closed]
+        reply = head.get("r")
+        ok = bool(members)
+        m = None
+        if members:
+            sub = members[self.server.random.randrange(len(members))]
+            self.server._deliver_one(sub, subject, str(reply).encode() if reply else None, int(head["h"]), data)
+            m = [sub.conn.cid, sub.sid.decode()]
+            if reply:
+                self.tracks.setdefault((sub.conn.cid, sub.sid), set()).add((primary, group))
+        self.channel.send(primary, wire.frame({"t": "dlvd", "g": group, "seq": seq, "ok": ok, "m": m}))
+
+    def _peer_up(self, peer: str) -> None:
+        for pid, p in self.pending.items():
+            if self.primary_of(p.group) == peer:
+                self._forward(pid, p)
+
+    def _peer_down(self, peer: str) -> None:
+        for d in self.dispatchers.values():
+            d.member_gone(peer, None)
+
+    # -- acks and members leaving --------------------------------------------------------------------
+    def _on_ack(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        parsed = parse_ack_subject(subject)
+        if parsed is None:
+            return
+        d = self.dispatchers.get(parsed[0])
+        if d is not None:
+            d.on_ack(parsed[1], payload)
+        if reply:
+            self.client.publish(reply, b"")  # nats-py's ack_sync() waits for an answer
+
+    def interest_added(self, sub: Subscription) -> None:
+        if sub.queue is not None and self.specs:
+            for d in self.dispatchers.values():
+                d.wake()
+
+    def interest_removed(self, sub: Subscription) -> None:
+        if sub.queue is None or sub.conn.kind != CLIENT or not self.specs:
+            return
+        key = (sub.conn.cid, sub.sid)
+        d = self.dispatchers.get(sub.queue.decode(errors="replace"))
+        if d is not None:
+            d.member_gone("", key)
+        for primary, group in self.tracks.pop(key, ()):
+            if self.channel is not None:
+                self.channel.send(primary, wire.frame({"t": "gone", "g": group, "m": [key[0], key[1].decode()]}))
