@@ -38,6 +38,8 @@ from zonebus.server.server import Server
 from zonebus.stream.cluster import ClusteredJetStream
 from zonebus.stream.monitoring import JetStreamMonitor
 from zonebus.stream.routed import RoutedDeliveries
+from zonebus.zonerouter.forwarder import RouterForwarder
+from zonebus.zonerouter.router import ZoneRouter
 
 
 class JetStreamExtension:
@@ -107,6 +109,24 @@ class Node:
         server.pages["/jsz"] = self.jsz.page
         server.varz_sections["jetstream"] = self.jsz.varz
         self.queues = self._wire_queue_groups()
+        self.zone_router: ZoneRouter | None = None
+        if opts.jetstream.enabled and opts.jetstream.zone_router:
+            self._wire_zone_router()
+
+    def _wire_zone_router(self) -> None:
+        """`jetstream { zone_router: true }` (zonebus.zonerouter): zone-local connect_urls, client publishes to
+        streams led in other zones through this zone's proxy and the shared store, `zone_router` in /jsz and
+        client zones in /connz."""
+        server = self.server
+        if not isinstance(self.jetstream, ClusteredJetStream) or self.cluster is None:
+            server.log("zone router: needs a cluster with JetStream; ignored on a lone server", "WRN")
+            return
+        self.zone_router = router = ZoneRouter(server, self.cluster, self.jetstream)
+        server.add_extension(router)
+        server.forwarder = RouterForwarder(server, router, server.forwarder)
+        jsz_page = self.jsz.page
+        server.pages["/jsz"] = lambda query: {**jsz_page(query), "zone_router": router.info()}
+        server.pages["/connz"] = router.zones.connz_page
 
     def _wire_queue_groups(self) -> QueueService:
         """Durable queue groups (`queue_groups {}`, zonebus.queue): always wired, so that SIGHUP can add one;

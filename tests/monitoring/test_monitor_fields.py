@@ -244,12 +244,7 @@ def test_routez_uptime_idle_last_activity(clusters: dict[str, list[ServerProcess
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("which", [
-    "nats",
-    pytest.param("zonebus", marks=pytest.mark.xfail(
-        reason="the core does not measure client RTT yet (a first PING 2 s after connect, as nats-server)",
-        strict=False)),
-])
+@pytest.mark.parametrize("which", ["nats", "zonebus"])
 def test_connz_rtt_is_measured(which: str) -> None:
     server = ServerProcess(which, "", http_port=free_port()).start()
     try:

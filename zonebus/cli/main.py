@@ -1,4 +1,4 @@
-"""The `zonebus` command: dispatches to `server`, `demo` and `cost` subcommands.
+"""The `zonebus` command: dispatches to `server`, `demo`, `cost` and `streams` subcommands.
 
 No stack traces reach the user: a reader that goes away (`zonebus --help | head`) ends the command quietly,
 and Ctrl-C outside the server (which shuts down cleanly on SIGINT by itself) says "interrupted" in one line.
@@ -19,6 +19,7 @@ commands:
   demo                  run the local multi-zone demo and its cost report
   cost report           price a traffic ledger with PySpark
   cost simulate         what-if cross-zone cost for a large topology
+  streams export        write a stream from a shared store as partitioned Parquet with PySpark
 
   --version             print the version
 """
@@ -71,5 +72,9 @@ def _dispatch(argv: list[str]) -> int:
         from zonebus.cli.cost import run_cost_cli
 
         return run_cost_cli(rest)
+    if cmd == "streams":
+        from zonebus.cli.streams import run_streams_cli
+
+        return run_streams_cli(rest)
     print(f"zonebus: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
     return EXIT_ERROR

@@ -97,6 +97,7 @@ def build_session(master: str | None, app_name: str, conf: dict[str, str] | None
     """A new (or the active) SparkSession; `master=None` means local unless run by spark-submit."""
     active = SparkSession.getActiveSession()
     if active is not None:
+        _register_sources(active)
         return active
     builder = SparkSession.builder.appName(app_name)
     if master is None and not under_spark_submit():
@@ -126,8 +127,15 @@ def build_session(master: str | None, app_name: str, conf: dict[str, str] | None
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
+    _register_sources(spark)
     return spark
 
+
+def _register_sources(spark: SparkSession) -> None:
+    """The project's data sources on every session it builds: `zonebus` (streams on a shared store)."""
+    from zonebus.pipeline import register
+
+    register(spark)
 
 
 class _DropPy4J(logging.Filter):

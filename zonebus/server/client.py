@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 _PING = b"PING\r\n"
+FIRST_PING = 2.0  # seconds after connect
 _PONG = b"PONG\r\n"
 _OK = b"+OK\r\n"
 # CONNECT fields and the JSON type nats-server decodes them into (anything else closes the connection)
@@ -126,6 +127,8 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.nonce = ""  # sent in INFO when nkey users exist
         self.connect_opts: dict = {}  # the CONNECT fields, kept to check the login again on reload
         self.pings_out = 0
+        self.rtt = 0.0  # seconds, measured by the server's PINGs (shown in /connz)
+        self._ping_sent = 0.0  # perf_counter() of the unanswered PING (uvloop's clock ticks in ms)
         self.ledger_hdrs: list[PubHeader] | None = None  # PUB lines counted on the fast path
         self._timers: list[asyncio.TimerHandle] = []
 
@@ -144,8 +147,9 @@ class ClientConnection(Connection, asyncio.Protocol):
         loop = server.loop
         if server.opts.auth_required:
             self._timers.append(loop.call_later(server.opts.auth_timeout, self._auth_timeout))
-        if server.opts.ping_interval > 0:
-            self._timers.append(loop.call_later(server.opts.ping_interval, self._ping_timer))
+        if server.opts.ping_interval > 0:  # the first PING after 2 s measures the RTT, as nats-server's
+            first = min(FIRST_PING, server.opts.ping_interval)
+            self._timers.append(loop.call_later(first, self._ping_timer))
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -238,6 +242,9 @@ class ClientConnection(Connection, asyncio.Protocol):
                 self.send(_PONG)
             elif code == PONG:
                 self.pings_out = 0
+                if self._ping_sent:
+                    self.rtt = time.perf_counter() - self._ping_sent
+                    self._ping_sent = 0.0
             elif code == PUB:  # PUB before CONNECT without auth: nats-server accepts it (with default options)
                 self.connected = True
                 self._handle_ops([op])
@@ -384,6 +391,7 @@ class ClientConnection(Connection, asyncio.Protocol):
             self.close()
             return
         self.pings_out += 1
+        self._ping_sent = time.perf_counter()
         self.send(_PING)
         self._timers.append(self.server.loop.call_later(opts.ping_interval, self._ping_timer))
         if len(self._timers) > 8:

@@ -84,6 +84,7 @@ class ClusteredJetStream:
         self._ready: dict[str, asyncio.Event] = {}  # streams this server serves, once open
         self._chains: dict[str, asyncio.Task] = {}  # per-stream leadership work, in order
         self._tasks: set[asyncio.Task] = set()
+        self.meta_formed: list[Any] = []  # callables (MetaGroup) -> None, e.g. the zone router's
         self.channel = cluster.channels.register("meta", self._meta_frame, self._meta_up, self._meta_down)
         routed.attach(self.client)
         cluster.info_extras["jetstream"] = True
@@ -139,6 +140,8 @@ class ClusteredJetStream:
         early, self._early = self._early, []
         for peer, payload in early:
             meta.deliver(peer, payload)
+        for hook in self.meta_formed:
+            hook(meta)
         self.server.log(f"JetStream: meta group {list(decision.membership.members)} ({decision.reason})")
 
     # -- the meta channel ----------------------------------------------------------------------------
@@ -248,6 +251,13 @@ class ClusteredJetStream:
         except TimeoutError:
             return False
         return name in self.svc.streams
+
+    async def led_stream(self, name: str) -> Any:
+        """The stream `name` when this server leads it (once it serves it), else None (for the zone router)."""
+        rec = self.meta.state.streams.get(name) if self.meta is not None else None
+        if rec is None or rec.leader != self.name or not await self._wait_ready(name):
+            return None
+        return self.svc.streams.get(name)
 
     # -- monitoring ----------------------------------------------------------------------------------
     def meta_cluster(self) -> dict[str, Any] | None:

@@ -1,0 +1,247 @@
+"""Zone-router benchmark: the same 3-zone topology three times, side by side.
+
+Setups: nats-server R3 (its own file store); zonebus R3 on a shared file store without the router; zonebus R3
+with `zone_router: true`. Each cluster has one server per zone (s1..s3 tagged `az:z1..z3`), every route
+through a byte-counting proxy process (`zonebus.testing.byteproxy`: every byte between servers, any protocol,
+heartbeats included), and the stream's leader moved to s2 (zone z2) by stepdowns.
+
+Workload: one publisher per zone (nats-py, `--inflight` publishes awaiting their acks at once, `--msgs` of
+`--size` bytes each, a sequence number in each payload), then one pull consumer per zone reading everything
+(fetch batches of 100). Printed per setup: cross-zone bytes per payload byte while publishing and while
+consuming (each counted on the route sockets), publish-ack msgs/s, publish-ack latency p50/p99,
+delivered / lost / duplicated (from the consumers, against what was acknowledged), and shared-store requests
+of the router (puts / gets / deletes, from /jsz).
+
+Run: `python bench/zone_router.py [--msgs 3000] [--size 1024] [--inflight 100]`. Prints one markdown table.
+The router has no read path yet: consumers in other zones still read over the route (the consume column);
+end-to-end latency is not measured yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import nats  # noqa: E402
+from nats.js.api import AckPolicy, ConsumerConfig  # noqa: E402
+
+from zonebus.testing.byteproxy import ProxyProcess  # noqa: E402
+from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel  # noqa: E402
+
+ZONES = 3
+STREAM = "ZR"
+LEADER = "s2"
+
+
+class Setup:
+    def __init__(self, label: str, impl: str, router: bool) -> None:
+        self.label, self.impl, self.router = label, impl, router
+        self.servers: list[ServerProcess] = []
+        self.proxy: ProxyProcess | None = None
+
+    def start(self, tmp: Path) -> None:
+        self.proxy = ProxyProcess()
+        ports = [free_port() for _ in range(ZONES)]
+        for i in range(ZONES):
+            name = f"s{i + 1}"
+            urls = [f"nats-route://127.0.0.1:{self.proxy.add(name, f's{j + 1}', ports[j])}"
+                    for j in range(ZONES) if j != i]
+            extra = "no_advertise: true"
+            if self.impl == "nats":
+                js = f'jetstream {{ store_dir: "{tmp}/n{i + 1}" }}'
+                extra += f'\n  advertise: "127.0.0.1:{self.proxy.add("gossip", name, ports[i])}"'
+            else:
+                js = (f'jetstream {{ store_dir: "{tmp}/z{i + 1}", shared_store: "file://{tmp}/shared", '
+                      f'failover_timeout: "3s"{", zone_router: true" if self.router else ""} }}')
+            conf = cluster_config(name, ports[i], tags=[f"az:z{i + 1}"], cluster="bench", route_urls=urls,
+                                  cluster_extra=extra, extra=js)
+            (tmp / f"w{i + 1}").mkdir(parents=True, exist_ok=True)
+            self.servers.append(ServerProcess(self.impl, conf, http_port=free_port(), workdir=tmp / f"w{i + 1}",
+                                              extra_args=["-js"] if self.impl == "nats" else []))
+        start_parallel(self.servers, timeout=60)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+
+    def cross_zone(self) -> int:
+        assert self.proxy is not None
+        names = {f"s{i + 1}" for i in range(ZONES)}
+        return sum(n for (a, b), n in self.proxy.counts().items() if a in names and b in names and a != b)
+
+    def storage(self) -> str:
+        if not self.router:
+            return "-"
+        tot = {"puts": 0, "gets": 0, "deletes": 0}
+        for s in self.servers:
+            ch = s.http_get("/jsz").get("zone_router", {}).get("channel", {})
+            for k in tot:
+                tot[k] += ch.get(k, 0)
+        return f"{tot['puts']} / {tot['gets']} / {tot['deletes']}"
+
+
+async def api(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 5.0) -> dict:
+    msg = await nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout)
+    return json.loads(msg.data)
+
+
+async def create_stream(setup: Setup) -> str:
+    nc = await nats.connect(setup.servers[1].url)
+    cfg = {"name": STREAM, "subjects": ["zr.>"], "num_replicas": 3, "storage": "file"}
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                resp = await api(nc, f"$JS.API.STREAM.CREATE.{STREAM}", cfg)
+                if "error" not in resp:
+                    break
+            except (nats.errors.Error, TimeoutError) as exc:
+                resp = {"error": str(exc)}
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{setup.label}: stream not created: {resp}")
+            await asyncio.sleep(0.3)
+        leader = ""
+        for _ in range(15):
+            try:
+                leader = (await api(nc, f"$JS.API.STREAM.INFO.{STREAM}", timeout=2))["cluster"]["leader"]
+            except (nats.errors.Error, TimeoutError, KeyError):
+                await asyncio.sleep(0.5)
+                continue
+            if leader == LEADER:
+                break
+            try:
+                await api(nc, f"$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}", timeout=5)
+            except (nats.errors.Error, TimeoutError):
+                pass
+            await asyncio.sleep(1.0)
+        return leader
+    finally:
+        await nc.close()
+
+
+async def publisher(url: str, zone: int, n: int, size: int, inflight: int) -> tuple[list[int], list[float]]:
+    nc = await nats.connect(url, name=f"pub?az=z{zone}")
+    js = nc.jetstream(timeout=10)
+    acked: list[int] = []
+    lat: list[float] = []
+
+    async def one(i: int) -> None:
+        body = f"{zone}:{i}:".encode().ljust(size, b".")
+        t0 = time.perf_counter()
+        for _ in range(5):
+            try:
+                await js.publish(f"zr.{zone}", body, headers={"Nats-Msg-Id": f"{zone}-{i}"})
+                break
+            except (nats.errors.Error, TimeoutError):
+                continue
+        else:
+            return
+        lat.append(time.perf_counter() - t0)
+        acked.append(i)
+
+    try:
+        for start in range(0, n, inflight):
+            await asyncio.gather(*(one(i) for i in range(start, min(n, start + inflight))))
+    finally:
+        await nc.close()
+    return acked, lat
+
+
+async def consumer(url: str, zone: int, total: int) -> dict[tuple[int, int], int]:
+    nc = await nats.connect(url, name=f"sub?az=z{zone}")
+    js = nc.jetstream(timeout=10)
+    seen: dict[tuple[int, int], int] = {}
+    try:
+        await js.add_consumer(STREAM, ConsumerConfig(durable_name=f"c{zone}", ack_policy=AckPolicy.NONE))
+        psub = await js.pull_subscribe_bind(durable=f"c{zone}", stream=STREAM)
+        idle = 0
+        while sum(seen.values()) < total and idle < 3:
+            try:
+                msgs = await psub.fetch(100, timeout=2)
+            except (nats.errors.TimeoutError, TimeoutError):
+                idle += 1
+                continue
+            for m in msgs:
+                z, i, _ = m.data.split(b":", 2)
+                key = (int(z), int(i))
+                seen[key] = seen.get(key, 0) + 1
+    finally:
+        await nc.close()
+    return seen
+
+
+def pct(xs: list[float], p: float) -> str:
+    if not xs:
+        return "-"
+    xs = sorted(xs)
+    return f"{xs[min(len(xs) - 1, int(p * len(xs)))] * 1000:.1f}"
+
+
+async def run(setup: Setup, args: argparse.Namespace) -> dict[str, str]:
+    leader = await create_stream(setup)
+    await asyncio.sleep(1.0)
+    assert setup.proxy is not None
+    setup.proxy.reset()
+    t0 = time.perf_counter()
+    pubs = await asyncio.gather(*(publisher(s.url, i + 1, args.msgs, args.size, args.inflight)
+                                  for i, s in enumerate(setup.servers)))
+    elapsed = time.perf_counter() - t0
+    pub_cross = setup.cross_zone()
+    setup.proxy.reset()
+    acked = {(z + 1, i) for z, (a, _) in enumerate(pubs) for i in a}
+    cons = await asyncio.gather(*(consumer(s.url, i + 1, len(acked)) for i, s in enumerate(setup.servers)))
+    con_cross = setup.cross_zone()
+    payload = ZONES * args.msgs * args.size
+    lat = [x for _, lt in pubs for x in lt]
+    seen = cons[0]
+    lost = len(acked - set(seen))
+    dups = sum(n - 1 for n in seen.values() if n > 1)
+    return {
+        "setup": setup.label, "leader": leader,
+        "pub x-zone B/B": f"{pub_cross / payload:.4f}",
+        "consume x-zone B/B": f"{con_cross / (ZONES * payload):.4f}",
+        "pub msgs/s": f"{len(acked) / elapsed:,.0f}",
+        "ack p50/p99 ms": f"{pct(lat, 0.5)} / {pct(lat, 0.99)}",
+        "delivered/lost/dup": f"{len(seen)} / {lost} / {dups}",
+        "storage put/get/del": setup.storage(),
+    }
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--msgs", type=int, default=3000, help="messages per publisher (one per zone)")
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--inflight", type=int, default=100, help="publishes awaiting their ack per publisher")
+    args = ap.parse_args()
+    setups = [Setup("nats-server R3", "nats", False), Setup("zonebus R3", "zonebus", False),
+              Setup("zonebus R3 + zone router", "zonebus", True)]
+    rows = []
+    for setup in setups:
+        with tempfile.TemporaryDirectory(prefix="zb-zr-bench-") as tmp:
+            try:
+                setup.start(Path(tmp))
+                rows.append(await run(setup, args))
+            finally:
+                setup.stop()
+        print(f"done: {setup.label}", file=sys.stderr)
+    cols = list(rows[0])
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(r[c] for c in cols) + " |")
+    base = float(rows[0]["pub x-zone B/B"]) or 1.0
+    print("\npublish cross-zone bytes vs nats-server R3: "
+          + ", ".join(f"{r['setup']} {float(r['pub x-zone B/B']) / base:.4f}x" for r in rows[1:]))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,124 @@
+"""The publish path across zones on real servers: a stream led by b1 (z2); nats-py publishers on a1, a2 (z1),
+b1 (z2) and c1 (z3) with many publishes in flight each. Every acknowledged message is in the stream once, in
+each publisher's order; dedupe and expected-last-sequence still apply; the bytes that cross zones between
+servers (counted on every route by a byte-counting proxy) are a tiny fraction of the payload bytes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import APIError
+from zrkit import api, full_view, router_info, start_zoned, wait_for
+
+LAYOUT = [("a1", "z1"), ("a2", "z1"), ("b1", "z2"), ("c1", "z3")]
+FULL = {"z1": ["a1", "a2"], "z2": ["b1"], "z3": ["c1"]}
+PAYLOAD = 1024
+PER_PUBLISHER = 600
+IN_FLIGHT = 100
+
+
+@pytest.fixture(scope="module")
+def zoned(tmp_path_factory: pytest.TempPathFactory):
+    z = start_zoned(tmp_path_factory.mktemp("zrpub"), LAYOUT, proxy=True)
+    yield z
+    z.stop()
+
+
+async def _stream(nc: nats.NATS, name: str, subjects: list[str]) -> None:
+    for _ in range(50):
+        resp = await api(nc, f"$JS.API.STREAM.CREATE.{name}", {
+            "name": name, "subjects": subjects, "storage": "file", "num_replicas": 1,
+            "placement": {"tags": ["az:z2"]}})
+        if "error" not in resp:
+            assert resp["cluster"]["leader"] == "b1", resp
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"stream not created: {resp}")
+
+
+async def _publisher(url: str, who: str, n: int) -> list[int]:
+    nc = await nats.connect(url, name=f"pub-{who}")
+    js = nc.jetstream(timeout=10)
+    seqs: list[int] = []
+    try:
+        for start in range(0, n, IN_FLIGHT):
+            body = [f"{who}:{i}:".encode().ljust(PAYLOAD, b".") for i in range(start, min(n, start + IN_FLIGHT))]
+            acks = await asyncio.gather(*(js.publish(f"ord.{who}", b) for b in body))
+            for ack in acks:
+                assert ack.stream == "ORD" and not ack.duplicate
+                seqs.append(ack.seq)
+    finally:
+        await nc.close()
+    return seqs
+
+
+@pytest.mark.timeout(90)
+async def test_publish_from_every_zone(zoned) -> None:
+    s = zoned.servers
+    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    nc = await nats.connect(s["b1"].url)
+    try:
+        await _stream(nc, "ORD", ["ord.>"])
+        await asyncio.sleep(0.3)  # let the stream's interest reach every route before counting
+        zoned.proxy.reset()
+        who = {"a1": "a1", "a2": "a2", "b1": "b1", "c1": "c1"}
+        results = await asyncio.gather(*(_publisher(s[name].url, w, PER_PUBLISHER) for name, w in who.items()))
+        crossed = zoned.cross_zone_bytes()
+        all_seqs = sorted(q for r in results for q in r)
+        assert all_seqs == list(range(1, 4 * PER_PUBLISHER + 1))  # each acked once, nothing lost
+        payload_bytes = 3 * PER_PUBLISHER * PAYLOAD  # the publishes from zones other than the leader's
+        ratio = crossed / payload_bytes
+        print(f"cross-zone bytes {crossed} for {payload_bytes} payload bytes from other zones: {ratio:.4f}")
+        assert ratio < 0.05, ratio  # without the router every payload byte crosses (ratio > 1)
+        info = router_info(s["b1"])
+        assert info["leader"]["msgs"] == 3 * PER_PUBLISHER
+        assert router_info(s["a1"])["proxy"]["msgs"] + router_info(s["a2"])["proxy"]["msgs"] == 2 * PER_PUBLISHER
+        # everything readable, in each publisher's order
+        js = nc.jetstream(timeout=10)
+        await js.add_consumer("ORD", ConsumerConfig(durable_name="check", ack_policy=AckPolicy.NONE))
+        psub = await js.pull_subscribe_bind(durable="check", stream="ORD")
+        got: dict[str, list[int]] = {w: [] for w in who.values()}
+        total = 0
+        while total < 4 * PER_PUBLISHER:
+            for m in await psub.fetch(500, timeout=5):
+                w, i, _ = m.data.split(b":", 2)
+                assert m.subject == f"ord.{w.decode()}" and len(m.data) == PAYLOAD
+                got[w.decode()].append(int(i))
+                total += 1
+        for w, idx in got.items():
+            assert idx == list(range(PER_PUBLISHER)), w
+        # the leader appended every batch to the stream: the proxies trim their channels
+        await wait_for(lambda: not zoned.channel_batches(), what="router channels trimmed")
+        assert router_info(s["a1"])["channel"]["deletes"] + router_info(s["a2"])["channel"]["deletes"] > 0
+    finally:
+        await nc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_dedupe_and_expected_last_sequence_through_the_router(zoned) -> None:
+    s = zoned.servers
+    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    nc = await nats.connect(s["b1"].url)
+    pub = await nats.connect(s["c1"].url)
+    try:
+        await _stream(nc, "DED", ["ded.>"])
+        js = pub.jetstream(timeout=10)
+        first = await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
+        again = await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
+        assert first.seq == 1 and not first.duplicate
+        assert again.seq == 1 and again.duplicate
+        ok = await js.publish("ded.x", b"two", headers={"Nats-Expected-Last-Sequence": "1"})
+        assert ok.seq == 2
+        with pytest.raises(APIError) as err:
+            await js.publish("ded.x", b"three", headers={"Nats-Expected-Last-Sequence": "1"})
+        assert err.value.err_code == 10071
+        before = router_info(s["c1"])["proxy"]["msgs"]
+        assert before >= 4  # all of them went through c1's proxy
+        info = await js.stream_info("DED")
+        assert info.state.messages == 2
+    finally:
+        await nc.close()
+        await pub.close()

@@ -1,0 +1,105 @@
+"""A zonebus cluster with the zone router on, for the zone-router tests.
+
+`start_zoned(tmp, layout)` starts one server per (name, zone) of `layout` (e.g. a1/a2 in z1, b1 in z2, c1 in
+z3), every route listed and, with `proxy`, every route through a byte-counting proxy process
+(`zonebus.testing.byteproxy`), so that the bytes between any two servers are counted on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import nats
+
+from zonebus.testing.byteproxy import ProxyProcess
+from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
+
+
+class Zoned:
+    def __init__(self, servers: dict[str, ServerProcess], zones: dict[str, str], proxy: ProxyProcess | None,
+                 shared: Path) -> None:
+        self.servers = servers
+        self.shared = shared
+        self.zones = zones
+        self.proxy = proxy
+
+    def cross_zone_bytes(self) -> int:
+        assert self.proxy is not None
+        return sum(n for (a, b), n in self.proxy.counts().items()
+                   if a in self.zones and b in self.zones and self.zones[a] != self.zones[b])
+
+    def channel_batches(self) -> list[Path]:
+        """The router batch objects on the shared store."""
+        return sorted((self.shared / "zonerouter" / "channels").rglob("*.zrb"))
+
+    def stop(self) -> None:
+        for s in self.servers.values():
+            s.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+
+
+def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, failover: str = "2s") -> Zoned:
+    ports = {name: free_port() for name, _ in layout}
+    bp = ProxyProcess() if proxy else None
+    servers = {}
+    for name, zone in layout:
+        urls = []
+        for other, _ in layout:
+            if other == name:
+                continue
+            port = bp.add(name, other, ports[other]) if bp else ports[other]
+            urls.append(f"nats-route://127.0.0.1:{port}")
+        js = (f'jetstream {{ store_dir: "{tmp}/{name}", shared_store: "file://{tmp}/shared", '
+              f'failover_timeout: "{failover}", zone_router: true }}')
+        conf = cluster_config(name, ports[name], tags=[f"az:{zone}"], route_urls=urls,
+                              cluster_extra="no_advertise: true", extra=js)
+        (tmp / f"work-{name}").mkdir(exist_ok=True)
+        servers[name] = ServerProcess("zonebus", conf, http_port=free_port(), workdir=tmp / f"work-{name}")
+    try:
+        start_parallel(list(servers.values()), timeout=40)
+    except Exception:
+        if bp:
+            bp.stop()
+        raise
+    return Zoned(servers, dict(layout), bp, tmp / "shared")
+
+
+async def api(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 5.0) -> dict:
+    msg = await nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout)
+    return json.loads(msg.data)
+
+
+def router_info(server: ServerProcess) -> dict:
+    return server.http_get("/jsz").get("zone_router", {})
+
+
+async def wait_for(check: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:
+    """Poll `check` (in a thread: it may do blocking HTTP) until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = await asyncio.to_thread(check)
+        except OSError as exc:
+            last = exc
+        if last and not isinstance(last, Exception):
+            return last
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{what} not reached; last: {last!r}")
+
+
+def full_view(zoned: Zoned, expect_zones: dict[str, list[str]]) -> Callable[[], bool]:
+    """True once every running server's router shows exactly `expect_zones` as the live servers per zone."""
+    def check() -> bool:
+        for s in zoned.servers.values():
+            if s.proc is None or s.proc.poll() is not None:
+                continue
+            if router_info(s).get("zones") != expect_zones:
+                return False
+        return True
+    return check

@@ -1,0 +1,63 @@
+"""One RouterChannel object: the messages of one proxy batch, as the leader reads them back from shared storage.
+
+Layout: `ZRB1`, message count u32, then per message: stream name length u16, subject length u16, header
+block length u32, payload length u32, and those four byte strings. Replies stay with the proxy (the leader
+answers the proxy, which answers its clients).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"ZRB1"
+_HEAD = struct.Struct("!4sI")
+_MSG = struct.Struct("!HHII")
+
+
+class BatchFormatError(ValueError):
+    """An object that is not a router batch, or a truncated one."""
+
+
+@dataclass(frozen=True)
+class Message:
+    stream: str
+    subject: str
+    headers: bytes  # b"" when none
+    payload: bytes
+
+
+def encode(messages: list[Message]) -> bytes:
+    parts = [_HEAD.pack(MAGIC, len(messages))]
+    for m in messages:
+        stream, subject = m.stream.encode(), m.subject.encode()
+        parts.append(_MSG.pack(len(stream), len(subject), len(m.headers), len(m.payload)))
+        parts += (stream, subject, m.headers, m.payload)
+    return b"".join(parts)
+
+
+def decode(data: bytes) -> list[Message]:
+    try:
+        magic, n = _HEAD.unpack_from(data)
+        if magic != MAGIC:
+            raise BatchFormatError(f"not a router batch (magic {magic!r})")
+        pos = _HEAD.size
+        out = []
+        view = memoryview(data)
+        for _ in range(n):
+            a, b, c, d = _MSG.unpack_from(data, pos)
+            pos += _MSG.size
+            stream = bytes(view[pos : pos + a]).decode()
+            pos += a
+            subject = bytes(view[pos : pos + b]).decode()
+            pos += b
+            headers = bytes(view[pos : pos + c])
+            pos += c
+            payload = bytes(view[pos : pos + d])
+            pos += d
+            out.append(Message(stream, subject, headers, payload))
+    except struct.error as exc:
+        raise BatchFormatError(f"truncated router batch: {exc}") from None
+    if pos != len(data):
+        raise BatchFormatError(f"router batch has {len(data) - pos} trailing bytes")
+    return out

@@ -1,0 +1,110 @@
+"""RouterChannel: one proxy's append-only log of batches on the shared store.
+
+Objects: `zonerouter/channels/<channel id>/<epoch, 10 digits>/<offset, 20 digits>.zrb`, written whole through
+`zonebus.storage.fs.ObjectStore` (one PUT on S3; fsync + rename on a file system). The channel id is 8 random
+bytes chosen when the proxy starts (a restarted server gets a new channel, so offsets never collide), shown
+as 16 hex digits; `owner.json` beside it names the server. A batch is deleted once its leader answered it
+(the leader appended the messages to the stream's own log) or the proxy gave up on it; a restarted server
+deletes the channels of its earlier runs. Any server opens a read-only view of another's
+channel by id (`get`). The writer keeps what it wrote in a short-lived read-once cache so that it never
+reads its own data back. Blocking methods run in worker threads; `next_offset` is taken on the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import OrderedDict
+
+from zonebus.storage.fs import ObjectStore
+
+PREFIX = "zonerouter/channels"
+CACHE_SECONDS = 10.0
+CACHE_MAX = 256
+
+
+def object_key(channel: bytes, epoch: int, offset: int) -> str:
+    return f"{PREFIX}/{channel.hex()}/{epoch:010d}/{offset:020d}.zrb"
+
+
+class RouterChannel:
+    def __init__(self, store: ObjectStore, server: str, channel_id: bytes | None = None) -> None:
+        self.store = store
+        self.server = server
+        self.id = channel_id or os.urandom(8)
+        self.epoch = 0
+        self._next = 0
+        self._cache: OrderedDict[tuple[int, int], tuple[float, bytes]] = OrderedDict()
+        self.puts = self.gets = self.put_bytes = self.get_bytes = self.deletes = 0
+
+    # -- writer --------------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Worker thread: announce the channel (its owner) on the store."""
+        self.store.put(f"{PREFIX}/{self.id.hex()}/owner.json",
+                       json.dumps({"server": self.server, "started": time.time()}).encode())
+
+    def next_offset(self) -> tuple[int, int]:
+        """Event loop: reserve (epoch, offset) for the next batch."""
+        offset = self._next
+        self._next += 1
+        return self.epoch, offset
+
+    def next_epoch(self, epoch: int) -> None:
+        if epoch > self.epoch:
+            self.epoch = epoch
+
+    def append(self, epoch: int, offset: int, data: bytes) -> None:
+        """Worker thread: write one batch; durable when this returns."""
+        self.store.put(object_key(self.id, epoch, offset), data)
+        self.puts += 1
+        self.put_bytes += len(data)
+
+    def trim(self, batches: list[tuple[int, int]]) -> None:
+        """Worker thread: delete batches the leaders are done with (answered, or given up on)."""
+        for epoch, offset in batches:
+            self.store.delete(object_key(self.id, epoch, offset))
+            self.deletes += 1
+
+    def remove_stale(self) -> int:
+        """Worker thread: delete the channels an earlier run of this server left (their batches were answered
+        or their publishers were told to retry); returns how many."""
+        removed = 0
+        for cid in self.store.list(PREFIX, dirs=True):
+            if cid == self.id.hex():
+                continue
+            try:
+                owner = json.loads(self.store.get(f"{PREFIX}/{cid}/owner.json"))
+            except (FileNotFoundError, ValueError):
+                continue
+            if owner.get("server") == self.server:
+                self.store.delete_prefix(f"{PREFIX}/{cid}")
+                removed += 1
+        return removed
+
+    # -- readers -------------------------------------------------------------------------------------
+    def get(self, channel: bytes, epoch: int, offset: int) -> bytes:
+        """Worker thread: one batch of any channel, from the store (see `cached` first)."""
+        data = self.store.get(object_key(channel, epoch, offset))
+        self.gets += 1
+        self.get_bytes += len(data)
+        return data
+
+    def cached(self, channel: bytes, epoch: int, offset: int) -> bytes | None:
+        """Event loop: a batch this channel wrote, once, while it is still in the cache."""
+        if channel != self.id:
+            return None
+        hit = self._cache.pop((epoch, offset), None)
+        return hit[1] if hit is not None else None
+
+    def remember(self, epoch: int, offset: int, data: bytes) -> None:
+        """Event loop: keep a batch we wrote for one read (or CACHE_SECONDS)."""
+        now = time.monotonic()
+        self._cache[(epoch, offset)] = (now, data)
+        while self._cache and (len(self._cache) > CACHE_MAX
+                               or next(iter(self._cache.values()))[0] < now - CACHE_SECONDS):
+            self._cache.popitem(last=False)
+
+    def stats(self) -> dict[str, int]:
+        return {"puts": self.puts, "put_bytes": self.put_bytes, "gets": self.gets, "get_bytes": self.get_bytes,
+                "deletes": self.deletes}

@@ -1,0 +1,175 @@
+"""The proxy side of the publish path: batch publishes per leader, write them to our RouterChannel, send the
+leader one link record per batch, and fan its answer out as PubAcks.
+
+A batch closes after `linger` (at most 1 ms) or at `max_bytes`; several uploads run at once, but link
+records leave in channel-offset order, so one publisher's messages reach the leader in the order sent. A
+batch whose upload fails, whose leader cannot be reached or does not answer within `timeout` is answered
+with a retriable JetStream error (503): the client's publish raises and its retry goes through; nothing is
+acknowledged that the leader did not store. Runs on the event loop; uploads run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from zonebus.zonerouter import batch as batchfmt
+from zonebus.zonerouter.channel import RouterChannel
+from zonebus.zonerouter.records import BatchAnswer, LinkRecord
+
+log = logging.getLogger(__name__)
+
+ANSWER_TIMEOUT = 3.0  # nats-py waits 5 s for a PubAck
+
+
+def retry_error(why: str) -> bytes:
+    return json.dumps({"error": {"code": 503, "err_code": 10008,
+                                 "description": f"zone router: {why}, retry"}}, separators=(",", ":")).encode()
+
+
+@dataclass
+class _Batch:
+    leader: str
+    messages: list[batchfmt.Message] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    size: int = 0
+    epoch: int = 0
+    offset: int = -1
+    state: str = "open"  # open -> uploading -> uploaded -> sent (-> answered) | failed
+    sent_at: float = 0.0
+
+
+class _Target:
+    def __init__(self) -> None:
+        self.open: _Batch | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.queue: deque[_Batch] = deque()  # sealed, link record not sent yet, in offset order
+
+
+class Proxy:
+    def __init__(self, channel: RouterChannel, send_link: Callable[[str, bytes], bool],
+                 send_reply: Callable[[str, bytes], None], linger: float, max_bytes: int) -> None:
+        self.channel = channel
+        self.send_link = send_link
+        self.send_reply = send_reply
+        self.linger = linger
+        self.max_bytes = max_bytes
+        self.targets: dict[str, _Target] = {}
+        self.waiting: dict[int, _Batch] = {}  # channel offset -> batch sent, awaiting its answer
+        self.done: list[tuple[int, int]] = []  # (epoch, offset) of batches the leader is done with: to trim
+        self.tasks: set[asyncio.Task] = set()
+        self.stats = {"msgs": 0, "bytes": 0, "batches": 0, "acked": 0, "errors": 0, "link_bytes": 0}
+
+    # -- intake --------------------------------------------------------------------------------------
+    def submit(self, leader: str, stream: str, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
+        target = self.targets.get(leader)
+        if target is None:
+            target = self.targets[leader] = _Target()
+        b = target.open
+        if b is None:
+            b = target.open = _Batch(leader)
+        b.messages.append(batchfmt.Message(stream, subject, headers, payload))
+        b.replies.append(reply)
+        b.size += len(subject) + len(headers) + len(payload) + 16
+        self.stats["msgs"] += 1
+        self.stats["bytes"] += len(payload)
+        if b.size >= self.max_bytes:
+            self._seal(leader, target)
+        elif target.timer is None:
+            loop = asyncio.get_running_loop()
+            target.timer = (loop.call_later(self.linger, self._seal, leader, target) if self.linger > 0
+                            else loop.call_soon(self._seal, leader, target))  # type: ignore[assignment]
+
+    def _seal(self, leader: str, target: _Target) -> None:
+        if target.timer is not None:
+            target.timer.cancel()
+            target.timer = None
+        b, target.open = target.open, None
+        if b is None:
+            return
+        b.epoch, b.offset = self.channel.next_offset()
+        b.state = "uploading"
+        target.queue.append(b)
+        self.stats["batches"] += 1
+        data = batchfmt.encode(b.messages)
+        task = asyncio.get_running_loop().create_task(self._upload(target, b, data))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _upload(self, target: _Target, b: _Batch, data: bytes) -> None:
+        try:
+            await asyncio.to_thread(self.channel.append, b.epoch, b.offset, data)
+            b.state = "uploaded"
+        except Exception as exc:  # storage unavailable: the clients retry
+            log.warning("zone router: writing batch %d failed: %r", b.offset, exc)
+            self._fail(b, "shared store write failed")
+        self._send_ready(target)
+
+    def _send_ready(self, target: _Target) -> None:
+        """Send the link records of the uploaded batches at the head of the queue, in offset order."""
+        while target.queue and target.queue[0].state != "uploading":
+            b = target.queue.popleft()
+            if b.state != "uploaded":
+                continue
+            rec = LinkRecord(self.channel.id, b.offset, b.epoch, time.time_ns(), len(b.messages)).encode()
+            if not self.send_link(b.leader, rec):
+                self._fail(b, f"leader {b.leader} unreachable")
+                continue
+            self.stats["link_bytes"] += len(rec)
+            b.state, b.sent_at = "sent", time.monotonic()
+            self.waiting[b.offset] = b
+
+    # -- answers -------------------------------------------------------------------------------------
+    def on_answer(self, peer: str, ans: BatchAnswer) -> None:
+        if ans.source != self.channel.id:
+            return
+        b = self.waiting.pop(ans.offset, None)
+        if b is None or b.leader != peer:
+            return
+        self.done.append((b.epoch, b.offset))
+        outcomes = ans.outcomes()
+        for i, reply in enumerate(b.replies):
+            kind, value = outcomes[i] if i < len(outcomes) else ("err", retry_error("short answer"))
+            stream = b.messages[i].stream
+            if kind == "err":
+                body = value if isinstance(value, bytes) else retry_error("leader error")
+                self.stats["errors"] += 1
+            else:
+                dup = ',"duplicate": true' if kind == "dup" else ""
+                body = f'{{"stream":{json.dumps(stream)},"seq":{value}{dup}}}'.encode()
+                self.stats["acked"] += 1
+            if reply:
+                self.send_reply(reply, body)
+
+    def _fail(self, b: _Batch, why: str) -> None:
+        if b.state in ("uploaded", "sent"):
+            self.done.append((b.epoch, b.offset))
+        b.state = "failed"
+        self.stats["errors"] += len(b.replies)
+        body = retry_error(why)
+        for reply in b.replies:
+            if reply:
+                self.send_reply(reply, body)
+
+    def leader_down(self, leader: str) -> None:
+        """The link to `leader` went down: every batch it has not answered fails (the clients retry)."""
+        for offset, b in list(self.waiting.items()):
+            if b.leader == leader:
+                del self.waiting[offset]
+                self._fail(b, f"link to leader {leader} lost")
+
+    def expire(self, now: float | None = None) -> None:
+        """Fail batches whose answer is overdue (called periodically)."""
+        now = time.monotonic() if now is None else now
+        for offset, b in list(self.waiting.items()):
+            if now - b.sent_at > ANSWER_TIMEOUT:
+                del self.waiting[offset]
+                self._fail(b, f"no answer from leader {b.leader}")
+
+    def info(self) -> dict[str, object]:
+        return {**self.stats, "awaiting_answer": len(self.waiting)}

@@ -1,0 +1,216 @@
+"""`ZoneRouter`: the zone router of one server (an extension wired by `zonebus.node`).
+
+It keeps the router view (`view.derive`: live servers per zone and the main/proxy mapping) from the meta
+group's members, peer table and liveness plus the `zr` channel's links, recomputed on every change; decides
+for each client publish whether it goes through the router (`target`: the stream's leader is in another
+zone); hands such a message to this zone's proxy for that leader (`take`: here, or a hand-off frame to a peer
+of this zone); and serves the `zr` channel: hand-offs and answers for the proxy side (`proxy.Proxy`), link
+records for the leader side (`leader.LeaderSide`). `/jsz` shows `info()` as `zone_router`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from zonebus.server.internal import InternalClient
+from zonebus.storage.fs import ObjectStore
+from zonebus.subjects.patterns import matches
+from zonebus.zonerouter import records
+from zonebus.zonerouter.channel import RouterChannel
+from zonebus.zonerouter.clientzones import ClientZones
+from zonebus.zonerouter.leader import LeaderSide
+from zonebus.zonerouter.proxy import Proxy
+from zonebus.zonerouter.view import RouterView, derive
+
+if TYPE_CHECKING:
+    from zonebus.cluster.manager import ClusterManager
+    from zonebus.meta import Change, MetaGroup
+    from zonebus.server.connection import Connection
+    from zonebus.server.server import Server
+    from zonebus.stream.cluster import ClusteredJetStream
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "zr"
+REFRESH = 0.2  # seconds between liveness checks (link changes and meta changes apply at once)
+ROUTE_CACHE_MAX = 10_000
+Target = tuple[str, str, str]  # (stream, leader, proxy in this zone)
+
+
+class ZoneRouter:
+    def __init__(self, server: Server, cluster: ClusterManager, js: ClusteredJetStream) -> None:
+        self.server = server
+        self.name = server.name
+        self.zone = server.zone
+        self.js = js
+        self.opts = server.opts.jetstream
+        self.client = InternalClient(server, "$ZR")
+        self.zones = ClientZones(server)
+        self.view = RouterView()
+        self.leaving: set[str] = set()
+        self.meta: MetaGroup | None = None
+        self.channel: RouterChannel | None = None
+        self.proxy: Proxy | None = None
+        self.leader: LeaderSide | None = None
+        self._routes: dict[bytes, Target | None] = {}
+        self._task: asyncio.Task | None = None
+        self.changes = 0  # how many times the mapping changed
+        cluster.zone_local_urls = True
+        self.link = cluster.channels.register(CHANNEL, self._frame, self._peer_up, self._peer_down)
+        js.meta_formed.append(self._meta_formed)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if not self.zone:
+            self.server.log("zone router: this server has no zone tag (az:<zone>); the router stays off", "WRN")
+        store = ObjectStore.from_url(self.opts.shared_store, self.opts.s3_endpoint, self.opts.s3_region)
+        self.channel = RouterChannel(store, self.name)
+        await asyncio.to_thread(self.channel.open)
+        stale = await asyncio.to_thread(self.channel.remove_stale)
+        if stale:
+            self.server.log(f"zone router: removed {stale} channel(s) of earlier runs of this server")
+        self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
+                           self.opts.zone_router_batch)
+        self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send)
+        self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
+        self.server.log(f"zone router on: zone {self.zone or '?'}, channel {self.channel.id.hex()}")
+
+    async def stop(self) -> None:
+        self.link.broadcast(records.bye())  # peers leave us out of their mapping at once
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.leader is not None:
+            await self.leader.stop()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.zone) and self.meta is not None and self.proxy is not None
+
+    # -- the view --------------------------------------------------------------------------------------
+    def _meta_formed(self, meta: MetaGroup) -> None:
+        self.meta = meta
+        meta.on_change(self._meta_change)
+        self.recompute()
+
+    def _meta_change(self, change: Change) -> None:
+        if change.kind == "peer":
+            self.recompute()
+        elif change.kind == "stream":
+            self._forget_routes()
+
+    def _is_live(self, name: str) -> bool:
+        if name == self.name:
+            return True
+        return self.meta is not None and self.meta.transport.is_live(name) and name in self.link.hub.links
+
+    def recompute(self) -> None:
+        meta = self.meta
+        if meta is None:
+            return
+        zone_of = {n: p.zone for n, p in meta.state.peers.items()}
+        view = derive(meta.membership.members, zone_of, self._is_live, self.leaving)
+        if view != self.view:
+            self.view = view
+            self.changes += 1
+            self._forget_routes()
+            log.info("zone router: mapping %s", view.proxies)
+
+    def _forget_routes(self) -> None:
+        self._routes.clear()
+        self.server.sublist.touch()  # clients' cached fast paths may name a leader's route
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            try:
+                self.recompute()
+                if self.proxy is not None:
+                    self.proxy.expire()
+                    if self.proxy.done and self.channel is not None:
+                        done, self.proxy.done = self.proxy.done, []
+                        await asyncio.to_thread(self.channel.trim, done)
+            except Exception:
+                log.exception("zone router: refresh failed")
+
+    # -- the publish path ------------------------------------------------------------------------------
+    def target(self, subject: bytes) -> Target | None:
+        """(stream, leader, proxy) when a client's message on `subject` goes through the router."""
+        try:
+            return self._routes[subject]
+        except KeyError:
+            pass
+        found = self._lookup(subject.decode(errors="replace")) if self.active else None
+        if len(self._routes) >= ROUTE_CACHE_MAX:
+            self._routes.clear()
+        self._routes[subject] = found
+        return found
+
+    def _lookup(self, subject: str) -> Target | None:
+        assert self.meta is not None
+        for rec in self.meta.state.streams.values():
+            if any(matches(f, subject) for f in rec.config.get("subjects") or [rec.name]):
+                zone = self.view.zone_of(rec.leader)
+                if zone is None or zone == self.zone:
+                    return None
+                proxy = self.view.proxy(self.zone, rec.leader)
+                return (rec.name, rec.leader, proxy) if proxy else None
+        return None
+
+    def take(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+             target: Target) -> None:
+        stream, leader, proxy = target
+        headers = bytes(data[:hdr_len]) if hdr_len > 0 else b""
+        payload = bytes(data[max(hdr_len, 0) : len(data) - 2])
+        subj, rep = subject.decode(), reply.decode() if reply else ""
+        if proxy != self.name:
+            frame = records.Handoff(leader, stream, subj, rep, headers, payload).encode()
+            if self.link.send(proxy, frame):
+                return
+        assert self.proxy is not None  # `target` answers only once started
+        self.proxy.submit(leader, stream, subj, rep, headers, payload)
+
+    def _reply(self, reply: str, body: bytes) -> None:
+        self.client.publish(reply, body)
+
+    # -- the zr channel --------------------------------------------------------------------------------
+    def _frame(self, peer: str, frame: bytes) -> None:
+        kind = records.kind_of(frame)
+        if kind == records.LINK and self.leader is not None:
+            self.leader.on_link(peer, records.LinkRecord.decode(frame))
+        elif kind == records.ANSWER and self.proxy is not None:
+            self.proxy.on_answer(peer, records.BatchAnswer.decode(frame))
+        elif kind == records.HANDOFF and self.proxy is not None:
+            h = records.Handoff.decode(frame)
+            self.proxy.submit(h.leader, h.stream, h.subject, h.reply, h.headers, h.payload)
+        elif kind == records.BYE:
+            self.leaving.add(peer)
+            self.recompute()
+
+    def _peer_up(self, peer: str) -> None:
+        self.leaving.discard(peer)
+        self.recompute()
+
+    def _peer_down(self, peer: str) -> None:
+        if self.proxy is not None:
+            self.proxy.leader_down(peer)
+        self.recompute()
+
+    # -- monitoring ------------------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """`/jsz`'s `zone_router` block."""
+        out: dict[str, Any] = {"enabled": True, "server": self.name, "zone": self.zone,
+                               "active": self.active, "mapping_changes": self.changes, **self.view.to_dict()}
+        out["proxy_for"] = sorted(s for s, p in self.view.proxies.get(self.zone, {}).items() if p == self.name)
+        out["clients_outside_zone"] = self.zones.outside_count()
+        if self.channel is not None:
+            out["channel"] = {"id": self.channel.id.hex(), "epoch": self.channel.epoch, **self.channel.stats()}
+        if self.proxy is not None:
+            out["proxy"] = self.proxy.info()
+        if self.leader is not None:
+            out["leader"] = dict(self.leader.stats)
+        return out
