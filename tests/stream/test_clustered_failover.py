@@ -54,6 +54,8 @@ async def api_retry(nc: nats.NATS, subject: str, body: dict | None = None, timeo
             resp = await api(nc, subject, body, timeout=1.0)
             if resp.get("error", {}).get("code") != 503:
                 return resp
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{subject}: still 503 after {timeout} s: {resp}")
         except RETRIABLE:
             if time.monotonic() > deadline:
                 raise
@@ -73,7 +75,7 @@ class Publisher:
     async def run(self) -> None:
         i = 0
         while not self.stop.is_set():
-            while True:
+            while not self.stop.is_set():  # the message in flight is given up only when told to stop
                 try:
                     ack = await self.js.publish(self.subject, str(i).encode(), timeout=1.0,
                                                 headers={"Nats-Msg-Id": f"m-{i}"})
@@ -102,7 +104,9 @@ async def test_stream_leader_killed_three_rounds(tmp_path: Path) -> None:
         rjs = reader.jetstream(timeout=3)
         psub = await rjs.pull_subscribe_bind(durable="keep", stream="FAIL")
         acked_by_consumer: set[int] = set()
+        deadline = time.monotonic() + 60
         while len(acked_by_consumer) < 50:
+            assert time.monotonic() < deadline, f"the consumer acked only {len(acked_by_consumer)} messages"
             with contextlib.suppress(*RETRIABLE):
                 for m in await psub.fetch(50, timeout=2):
                     acked_by_consumer.add(m.metadata.sequence.stream)
@@ -133,7 +137,9 @@ async def test_stream_leader_killed_three_rounds(tmp_path: Path) -> None:
         allsub = await js.pull_subscribe_bind(durable="all", stream="FAIL")
         stored: dict[int, int] = {}
         dup = 0
+        deadline = time.monotonic() + 60
         while len(stored) + dup < info["state"]["messages"]:
+            assert time.monotonic() < deadline, f"read back {len(stored)} of {info['state']['messages']}"
             with contextlib.suppress(*RETRIABLE):
                 for m in await allsub.fetch(200, timeout=2):
                     n = int(m.data)
