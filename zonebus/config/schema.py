@@ -33,6 +33,7 @@ from zonebus.config.convert import (
     show,
 )
 from zonebus.config.parser import ConfigError, Value
+from zonebus.config.unsupported import unsupported_message
 from zonebus.server.options import (
     GatewayOptions,
     JetStreamOptions,
@@ -59,12 +60,15 @@ class _Errors(list):
         self.append(f"{v.where}: {message}")
 
 
-def _apply(entries: dict[str, Value], handlers: dict[str, Handler], target: Any, errors: _Errors) -> None:
+def _apply(entries: dict[str, Value], handlers: dict[str, Handler], target: Any, errors: _Errors,
+           block: str | None = None) -> None:
+    """Run each key's handler; `block` names a block whose nats-server-only keys get their own refusal."""
     for key, v in entries.items():
         handler = handlers.get(key.lower())
         if handler is None:
             if not v.used:
-                errors.add(v, f"unknown field {json.dumps(key)}")
+                known = unsupported_message(block, key) if block is not None else None
+                errors.add(v, known or f"unknown field {json.dumps(key)}")
             continue
         try:
             handler(target, v, errors)
@@ -311,7 +315,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
 
 
 def _cluster(opts: ServerOptions, v: Value, errors: _Errors) -> None:
-    _apply(get_map(v), _CLUSTER_HANDLERS, opts.cluster, errors)
+    _apply(get_map(v), _CLUSTER_HANDLERS, opts.cluster, errors, "cluster")
 
 
 def _remote_gateway(item: Value, errors: _Errors) -> RemoteGatewayOptions | None:
@@ -358,7 +362,7 @@ _GATEWAY_HANDLERS: dict[str, Handler] = {
 
 
 def _gateway(opts: ServerOptions, v: Value, errors: _Errors) -> None:
-    _apply(get_map(v), _GATEWAY_HANDLERS, opts.gateway, errors)
+    _apply(get_map(v), _GATEWAY_HANDLERS, opts.gateway, errors, "gateway")
 
 
 # ---- jetstream and ledger -------------------------------------------------------------------------
@@ -453,7 +457,7 @@ def _jetstream(opts: ServerOptions, v: Value, errors: _Errors) -> None:
         js.enabled = word == "enabled"
     elif v.kind == "map":
         js.enabled = True
-        _apply(v.value, _JETSTREAM_HANDLERS, js, errors)
+        _apply(v.value, _JETSTREAM_HANDLERS, js, errors, "jetstream")
         if js.zone_router and not js.shared_store:
             errors.add(v, "zone_router: the zone router needs a shared store (jetstream { shared_store })")
     else:
@@ -645,7 +649,7 @@ def apply_config(tree: dict[str, Value], opts: ServerOptions | None = None) -> S
     listing every problem found."""
     opts = ServerOptions() if opts is None else opts
     errors = _Errors()
-    _apply(tree, _TOP_HANDLERS, opts, errors)
+    _apply(tree, _TOP_HANDLERS, opts, errors, "")
     if opts.no_auth_user and not errors and not any(u.user == opts.no_auth_user for u in opts.users):
         where = next((v for k, v in tree.items() if k.lower() == "no_auth_user"), None)
         msg = (f'no_auth_user: "{opts.no_auth_user}" not present as user or nkey in authorization block '

@@ -1,0 +1,67 @@
+"""The documentation keeps up with the code: every configuration key the parser accepts is in
+docs/configuration.md, every nats-server key zonebus refuses as unsupported is in the README's table and is
+refused by a real `-t` run with its own words, and the README starts with the two commands."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zonebus.config import schema
+from zonebus.config.unsupported import UNSUPPORTED
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(60)
+
+
+def _handler_tables() -> dict[str, dict]:
+    return {name: table for name, table in vars(schema).items()
+            if name.endswith("_HANDLERS") and isinstance(table, dict)}
+
+
+def test_every_accepted_key_is_documented() -> None:
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    documented = set(re.findall(r"`([a-z_0-9]+)`", doc))
+    tables = _handler_tables()
+    assert len(tables) >= 8  # top, cluster, gateway, jetstream, ledger, queue groups, tls, authorization, ...
+    missing = {f"{name}: {key}" for name, table in tables.items() for key in table if key not in documented}
+    assert not missing, f"keys missing from docs/configuration.md: {sorted(missing)}"
+
+
+def test_unsupported_keys_are_in_the_readme_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## nats-server features zonebus does not have"):]
+    section = section[:section.index("\n## ", 10)]
+    for block, keys in UNSUPPORTED.items():
+        for key in keys:
+            assert f"`{key}`" in section, (block, key)
+            accepted = schema._TOP_HANDLERS if not block else getattr(schema, f"_{block.upper()}_HANDLERS")
+            assert key not in accepted, f"{key} is accepted now: take it out of UNSUPPORTED"
+
+
+@pytest.mark.parametrize("conf, words", [
+    ("leafnodes { port: 7422 }", 'unsupported field "leafnodes": zonebus does not have nats-server\'s leaf node'),
+    ("cluster { name: c, pool_size: 3 }", 'unsupported field "pool_size"'),
+    ("jetstream { domain: hub }", 'unsupported field "domain"'),
+    ("leafnodez { port: 7422 }", 'unknown field "leafnodez"'),
+])
+def test_unsupported_key_refused_at_start_with_its_own_words(tmp_path: Path, conf: str, words: str) -> None:
+    path = tmp_path / "server.conf"
+    path.write_text(conf + "\n")
+    done = subprocess.run([sys.executable, "-m", "zonebus", "server", "-t", "-c", str(path)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode != 0
+    assert f"{path}:1:" in done.stderr and words in done.stderr, done.stderr
+
+
+def test_readme_opens_with_title_paragraph_and_the_two_commands() -> None:
+    head = (ROOT / "README.md").read_text().splitlines()[:20]
+    assert head[0] == "# zonebus"
+    commands = [line for line in head if line.startswith("python3 -m pip install")]
+    assert len(commands) == 2
+    assert "zonebus demo" in commands[0] and "'.[test]'" not in commands[0]  # the demo needs no test extras
+    assert "pytest" in commands[1] and "'.[test]'" in commands[1]
