@@ -65,3 +65,18 @@ def test_readme_opens_with_title_paragraph_and_the_two_commands() -> None:
     assert len(commands) == 2
     assert "zonebus demo" in commands[0] and "'.[test]'" not in commands[0]  # the demo needs no test extras
     assert "pytest" in commands[1] and "'.[test]'" in commands[1]
+
+
+def test_cost_simulate_doc_examples_parse() -> None:
+    from zonebus.pipeline.topology import parse_topology, parse_workload
+
+    doc = (ROOT / "docs" / "cost-simulate.md").read_text()
+    topology_json, workload_json = re.findall(r"```json\n(.*?)```", doc, re.S)
+    import json
+
+    topo = parse_topology(json.loads(topology_json), "docs/cost-simulate.md")
+    assert len(topo.servers) == 52 and set(topo.zones) == {"az1", "az2"}
+    assert sum(s.members.get("workers", 0) for s in topo.servers) == 101
+    work = parse_workload(json.loads(workload_json), "docs/cost-simulate.md")
+    assert work.size.kind == "lognormal" and work.samples == 200000
+    assert "docs/cost-simulate.md" in (ROOT / "README.md").read_text()
