@@ -7,14 +7,17 @@ heartbeats included), and the stream's leader moved to s2 (zone z2) by stepdowns
 
 Workload: one publisher per zone (nats-py, `--inflight` publishes awaiting their acks at once, `--msgs` of
 `--size` bytes each, a sequence number in each payload), then one pull consumer per zone reading everything
-(fetch batches of 100). Printed per setup: cross-zone bytes per payload byte while publishing and while
-consuming (each counted on the route sockets), publish-ack msgs/s, publish-ack latency p50/p99,
-delivered / lost / duplicated (from the consumers, against what was acknowledged), and shared-store requests
-of the router (puts / gets / deletes, from /jsz).
+(fetch batches of 100), then an end-to-end phase: one pull consumer per zone fetching while the publishers
+send `--e2e-msgs` each (`--e2e-inflight` in flight), stamped with the send time. Printed per setup:
+cross-zone bytes per payload byte while publishing (per published byte) and while consuming (per delivered
+byte), and both phases together per published byte (every consumer reads everything: 3 deliveries per
+message); each counted on the route sockets. Then publish-ack msgs/s, publish-ack latency p50/p99, end-to-end
+latency p50/p99 (publish call to a consumer in any zone holding the message), delivered / lost / duplicated
+(from the consumers, against what was acknowledged), and shared-store requests of the router (puts / gets /
+deletes: channel objects, plus the proxies' reads of the stream's log objects, from /jsz).
 
-Run: `python bench/zone_router.py [--msgs 3000] [--size 1024] [--inflight 100]`. Prints one markdown table.
-The router has no read path yet: consumers in other zones still read over the route (the consume column);
-end-to-end latency is not measured yet.
+Run: `python bench/zone_router.py [--msgs 3000] [--size 1024] [--inflight 100] [--e2e-msgs 500]`. Prints
+one markdown table.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nats  # noqa: E402
-from nats.js.api import AckPolicy, ConsumerConfig  # noqa: E402
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 
 from zonebus.testing.byteproxy import ProxyProcess  # noqa: E402
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel  # noqa: E402
@@ -83,9 +86,10 @@ class Setup:
             return "-"
         tot = {"puts": 0, "gets": 0, "deletes": 0}
         for s in self.servers:
-            ch = s.http_get("/jsz").get("zone_router", {}).get("channel", {})
+            zr = s.http_get("/jsz").get("zone_router", {})
             for k in tot:
-                tot[k] += ch.get(k, 0)
+                tot[k] += zr.get("channel", {}).get(k, 0)
+            tot["gets"] += sum(snap.get("gets", 0) for snap in zr.get("reader", {}).get("snapshots", {}).values())
         return f"{tot['puts']} / {tot['gets']} / {tot['deletes']}"
 
 
@@ -179,6 +183,63 @@ async def consumer(url: str, zone: int, total: int) -> dict[tuple[int, int], int
     return seen
 
 
+async def e2e(setup: Setup, n: int, size: int, inflight: int) -> list[float]:
+    """Latencies (s) from the publish call to a consumer holding the message, consumers in every zone."""
+    stop = asyncio.Event()
+    lat: list[float] = []
+    ready = 0
+
+    async def consume(url: str, zone: int) -> None:
+        nonlocal ready
+        nc = await nats.connect(url, name=f"e2e?az=z{zone}")
+        js = nc.jetstream(timeout=10)
+        try:
+            await js.add_consumer(STREAM, ConsumerConfig(durable_name=f"e{zone}", ack_policy=AckPolicy.NONE,
+                                                         deliver_policy=DeliverPolicy.NEW))
+            psub = await js.pull_subscribe_bind(durable=f"e{zone}", stream=STREAM)
+            ready += 1
+            while not stop.is_set():
+                try:
+                    msgs = await psub.fetch(100, timeout=0.5)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    continue
+                now = time.time_ns()
+                for m in msgs:
+                    lat.append((now - int(m.data.split(b":", 3)[2])) / 1e9)
+        finally:
+            await nc.close()
+
+    async def publish(url: str, zone: int) -> None:
+        nc = await nats.connect(url, name=f"e2e-pub?az=z{zone}")
+        js = nc.jetstream(timeout=10)
+
+        async def one(i: int) -> None:
+            body = f"{zone}:{i}:{time.time_ns()}:".encode().ljust(size, b".")
+            try:
+                await js.publish(f"zr.e{zone}", body)
+            except (nats.errors.Error, TimeoutError):
+                pass
+
+        try:
+            for start in range(0, n, inflight):
+                await asyncio.gather(*(one(i) for i in range(start, min(n, start + inflight))))
+        finally:
+            await nc.close()
+
+    cons = [asyncio.create_task(consume(s.url, i + 1)) for i, s in enumerate(setup.servers)]
+    deadline = time.monotonic() + 30
+    while ready < ZONES and time.monotonic() < deadline and not any(c.done() for c in cons):
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    await asyncio.gather(*(publish(s.url, i + 1) for i, s in enumerate(setup.servers)))
+    deadline = time.monotonic() + 20
+    while len(lat) < ZONES * ZONES * n and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    stop.set()
+    await asyncio.gather(*cons, return_exceptions=True)
+    return lat
+
+
 def pct(xs: list[float], p: float) -> str:
     if not xs:
         return "-"
@@ -200,6 +261,7 @@ async def run(setup: Setup, args: argparse.Namespace) -> dict[str, str]:
     acked = {(z + 1, i) for z, (a, _) in enumerate(pubs) for i in a}
     cons = await asyncio.gather(*(consumer(s.url, i + 1, len(acked)) for i, s in enumerate(setup.servers)))
     con_cross = setup.cross_zone()
+    e2e_lat = await e2e(setup, args.e2e_msgs, args.size, args.e2e_inflight)
     payload = ZONES * args.msgs * args.size
     lat = [x for _, lt in pubs for x in lt]
     seen = cons[0]
@@ -209,8 +271,10 @@ async def run(setup: Setup, args: argparse.Namespace) -> dict[str, str]:
         "setup": setup.label, "leader": leader,
         "pub x-zone B/B": f"{pub_cross / payload:.4f}",
         "consume x-zone B/B": f"{con_cross / (ZONES * payload):.4f}",
+        "pub+consume x-zone B per pub B": f"{(pub_cross + con_cross) / payload:.4f}",
         "pub msgs/s": f"{len(acked) / elapsed:,.0f}",
         "ack p50/p99 ms": f"{pct(lat, 0.5)} / {pct(lat, 0.99)}",
+        "e2e p50/p99 ms": f"{pct(e2e_lat, 0.5)} / {pct(e2e_lat, 0.99)}",
         "delivered/lost/dup": f"{len(seen)} / {lost} / {dups}",
         "storage put/get/del": setup.storage(),
     }
@@ -221,6 +285,8 @@ async def main() -> None:
     ap.add_argument("--msgs", type=int, default=3000, help="messages per publisher (one per zone)")
     ap.add_argument("--size", type=int, default=1024)
     ap.add_argument("--inflight", type=int, default=100, help="publishes awaiting their ack per publisher")
+    ap.add_argument("--e2e-msgs", type=int, default=500, help="messages per publisher in the end-to-end phase")
+    ap.add_argument("--e2e-inflight", type=int, default=10, help="publishes in flight per publisher (end-to-end)")
     args = ap.parse_args()
     setups = [Setup("nats-server R3", "nats", False), Setup("zonebus R3", "zonebus", False),
               Setup("zonebus R3 + zone router", "zonebus", True)]

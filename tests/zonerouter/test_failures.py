@@ -10,7 +10,7 @@ import time
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import full_view, router_info, start_zoned, wait_for
+from zrkit import Publisher, full_view, router_info, start_zoned, wait_for
 
 from zonebus.testing.processes import ServerProcess
 
@@ -23,46 +23,6 @@ def zoned(tmp_path_factory: pytest.TempPathFactory):
     z = start_zoned(tmp_path_factory.mktemp("zrfail"), LAYOUT)
     yield z
     z.stop()
-
-
-class Publisher:
-    """Publishes i = 0, 1, ... with Nats-Msg-Id, retrying each until acknowledged."""
-
-    def __init__(self, urls: list[str], who: str) -> None:
-        self.urls, self.who = urls, who
-        self.acked: list[int] = []
-        self.retries = 0
-        self.stop = False
-
-    async def run(self, deadline: float) -> None:
-        nc = await nats.connect(servers=self.urls, name=f"{self.who}?az=z1", reconnect_time_wait=0.2,
-                                max_reconnect_attempts=-1)
-        js = nc.jetstream(timeout=2)
-        i = 0
-        try:
-            while not self.stop:
-                while True:
-                    try:
-                        ack = await js.publish(f"fail.{self.who}", f"{self.who}:{i}".encode(),
-                                               headers={"Nats-Msg-Id": f"{self.who}-{i}"})
-                        self.acked.append(ack.seq)
-                        break
-                    except (nats.errors.Error, TimeoutError):
-                        self.retries += 1
-                        if time.monotonic() > deadline:
-                            raise
-                        await asyncio.sleep(0.05)
-                i += 1
-        finally:
-            await nc.close()
-
-
-async def _wait_acked(pub: Publisher, n: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while len(pub.acked) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(pub.acked)} acknowledged")
-        await asyncio.sleep(0.05)
 
 
 def _restart(s: ServerProcess) -> None:
@@ -89,14 +49,14 @@ async def test_kill_proxy_then_leader_mid_stream(zoned) -> None:
     pub = Publisher([s[home].url, s[proxy].url], "p")
     task = asyncio.create_task(pub.run(time.monotonic() + 60))
     try:
-        await _wait_acked(pub, 100)
+        await pub.wait_acked(100)
         s[proxy].kill()  # its hand-offs in flight are never answered: the publisher retries them
         n = len(pub.acked)
-        await _wait_acked(pub, n + 100)
+        await pub.wait_acked(n + 100)
         other = "b2" if leader == "b1" else "b1"
         s[leader].kill()  # the stream fails over to its standby; publishes in flight fail and are retried
         n = len(pub.acked)
-        await _wait_acked(pub, n + 100, timeout=30)
+        await pub.wait_acked(n + 100, timeout=30)
         pub.stop = True
         await task
     finally:

@@ -36,6 +36,11 @@ class Zoned:
         """The router batch objects on the shared store."""
         return sorted((self.shared / "zonerouter" / "channels").rglob("*.zrb"))
 
+    def channels(self) -> list[str]:
+        """The RouterChannel ids with a folder on the shared store."""
+        root = self.shared / "zonerouter" / "channels"
+        return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
+
     def stop(self) -> None:
         for s in self.servers.values():
             s.stop()
@@ -43,7 +48,10 @@ class Zoned:
             self.proxy.stop()
 
 
-def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, failover: str = "2s") -> Zoned:
+def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, failover: str = "2s",
+                js_extra: str = "", shared: str = "", env: dict[str, str] | None = None) -> Zoned:
+    """`shared`: the shared store's URL (default: a `shared` folder in `tmp`); `js_extra`: more `jetstream`
+    options; `env`: the servers' extra environment (S3 credentials)."""
     ports = {name: free_port() for name, _ in layout}
     bp = ProxyProcess() if proxy else None
     servers = {}
@@ -54,12 +62,12 @@ def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, f
                 continue
             port = bp.add(name, other, ports[other]) if bp else ports[other]
             urls.append(f"nats-route://127.0.0.1:{port}")
-        js = (f'jetstream {{ store_dir: "{tmp}/{name}", shared_store: "file://{tmp}/shared", '
-              f'failover_timeout: "{failover}", zone_router: true }}')
+        js = (f'jetstream {{ store_dir: "{tmp}/{name}", shared_store: "{shared or f"file://{tmp}/shared"}", '
+              f'failover_timeout: "{failover}", zone_router: true {js_extra} }}')
         conf = cluster_config(name, ports[name], tags=[f"az:{zone}"], route_urls=urls,
                               cluster_extra="no_advertise: true", extra=js)
         (tmp / f"work-{name}").mkdir(exist_ok=True)
-        servers[name] = ServerProcess("zonebus", conf, http_port=free_port(), workdir=tmp / f"work-{name}")
+        servers[name] = ServerProcess("zonebus", conf, http_port=free_port(), workdir=tmp / f"work-{name}", env=env)
     try:
         start_parallel(list(servers.values()), timeout=40)
     except Exception:
@@ -72,6 +80,45 @@ def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, f
 async def api(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 5.0) -> dict:
     msg = await nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout)
     return json.loads(msg.data)
+
+
+class Publisher:
+    """Publishes i = 0, 1, ... with Nats-Msg-Id, retrying each until acknowledged (a client in zone `zone`)."""
+
+    def __init__(self, urls: list[str], who: str, subject_prefix: str = "fail", zone: str = "z1") -> None:
+        self.urls, self.who, self.prefix, self.zone = urls, who, subject_prefix, zone
+        self.acked: list[int] = []
+        self.retries = 0
+        self.stop = False
+
+    async def run(self, deadline: float) -> None:
+        nc = await nats.connect(servers=self.urls, name=f"{self.who}?az={self.zone}", reconnect_time_wait=0.2,
+                                max_reconnect_attempts=-1)
+        js = nc.jetstream(timeout=2)
+        i = 0
+        try:
+            while not self.stop:
+                while True:
+                    try:
+                        ack = await js.publish(f"{self.prefix}.{self.who}", f"{self.who}:{i}".encode(),
+                                               headers={"Nats-Msg-Id": f"{self.who}-{i}"})
+                        self.acked.append(ack.seq)
+                        break
+                    except (nats.errors.Error, TimeoutError):
+                        self.retries += 1
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.05)
+                i += 1
+        finally:
+            await nc.close()
+
+    async def wait_acked(self, n: int, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.acked) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(self.acked)} acknowledged")
+            await asyncio.sleep(0.05)
 
 
 def router_info(server: ServerProcess) -> dict:

@@ -423,6 +423,13 @@ def _router_linger(v: Value) -> float:
     return seconds
 
 
+def _router_epoch(v: Value) -> float:
+    seconds = get_duration(v)
+    if not 0.1 <= seconds <= 3600:
+        raise BadValue(f"expected a duration from 100ms to 1h, got {show(v)}", v)
+    return seconds
+
+
 _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "enabled": _bool("enabled"),
     "enable": _bool("enabled"),
@@ -443,6 +450,7 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "zone_router": _bool("zone_router"),
     "zone_router_linger": _setter("zone_router_linger", _router_linger),
     "zone_router_batch": _positive_size("zone_router_batch"),
+    "zone_router_epoch": _setter("zone_router_epoch", _router_epoch),
 }
 
 

@@ -84,6 +84,7 @@ class JetStreamOptions:
     zone_router: bool = False
     zone_router_linger: float = 0.001  # seconds a router batch waits for more publishes (at most 1 ms)
     zone_router_batch: int = 256 * 1024  # bytes at which a router batch is written at once
+    zone_router_epoch: float = 10.0  # seconds between route epochs (channel objects are trimmed by epoch)
 
 
 @dataclass

@@ -85,6 +85,9 @@ class ClusteredJetStream:
         self._chains: dict[str, asyncio.Task] = {}  # per-stream leadership work, in order
         self._tasks: set[asyncio.Task] = set()
         self.meta_formed: list[Any] = []  # callables (MetaGroup) -> None, e.g. the zone router's
+        # zone router hook: (stream, subject, reply, headers, payload) -> True when it serves a request about a
+        # stream led in another zone through this zone's proxy (pull requests, direct gets); None without it
+        self.api_hook: Any = None
         self.channel = cluster.channels.register("meta", self._meta_frame, self._meta_up, self._meta_down)
         routed.attach(self.client)
         cluster.info_extras["jetstream"] = True
@@ -291,7 +294,7 @@ class ClusteredJetStream:
             name = direct.split_subject(subject)[0]
             if self.meta is None or name not in self.meta.state.streams:
                 self.svc.send(reply, b"", headers=direct.no_responders(subject))
-            else:
+            elif self.api_hook is None or not self.api_hook(name, subject, reply, headers, payload):
                 self._to_leader(name, subject, reply, headers, payload, "")
             return
         meta = self.meta
@@ -311,7 +314,7 @@ class ClusteredJetStream:
             self._spawn(self._create_or_update(op, toks[2], kind, payload, reply, headers))
         elif toks[0] == "STREAM" and op == "DELETE" and len(toks) == 3:
             self._spawn(self._delete_request(toks[2], kind, reply))
-        else:
+        elif self.api_hook is None or not self.api_hook(self._stream_of(toks), subject, reply, headers, payload):
             self._to_leader(self._stream_of(toks), subject, reply, headers, payload, kind)
 
     @staticmethod

@@ -77,6 +77,11 @@ class JetStreamService:
         self._tmpdir: str | None = None
         self.shared: SharedStorage | None = None
         self.started = False
+        # zone router hooks (zonebus.zonerouter.serving), None without the router: `tap` takes deliveries and
+        # status messages sent to `$ZR.` subjects (pull requests a proxy in another zone serves) and returns
+        # True; `on_visible_hook(stream)` runs when a shared stream's store releases a batch with messages
+        self.tap: Any = None
+        self.on_visible_hook: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,10 +161,14 @@ class JetStreamService:
 
     # -- sending -------------------------------------------------------------------------------------
     def send(self, subject: str, payload: bytes, reply: str | None = None, headers: bytes | None = None) -> None:
+        if self.tap is not None and subject.startswith("$ZR.") and self.tap(subject, None, payload, reply, headers):
+            return  # zone router hook
         self.client.publish(subject, payload, reply, headers)
 
     def deliver(self, to: str, msg_subject: str, payload: bytes, reply: str | None, headers: bytes | None) -> None:
         """Send a stored message to `to` (deliver subject or pull inbox), keeping its stream subject."""
+        if self.tap is not None and to.startswith("$ZR.") and self.tap(to, msg_subject, payload, reply, headers):
+            return  # zone router hook
         self.client.publish(to, payload, reply, headers, msg_subject=msg_subject)
 
     def has_interest(self, subject: str) -> bool:
@@ -332,6 +341,14 @@ class JetStreamService:
         store.attach(self.loop, self.shared.executor)
         stream = Stream(self, cfg, created, store, None)
         store.on_visible = stream.on_visible
+        if self.on_visible_hook is not None:  # zone router hook: wake the proxies' snapshot polls
+            hook = self.on_visible_hook
+
+            def visible(first: int, last: int) -> None:
+                stream.on_visible(first, last)
+                hook(stream)
+
+            store.on_visible = visible
         store.on_fenced = lambda reason: self._on_fenced(stream, reason)
         return stream
 

@@ -56,7 +56,12 @@ class RouterChannel:
 
     def append(self, epoch: int, offset: int, data: bytes) -> None:
         """Worker thread: write one batch; durable when this returns."""
-        self.store.put(object_key(self.id, epoch, offset), data)
+        key = object_key(self.id, epoch, offset)
+        try:
+            self.store.put(key, data)
+        except FileNotFoundError:  # the epoch folder was trimmed under us (only on a file system): once more
+            self.store._made_dirs.clear()
+            self.store.put(key, data)
         self.puts += 1
         self.put_bytes += len(data)
 

@@ -3,8 +3,10 @@
 The core calls `process_msg` for every message that did not come over a route. For a client's message on a
 subject of a stream whose leader is in another zone, the router takes the message (it goes to this zone's
 proxy for that leader) and the route to the leader is left out of the delivery; every other subscriber gets
-the message as before. Everything else goes to the forwarder that was installed before (gateways) or to the
-core's own cluster delivery. Such subjects are kept off the clients' fast path (`memo_entries`).
+the message as before. A client's ack (`$JS.ACK.<stream>...`) of a stream led in another zone goes to the
+proxy too, which sends the leader ranges of acks. Everything else goes to the forwarder that was installed
+before (gateways) or to the core's own cluster delivery. Such subjects are kept off the clients' fast path
+(`memo_entries`).
 """
 
 from __future__ import annotations
@@ -31,9 +33,16 @@ class RouterForwarder:
                     queues: Any, r: MatchResult) -> bool:
         taken = False
         if src.kind == CLIENT:
-            target = self.router.target(subject)
+            if subject.startswith(b"$JS.ACK."):
+                target = self.router.ack_target(subject) if not data.startswith(b"+NXT", max(hdr_len, 0)) \
+                    else None
+                if target is not None:
+                    self.router.take_ack(subject, reply, bytes(data[max(hdr_len, 0) : len(data) - 2]), target)
+            else:
+                target = self.router.target(subject)
+                if target is not None:
+                    self.router.take(src, subject, reply, hdr_len, data, target)
             if target is not None:
-                self.router.take(src, subject, reply, hdr_len, data, target)
                 leader = target[1]
                 if any(s.conn.kind == ROUTE and getattr(s.conn, "remote_name", "") == leader for s in r.psubs):
                     r = MatchResult([s for s in r.psubs if not (s.conn.kind == ROUTE and getattr(
@@ -50,6 +59,6 @@ class RouterForwarder:
         return self.server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
 
     def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:
-        if self.router.target(subject) is not None:
+        if subject.startswith(b"$JS.ACK.") or self.router.target(subject) is not None:
             return False
         return self.inner.memo_entries(subject, size, memo) if self.inner is not None else True

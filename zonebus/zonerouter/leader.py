@@ -44,6 +44,7 @@ class LeaderSide:
         self.send_answer = send_answer
         self.fenced_epoch = fenced_epoch
         self.sources: dict[bytes, _Source] = {}
+        self.inflight: dict[int, int] = {}  # route epoch -> link records of it not answered yet
         self.stats = {"batches": 0, "msgs": 0, "rejected": 0, "answer_bytes": 0}
 
     def on_link(self, peer: str, rec: LinkRecord) -> None:
@@ -52,11 +53,13 @@ class LeaderSide:
         if src is None:
             src = self.sources[rec.source] = _Source()
         read = loop.create_task(asyncio.to_thread(self.channel.get, rec.source, rec.epoch, rec.offset))
+        self.inflight[rec.epoch] = self.inflight.get(rec.epoch, 0) + 1
         src.queue.append((peer, rec, read))
         if src.runner is None or src.runner.done():
             src.runner = loop.create_task(self._drain(src))
 
     async def stop(self) -> None:
+        self.inflight.clear()
         for src in self.sources.values():
             if src.runner is not None:
                 src.runner.cancel()
@@ -74,6 +77,15 @@ class LeaderSide:
             ans = BatchAnswer(rec.source, rec.offset, answer_entries(outcomes)).encode()
             self.stats["answer_bytes"] += len(ans)
             self.send_answer(peer, ans)
+            left = self.inflight.get(rec.epoch, 1) - 1
+            if left > 0:
+                self.inflight[rec.epoch] = left
+            else:
+                self.inflight.pop(rec.epoch, None)
+
+    def inflight_floor(self) -> int | None:
+        """The oldest route epoch of a link record still being handled, or None."""
+        return min(self.inflight) if self.inflight else None
 
     async def _apply(self, rec: LinkRecord, read: asyncio.Task) -> list[Outcome]:
         if rec.epoch <= self.fenced_epoch():

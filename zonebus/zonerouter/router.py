@@ -17,12 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus.server.internal import InternalClient
 from zonebus.storage.fs import ObjectStore
+from zonebus.stream import direct
 from zonebus.subjects.patterns import matches
+from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter import records
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.clientzones import ClientZones
+from zonebus.zonerouter.epochs import RouteEpochs
 from zonebus.zonerouter.leader import LeaderSide
 from zonebus.zonerouter.proxy import Proxy
+from zonebus.zonerouter.reader import Reader
+from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
 from zonebus.zonerouter.view import RouterView, derive
 
 if TYPE_CHECKING:
@@ -38,6 +43,9 @@ CHANNEL = "zr"
 REFRESH = 0.2  # seconds between liveness checks (link changes and meta changes apply at once)
 ROUTE_CACHE_MAX = 10_000
 Target = tuple[str, str, str]  # (stream, leader, proxy in this zone)
+PULL_PREFIX = "$JS.API.CONSUMER.MSG.NEXT."
+ACK_PREFIX = "$JS.ACK."
+DIRECT_PREFIX = direct.PREFIX
 
 
 class ZoneRouter:
@@ -55,6 +63,14 @@ class ZoneRouter:
         self.channel: RouterChannel | None = None
         self.proxy: Proxy | None = None
         self.leader: LeaderSide | None = None
+        self.reader: Reader | None = None
+        self.epochs: RouteEpochs | None = None
+        self._epoch_task: asyncio.Task | None = None
+        self.serving = ReadServer(js.svc, self._send)
+        js.svc.tap = self.serving.tap
+        js.svc.on_visible_hook = self.serving.on_visible
+        js.api_hook = self._api_request
+        self.client.shown_forwarder = js.client.shown_forwarder  # deliveries keep the stream subject
         self._routes: dict[bytes, Target | None] = {}
         self._task: asyncio.Task | None = None
         self.changes = 0  # how many times the mapping changed
@@ -74,18 +90,27 @@ class ZoneRouter:
             self.server.log(f"zone router: removed {stale} channel(s) of earlier runs of this server")
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
                            self.opts.zone_router_batch)
-        self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send)
+        self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send, self._fenced)
+        self.epochs = RouteEpochs(self.name, self.channel, self.opts.zone_router_epoch, self.leader.inflight_floor,
+                                  self._live_servers)
+        self.epochs.meta = self.meta
+        self._epoch_task = asyncio.get_running_loop().create_task(self._epoch_loop())
+        self.reader = Reader(store, self._send, self._publish, self._foreign_leader)
+        self.client.subscribe(REPLY_PREFIX + ">", lambda *_: None, local=True)  # interest for `serving`'s replies
         self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
         self.server.log(f"zone router on: zone {self.zone or '?'}, channel {self.channel.id.hex()}")
 
     async def stop(self) -> None:
         self.link.broadcast(records.bye())  # peers leave us out of their mapping at once
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._epoch_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.leader is not None:
             await self.leader.stop()
+        if self.reader is not None:
+            await self.reader.stop()
 
     @property
     def active(self) -> bool:
@@ -94,6 +119,8 @@ class ZoneRouter:
     # -- the view --------------------------------------------------------------------------------------
     def _meta_formed(self, meta: MetaGroup) -> None:
         self.meta = meta
+        if self.epochs is not None:
+            self.epochs.meta = meta
         meta.on_change(self._meta_change)
         self.recompute()
 
@@ -102,6 +129,25 @@ class ZoneRouter:
             self.recompute()
         elif change.kind == "stream":
             self._forget_routes()
+        elif change.kind == "route_epoch" and self.epochs is not None and self.channel is not None:
+            self.channel.next_epoch(self.epochs.current)  # new batches carry the new epoch at once
+
+    def _fenced(self) -> int:
+        """LeaderSide: link records of this epoch or older are rejected (-1: none)."""
+        fenced = self.epochs.fenced if self.epochs is not None else 0
+        return fenced if fenced > 0 else -1
+
+    def _live_servers(self) -> set[str]:
+        return {s for servers in self.view.zones.values() for s in servers}
+
+    async def _epoch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH)
+            try:
+                if self.epochs is not None:
+                    await self.epochs.tick()
+            except Exception:
+                log.exception("zone router: route epochs failed")
 
     def _is_live(self, name: str) -> bool:
         if name == self.name:
@@ -129,6 +175,8 @@ class ZoneRouter:
             await asyncio.sleep(REFRESH)
             try:
                 self.recompute()
+                if self.reader is not None:
+                    await self.reader.expire()
                 if self.proxy is not None:
                     self.proxy.expire()
                     if self.proxy.done and self.channel is not None:
@@ -154,12 +202,26 @@ class ZoneRouter:
         assert self.meta is not None
         for rec in self.meta.state.streams.values():
             if any(matches(f, subject) for f in rec.config.get("subjects") or [rec.name]):
-                zone = self.view.zone_of(rec.leader)
-                if zone is None or zone == self.zone:
-                    return None
-                proxy = self.view.proxy(self.zone, rec.leader)
-                return (rec.name, rec.leader, proxy) if proxy else None
+                return self._stream_target(rec)
         return None
+
+    def _stream_target(self, rec: Any) -> Target | None:
+        zone = self.view.zone_of(rec.leader)
+        if zone is None or zone == self.zone:
+            return None
+        proxy = self.view.proxy(self.zone, rec.leader)
+        return (rec.name, rec.leader, proxy) if proxy else None
+
+    def stream_target(self, name: str) -> Target | None:
+        """(stream, leader, proxy here) for a file stream on the shared store led in another zone."""
+        rec = self.meta.state.streams.get(name) if self.active and self.meta is not None else None
+        if rec is None or rec.config.get("storage") == "memory":
+            return None
+        return self._stream_target(rec)
+
+    def _foreign_leader(self, name: str) -> str | None:
+        target = self.stream_target(name)
+        return target[1] if target is not None else None
 
     def take(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
              target: Target) -> None:
@@ -177,6 +239,62 @@ class ZoneRouter:
     def _reply(self, reply: str, body: bytes) -> None:
         self.client.publish(reply, body)
 
+    def _send(self, peer: str, frame: bytes) -> bool:
+        return self.link.send(peer, frame)
+
+    def _publish(self, to: str, payload: bytes, reply: str | None, headers: bytes | None,
+                 shown: str | None) -> None:
+        self.client.publish(to, payload, reply, headers, msg_subject=shown)
+
+    # -- the read path ---------------------------------------------------------------------------------
+    def _api_request(self, stream: str, subject: str, reply: str, headers: bytes | None, payload: bytes) -> bool:
+        """ClusteredJetStream hook: a client's pull request for a stream led in another zone goes to this
+        zone's proxy for the leader (here, or a hand-off inside the zone); True when taken."""
+        direct_get = subject.startswith(DIRECT_PREFIX)
+        if not direct_get and (not subject.startswith(PULL_PREFIX) or subject.count(".") != 6):
+            return False
+        target = self.stream_target(stream)
+        if target is None:
+            return False
+        if direct_get and not self.meta.state.streams[stream].config.get("allow_direct"):  # type: ignore[union-attr]
+            return False  # the leader answers it (with the no-responders status)
+        if target[2] != self.name:
+            return self.link.send(target[2], rf.ApiHandoff(subject, reply, headers or b"", payload).encode())
+        return self._serve_api(subject, reply, headers, payload)
+
+    def _serve_api(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> bool:
+        """At the proxy: a pull request or an ack of this zone's clients."""
+        assert self.reader is not None
+        toks = subject.split(".")
+        if subject.startswith(DIRECT_PREFIX):
+            name, key = direct.split_subject(subject)
+            target = self.stream_target(name)
+            if target is not None:
+                self.reader.direct_get(name, key, payload, reply)
+            else:
+                self.js._to_leader(name, subject, reply, headers, payload, "")
+            return True
+        target = self.stream_target(toks[2] if subject.startswith(ACK_PREFIX) else toks[5] if len(toks) > 5 else "")
+        if subject.startswith(ACK_PREFIX):
+            if target is None or not self.reader.ack(subject, reply or None, payload, target[1]):
+                self.client.publish(subject, payload, reply or None, headers)  # as the client sent it
+            return True
+        if target is not None and self.reader.pull(toks[5], toks[6], reply, payload, target[1]):
+            return True
+        self.js._to_leader(toks[5], subject, reply, headers, payload, "")
+        return True
+
+    def ack_target(self, subject: bytes) -> Target | None:
+        """For a client's `$JS.ACK.<stream>....`: the target when the stream is led in another zone."""
+        name = subject[len(ACK_PREFIX):].split(b".", 1)[0].decode(errors="replace")
+        return self.stream_target(name)
+
+    def take_ack(self, subject: bytes, reply: bytes | None, payload: bytes, target: Target) -> None:
+        subj, rep = subject.decode(), reply.decode() if reply else ""
+        if target[2] != self.name and self.link.send(target[2], rf.ApiHandoff(subj, rep, b"", payload).encode()):
+            return
+        self._serve_api(subj, rep, None, payload)
+
     # -- the zr channel --------------------------------------------------------------------------------
     def _frame(self, peer: str, frame: bytes) -> None:
         kind = records.kind_of(frame)
@@ -190,6 +308,25 @@ class ZoneRouter:
         elif kind == records.BYE:
             self.leaving.add(peer)
             self.recompute()
+        elif self.serving.frame(peer, kind, frame):
+            pass
+        elif self.reader is not None:
+            self._reader_frame(peer, kind, frame)
+
+    def _reader_frame(self, peer: str, kind: int, frame: bytes) -> None:
+        assert self.reader is not None
+        try:
+            if kind == rf.SNAP:
+                self.reader.on_snap(rf.Snap.decode(frame))
+            elif kind == rf.DELIVER:
+                self.reader.on_deliveries(peer, rf.Deliveries.decode(frame))
+            elif kind == rf.ACKED:
+                self.reader.on_acked(rf.acked_id(frame))
+            elif kind == rf.API:
+                h = rf.ApiHandoff.decode(frame)
+                self._serve_api(h.subject, h.reply, h.headers or None, h.payload)
+        except (records.RecordError, UnicodeDecodeError) as exc:
+            log.warning("zone router: bad frame from %s: %s", peer, exc)
 
     def _peer_up(self, peer: str) -> None:
         self.leaving.discard(peer)
@@ -198,6 +335,9 @@ class ZoneRouter:
     def _peer_down(self, peer: str) -> None:
         if self.proxy is not None:
             self.proxy.leader_down(peer)
+        if self.reader is not None:
+            self.reader.leader_down(peer)
+        self.serving.peer_down(peer)
         self.recompute()
 
     # -- monitoring ------------------------------------------------------------------------------------
@@ -213,4 +353,9 @@ class ZoneRouter:
             out["proxy"] = self.proxy.info()
         if self.leader is not None:
             out["leader"] = dict(self.leader.stats)
+        if self.reader is not None:
+            out["reader"] = self.reader.info()
+        if self.epochs is not None:
+            out["epochs"] = self.epochs.info()
+        out["serving"] = {**self.serving.stats, "requests": len(self.serving.reqs)}
         return out

@@ -1,0 +1,224 @@
+"""The proxy side of the read path: serve this zone's pull consumers of streams led in another zone.
+
+A pull request (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`) becomes a `Pull` record to the leader; the
+leader's consumer decides what to deliver and answers with `Deliveries` (runs of sequences and status
+messages). The proxy reads those messages from its `Snapshot` of the stream (the shared store) and sends
+them to the client's inbox with the ack reply the consumer would have used
+(`$JS.ACK.<stream>.<consumer>.<count>.<sseq>.<dseq>.<ts>.<pending>`), then the status messages; records of
+one request are handled in order. Direct gets are answered from the snapshot alone. Acks (`+ACK`, `-NAK`,
+`+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and sent as ranges (`Acks`); an ack that asked for a
+reply is answered once the leader applied it.
+Runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from zonebus.storage.fs import ObjectStore
+from zonebus.stream.pull import parse_request
+from zonebus.zonerouter import readframes as rf
+from zonebus.zonerouter.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+ACK_LINGER = 0.001
+REQUEST_TTL = 5.0  # seconds past its expiry (or, without one, its last record) before a request is forgotten
+NO_EXPIRY_TTL = 60.0
+
+
+class _Req:
+    __slots__ = ("rid", "reply", "stream", "consumer", "leader", "queue", "task", "expires")
+
+    def __init__(self, rid: int, reply: str, stream: str, consumer: str, leader: str, expires: float) -> None:
+        self.rid, self.reply, self.stream, self.consumer, self.leader = rid, reply, stream, consumer, leader
+        self.queue: list[rf.Deliveries] = []
+        self.task: asyncio.Task | None = None
+        self.expires = expires  # monotonic time after which it is forgotten
+
+
+class _AckBatch:
+    def __init__(self) -> None:
+        self.entries: dict[tuple[str, str], list[list]] = {}
+        self.replies: list[str] = []
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class Reader:
+    def __init__(self, objects: ObjectStore, send: Callable[[str, bytes], bool],
+                 publish: Callable[[str, bytes, str | None, bytes | None, str | None], None],
+                 leader_of: Callable[[str], str | None]) -> None:
+        self.objects = objects
+        self.send = send
+        self.publish = publish  # (to, payload, reply, headers, shown subject)
+        self.leader_of = leader_of  # stream -> its leader when that is in another zone, else None
+        self.snapshots: dict[str, Snapshot] = {}
+        self.reqs: dict[int, _Req] = {}
+        self._next = 0
+        self.acks: dict[str, _AckBatch] = {}  # leader -> acks being gathered
+        self.ack_waiters: dict[int, list[str]] = {}  # ack batch id -> replies to answer
+        self._next_bid = 0
+        self.stats = {"pulls": 0, "delivered": 0, "delivered_bytes": 0, "missing": 0, "acks": 0, "ack_frames": 0,
+                      "direct_gets": 0}
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- snapshots -----------------------------------------------------------------------------------
+    def snapshot(self, stream: str) -> Snapshot:
+        snap = self.snapshots.get(stream)
+        if snap is None or snap._task is None or snap._task.done():
+            snap = self.snapshots[stream] = Snapshot(self.objects, stream, lambda: self.leader_of(stream),
+                                                     self.send)
+            snap.start()
+        snap.used = time.monotonic()
+        return snap
+
+    def on_snap(self, snap: rf.Snap) -> None:
+        s = self.snapshots.get(snap.stream)
+        if s is not None:
+            s.on_snap(snap)
+
+    # -- pull requests -------------------------------------------------------------------------------
+    def pull(self, stream: str, consumer: str, reply: str, body: bytes, leader: str) -> bool:
+        """Serve one pull request through `leader`; False when it cannot be sent (the caller forwards it)."""
+        self.snapshot(stream)
+        self._next += 1
+        rid = self._next
+        if not self.send(leader, rf.Pull(rid, stream, consumer, body).encode()):
+            return False
+        expires = parse_request(body)[2]
+        ttl = expires + REQUEST_TTL if expires else NO_EXPIRY_TTL
+        self.reqs[rid] = _Req(rid, reply, stream, consumer, leader, time.monotonic() + ttl)
+        self.stats["pulls"] += 1
+        return True
+
+    def on_deliveries(self, peer: str, d: rf.Deliveries) -> None:
+        req = self.reqs.get(d.rid)
+        if req is None or req.leader != peer:
+            return
+        req.queue.append(d)
+        req.expires = max(req.expires, time.monotonic() + REQUEST_TTL)
+        if req.task is None or req.task.done():
+            req.task = asyncio.get_running_loop().create_task(self._serve(req))
+
+    async def _serve(self, req: _Req) -> None:
+        snap = self.snapshot(req.stream)
+        while req.queue:
+            d = req.queue.pop(0)
+            try:
+                await self._deliver(req, snap, d)
+            except Exception:
+                log.exception("zone router: serving deliveries of %s > %s failed", req.stream, req.consumer)
+            if d.done:
+                self.reqs.pop(req.rid, None)
+
+    async def _deliver(self, req: _Req, snap: Snapshot, d: rf.Deliveries) -> None:
+        items = [x for run in d.runs for x in rf.expand(run)]
+        if items:
+            msgs = await snap.read([x[0] for x in items])
+            prefix = f"$JS.ACK.{req.stream}.{req.consumer}."
+            for (sseq, dseq, count, pending), msg in zip(items, msgs, strict=True):
+                if msg is None:  # removed meanwhile (the leader read it a moment ago): skip it
+                    self.stats["missing"] += 1
+                    continue
+                hdrs, data = msg.hdrs, msg.data
+                if d.flags & rf.HEADERS_ONLY:
+                    extra = f"Nats-Msg-Size: {len(data)}\r\n".encode()
+                    hdrs = (hdrs[:-2] if hdrs else b"NATS/1.0\r\n") + extra + b"\r\n"
+                    data = b""
+                ack = f"{prefix}{count}.{sseq}.{dseq}.{msg.ts}.{pending}"
+                self.publish(req.reply, data, ack, hdrs, msg.subject)
+                self.stats["delivered"] += 1
+                self.stats["delivered_bytes"] += len(data)
+        for status in d.statuses:
+            self.publish(req.reply, b"", None, status, None)
+
+    # -- direct gets ---------------------------------------------------------------------------------
+    def direct_get(self, stream: str, key: str, payload: bytes, reply: str) -> None:
+        """`$JS.API.DIRECT.GET.<stream>[.<subject>]` answered from the snapshot (like a replica's answer:
+        as of the snapshot, at most one poll behind the leader)."""
+        task = asyncio.get_running_loop().create_task(self._direct_get(stream, key, payload, reply))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _direct_get(self, stream: str, key: str, payload: bytes, reply: str) -> None:
+        try:
+            frames = await self.snapshot(stream).direct_get(key, payload)
+        except Exception:
+            log.exception("zone router: direct get on %s failed", stream)
+            return
+        self.stats["direct_gets"] += 1
+        for hdrs, data in frames:
+            self.publish(reply, data, None, hdrs, None)
+
+    # -- acks ----------------------------------------------------------------------------------------
+    def ack(self, subject: str, reply: str | None, body: bytes, leader: str) -> bool:
+        """Gather one client ack for `leader`; False when it is not one to gather (forward it as is)."""
+        tok = rf.ack_token(subject)
+        if tok is None or body.startswith(b"+NXT"):
+            return False
+        batch = self.acks.get(leader)
+        if batch is None:
+            batch = self.acks[leader] = _AckBatch()
+            batch.timer = asyncio.get_running_loop().call_later(ACK_LINGER, self._flush_acks, leader)
+        rf.add_ack(batch.entries.setdefault((tok[0], tok[1]), []), tok[3], tok[4], body.strip())
+        if reply:
+            batch.replies.append(reply)
+        self.stats["acks"] += 1
+        return True
+
+    def _flush_acks(self, leader: str) -> None:
+        batch = self.acks.pop(leader, None)
+        if batch is None:
+            return
+        bid = 0
+        if batch.replies:
+            self._next_bid = self._next_bid % 0xFFFFFFFF + 1
+            bid = self._next_bid
+            self.ack_waiters[bid] = batch.replies
+        for (stream, consumer), entries in batch.entries.items():
+            for i in range(0, len(entries), 4096):
+                chunk = tuple(tuple(e) for e in entries[i : i + 4096])
+                last = (stream, consumer) == list(batch.entries)[-1] and i + 4096 >= len(entries)
+                frame = rf.Acks(bid if last else 0, stream, consumer, chunk).encode()  # type: ignore[arg-type]
+                self.stats["ack_frames"] += 1
+                self.send(leader, frame)
+
+    def on_acked(self, bid: int) -> None:
+        for reply in self.ack_waiters.pop(bid, ()):
+            self.publish(reply, b"", None, None, None)
+
+    # -- housekeeping --------------------------------------------------------------------------------
+    def leader_down(self, leader: str) -> None:
+        for rid, req in list(self.reqs.items()):
+            if req.leader == leader and not req.queue:
+                del self.reqs[rid]
+
+    async def expire(self) -> None:
+        now = time.monotonic()
+        for rid, req in list(self.reqs.items()):
+            if now > req.expires and not req.queue:
+                del self.reqs[rid]
+        if len(self.ack_waiters) > 10_000:
+            self.ack_waiters.clear()
+        for name, snap in list(self.snapshots.items()):
+            if snap.idle:
+                del self.snapshots[name]
+                await snap.stop()
+
+    async def stop(self) -> None:
+        for snap in self.snapshots.values():
+            await snap.stop()
+        for req in self.reqs.values():
+            if req.task is not None:
+                req.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await req.task
+
+    def info(self) -> dict[str, Any]:
+        return {**self.stats, "requests": len(self.reqs),
+                "snapshots": {n: s.info() for n, s in sorted(self.snapshots.items())}}

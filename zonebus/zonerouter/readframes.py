@@ -1,0 +1,256 @@
+"""The read path's frames on the `zr` link channel (binary, network byte order, after `records`' 4-byte head).
+
+Cross zones (proxy <-> leader), all small:
+- 5 poll (proxy -> leader): stream, next batch the proxy's snapshot lacks u64, hold ms u16;
+- 6 snapshot (leader -> proxy): stream, status u8 (0 ok, 1 not led here), writer epoch u64, chain start u64,
+  last sequence u64, count u16, then (batch u64, epoch u64) per new batch object of the stream's log;
+- 7 pull (proxy -> leader): request id u64, stream, consumer, the pull request's JSON body;
+- 8 deliveries (leader -> proxy): request id u64, flags u8 (1 done, 2 headers only), runs u16, then per run
+  (stream seq u64, consumer seq u64, n u32, delivery count u32, num pending u64: n messages whose stream and
+  consumer sequences rise by one and pending falls by one), statuses u8, then per status a u16-prefixed
+  NATS status header block (404, 408, 409, heartbeats);
+- 9 acks (proxy -> leader): batch id u32 (0: no answer wanted), stream, consumer, entries u16, then per entry
+  (stream seq u64, consumer seq u64, n u32, body u16-prefixed: `+ACK`, `-NAK`, `+TERM`, ...);
+- 10 acks done (leader -> proxy): batch id u32.
+
+Inside one zone:
+- 11 API hand-off (a server -> its zone's proxy): a client's pull request or ack, as subject, reply,
+  headers and payload (u16, u16, u32, u32 lengths first).
+
+Strings are u16-length-prefixed UTF-8.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
+
+POLL, SNAP, PULL, DELIVER, ACKS, ACKED, API = 5, 6, 7, 8, 9, 10, 11
+DONE, HEADERS_ONLY = 1, 2
+SNAP_OK, SNAP_NOT_LEADER = 0, 1
+
+_U8, _U16, _U32, _U64 = struct.Struct("!B"), struct.Struct("!H"), struct.Struct("!I"), struct.Struct("!Q")
+_PAIR = struct.Struct("!QQ")
+_RUN = struct.Struct("!QQIIQ")
+_ACK = struct.Struct("!QQI")
+_SNAPHEAD = struct.Struct("!BQQQH")
+_APIHEAD = struct.Struct("!HHII")
+
+Run = tuple[int, int, int, int, int]  # (stream seq, consumer seq, n, delivery count, pending)
+AckEntry = tuple[int, int, int, bytes]  # (stream seq, consumer seq, n, body)
+
+
+def _head(kind: int) -> bytes:
+    return _HEAD.pack(MAGIC, VERSION, kind)
+
+
+def _s(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return _U16.pack(len(raw)) + raw
+
+
+class _Reader:
+    def __init__(self, frame: bytes) -> None:
+        self.b = frame
+        self.pos = _HEAD.size
+
+    def take(self, st: struct.Struct) -> tuple:
+        try:
+            out = st.unpack_from(self.b, self.pos)
+        except struct.error as exc:
+            raise RecordError(f"truncated zone-router read frame: {exc}") from None
+        self.pos += st.size
+        return out
+
+    def raw(self) -> bytes:
+        (n,) = self.take(_U16)
+        if self.pos + n > len(self.b):
+            raise RecordError("truncated zone-router read frame")
+        out = bytes(self.b[self.pos : self.pos + n])
+        self.pos += n
+        return out
+
+    def text(self) -> str:
+        return self.raw().decode()
+
+
+@dataclass(frozen=True)
+class Poll:
+    stream: str
+    next_batch: int
+    hold_ms: int
+
+    def encode(self) -> bytes:
+        return _head(POLL) + _s(self.stream) + _U64.pack(self.next_batch) + _U16.pack(self.hold_ms)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Poll:
+        r = _Reader(frame)
+        return cls(r.text(), r.take(_U64)[0], r.take(_U16)[0])
+
+
+@dataclass(frozen=True)
+class Snap:
+    stream: str
+    status: int
+    epoch: int = 0
+    chain_start: int = 1
+    last_seq: int = 0
+    batches: tuple[tuple[int, int], ...] = ()
+
+    def encode(self) -> bytes:
+        parts = [_head(SNAP), _s(self.stream),
+                 _SNAPHEAD.pack(self.status, self.epoch, self.chain_start, self.last_seq, len(self.batches))]
+        parts += [_PAIR.pack(b, e) for b, e in self.batches]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Snap:
+        r = _Reader(frame)
+        stream = r.text()
+        status, epoch, start, last, n = r.take(_SNAPHEAD)
+        return cls(stream, status, epoch, start, last, tuple(r.take(_PAIR) for _ in range(n)))
+
+
+@dataclass(frozen=True)
+class Pull:
+    rid: int
+    stream: str
+    consumer: str
+    body: bytes
+
+    def encode(self) -> bytes:
+        return _head(PULL) + _U64.pack(self.rid) + _s(self.stream) + _s(self.consumer) + _s(self.body)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Pull:
+        r = _Reader(frame)
+        return cls(r.take(_U64)[0], r.text(), r.text(), r.raw())
+
+
+@dataclass(frozen=True)
+class Deliveries:
+    rid: int
+    flags: int
+    runs: tuple[Run, ...]
+    statuses: tuple[bytes, ...] = ()
+
+    def encode(self) -> bytes:
+        parts = [_head(DELIVER), _U64.pack(self.rid), _U8.pack(self.flags), _U16.pack(len(self.runs))]
+        parts += [_RUN.pack(*run) for run in self.runs]
+        parts.append(_U8.pack(len(self.statuses)))
+        parts += [_s(s) for s in self.statuses]
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Deliveries:
+        r = _Reader(frame)
+        rid, flags, n = r.take(_U64)[0], r.take(_U8)[0], r.take(_U16)[0]
+        runs = tuple(r.take(_RUN) for _ in range(n))
+        statuses = tuple(r.raw() for _ in range(r.take(_U8)[0]))
+        return cls(rid, flags, runs, statuses)  # type: ignore[arg-type]
+
+    @property
+    def done(self) -> bool:
+        return bool(self.flags & DONE)
+
+
+def add_run(runs: list[list[int]], sseq: int, dseq: int, count: int, pending: int) -> None:
+    """Append one delivery to `runs` ([sseq, dseq, n, count, pending] lists), extending the last run when it
+    continues it."""
+    if runs:
+        last = runs[-1]
+        n = last[2]
+        if last[0] + n == sseq and last[1] + n == dseq and last[3] == count and last[4] - n == pending:
+            last[2] = n + 1
+            return
+    runs.append([sseq, dseq, 1, count, pending])
+
+
+def expand(run: Run) -> list[tuple[int, int, int, int]]:
+    """(stream seq, consumer seq, delivery count, pending) of every delivery of a run."""
+    s, d, n, count, pending = run
+    return [(s + i, d + i, count, max(pending - i, 0)) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Acks:
+    bid: int
+    stream: str
+    consumer: str
+    entries: tuple[AckEntry, ...]
+
+    def encode(self) -> bytes:
+        parts = [_head(ACKS), _U32.pack(self.bid), _s(self.stream), _s(self.consumer), _U16.pack(len(self.entries))]
+        for s, d, n, body in self.entries:
+            parts += (_ACK.pack(s, d, n), _s(body))
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Acks:
+        r = _Reader(frame)
+        bid, stream, consumer, n = r.take(_U32)[0], r.text(), r.text(), r.take(_U16)[0]
+        entries = []
+        for _ in range(n):
+            s, d, k = r.take(_ACK)
+            entries.append((s, d, k, r.raw()))
+        return cls(bid, stream, consumer, tuple(entries))
+
+
+def add_ack(entries: list[list], sseq: int, dseq: int, body: bytes) -> None:
+    """Append one ack to `entries` ([sseq, dseq, n, body] lists): consecutive acks with the same body
+    become one range."""
+    if entries:
+        last = entries[-1]
+        n = last[2]
+        if last[3] == body and last[0] + n == sseq and last[1] + n == dseq:
+            last[2] = n + 1
+            return
+    entries.append([sseq, dseq, 1, body])
+
+
+def acked(bid: int) -> bytes:
+    return _head(ACKED) + _U32.pack(bid)
+
+
+def acked_id(frame: bytes) -> int:
+    return _Reader(frame).take(_U32)[0]
+
+
+@dataclass(frozen=True)
+class ApiHandoff:
+    subject: str
+    reply: str
+    headers: bytes
+    payload: bytes
+
+    def encode(self) -> bytes:
+        s, r = self.subject.encode(), self.reply.encode()
+        return b"".join((_head(API), _APIHEAD.pack(len(s), len(r), len(self.headers), len(self.payload)),
+                         s, r, self.headers, self.payload))
+
+    @classmethod
+    def decode(cls, frame: bytes) -> ApiHandoff:
+        r = _Reader(frame)
+        a, b, c, d = r.take(_APIHEAD)
+        pos = r.pos
+        if len(frame) != pos + a + b + c + d:
+            raise RecordError("API hand-off lengths do not add up")
+        out = []
+        for n in (a, b, c, d):
+            out.append(bytes(frame[pos : pos + n]))
+            pos += n
+        return cls(out[0].decode(), out[1].decode(), out[2], out[3])
+
+
+def ack_token(reply: str) -> tuple[str, str, int, int, int, int, int] | None:
+    """`$JS.ACK.<stream>.<consumer>.<count>.<sseq>.<dseq>.<ts>.<pending>` -> its fields, or None."""
+    toks = reply.split(".")
+    if len(toks) != 9 or toks[0] != "$JS" or toks[1] != "ACK":
+        return None
+    try:
+        return toks[2], toks[3], int(toks[4]), int(toks[5]), int(toks[6]), int(toks[7]), int(toks[8])
+    except ValueError:
+        return None

@@ -1,0 +1,222 @@
+"""The leader side of the read path: snapshots for proxies, pull requests and acks from other zones.
+
+- Polls: a proxy asks for the stream's log objects from its next batch on; the answer (the batches released
+  since, with their writer epochs, and the last sequence) goes at once when there is news, else when the
+  store releases a batch with messages (`on_visible`), else after the poll's hold (at most 100 ms).
+- Pull requests: the proxy's request becomes an ordinary pull request of the consumer here, with the reply
+  `$ZR.D.<id>`; the JetStream service hands what the consumer sends there to `tap` instead of publishing it
+  (a router hook in `zonebus.stream.service`), and this side sends the proxy one `Deliveries` record per loop
+  turn: runs of (stream seq, consumer seq, count, pending) and the status messages. Consumer state (cursor,
+  pending acks, redelivery timers, num_pending) never leaves the consumer.
+- Acks: ranges are applied one by one through the consumer's own `on_ack`.
+Runs on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from zonebus.zonerouter import readframes as rf
+from zonebus.zonerouter.records import RecordError
+
+log = logging.getLogger(__name__)
+
+REPLY_PREFIX = "$ZR.D."
+MAX_HOLD = 0.1
+SNAP_BATCHES = 512  # batch objects named in one answer (the proxy polls again at once for the rest)
+SWEEP = 1.0
+
+
+class _Held:
+    __slots__ = ("peer", "next_batch", "timer")
+
+    def __init__(self, peer: str, next_batch: int, timer: Any) -> None:
+        self.peer, self.next_batch, self.timer = peer, next_batch, timer
+
+
+class _Req:
+    __slots__ = ("lid", "peer", "rid", "cons", "pull", "runs", "statuses", "queued")
+
+    def __init__(self, lid: int, peer: str, rid: int, cons: Any) -> None:
+        self.lid, self.peer, self.rid, self.cons = lid, peer, rid, cons
+        self.pull: Any = None  # the consumer's PullRequest while it waits
+        self.runs: list[list[int]] = []
+        self.statuses: list[bytes] = []
+        self.queued = False
+
+
+class ReadServer:
+    def __init__(self, svc: Any, send: Callable[[str, bytes], bool]) -> None:
+        self.svc = svc  # the JetStreamService: the streams this server leads
+        self.send = send
+        self.held: dict[str, list[_Held]] = {}
+        self.reqs: dict[int, _Req] = {}
+        self._next = 0
+        self._flush: list[_Req] = []
+        self._sweep_at = 0.0
+        self.stats = {"polls": 0, "snap_bytes": 0, "pulls": 0, "delivered": 0, "deliver_bytes": 0, "acks": 0}
+
+    # -- snapshots -----------------------------------------------------------------------------------
+    def _store(self, name: str) -> Any:
+        stream = self.svc.streams.get(name)
+        store = getattr(stream, "store", None)
+        return store if store is not None and hasattr(store, "durable_batch") else None
+
+    def on_poll(self, peer: str, poll: rf.Poll) -> None:
+        self.stats["polls"] += 1
+        store = self._store(poll.stream)
+        if store is None or store.durable_batch >= poll.next_batch or poll.next_batch < store.chain_start \
+                or poll.hold_ms == 0:
+            self._answer(peer, poll.stream, poll.next_batch)
+            return
+        loop = self.svc.loop
+        held = _Held(peer, poll.next_batch, None)
+        held.timer = loop.call_later(min(poll.hold_ms / 1000, MAX_HOLD), self._expire, poll.stream, held)
+        self.held.setdefault(poll.stream, []).append(held)
+
+    def _expire(self, stream: str, held: _Held) -> None:
+        waiting = self.held.get(stream, [])
+        if held in waiting:
+            waiting.remove(held)
+            self._answer(held.peer, stream, held.next_batch)
+
+    def on_visible(self, stream: Any) -> None:
+        """Store hook: a batch with messages was released; answer the polls held for this stream."""
+        waiting = self.held.pop(stream.name, None)
+        for held in waiting or ():
+            held.timer.cancel()
+            self._answer(held.peer, stream.name, held.next_batch)
+
+    def _answer(self, peer: str, name: str, next_batch: int) -> None:
+        store = self._store(name)
+        if store is None:
+            frame = rf.Snap(name, rf.SNAP_NOT_LEADER).encode()
+        else:
+            first = max(next_batch, store.chain_start)
+            last = min(store.durable_batch, first + SNAP_BATCHES - 1)
+            batches = tuple((b, store.batches[b]) for b in range(first, last + 1) if b in store.batches)
+            frame = rf.Snap(name, rf.SNAP_OK, store.epoch, store.chain_start, store.durable_seq, batches).encode()
+        self.stats["snap_bytes"] += len(frame)
+        self.send(peer, frame)
+
+    # -- pull requests -------------------------------------------------------------------------------
+    def on_pull(self, peer: str, pull: rf.Pull) -> None:
+        self.stats["pulls"] += 1
+        stream = self.svc.streams.get(pull.stream)
+        cons = stream.consumers.get(pull.consumer) if stream is not None else None
+        if cons is None:  # like nats-server: no answer for the client (it times out); the proxy forgets it
+            self.send(peer, rf.Deliveries(pull.rid, rf.DONE, ()).encode())
+            return
+        self._next += 1
+        lid = self._next
+        req = self.reqs[lid] = _Req(lid, peer, pull.rid, cons)
+        reply = f"{REPLY_PREFIX}{lid}"
+        cons.waiting.add(reply, pull.body)
+        req.pull = next((r for r in reversed(cons.waiting.q) if r.reply == reply), None)
+        self._queue(req)
+        self._sweep()
+
+    def tap(self, to: str, msg_subject: str | None, payload: bytes, reply: str | None,
+            headers: bytes | None) -> bool:
+        """JetStream service hook: a delivery or status message for `$ZR.D.<id>`; True when taken."""
+        if not to.startswith(REPLY_PREFIX):
+            return False
+        try:
+            req = self.reqs.get(int(to[len(REPLY_PREFIX):]))
+        except ValueError:
+            return True
+        if req is None:
+            return True
+        if msg_subject is not None and reply:
+            tok = rf.ack_token(reply)
+            if tok is not None:
+                rf.add_run(req.runs, tok[3], tok[4], tok[2], tok[6])
+                self.stats["delivered"] += 1
+                self.stats["deliver_bytes"] += len(payload) + (len(headers) if headers else 0)
+        elif headers:
+            req.statuses.append(bytes(headers))
+        self._queue(req)
+        return True
+
+    def _queue(self, req: _Req) -> None:
+        if not req.queued:
+            req.queued = True
+            if not self._flush:
+                self.svc.loop.call_soon(self._send_all)
+            self._flush.append(req)
+
+    def _send_all(self) -> None:
+        todo, self._flush = self._flush, []
+        for req in todo:
+            req.queued = False
+            self._send(req)
+
+    def _send(self, req: _Req) -> None:
+        done = req.pull is None or req.pull.done or req.cons.closed
+        if not (req.runs or req.statuses or done):
+            return
+        flags = (rf.DONE if done else 0) | (rf.HEADERS_ONLY if req.cons.cfg.get("headers_only") else 0)
+        runs: list[Any] = [tuple(r) for r in req.runs]
+        while True:  # a frame holds at most 65535 runs and 255 statuses
+            chunk, runs = runs[:4096], runs[4096:]
+            statuses, req.statuses = req.statuses[:255], req.statuses[255:]
+            last = not runs and not req.statuses
+            frame = rf.Deliveries(req.rid, flags if last else flags & ~rf.DONE, tuple(chunk), tuple(statuses))
+            self.send(req.peer, frame.encode())
+            if last:
+                break
+        req.runs = []
+        if done:
+            self.reqs.pop(req.lid, None)
+
+    def _sweep(self) -> None:
+        """Requests that ended without a message to us (consumer gone, client interest lost)."""
+        now = self.svc.loop.time()
+        if now < self._sweep_at:
+            return
+        self._sweep_at = now + SWEEP
+        for req in list(self.reqs.values()):
+            if req.pull is None or req.pull.done or req.cons.closed:
+                self._queue(req)
+
+    def peer_down(self, peer: str) -> None:
+        for lid, req in list(self.reqs.items()):
+            if req.peer == peer:
+                del self.reqs[lid]
+                if req.pull is not None and not req.pull.done:
+                    req.cons.waiting._finish(req.pull, None)
+        for name, waiting in list(self.held.items()):
+            keep = [h for h in waiting if h.peer != peer]
+            for h in waiting:
+                if h.peer == peer:
+                    h.timer.cancel()
+            self.held[name] = keep
+
+    # -- acks ----------------------------------------------------------------------------------------
+    def on_acks(self, peer: str, acks: rf.Acks) -> None:
+        stream = self.svc.streams.get(acks.stream)
+        cons = stream.consumers.get(acks.consumer) if stream is not None else None
+        if cons is not None:
+            for sseq, dseq, n, body in acks.entries:
+                for i in range(n):
+                    cons.on_ack(sseq + i, dseq + i, body, None)
+                self.stats["acks"] += n
+        if acks.bid:
+            self.send(peer, rf.acked(acks.bid))
+
+    def frame(self, peer: str, kind: int, frame: bytes) -> bool:
+        """Dispatch a read-path frame meant for the leader side; False when `kind` is not one."""
+        try:
+            if kind == rf.POLL:
+                self.on_poll(peer, rf.Poll.decode(frame))
+            elif kind == rf.PULL:
+                self.on_pull(peer, rf.Pull.decode(frame))
+            elif kind == rf.ACKS:
+                self.on_acks(peer, rf.Acks.decode(frame))
+            else:
+                return False
+        except (RecordError, UnicodeDecodeError) as exc:
+            log.warning("zone router: bad read frame from %s: %s", peer, exc)
+        return True

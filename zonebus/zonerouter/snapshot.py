@@ -1,0 +1,173 @@
+"""The proxy's snapshot of one stream led in another zone: its log, read from the shared store.
+
+A `SharedView` of the stream (`zonebus.stream.sharedview`), owned by one worker thread (every read and every
+change of the view runs there, in order). A poll loop long-polls the leader (`readframes.Poll`: the next batch
+it lacks, held up to 100 ms) and applies the batch objects each answer names, in order, fetched from the
+shared store; when the answer shows the view fell behind a base move, or the next batch is not the one
+named, the view is reloaded from a listing. `read(seqs)` waits until the view holds the sequences (or gives
+up after `WAIT`, reloading once) and returns the stored messages; `direct_get` answers a direct get from the
+view. The loop stops after `IDLE` seconds
+without use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+from typing import Any
+
+from zonebus.storage.fs import ObjectStore
+from zonebus.stream import direct
+from zonebus.stream.sharedview import SharedView
+from zonebus.stream.store import StoredMsg
+from zonebus.zonerouter import readframes as rf
+
+log = logging.getLogger(__name__)
+
+HOLD_MS = 100
+ANSWER_TIMEOUT = 1.0  # an answer later than hold + this: poll again
+WAIT = 2.0  # seconds a read waits for its sequences to reach the view
+IDLE = 30.0
+
+
+class Snapshot:
+    def __init__(self, objects: ObjectStore, stream: str, leader: Callable[[], str | None],
+                 send: Callable[[str, bytes], bool]) -> None:
+        self.stream = stream
+        self.leader = leader  # the stream's current leader in another zone, or None
+        self.send = send
+        self.view = SharedView(objects, stream, load=False)
+        self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"zr-snap-{stream}")
+        self.last_seq = 0  # the view's last sequence (as of the last change)
+        self.next_batch = 1
+        self.used = time.monotonic()
+        self.loaded = asyncio.Event()
+        self._answer: asyncio.Future | None = None
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.stats = {"polls": 0, "batches": 0, "reloads": 0, "gets": 0, "get_bytes": 0}
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self.exec.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def idle(self) -> bool:
+        return time.monotonic() - self.used > IDLE
+
+    async def _in_thread(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.exec, fn, *args)
+
+    # -- the poll loop -------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._in_thread(self._reload)
+                break
+            except Exception as exc:  # the store may be briefly unreachable: try again
+                log.warning("zone router: loading the snapshot of %s failed: %r", self.stream, exc)
+                await asyncio.sleep(0.5)
+        self.loaded.set()
+        while not self.idle:
+            leader = self.leader()
+            if leader is None:
+                await asyncio.sleep(0.05)
+                continue
+            loop = asyncio.get_running_loop()
+            self._answer = loop.create_future()
+            self.stats["polls"] += 1
+            if not self.send(leader, rf.Poll(self.stream, self.next_batch, HOLD_MS).encode()):
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                snap: rf.Snap = await asyncio.wait_for(self._answer, HOLD_MS / 1000 + ANSWER_TIMEOUT)
+            except TimeoutError:
+                continue
+            if snap.status != rf.SNAP_OK:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                await self._in_thread(self._apply, snap)
+            except Exception as exc:
+                log.warning("zone router: applying the snapshot of %s failed: %r", self.stream, exc)
+                await asyncio.sleep(0.05)
+            self._changed.set()
+
+    def on_snap(self, snap: rf.Snap) -> None:
+        if self._answer is not None and not self._answer.done():
+            self._answer.set_result(snap)
+
+    # -- worker thread -------------------------------------------------------------------------------
+    def _reload(self) -> None:
+        self.view.reload()
+        self.stats["reloads"] += 1
+        self._note()
+
+    def _note(self) -> None:
+        self.last_seq = self.view.index.last_seq
+        self.next_batch = self.view.next_batch
+
+    def _apply(self, snap: rf.Snap) -> None:
+        view = self.view
+        if view.next_batch < snap.chain_start:
+            self._reload()  # a base move dropped batches the view never applied
+            return
+        for b, e in snap.batches:
+            if b < view.next_batch:
+                if view.batches.get(b, e) != e:
+                    self._reload()  # the chain changed under a batch we applied
+                    return
+                continue
+            if b != view.next_batch:
+                self._reload()
+                return
+            data = view.objects.get(view._key(b, e))
+            self.stats["gets"] += 1
+            self.stats["get_bytes"] += len(data)
+            view._apply_batch(b, e, data)
+            self.stats["batches"] += 1
+        self._note()
+
+    def _read(self, seqs: list[int]) -> list[StoredMsg | None]:
+        if seqs and max(seqs) > self.view.index.last_seq:
+            self.view.refresh()  # the poll has not brought them yet: list the log
+            self.stats["reloads"] += 1
+            self._note()
+        return [self.view.load(s) for s in seqs]
+
+    # -- reads ---------------------------------------------------------------------------------------
+    async def read(self, seqs: list[int]) -> list[StoredMsg | None]:
+        """The stored messages `seqs` (None for one that is gone), once the view holds them."""
+        self.used = time.monotonic()
+        if not self.loaded.is_set():
+            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        want = max(seqs) if seqs else 0
+        deadline = time.monotonic() + WAIT
+        while self.last_seq < want and time.monotonic() < deadline:
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), max(deadline - time.monotonic(), 0.001))
+        return await self._in_thread(self._read, seqs)
+
+    async def direct_get(self, key: str, payload: bytes) -> list[tuple[bytes, bytes]]:
+        """The frames of a direct get, answered from the view (`zonebus.stream.direct`)."""
+        self.used = time.monotonic()
+        if not self.loaded.is_set():
+            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        return await self._in_thread(direct.answer, SimpleNamespace(name=self.stream, store=self.view), key,
+                                     payload)
+
+    def info(self) -> dict[str, Any]:
+        return {"last_seq": self.last_seq, "next_batch": self.next_batch, **self.stats}
