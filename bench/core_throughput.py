@@ -11,6 +11,7 @@ byte the subscribers needed (`pubsub`, `queue2`).
     python bench/core_throughput.py --quick         # 50k msgs: a smoke run
     python bench/core_throughput.py --impl zonebus --msgs 2000000 --size 16
     python bench/core_throughput.py --ledger        # zonebus with a `ledger { dir: ... }` block
+    python bench/core_throughput.py --tls           # both servers with `tls {}`, every client over TLS
 
 Prints a markdown table with msgs/s per implementation and the zonebus/nats ratio.
 """
@@ -21,6 +22,7 @@ import argparse
 import json
 import multiprocessing as mp
 import socket
+import ssl
 import sys
 import tempfile
 import time
@@ -37,6 +39,7 @@ CHUNK = 64 * 1024
 SCENARIOS = {"pub": 0, "pubsub": 1, "queue2": 2}  # name -> number of subscribers
 # protocol 0: nats-server sends no asynchronous INFO after CONNECT, so subscribers only ever see MSG bytes
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":0,"lang":"bench","version":"0"}\r\n'
+TLS: ssl.SSLContext | None = None  # --tls: clients start TLS after the server's INFO (set before forking)
 
 
 def msg_frame_size(size: int, sid: str = "1") -> int:
@@ -48,6 +51,8 @@ def open_client(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     read_until(sock, b"\r\n")  # INFO
+    if TLS is not None:
+        return TLS.wrap_socket(sock, server_hostname="127.0.0.1")
     return sock
 
 
@@ -185,8 +190,8 @@ def run_scenario(port: int, impl: str, scenario: str, size: int, count: int, tim
             pub.kill()
 
 
-def server_config(impl: str, ledger: bool, ledger_dir: Path) -> str:
-    config = "max_payload: 1048576\n"
+def server_config(impl: str, ledger: bool, ledger_dir: Path, tls: str = "") -> str:
+    config = "max_payload: 1048576\n" + tls
     if ledger and impl == "zonebus":
         config += f"ledger {{ dir: {json.dumps(str(ledger_dir))} }}\n"
     return config
@@ -206,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="subset of " + ",".join(SCENARIOS))
     parser.add_argument("--quick", action="store_true", help="few messages: a smoke run")
     parser.add_argument("--ledger", action="store_true", help="start zonebus with a `ledger { dir: <tmp> }` block")
+    parser.add_argument("--tls", action="store_true",
+                        help="both servers with a tls block (throwaway CA), every client over TLS")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run before giving up")
     args = parser.parse_args(argv)
 
@@ -219,8 +226,17 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[Result] = []
     ledger_dir = Path(tempfile.mkdtemp(prefix="zb-bench-ledger-"))
+    tls_block = ""
+    if args.tls:
+        global TLS
+        from zonebus.testing.tlscerts import TestCA
+
+        ca = TestCA(Path(tempfile.mkdtemp(prefix="zb-bench-tls-")))
+        cert = ca.server_cert()
+        tls_block = f"tls {{ cert_file: {json.dumps(cert.cert)}, key_file: {json.dumps(cert.key)} }}\n"
+        TLS = ca.client_context()
     for impl in impls:
-        server = ServerProcess(impl=impl, config=server_config(impl, args.ledger, ledger_dir))
+        server = ServerProcess(impl=impl, config=server_config(impl, args.ledger, ledger_dir, tls_block))
         try:
             server.start()
         except Exception as exc:
@@ -244,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
 
-    ledger_note = " (zonebus with ledger)" if args.ledger else ""
+    ledger_note = (" (zonebus with ledger)" if args.ledger else "") + (" (TLS)" if args.tls else "")
     print(
         f"\n{count} messages per run{ledger_note}; msgs/s from the publisher's first write to the last byte "
         "delivered (pub: to the PONG)\n"

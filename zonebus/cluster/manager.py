@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, tags_overlap
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels, json_line
-from zonebus.link.connection import listen
+from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.server.connection import CLIENT, INTERNAL
 from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
@@ -67,8 +67,10 @@ class ClusterManager:
         opts = self.opts
         if opts.port:
             self._listener, self.route_url = await listen(
-                server, lambda: RouteConnection(self, solicited=False), opts.host, opts.port)
-            server.log(f"listening for route connections on {opts.host}:{self.route_url.rsplit(':', 1)[1]}")
+                server, lambda: RouteConnection(self, solicited=False), opts.host, opts.port, opts.tls)
+            server.log(f"listening for route connections on {opts.host}:{self.route_url.rsplit(':', 1)[1]}"
+                       + (" (TLS)" if opts.tls is not None else ""))
+            warn_open_port(server, "cluster", opts.host, bool(opts.user), opts.tls)
         for url in opts.routes:
             self.dial(url, configured=True)
 
@@ -252,10 +254,12 @@ class ClusterManager:
         try:
             while self._running:
                 try:
-                    _, conn = await self.server.loop.create_connection(
-                        lambda: RouteConnection(self, solicited=True, url=url, configured=configured), host, port
-                    )
-                except OSError:
+                    conn = await dial(self.server, lambda: RouteConnection(self, solicited=True, url=url,
+                                                                           configured=configured),
+                                      host, port, self.opts.tls)
+                except OSError as exc:
+                    if self.opts.tls is not None and not isinstance(exc, ConnectionRefusedError):
+                        self.server.log(f"route {url}: TLS route handshake error: {exc}", "ERR")
                     if backoff.failed() >= IMPLICIT_RETRIES and not configured:
                         return
                     await backoff.wait()

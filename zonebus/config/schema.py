@@ -45,6 +45,7 @@ from zonebus.server.options import (
     RouteOptions,
     ServerOptions,
     SubjectPermission,
+    TLSOptions,
     UserOptions,
 )
 from zonebus.subjects.patterns import overlaps
@@ -283,6 +284,51 @@ def _block_auth(block: str) -> Handler:
     return handler
 
 
+# ---- tls blocks (zonebus.server.tls) -------------------------------------------------------------
+
+
+def _handshake_first(t: TLSOptions, v: Value, errors: _Errors) -> None:
+    if v.kind != "bool":
+        raise BadValue(f"only true or false are supported (no fallback duration), got {show(v)}", v)
+    t.handshake_first = v.value
+
+
+_TLS_HANDLERS: dict[str, Handler] = {
+    "cert_file": _str("cert_file"),
+    "key_file": _str("key_file"),
+    "ca_file": _str("ca_file"),
+    "verify": _bool("verify"),
+    "verify_and_map": _bool("verify_and_map"),
+    "insecure": _bool("insecure"),
+    "timeout": _setter("timeout", get_seconds),
+    "handshake_first": _handshake_first,
+    "first": _handshake_first,
+}
+
+
+def _read_tls(v: Value, errors: _Errors, block: str) -> TLSOptions:
+    """A `tls {}` block; its certificate, key and CA are loaded at once, so a bad file fails the config
+    check with the block's position (as nats-server)."""
+    from zonebus.server.tls import TLSConfigError, check
+
+    tls = TLSOptions()
+    before = len(errors)
+    _apply(get_map(v), _TLS_HANDLERS, tls, errors)
+    if len(errors) == before:
+        try:
+            check(tls)
+        except TLSConfigError as exc:
+            errors.add(v, f"{block}{exc}")
+    return tls
+
+
+def _tls(block: str) -> Handler:
+    def handler(target: ServerOptions | RouteOptions | GatewayOptions, v: Value, errors: _Errors) -> None:
+        target.tls = _read_tls(v, errors, block)
+
+    return handler
+
+
 # ---- cluster and gateway --------------------------------------------------------------------------
 
 
@@ -311,6 +357,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "prefer_matching_tags": _bool("prefer_matching_tags"),
     "no_advertise": _bool("no_advertise"),
     "connect_retries": _int("connect_retries", 0),
+    "tls": _tls("cluster tls: "),
 }
 
 
@@ -358,6 +405,7 @@ _GATEWAY_HANDLERS: dict[str, Handler] = {
     "reject_unknown": _bool("reject_unknown_cluster"),
     "authorization": _block_auth("Gateway"),
     "interest_only_threshold": _int("interest_only_threshold", 0),
+    "tls": _tls("gateway tls: "),
 }
 
 
@@ -621,6 +669,9 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "http": _listen("http_host", "http_port"),
     "monitor": _listen("http_host", "http_port"),
     "http_port": _setter("http_port", get_port),
+    "https": _listen("http_host", "https_port"),
+    "https_port": _setter("https_port", get_port),
+    "tls": _tls(""),
     "monitor_port": _setter("http_port", get_port),
     "server_tags": _server_tags,
     "max_payload": _max_payload,
@@ -662,6 +713,10 @@ def apply_config(tree: dict[str, Value], opts: ServerOptions | None = None) -> S
         where = next((v for k, v in tree.items() if k.lower() == "no_auth_user"), None)
         msg = (f'no_auth_user: "{opts.no_auth_user}" not present as user or nkey in authorization block '
                "or account configuration")
+        errors.append(f"{where.where}: {msg}" if where is not None else msg)
+    if opts.https_port and opts.tls is None and not errors:
+        where = next((v for k, v in tree.items() if k.lower() in ("https", "https_port")), None)
+        msg = "https: monitoring over https needs a top-level tls block (the certificate it serves)"
         errors.append(f"{where.where}: {msg}" if where is not None else msg)
     if errors:
         raise ConfigError(list(errors))

@@ -45,7 +45,7 @@ from zonebus.gateway.interest import (
 )
 from zonebus.gateway.routing import GR_PREFIX, GatewayRouting
 from zonebus.link import Backoff, json_line
-from zonebus.link.connection import listen
+from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -138,7 +138,8 @@ class GatewayManager(GatewayRouting):
         self._running = True
         if opts.port:
             self._listener, self.url = await listen(
-                server, lambda: GatewayConnection(self, outbound=False), opts.host, opts.port)
+                server, lambda: GatewayConnection(self, outbound=False), opts.host, opts.port, opts.tls)
+            warn_open_port(server, "gateway", opts.host, bool(opts.user), opts.tls)
             server.log(f"gateway name is {self.name}; listening for gateway connections on "
                        f"{opts.host}:{self.url.rsplit(':', 1)[1]}")
         else:
@@ -311,15 +312,14 @@ class GatewayManager(GatewayRouting):
     # -- dialling ------------------------------------------------------------------------------------
     async def _dial_loop(self, remote: RemoteGateway) -> None:
         """Keep one outbound connection to `remote`: configured ones forever, implicit ones while reachable."""
-        loop = self.server.loop
         backoff = Backoff()
         try:
             while self._running and self.remotes.get(remote.name) is remote:
                 url = remote.url_for(backoff.failures, self._rng)
                 host, port = host_port(url).rsplit(":", 1)
                 try:
-                    _, conn = await loop.create_connection(
-                        functools.partial(GatewayConnection, self, True, remote.name, url), host, int(port))
+                    conn = await dial(self.server, functools.partial(GatewayConnection, self, True, remote.name,
+                                                                     url), host, int(port), self.opts.tls)
                 except OSError as exc:
                     failures = backoff.failed()
                     self._report_unreachable(remote, url, failures, exc)

@@ -21,6 +21,7 @@ It sets `msgs_in` once messages may flow in over the link. Owned by the event lo
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import time
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from zonebus.protocol.route_parser import (
     msg_line,
 )
 from zonebus.server.connection import ACCOUNT, Connection
-from zonebus.server.options import advertised_host
+from zonebus.server.options import TLSOptions, advertised_host
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -58,6 +59,33 @@ JSON_DEPTH_ERRORS = (ValueError, RecursionError)
 def json_line(op: bytes, obj: Any) -> bytes:
     """`OP {json}\\r\\n`, compact, as the inter-server protocol sends INFO and CONNECT."""
     return op + b" " + json.dumps(obj, separators=(",", ":")).encode() + b"\r\n"
+
+
+# JSON types of the INFO/CONNECT fields a peer's identity and login come from; nats-server decodes both into
+# typed structs and drops a link whose field has another type (a dict `server_id`, `1e999`); `tags` that are
+# no list of strings are taken as no tags, as nats-server takes them
+_STR_FIELDS = ("server_id", "server_name", "name", "cluster", "route_url", "client_url", "gateway_url", "user",
+               "pass", "auth_token")
+_BOOL_FIELDS = ("verbose", "pedantic", "echo", "headers", "tls_required")
+_INT_LIMIT = 2**63
+
+
+def field_type_error(fields: dict[str, Any]) -> str:
+    """Why a peer's INFO/CONNECT has a field of the wrong JSON type ("" when none has)."""
+    for key in _STR_FIELDS:
+        if key in fields and fields[key] is not None and not isinstance(fields[key], str):
+            return f"field {key} must be a string"
+    for key in _BOOL_FIELDS:
+        if key in fields and fields[key] is not None and not isinstance(fields[key], bool):
+            return f"field {key} must be a boolean"
+    proto = fields.get("protocol")
+    if proto is not None and (type(proto) is not int or not -_INT_LIMIT <= proto < _INT_LIMIT):
+        return "field protocol must be an integer"
+    return ""
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def str_list(value: Any) -> list[str]:
@@ -229,11 +257,16 @@ class LinkConnection(Connection, asyncio.Protocol):
     def _json_object(self, raw: bytes) -> dict[str, Any] | None:
         """The JSON object of an INFO/CONNECT line; anything else rejects the link (None)."""
         try:
-            obj = json.loads(raw)
+            obj = json.loads(raw, parse_constant=_not_json)  # NaN/Infinity are not JSON (nats-server refuses them)
         except JSON_DEPTH_ERRORS:
             obj = None
         if not isinstance(obj, dict):
             self.server.log(f"{self.kind} {self.ip}:{self.remote_port}: INFO/CONNECT is not a JSON object, closing")
+            self.reject(errors.UNKNOWN_OP)
+            return None
+        why = field_type_error(obj)
+        if why:
+            self.server.log(f"{self.kind} {self.ip}:{self.remote_port}: INFO/CONNECT {why}, closing")
             self.reject(errors.UNKNOWN_OP)
             return None
         return obj
@@ -296,6 +329,49 @@ class LinkConnection(Connection, asyncio.Protocol):
         self.write_frame(b"LMSG %b %d\r\n" % (channel, len(payload)), payload + b"\r\n", channel)
 
 
+async def dial(server: Server, factory: Callable[[], asyncio.Protocol], host: str, port: int,
+               tls: TLSOptions | None = None) -> asyncio.Protocol:
+    """Open a link to `host:port` (over TLS when `tls` is set, the peer's certificate checked against the
+    host dialled); returns the protocol. Raises OSError (ssl.SSLError included) when it cannot."""
+    kw: dict[str, Any] = {}
+    if tls is not None:
+        from zonebus.server.tls import client_context
+
+        kw = {"ssl": client_context(tls), "server_hostname": host, "ssl_handshake_timeout": tls.timeout}
+    try:
+        _, conn = await server.loop.create_connection(factory, host, port, **kw)
+    except TimeoutError as exc:  # the TLS handshake timed out
+        raise ConnectionError(f"TLS handshake timeout: {exc}") from None
+    return conn
+
+
+def warn_open_port(server: Server, what: str, host: str, authorized: bool, tls: TLSOptions | None) -> None:
+    """One [WRN] line at start when a server-to-server port listens beyond loopback with neither
+    authorization nor TLS (see `open_port_warning`)."""
+    text = open_port_warning(what, host, authorized, tls is not None)
+    if text:
+        server.log(text, "WRN")
+
+
+def open_port_warning(what: str, host: str, authorized: bool, tls: bool) -> str:
+    """The warning for a `what` ("cluster", "gateway") port on `host`, or "" when it needs none: anyone
+    who reaches an open route or gateway port can inject messages that reach clients."""
+    if authorized or tls or is_loopback(host):
+        return ""
+    return (f"{what} port listens on {host or '0.0.0.0'} (beyond loopback) without authorization or TLS: "
+            f"anyone who can reach it can inject messages; set {what} {{ authorization {{ user, password }} }}"
+            f" or {what} {{ tls {{ verify: true }} }}")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def replay(server: Server, entries: list[tuple], subject: bytes, size: int, payload: bytes) -> None:
     """Deliver one message along a remembered delivery list of `(conn, control line, sub)` entries (the
     fast path of links; the client's own loop is inlined in client.py)."""
@@ -314,8 +390,14 @@ def replay(server: Server, entries: list[tuple], subject: bytes, size: int, payl
 
 
 async def listen(server: Server, factory: Callable[[], asyncio.Protocol], host: str,
-                 port: int) -> tuple[asyncio.base_events.Server, str]:
-    """A listener for links of one kind; returns it and the `host:port` other servers should dial."""
-    listener = await server.loop.create_server(factory, host, port, reuse_address=True)
+                 port: int, tls: TLSOptions | None = None) -> tuple[asyncio.base_events.Server, str]:
+    """A listener for links of one kind; returns it and the `host:port` other servers should dial. With
+    `tls`, every accepted link is TLS from its first byte (zonebus.server.tls)."""
+    kw: dict[str, Any] = {}
+    if tls is not None:
+        from zonebus.server.tls import server_context
+
+        kw = {"ssl": server_context(tls), "ssl_handshake_timeout": tls.timeout}
+    listener = await server.loop.create_server(factory, host, port, reuse_address=True, **kw)
     bound = listener.sockets[0].getsockname()[1]
     return listener, f"{advertised_host(host)}:{bound}"

@@ -245,6 +245,8 @@ class Authenticator:
         self.nkey_users: dict[str, UserOptions] = {u.nkey: u for u in opts.users if u.nkey}
         self.no_auth_user = opts.no_auth_user
         self.needs_nonce = bool(self.nkey_users)
+        # tls { verify_and_map }: a client logs in as the user its certificate names (zonebus.server.tls)
+        self.tls_map = bool(opts.tls is not None and opts.tls.verify_and_map and (self.users or self.nkey_users))
         default = PermissionSet.compile(opts.default_permissions) if opts.default_permissions else None
         self.perms: dict[str, PermissionSet | None] = {
             u.user or u.nkey: (PermissionSet.compile(u.permissions) if u.permissions is not None else default)
@@ -256,8 +258,12 @@ class Authenticator:
     def new_nonce() -> str:
         return secrets.token_urlsafe(11)
 
-    def authenticate(self, connect: dict[str, Any], nonce: str) -> tuple[Login | None, str]:
-        """(the login, or None when refused; what to log about a refusal)."""
+    def authenticate(self, connect: dict[str, Any], nonce: str,
+                     peercert: dict | None = None) -> tuple[Login | None, str]:
+        """(the login, or None when refused; what to log about a refusal). `peercert`: the client's TLS
+        certificate (`getpeercert()`), used with `verify_and_map` only."""
+        if self.tls_map:
+            return self._cert_login(peercert)
         nkey = connect.get("nkey")
         user = connect.get("user")
         if self.nkey_users and nkey:
@@ -284,6 +290,16 @@ class Authenticator:
                 return None, f' - User "{user}"' if isinstance(user, str) and user else ""
             return Login(name, None, "user"), ""
         return Login("", None, "none"), ""
+
+    def _cert_login(self, peercert: dict | None) -> tuple[Login | None, str]:
+        from zonebus.server.tls import cert_identities, match_user
+
+        user = match_user([*self.users, *self.nkey_users], peercert)
+        if user is None:
+            names, subject = cert_identities(peercert)
+            shown = ",".join(f"{k}={v}" for k, v in subject) or ", ".join(names)
+            return None, f' - no user for client certificate "{shown}"'
+        return Login(user, self.perms.get(user), "tls"), ""
 
     def _nkey_login(self, nkey: Any, sig: Any, nonce: str) -> tuple[Login | None, str]:
         where = f' - Nkey "{nkey}"'

@@ -131,6 +131,8 @@ class ClientConnection(Connection, asyncio.Protocol):
         self._ping_sent = 0.0  # perf_counter() of the unanswered PING (uvloop's clock ticks in ms)
         self.ledger_hdrs: list[PubHeader] | None = None  # PUB lines counted on the fast path
         self._timers: list[asyncio.TimerHandle] = []
+        self.peercert: dict | None = None  # the client's certificate (tls verify_and_map), see server/tls.py
+        self.info_sent = False  # the TLS listener wrote INFO in plain text before the handshake (server/tls.py)
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -143,7 +145,10 @@ class ClientConnection(Connection, asyncio.Protocol):
             self.send(errors.err(errors.MAX_CONNECTIONS))
             self.close()
             return
-        self.send(server.client_info(self))
+        if not self.info_sent:
+            self.send(server.client_info(self))
+        if server.tls_map:  # over TLS, the handshake is done by now (zonebus.server.tls)
+            self.peercert = transport.get_extra_info("peercert")
         loop = server.loop
         if server.opts.auth_required:
             self._timers.append(loop.call_later(server.opts.auth_timeout, self._auth_timeout))

@@ -7,8 +7,11 @@ here, in one place, and counted.
 
 Fast producers are stalled rather than letting a busy receiver's buffer run into `max_pending`: when a
 receiver's transport buffer passes its high-water mark (a quarter of max_pending) the publishers of that
-loop turn stop being read until it drains (nats-server's "fast producer stall"); a receiver that makes no
-progress for `STALL_MAX` seconds releases them, and is then cut off as a slow consumer.
+loop turn stop being read (nats-server's "fast producer stall"), in slices of `STALL_SLICE` seconds: the
+other subscribers of what they publish wait that long at most (nats-server: a few ms). After a slice, a
+receiver that drained some lets its producers read for `STALL_GAP` and stalls them again (backpressure,
+until it is below its low-water mark); one that did not read at all lets them go, and is then cut off as a
+slow consumer.
 Owned by the event loop thread.
 """
 
@@ -23,7 +26,8 @@ if TYPE_CHECKING:
 
 CLIENT, ROUTE, GATEWAY, INTERNAL = "client", "route", "gateway", "internal"
 ACCOUNT = b"$G"  # the one account zonebus serves
-STALL_MAX = 0.5
+STALL_SLICE = 0.01  # seconds a producer stays stalled at a time
+STALL_GAP = 0.002  # seconds it reads between two slices while the receiver still drains
 
 
 class Connection:
@@ -113,7 +117,7 @@ class Connection:
                 producer.stall()
                 self._stalling.append(producer)
         if self._stalling:
-            server.loop.call_later(STALL_MAX, self._stall_check, self.paused_since, self._buffered())
+            server.loop.call_later(STALL_SLICE, self._stall_check, self.paused_since, self._buffered())
 
     def resume_writing(self) -> None:
         self.paused_since = 0.0
@@ -123,15 +127,26 @@ class Connection:
         return self.transport.get_write_buffer_size() if self.transport is not None else 0
 
     def _stall_check(self, since: float, buffered: int) -> None:
-        """Still backed up after STALL_MAX: keep the producers stalled while this receiver makes progress
-        (it reads, only slowly); release them if it does not read at all (it will become a slow consumer)."""
+        """A slice is over and this receiver is still backed up: release the producers; if it drained some
+        (it reads, only slowly), stall them again after STALL_GAP; if it did not read at all, for good (it
+        will become a slow consumer)."""
         if since != self.paused_since or not self._stalling:
             return
-        now = self._buffered()
-        if now < buffered and not self.closed:
-            self.server.loop.call_later(STALL_MAX, self._stall_check, since, now)
-        else:
-            self._release_producers()
+        progressed = self._buffered() < buffered and not self.closed
+        producers = list(self._stalling)
+        self._release_producers()
+        if progressed:
+            self.server.loop.call_later(STALL_GAP, self._restall, since, producers)
+
+    def _restall(self, since: float, producers: list[Connection]) -> None:
+        if since != self.paused_since or self.closed:
+            return  # drained below the low-water mark meanwhile (resume_writing), or gone
+        for producer in producers:
+            if not producer.closed and producer not in self._stalling:
+                producer.stall()
+                self._stalling.append(producer)
+        if self._stalling:
+            self.server.loop.call_later(STALL_SLICE, self._stall_check, since, self._buffered())
 
     def _release_producers(self) -> None:
         stalling, self._stalling = self._stalling, []
@@ -147,8 +162,6 @@ class Connection:
         self.stalled_by -= 1
         if self.stalled_by == 0 and not self.closed and self.transport is not None:
             self.transport.resume_reading()
-        self.stalled_by = 0  # receivers currently stalling this connection's reads
-        self._stalling: list[Connection] = []  # producers this receiver stalled
 
     def _check_write_deadline(self, since: float) -> None:
         if not self.closed and self.paused_since == since:

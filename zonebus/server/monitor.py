@@ -236,6 +236,12 @@ def varz(server: Server) -> dict[str, Any]:
         "config_load_time": rfc3339(server.start_time),
         "slow_consumer_stats": slow_consumer_stats(server),
     }
+    if opts.https_port:
+        out["https_port"] = opts.https_port
+    if opts.tls is not None:  # as nats-server's /varz shows a tls block
+        out["tls_required"] = True
+        out["tls_verify"] = opts.tls.verify or opts.tls.verify_and_map
+        out["tls_timeout"] = go_float(opts.tls.timeout)
     for name, section in server.varz_sections.items():
         out[name] = section()
     return out
@@ -269,6 +275,11 @@ def connz(server: Server, subs: bool = False, auth: bool = False) -> dict[str, A
         }
         if c.zone:
             entry["zone"] = c.zone
+        if server.opts.tls is not None and c.transport is not None:  # as nats-server: "1.3", the suite's name
+            tls_obj = c.transport.get_extra_info("ssl_object")
+            if tls_obj is not None:
+                entry["tls_version"] = (tls_obj.version() or "").removeprefix("TLSv")
+                entry["tls_cipher_suite"] = (tls_obj.cipher() or ("",))[0]
         if auth and c.auth_user:  # nats-server: `?auth=true` shows who logged in
             entry["authorized_user"] = c.auth_user
         if subs:
@@ -374,8 +385,15 @@ class Monitor:
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         opts = s.opts
-        site = web.TCPSite(self.runner, opts.http_host or opts.host, opts.http_port, reuse_address=True)
-        await site.start()
+        if opts.http_port:
+            site = web.TCPSite(self.runner, opts.http_host or opts.host, opts.http_port, reuse_address=True)
+            await site.start()
+        if opts.https_port and opts.tls is not None:  # https: the top-level tls block's certificate
+            from zonebus.server.tls import server_context
+
+            site = web.TCPSite(self.runner, opts.http_host or opts.host, opts.https_port, reuse_address=True,
+                               ssl_context=server_context(opts.tls))
+            await site.start()
 
     async def stop(self) -> None:
         if self.runner is not None:

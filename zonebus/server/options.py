@@ -26,6 +26,21 @@ def advertised_host(host: str) -> str:
 
 
 @dataclass
+class TLSOptions:
+    """A `tls { ... }` block (top level: clients and https monitoring; `cluster`: routes; `gateway`:
+    gateways). See zonebus.server.tls."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str = ""
+    verify: bool = False  # require and verify a client certificate (accepted connections)
+    verify_and_map: bool = False  # verify, and log clients in as the user named by their certificate
+    insecure: bool = False  # dialled links (routes, gateways): do not verify the peer's certificate
+    timeout: float = 2.0  # seconds for the TLS handshake (nats-server's TLS_TIMEOUT)
+    handshake_first: bool = False  # clients: TLS before INFO (nats-py `tls_handshake_first=True`)
+
+
+@dataclass
 class RouteOptions:
     """`cluster { ... }` block."""
 
@@ -39,6 +54,7 @@ class RouteOptions:
     no_advertise: bool = False
     connect_retries: int = 0
     auth_timeout: float = AUTH_TIMEOUT  # cluster { authorization { timeout } }
+    tls: TLSOptions | None = None  # cluster { tls {} }: routes over TLS
 
 
 @dataclass
@@ -60,6 +76,7 @@ class GatewayOptions:
     password: str = ""
     interest_only_threshold: int = 1000
     auth_timeout: float = AUTH_TIMEOUT  # gateway { authorization { timeout } }
+    tls: TLSOptions | None = None  # gateway { tls {} }: gateways over TLS
 
 
 @dataclass
@@ -156,6 +173,8 @@ class ServerOptions:
     port: int = DEFAULT_PORT
     http_host: str = ""  # defaults to host
     http_port: int = 0  # 0 = no monitoring
+    https_port: int = 0  # monitoring over https (needs the top-level tls block); 0 = none
+    tls: TLSOptions | None = None  # top-level tls {}: clients must use TLS
     server_tags: list[str] = field(default_factory=list)
     max_payload: int = MAX_PAYLOAD
     max_control_line: int = MAX_CONTROL_LINE

@@ -88,6 +88,10 @@ class Server:
         self.authenticator = Authenticator(opts)
         self.zone = self.zone_of_tags(opts.server_tags)
         self.zone_known = bool(self.zone)
+        # top-level tls {}: the context clients upgrade with after the plain INFO (None: no TLS, or TLS done by
+        # the listener with handshake_first); tls_map: verify_and_map logs clients in by certificate
+        self.client_tls: Any = None
+        self.tls_map = bool(opts.tls is not None and opts.tls.verify_and_map)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -95,14 +99,30 @@ class Server:
         opts = self.opts
         if opts.port < 0:  # nats-server's "random port"
             opts.port = 0
-        srv = await self.loop.create_server(
-            lambda: ClientConnection(self), opts.host, opts.port, reuse_address=True, backlog=1024
-        )
-        for sock in srv.sockets:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._servers.append(srv)
-        if opts.port == 0:
-            opts.port = srv.sockets[0].getsockname()[1]
+        tls_kw: dict[str, Any] = {}
+        if opts.tls is not None:
+            from zonebus.server.tls import server_context
+
+            ctx = server_context(opts.tls)
+            if opts.tls.handshake_first:
+                tls_kw = {"ssl": ctx, "ssl_handshake_timeout": opts.tls.timeout}
+            else:
+                self.client_tls = ctx
+        if self.client_tls is not None:  # INFO in the clear, then TLS (zonebus.server.tls)
+            from zonebus.server.tls import InfoFirstListener
+
+            listener = InfoFirstListener(self, self.client_tls, opts.tls.timeout)  # type: ignore[union-attr]
+            opts.port = listener.start(opts.host, opts.port)
+            self._servers.append(listener)  # type: ignore[arg-type]
+        else:
+            srv = await self.loop.create_server(
+                lambda: ClientConnection(self), opts.host, opts.port, reuse_address=True, backlog=1024, **tls_kw
+            )
+            for sock in srv.sockets:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._servers.append(srv)
+            if opts.port == 0:
+                opts.port = srv.sockets[0].getsockname()[1]
         self._info_base = self._build_info()
         if opts.ledger.enabled:
             from zonebus.server.ledger_hooks import LedgerHooks
@@ -112,13 +132,19 @@ class Server:
         for ext in self.extensions:
             await ext.start()
         self._info_base = self._build_info()
-        if opts.http_port:
+        if opts.http_port or opts.https_port:
             from zonebus.server.monitor import Monitor
 
             self.monitor = Monitor(self)
             await self.monitor.start()
-            self.log(f"monitoring on http://{opts.http_host or opts.host}:{opts.http_port}")
+            if opts.http_port:
+                self.log(f"monitoring on http://{opts.http_host or opts.host}:{opts.http_port}")
+            if opts.https_port:
+                self.log(f"monitoring on https://{opts.http_host or opts.host}:{opts.https_port}")
         self.log(f"zonebus {SERVER_VERSION} listening for clients on {opts.host}:{opts.port} ({self.name})")
+        if opts.tls is not None:
+            self.log("TLS required for client connections"
+                     + (" (handshake first)" if opts.tls.handshake_first else ""))
 
     def add_extension(self, ext: Extension) -> None:
         """Started after the client listener (in the order added), stopped at shutdown in reverse."""
@@ -242,6 +268,10 @@ class Server:
         }
         if opts.auth_required:
             info["auth_required"] = True
+        if opts.tls is not None:
+            info["tls_required"] = True
+            if opts.tls.verify or opts.tls.verify_and_map:
+                info["tls_verify"] = True
         if opts.cluster.name:
             info["cluster"] = opts.cluster.name
         info.update(self.info_extras)
@@ -249,7 +279,7 @@ class Server:
 
     def check_auth(self, conn: ClientConnection, connect: dict[str, Any]) -> bool:
         """Log `conn` in with its CONNECT fields: sets its user and permissions, or logs the refusal."""
-        login, why = self.authenticator.authenticate(connect, conn.nonce)
+        login, why = self.authenticator.authenticate(connect, conn.nonce, conn.peercert)
         if login is None:
             self.auth_log(conn, "authentication error" + why)
             return False
@@ -274,7 +304,7 @@ class Server:
             if not opts.auth_required:
                 conn.perms, conn.auth_user = None, ""
                 continue
-            login, _ = self.authenticator.authenticate(conn.connect_opts, conn.nonce)
+            login, _ = self.authenticator.authenticate(conn.connect_opts, conn.nonce, conn.peercert)
             if login is None:
                 self.auth_log(conn, "authorization removed on reload")  # closed without -ERR, as nats-server
                 conn.close()

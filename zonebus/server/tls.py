@@ -1,0 +1,236 @@
+"""TLS through the standard library's `ssl`: contexts from `tls {}` blocks, the client upgrade, cert identities.
+
+How each connection kind uses TLS, as nats-server does:
+- clients: the server sends INFO in plain text (with `tls_required`, and `tls_verify` when client
+  certificates are required), then the client starts the TLS handshake (`InfoFirstListener`). A client
+  that sends anything but a TLS handshake is closed without an answer. With `handshake_first` the listener
+  itself is TLS (`create_server(ssl=...)`): the handshake comes before INFO;
+- routes and gateways: TLS from the first byte on both sides (the listener and the dialler wrap the socket);
+- monitoring: `https` / `https_port` serves the monitoring pages with the top-level certificate.
+
+`verify` requires a client certificate signed by `ca_file`; `verify_and_map` also logs the client in as the
+user its certificate names (`cert_identities`: e-mail and DNS names, then the subject DN). With TLS off none
+of this is imported by the connection code's hot path: a connection only checks one attribute when made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from typing import TYPE_CHECKING
+
+from zonebus.server.options import TLSOptions
+
+if TYPE_CHECKING:
+    from zonebus.server.server import Server
+
+# OpenSSL's long attribute names (as `getpeercert()` gives them) -> the short ones of an RFC 4514 DN
+_SHORT = {
+    "commonName": "CN", "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
+    "organizationName": "O", "organizationalUnitName": "OU", "streetAddress": "STREET",
+    "domainComponent": "DC", "userId": "UID", "serialNumber": "SERIALNUMBER", "postalCode": "POSTALCODE",
+}
+
+
+class TLSConfigError(ValueError):
+    """A tls block whose files cannot be loaded; the text names the file and the reason."""
+
+
+def _load(ctx: ssl.SSLContext, opts: TLSOptions, block: str) -> None:
+    if not opts.cert_file:
+        raise TLSConfigError(f"{block}missing 'cert_file' in TLS configuration")
+    if not opts.key_file:
+        raise TLSConfigError(f"{block}missing 'key_file' in TLS configuration")
+    try:
+        ctx.load_cert_chain(opts.cert_file, opts.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSConfigError(f"{block}error parsing X509 certificate/key pair "
+                             f"({opts.cert_file}, {opts.key_file}): {_reason(exc)}") from None
+    if opts.ca_file:
+        try:
+            ctx.load_verify_locations(cafile=opts.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSConfigError(f"{block}failed to load ca_file {opts.ca_file}: {_reason(exc)}") from None
+
+
+def server_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
+    """For accepted connections (clients, routes, gateways, https): our certificate; with `verify` or
+    `verify_and_map`, a client certificate signed by `ca_file` (else the system's CAs) is required."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # nats-server's minimum
+    _load(ctx, opts, block)
+    if opts.verify or opts.verify_and_map:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        if not opts.ca_file:
+            ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+    return ctx
+
+
+def client_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
+    """For links this server dials (routes, gateways): our certificate as the client certificate, and the
+    peer's certificate checked against `ca_file` and the host dialled, unless `insecure`."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(ctx, opts, block)
+    if opts.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif not opts.ca_file:
+        ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
+    return ctx
+
+
+def check(opts: TLSOptions, block: str = "") -> None:
+    """Load the block's files once, so that a bad block fails at config time (`zonebus server -t`)."""
+    server_context(opts, block)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return exc.reason.replace("_", " ").lower()
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL")
+
+
+def handshake_error(exc: BaseException) -> str:
+    """One line for the log about a failed handshake, in nats-server's words where it has them."""
+    if isinstance(exc, TimeoutError):
+        return "TLS handshake timeout"
+    if isinstance(exc, ssl.SSLError) and exc.reason in _NOT_TLS:
+        return "TLS handshake error: first record does not look like a TLS handshake"
+    if isinstance(exc, ConnectionError) and not exc.strerror:
+        return "TLS handshake error: the client closed the connection"
+    return f"TLS handshake error: {_reason(exc)}"
+
+
+class InfoFirstListener:
+    """The client listener when TLS follows a plain-text INFO (nats-server's default).
+
+    It accepts sockets itself: for each, the INFO is written in the clear, then the socket is handed to
+    `loop.connect_accepted_socket` with the TLS context, so that not one byte is read before the handshake
+    (a listener from `create_server` starts reading as soon as the connection is made). The connection's
+    `connection_made` runs once the handshake is done; a failed handshake is one log line and a close."""
+
+    def __init__(self, server: Server, ctx: ssl.SSLContext, timeout: float) -> None:
+        self.server = server
+        self.ctx = ctx
+        self.timeout = timeout
+        self.sock: socket.socket | None = None
+        self._task: asyncio.Task | None = None
+        self._pending: set[asyncio.Task] = set()
+
+    def start(self, host: str, port: int) -> int:
+        """Listen on host:port; returns the port bound."""
+        sock = socket.create_server((host or "0.0.0.0", port), backlog=1024)
+        sock.setblocking(False)
+        self.sock = sock
+        self._task = self.server.loop.create_task(self._accept_loop())
+        return sock.getsockname()[1]
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    async def _accept_loop(self) -> None:
+        loop = self.server.loop
+        while self.sock is not None:
+            try:
+                sock, addr = await loop.sock_accept(self.sock)
+            except OSError as exc:  # e.g. out of file descriptors: back off a little
+                if self.sock is None:
+                    return
+                self.server.log(f"error accepting client connection: {exc}", "ERR")
+                await asyncio.sleep(0.05)
+                continue
+            task = loop.create_task(self._handshake(sock, addr))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _handshake(self, sock: socket.socket, addr: tuple) -> None:
+        from zonebus.server.client import ClientConnection
+
+        server = self.server
+        loop = server.loop
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = ClientConnection(server)
+        conn.ip, conn.remote_port = addr[0], addr[1]
+        conn.info_sent = True
+        try:
+            await loop.sock_sendall(sock, server.client_info(conn))
+            await loop.connect_accepted_socket(lambda: conn, sock, ssl=self.ctx,
+                                               ssl_handshake_timeout=self.timeout)
+        except (OSError, TimeoutError) as exc:
+            server.auth_log(conn, handshake_error(exc))
+            sock.close()
+
+
+def cert_identities(peercert: dict | None) -> tuple[list[str], list[tuple[str, str]]]:
+    """What `verify_and_map` matches users against, in nats-server's order: the certificate's e-mail, DNS
+    and URI names, then its subject as (short name, value) pairs in RFC 4514 order (last RDN first)."""
+    if not peercert:
+        return [], []
+    sans = peercert.get("subjectAltName", ())
+    names = [v for kind, v in sans if kind == "email"]
+    names += [v for kind, v in sans if kind == "DNS"]
+    names += [v for kind, v in sans if kind == "URI"]
+    subject: list[tuple[str, str]] = []
+    for rdn in reversed(peercert.get("subject", ())):
+        for attr, value in rdn:
+            subject.append((_SHORT.get(attr, attr), value))
+    return names, subject
+
+
+def parse_dn(text: str) -> list[tuple[str, str]] | None:
+    """`CN=alice,O=Acme` -> [("CN", "alice"), ("O", "Acme")] (escaped commas kept), or None when `text`
+    is not a DN."""
+    parts: list[str] = []
+    cur, esc = "", False
+    for ch in text:
+        if esc:
+            cur += ch
+            esc = False
+        elif ch == "\\":
+            esc = True
+        elif ch in ",+":
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur)
+    out = []
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            return None
+        out.append((key.strip().upper(), value.strip()))
+    return out
+
+
+def match_user(users: list[str], peercert: dict | None) -> str | None:
+    """The configured user name a client certificate maps to (`verify_and_map`), or None: an exact name
+    among the certificate's e-mail/DNS/URI names, else a user whose name is a DN with the same attributes
+    as the certificate's subject (in any order, as nats-server's DN match)."""
+    names, subject = cert_identities(peercert)
+    known = set(users)
+    for name in names:
+        if name in known:
+            return name
+    if not subject:
+        return None
+    want = sorted((k.upper(), v) for k, v in subject)
+    rfc4514 = ",".join(f"{k}={v}" for k, v in subject)
+    if rfc4514 in known:
+        return rfc4514
+    for user in users:
+        dn = parse_dn(user)
+        if dn is not None and sorted(dn) == want:
+            return user
+    return None
