@@ -47,7 +47,11 @@ async def scenario(nc: nats.NATS) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
 
     async def step(label: str, subject: str, body: dict | None = None) -> dict:
-        resp = await api(nc, subject, body)
+        for _ in range(5):  # 10008 (503): the cluster is busy electing or committing; both servers may say it
+            resp = await api(nc, subject, body)
+            if resp.get("error", {}).get("code") != 503:
+                break
+            await asyncio.sleep(0.5)
         out.append((label, outcome(resp)))
         return resp
 

@@ -33,7 +33,15 @@ from typing import Any
 from pysyncobj import FAIL_REASON
 
 from zonebus.meta.assign import LiveView, plan_failover, resolve
-from zonebus.meta.errors import MetaError, NoQuorum, NotLeader, Rejected, raise_for_result, to_result
+from zonebus.meta.errors import (
+    MetaError,
+    NoQuorum,
+    NoSuitablePeers,
+    NotLeader,
+    Rejected,
+    raise_for_result,
+    to_result,
+)
 from zonebus.meta.membership import Membership, load_members, save_members, server_hash
 from zonebus.meta.raft import MAX_OP_BYTES, MetaSyncObj, MetaTiming
 from zonebus.meta.state import Applied, Change, MetaState, PeerRecord, diff_states
@@ -42,6 +50,7 @@ from zonebus.meta.transport import LinkTransport, SendBytes
 log = logging.getLogger(__name__)
 
 ChangeCallback = Callable[[Change], None]
+OFFLINE_GRACE = 1.5  # seconds a placement waits for a peer that is still connecting
 _GONE = (FAIL_REASON.DISCARDED, FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER)
 
 
@@ -271,13 +280,27 @@ class MetaGroup:
 
     # ---- internals: proposals ---------------------------------------------------------------------------
 
+    async def _resolve(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
+        """The request as an operation. A placement short of peers waits up to OFFLINE_GRACE for one that is
+        still connecting or registering (right after the cluster starts), then answers 10005 as before."""
+        assert self._loop is not None
+        give_up = min(deadline, self._loop.time() + OFFLINE_GRACE)
+        while True:
+            try:
+                return resolve(self.state, self.live_view(), request, _now_rfc3339())
+            except NoSuitablePeers as exc:
+                unregistered = len(self.state.peers) < len(self.membership.members)  # one still joining
+                if not ("peer offline" in exc.reasons or unregistered) or self._loop.time() >= give_up:
+                    raise
+            await asyncio.sleep(0.05)
+
     async def _propose_as_leader(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
         if not self.has_quorum:
             raise NoQuorum(f"meta leader {self.name} reaches {self._reachable()} of "
                            f"{len(self.membership.members)} servers")
         assert self._sync is not None and self._loop is not None
         try:
-            op = resolve(self.state, self.live_view(), request, _now_rfc3339())
+            op = await self._resolve(request, deadline)
             text = json.dumps(op, separators=(",", ":"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise Rejected("bad_request", f"malformed meta request: {exc!r}") from None

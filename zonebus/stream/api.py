@@ -14,7 +14,7 @@ import string
 from typing import TYPE_CHECKING, Any
 
 from zonebus.stream import config as jsconfig
-from zonebus.stream import consumer_config, stream_config
+from zonebus.stream import consumer_config, limits, stream_config
 from zonebus.stream.config import decode, decode_consumer_request, parse_json
 from zonebus.stream.consumer_config import CreateContext
 from zonebus.stream.errors import JSError
@@ -107,6 +107,8 @@ class JSApi:
                 return "consumer_info_response", self.consumer_info, (t[2], t[3])
             if n == 4 and op == "DELETE":
                 return "consumer_delete_response", self.consumer_delete, (t[2], t[3])
+            if n == 4 and op == "PAUSE":
+                return "consumer_pause_response", self.consumer_pause, (t[2], t[3])
         return None
 
     def _stream(self, name: str) -> Stream:
@@ -120,17 +122,18 @@ class JSApi:
         svc = self.svc
         mem = sum(s.store.index.bytes for s in svc.streams.values() if s.cfg["storage"] == "memory")
         disk = sum(s.store.index.bytes for s in svc.streams.values() if s.cfg["storage"] == "file")
-        opts = svc.opts
+        # the server's `max_memory_store`/`max_file_store` are not account limits: nats-server reports the
+        # (only) account as unlimited and enforces the server's limits on create and publish
         return {
             "memory": mem,
             "storage": disk,
-            "reserved_memory": 0,
-            "reserved_storage": 0,
+            "reserved_memory": limits.reserved(svc.streams.values(), "memory"),
+            "reserved_storage": limits.reserved(svc.streams.values(), "file"),
             "streams": len(svc.streams),
             "consumers": sum(len(s.consumers) for s in svc.streams.values()),
             "limits": {
-                "max_memory": opts.max_memory_store if opts.max_memory_store > 0 else -1,
-                "max_storage": opts.max_file_store if opts.max_file_store > 0 else -1,
+                "max_memory": -1,
+                "max_storage": -1,
                 "max_streams": -1,
                 "max_consumers": -1,
                 "max_ack_pending": -1,
@@ -142,14 +145,14 @@ class JSApi:
         }
 
     # -- streams -------------------------------------------------------------------------------------
-    def _stream_config(self, payload: bytes, name: str, others: dict[str, dict[str, Any]] | None = None
-                       ) -> dict[str, Any]:
+    def _stream_config(self, payload: bytes, name: str, others: dict[str, dict[str, Any]] | None = None,
+                       update: bool = False) -> dict[str, Any]:
         """A stream create request's normalized config; `others` (name -> config) are the streams whose
         subjects it must not overlap (default: this server's)."""
         req = decode(parse_json(payload, "StreamConfigRequest"), jsconfig.STREAM_FIELDS, "StreamConfigRequest")
         if others is None:
             others = {n: s.cfg for n, s in self.svc.streams.items()}
-        return stream_config.normalize(req, name, others, self.svc.clustered)
+        return stream_config.normalize(req, name, others, self.svc.clustered, update)
 
     def stream_create(self, payload: bytes, name: str) -> dict[str, Any]:
         cfg = self._stream_config(payload, name)
@@ -158,6 +161,7 @@ class JSApi:
             if not stream_config.equivalent(existing.cfg, cfg):
                 raise JSError("stream_name_exist")
             return {**existing.info(), "did_create": True}
+        limits.check_reservation(self.svc, cfg)
         stream = self.svc.create_stream(cfg)
         return {**stream.info(), "did_create": True}
 
@@ -167,8 +171,9 @@ class JSApi:
             raise JSError("stream_mismatch")
         stream = self._stream(name)
         others = {n: s.cfg for n, s in self.svc.streams.items()}
-        cfg = stream_config.normalize(req, name, others, self.svc.clustered)
+        cfg = stream_config.normalize(req, name, others, self.svc.clustered, update=True)
         stream_config.check_update(stream.cfg, cfg)
+        limits.check_reservation(self.svc, cfg)
         self.svc.update_stream(stream, cfg)
         info = stream.info()
         info.pop("cluster", None)
@@ -191,6 +196,8 @@ class JSApi:
     def stream_purge(self, payload: bytes, name: str) -> dict[str, Any]:
         req = decode(parse_json(payload, "JSApiStreamPurgeRequest"), jsconfig.PURGE_FIELDS, "JSApiStreamPurgeRequest")
         stream = self._stream(name)
+        if stream.cfg.get("sealed"):
+            raise JSError("stream_sealed")
         if stream.cfg.get("deny_purge"):
             raise JSError("stream_deny_purge")
         flt = req.get("filter", "")
@@ -258,6 +265,8 @@ class JSApi:
         seq = req.get("seq", 0)
         if not seq:
             raise JSError("bad_request")
+        if stream.cfg.get("sealed"):
+            raise JSError("stream_sealed")
         if stream.cfg.get("deny_delete"):
             raise JSError("stream_deny_delete")
         if seq > stream.store.index.last_seq:
@@ -281,6 +290,8 @@ class JSApi:
         action = req.get("action", "")
         cfg = consumer_config.normalize(cfg_in, name, durable, stream.cfg)
         existing = stream.consumers.get(name) if name else None
+        if existing is not None and "pause_until" not in cfg and existing.cfg.get("pause_until"):
+            cfg = consumer_config.with_pause(cfg, existing.cfg["pause_until"])  # an update keeps the pause
         if existing is not None:
             if action == "create" and existing.cfg != cfg:
                 raise JSError("consumer_exists")
@@ -313,6 +324,20 @@ class JSApi:
     def consumer_info(self, payload: bytes, stream_name: str, name: str) -> dict[str, Any]:
         return self._consumer(stream_name, name).info()
 
+    def consumer_pause(self, payload: bytes, stream_name: str, name: str) -> dict[str, Any]:
+        """Pause a consumer until `pause_until` (an empty body, or a time passed, resumes it)."""
+        try:
+            doc = parse_json(payload, "JSApiConsumerPauseRequest")
+        except JSError:
+            doc = None  # nats-server reads a body that is not JSON as a resume
+        req = decode(doc, jsconfig.PAUSE_FIELDS, "JSApiConsumerPauseRequest")
+        cons = self._consumer(stream_name, name)
+        until = req.get("pause_until") or ""
+        if until and jsconfig.parse_time(until) < 0:  # Go's zero time
+            until = ""
+        self.svc.update_consumer(cons, consumer_config.with_pause(cons.cfg, until))
+        return cons.pause_state(with_time=True)
+
     def consumer_delete(self, payload: bytes, stream_name: str, name: str) -> dict[str, Any]:
         self.svc.delete_consumer(self._consumer(stream_name, name))
         return {"success": True}
@@ -335,6 +360,7 @@ class JSApi:
 _ERROR_EXTRAS: dict[str, dict[str, Any]] = {
     "stream_info_response": {"total": 0, "offset": 0, "limit": 0},
     "stream_purge_response": {"purged": 0},
+    "consumer_pause_response": {"paused": False, "pause_until": "0001-01-01T00:00:00Z"},
     "consumer_names_response": {"total": 0, "offset": 0, "limit": 0, "consumers": []},
     "stream_names_response": {"total": 0, "offset": 0, "limit": 0, "streams": []},
 }

@@ -138,6 +138,7 @@ MSG_GET_FIELDS = {
     "no_hdr": "bool",
 }
 MSG_DELETE_FIELDS = {"seq": "uint64", "no_erase": "bool"}
+PAUSE_FIELDS = {"pause_until": "time"}
 LIST_FIELDS = {"offset": "int", "subject": "string"}
 INFO_FIELDS = {"deleted_details": "bool", "subjects_filter": "string", "offset": "int"}
 

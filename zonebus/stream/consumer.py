@@ -5,6 +5,8 @@ lowest live sequence >= sseq matching any filter (the store's subject index answ
 so messages of several filters arrive interleaved in stream order, each once, with contiguous consumer
 sequences. Messages delivered and not yet acked live in `pending`; an ack-wait timer (a heap of deadlines)
 moves expired ones to the redelivery queue, which is served before new messages.
+
+A consumer with `pause_until` in the future delivers nothing (pull requests wait, and expire) until then.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Consumer:
         self._fc_bytes = 0
         self._hb_timer = None
         self._interest_timer = None
+        self._pause_timer = None
         self._last_delivery = time.monotonic()
         self.last_active = time.monotonic()
         self._no_interest_since: float | None = None
@@ -95,10 +98,13 @@ class Consumer:
         self.max_ack_pending = cfg.get("max_ack_pending", -1)
         self.push = cfg.get("deliver_subject", "")
         self.inactive_threshold = cfg.get("inactive_threshold", 0) / 1e9
+        until = cfg.get("pause_until")
+        self.pause_until = parse_time(until) if until else 0  # unix ns; 0 = not paused
 
     def update_config(self, cfg: dict[str, Any]) -> None:
         old_filters = self.filters
         self.apply_config(cfg)
+        self._arm_pause()
         if self.filters != old_filters:
             self.lps = deque(s for s in self.lps if self.stream.store.subject_matches(s, self.filters))
             self.num_pending = self._count_pending()
@@ -205,6 +211,8 @@ class Consumer:
 
     def next_seq(self) -> tuple[int, bool]:
         """(stream sequence of the next message to deliver, is it a redelivery); (0, False) when none."""
+        if self.pause_until and self.paused():
+            return 0, False
         while self._redeliver:
             seq = self._redeliver[0]
             if seq in self._in_redeliver and seq in self.pending:
@@ -286,6 +294,30 @@ class Consumer:
         if self.ack_policy == "none":
             self.stream.on_consumer_ack(seq)
         return len(data) + (len(hdrs) if hdrs else 0)
+
+    # -- pause -----------------------------------------------------------------------------------------
+    def paused(self) -> bool:
+        return self.pause_until > time.time_ns()
+
+    def _arm_pause(self) -> None:
+        """While paused, a timer resumes delivery at `pause_until`."""
+        if self._pause_timer is not None:
+            self._pause_timer.cancel()
+            self._pause_timer = None
+        if self.closed or not self.pause_until:
+            return
+        left = (self.pause_until - time.time_ns()) / 1e9
+        if left > 0:
+            self._pause_timer = self.service.loop.call_later(left + 0.001, self.kick)
+
+    def pause_state(self, with_time: bool = False) -> dict[str, Any]:
+        """`paused` and `pause_remaining` (ns) as consumer info and the pause API report them."""
+        out: dict[str, Any] = {"paused": self.paused()}
+        if with_time:
+            out["pause_until"] = self.cfg.get("pause_until") or format_time(0)
+        if out["paused"]:
+            out["pause_remaining"] = self.pause_until - time.time_ns()
+        return out
 
     def _ack_wait_for(self, count: int) -> float:
         if self.backoff:
@@ -478,6 +510,8 @@ class Consumer:
         }
         if self.push_bound():
             out["push_bound"] = True
+        if self.pause_until and self.paused():
+            out.update(self.pause_state())
         if self.service.stream_cluster is not None:  # clustered: the consumer lives with its stream's leader
             out["cluster"] = self.service.stream_cluster(self.stream)
         out["ts"] = format_time(time.time_ns())
@@ -517,15 +551,16 @@ class Consumer:
 
     def start(self) -> None:
         self._arm_timer()
+        self._arm_pause()
         self.kick()
 
     def stop(self, deleted: bool = False) -> None:
         """Stop timers; when `deleted`, waiting pull requests hear `409 Consumer Deleted`."""
         self.closed = True
-        for t in (self._timer, self._hb_timer, self._interest_timer):
+        for t in (self._timer, self._hb_timer, self._interest_timer, self._pause_timer):
             if t is not None:
                 t.cancel()
-        self._timer = self._hb_timer = self._interest_timer = None
+        self._timer = self._hb_timer = self._interest_timer = self._pause_timer = None
         self.waiting.close(status(409, "Consumer Deleted") if deleted else None)
 
     def is_inactive(self, now: float) -> bool:

@@ -200,7 +200,7 @@ def normalize(req: dict[str, Any], name: str, durable: bool, stream_cfg: dict[st
         cfg["inactive_threshold"] = inactive
     elif not durable:
         cfg["inactive_threshold"] = DEFAULT_EPHEMERAL_INACTIVE
-    cfg["num_replicas"] = 0
+    cfg["num_replicas"] = max(req.get("num_replicas", 0), 0)  # reported as asked (0 = the stream's)
     for key in ("mem_storage", "direct"):
         if req.get(key):
             cfg[key] = True
@@ -208,6 +208,14 @@ def normalize(req: dict[str, Any], name: str, durable: bool, stream_cfg: dict[st
         if req.get(key):
             cfg[key] = req[key]
     return {k: cfg[k] for k in _ORDER if k in cfg}
+
+
+def with_pause(cfg: dict[str, Any], until: str) -> dict[str, Any]:
+    """`cfg` with `pause_until` set to `until` (removed when empty), in nats-server's field order."""
+    out = {k: v for k, v in cfg.items() if k != "pause_until"}
+    if until:
+        out["pause_until"] = until
+    return {k: out[k] for k in _ORDER if k in out}
 
 
 def check_workqueue(cfg: dict[str, Any], name: str, others: dict[str, dict[str, Any]]) -> None:

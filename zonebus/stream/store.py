@@ -104,6 +104,11 @@ class MsgStore:
         self.index.add(seq, subject, self.msg_size(subject, hdrs, data), ts, loc)
         return seq, ts
 
+    def start_at(self, seq: int) -> None:
+        """An empty, new store starts numbering at `seq` (a stream's `first_seq`)."""
+        self._log_watermark(seq)
+        self.index.skip_to(seq)
+
     def remove(self, seq: int) -> str | None:
         """Remove one message; returns its subject, or None when it was not stored."""
         was_first = seq == self.index.first_seq

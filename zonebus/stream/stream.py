@@ -2,11 +2,16 @@
 
 The stream owns its store and its consumers. Every stored message is announced to the consumers
 (`on_new_msg`) and every removal too (`on_removed`), so their pending counts stay exact without rescans.
+
+Also here, as nats-server 2.11+ has them: the `subject_transform` applied to incoming subjects, sealed streams,
+per-message TTLs (`Nats-TTL`: a heap of expiry times; `never` spares a message from `max_age`) and the subject
+delete markers left when a subject's last message ages out (`subject_delete_marker_ttl`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 import shutil
@@ -15,9 +20,13 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zonebus.stream import limits
 from zonebus.stream.config import format_time
 from zonebus.stream.errors import JSError
+from zonebus.stream.sources import SourceLink
 from zonebus.stream.store import MsgStore, now_ns
+from zonebus.stream.transform import SubjectTransform, compile_transform
+from zonebus.stream.ttl import MARKER_REASON, NEVER, marker_headers, parse_msg_ttl
 
 if TYPE_CHECKING:
     from zonebus.stream.consumer import Consumer
@@ -40,6 +49,10 @@ def parse_headers(raw: bytes | None) -> dict[str, str]:
     return out
 
 
+def _transform_of(cfg: dict[str, Any]) -> SubjectTransform | None:
+    return compile_transform(cfg["subject_transform"]) if cfg.get("subject_transform") else None
+
+
 def _pub_error(stream: str, err: JSError) -> bytes:
     return json.dumps({"error": err.to_dict(), "stream": stream, "seq": 0}, separators=(",", ":")).encode()
 
@@ -58,7 +71,19 @@ class Stream:
         self._dedupe: OrderedDict[str, tuple[int, int]] = OrderedDict()  # msg id -> (seq, ts)
         self._last_msg_id = ""
         self._age_timer: asyncio.TimerHandle | None = None
+        self._transform = _transform_of(cfg)
+        self._ttls: list[tuple[int, int]] = []  # heap of (expiry ns, seq) of messages with a Nats-TTL
+        self._never: set[int] = set()  # messages with `Nats-TTL: never`: max_age spares them
+        self._ttl_timer: asyncio.TimerHandle | None = None
+        self._ttl_due = 0
+        self.sourced_by: list[SourceLink] = []  # links of the streams sourcing this one
+        self.sources: list[SourceLink] = []
         self.closed = False
+        first = cfg.get("first_seq", 0)
+        if first > 1 and store.index.last_seq == 0 and not store.index.msgs:
+            store.start_at(first)  # a new stream's first message gets sequence `first_seq`
+        if cfg.get("sources"):
+            self._start_sources()  # the links attach to their origins from the loop
 
     # -- config --------------------------------------------------------------------------------------
     @property
@@ -78,7 +103,11 @@ class Stream:
         tmp.replace(self.dir / "meta.json")
 
     def update_config(self, cfg: dict[str, Any]) -> None:
+        sources_changed = cfg.get("sources") != self.cfg.get("sources")
         self.cfg = cfg
+        self._transform = _transform_of(cfg)
+        if sources_changed:
+            self._start_sources()
         self.save_meta()
         self._enforce_limits()
         self.schedule_age_check()
@@ -108,11 +137,17 @@ class Stream:
     def process(self, subject: str, hdrs: bytes | None, data: bytes) -> bytes:
         return self._process(subject, hdrs, data)[0]
 
-    def _process(self, subject: str, hdrs: bytes | None, data: bytes) -> tuple[bytes, int]:
-        """(reply, sequence the reply must wait for to be durable, or 0)."""
+    def _process(self, subject: str, hdrs: bytes | None, data: bytes, internal: bool = False) -> tuple[bytes, int]:
+        """(reply, sequence the reply must wait for to be durable, or 0). `internal`: a message the stream
+        itself stores (a marker): its subject is final and the stream may be sealed."""
         cfg = self.cfg
         if self.closed:
             raise JSError("stream_not_found")
+        if not internal:
+            if cfg.get("sealed"):
+                return _pub_error(self.name, JSError("stream_sealed")), 0
+            if self._transform is not None:
+                subject = self._transform.apply(subject)
         size = len(data) + (len(hdrs) if hdrs else 0)
         if 0 < cfg["max_msg_size"] < size:
             return _pub_error(self.name, JSError("stream_message_exceeds_max")), 0
@@ -132,13 +167,25 @@ class Stream:
             err = self._check_expected(subject, h)
             if err is not None:
                 return _pub_error(self.name, err), 0
+        ttl = 0
+        if h and h.get("Nats-TTL") and (cfg.get("allow_msg_ttl") or not internal):  # empty = no TTL
+            if not cfg.get("allow_msg_ttl"):  # (a sourced message keeps its header, and no TTL here)
+                return _pub_error(self.name, JSError("message_ttl_disabled")), 0
+            parsed = parse_msg_ttl(h["Nats-TTL"])
+            if parsed is None:
+                return _pub_error(self.name, JSError("message_ttl_invalid")), 0
+            ttl = parsed
         err = self._check_discard_new(subject, hdrs, data)
         if err is not None:
             return _pub_error(self.name, err), 0
+        if limits.exceeded(self.service, cfg["storage"]):
+            return _pub_error(self.name, JSError("insufficient_resources")), 0
         refused = self.store.write_error()
         if refused is not None:
             return _pub_error(self.name, JSError("stream_store_failed", err=refused)), 0
         seq, ts = self.store.store(subject, hdrs, data)
+        if ttl:
+            self._track_ttl(seq, ts, ttl)
         if msg_id:
             self._dedupe[msg_id] = (seq, ts)
         self._last_msg_id = msg_id
@@ -150,15 +197,48 @@ class Stream:
         elif seq <= self.store.visible_seq():
             for c in list(self.consumers.values()):
                 c.on_new_msg(seq, subject)
+        for link in self.sourced_by:
+            link.kick()
         # else: announced to the consumers by on_visible once durable
         if cfg["max_age"] and self._age_timer is None:
             self.schedule_age_check()
         return f'{{"stream":{json.dumps(self.name)},"seq":{seq}}}'.encode(), seq
 
+    # -- sources ---------------------------------------------------------------------------------------
+    def _start_sources(self) -> None:
+        """(Re)create the links to the streams this one sources; a link keeps its cursor across updates."""
+        if self.closed:
+            return
+        old = {(link.name, json.dumps(link.spec.get("filter_subject")), json.dumps(link.spec.get(
+            "subject_transforms"))): link for link in self.sources}
+        self.sources = []
+        for spec in self.cfg.get("sources", ()):
+            key = (spec["name"], json.dumps(spec.get("filter_subject")), json.dumps(spec.get("subject_transforms")))
+            link = old.pop(key, None)
+            if link is not None:
+                link.spec = spec
+                self.sources.append(link)
+                continue
+            link = SourceLink(self, spec)
+            self.sources.append(link)
+            if self.service.loop is not None:
+                self.service.loop.call_soon(link.start)
+        for link in old.values():
+            link.stop()
+
+    def store_sourced(self, subject: str, hdrs: bytes, data: bytes) -> None:
+        """A message a source link copied in (its reply, an error included, goes nowhere)."""
+        try:
+            self._process(subject, hdrs, data, internal=True)
+        except JSError:
+            pass
+
     def on_visible(self, first: int, last: int) -> None:
         """Store callback: messages first..last became durable; announce the ones still stored."""
         if self.closed:
             return
+        for link in self.sourced_by:  # sources copy only durable messages
+            link.kick()
         idx = self.store.index
         consumers = list(self.consumers.values())
         if not consumers:
@@ -223,11 +303,13 @@ class Stream:
             self._notify_removed(s, subj)
 
     def rebuild_dedupe(self, limit: int = 100_000) -> None:
-        """After recovery: reload the message ids of the duplicate window (and the last id) from the store."""
+        """After recovery: reload the message ids of the duplicate window (and the last id) from the store,
+        and the per-message TTLs."""
         idx = self.store.index
         if not idx.msgs:
             return
-        start = idx.seq_at_time(now_ns() - self.cfg["duplicate_window"]) or idx.last_seq + 1
+        self._rebuild_ttls()
+        start = idx.seq_at_time(now_ns() - self.cfg.get("duplicate_window", 0)) or idx.last_seq + 1
         start = max(start, idx.last_seq - limit + 1)
         for seq in idx.live_seqs(start):
             msg = self.store.load(seq)
@@ -239,7 +321,7 @@ class Stream:
         self._last_msg_id = parse_headers(last.hdrs).get("Nats-Msg-Id", "") if last and last.hdrs else ""
 
     def _expire_dedupe(self) -> None:
-        horizon = now_ns() - self.cfg["duplicate_window"]
+        horizon = now_ns() - self.cfg.get("duplicate_window", 0)
         d = self._dedupe
         while d:
             key, (_seq, ts) = next(iter(d.items()))
@@ -302,18 +384,96 @@ class Stream:
         if not max_age or self.closed:
             return
         idx = self.store.index
-        if not idx.msgs:
+        seq = self._first_aging()
+        meta = idx.meta(seq) if seq else None
+        if meta is None:
             return
-        due = (idx.first_ts() + max_age - now_ns()) / 1e9
+        due = (meta[2] + max_age - now_ns()) / 1e9
         self._age_timer = self.service.loop.call_later(max(due, 0.001) + 0.001, self._expire_aged)
+
+    def _first_aging(self) -> int:
+        """The oldest message max_age applies to (not `Nats-TTL: never`), or 0."""
+        idx = self.store.index
+        if not idx.msgs:
+            return 0
+        if not self._never:
+            return idx.first_seq
+        for seq in idx.live_seqs(idx.first_seq):
+            if seq not in self._never:
+                return seq
+        return 0
 
     def _expire_aged(self) -> None:
         self._age_timer = None
         horizon = now_ns() - self.cfg["max_age"]
         idx = self.store.index
-        while idx.msgs and idx.first_ts() <= horizon:
-            self.remove_msg(idx.first_seq)
+        while True:
+            seq = self._first_aging()
+            meta = idx.meta(seq) if seq else None
+            if meta is None or meta[2] > horizon:
+                break
+            self._expire_msg(seq)
         self.schedule_age_check()
+
+    # -- per-message TTL and subject delete markers ----------------------------------------------------
+    def _track_ttl(self, seq: int, ts: int, ttl: int) -> None:
+        if ttl == NEVER:
+            self._never.add(seq)
+            return
+        heapq.heappush(self._ttls, (ts + ttl * 1_000_000_000, seq))
+        self._arm_ttl()
+
+    def _arm_ttl(self) -> None:
+        if not self._ttls or self.closed:
+            return
+        due = self._ttls[0][0]
+        if self._ttl_timer is not None:
+            if self._ttl_due <= due:
+                return
+            self._ttl_timer.cancel()
+        self._ttl_due = due
+        self._ttl_timer = self.service.loop.call_later(max((due - now_ns()) / 1e9, 0.0) + 0.001, self._expire_ttls)
+
+    def _expire_ttls(self) -> None:
+        self._ttl_timer = None
+        now = now_ns()
+        while self._ttls and self._ttls[0][0] <= now:
+            _due, seq = heapq.heappop(self._ttls)
+            if self.store.index.has(seq):
+                self._expire_msg(seq)
+        self._arm_ttl()
+
+    def _expire_msg(self, seq: int) -> None:
+        """Remove an aged or TTL-expired message; with `subject_delete_marker_ttl`, leave a marker on its
+        subject when it was the subject's last message (markers themselves leave none)."""
+        sdm = self.cfg.get("subject_delete_marker_ttl", 0)
+        subject = None
+        if sdm:
+            msg = self.store.load(seq)
+            if msg is not None and not (msg.hdrs and MARKER_REASON in msg.hdrs):
+                subject = msg.subject
+        self.remove_msg(seq)
+        self._never.discard(seq)
+        if subject is not None:
+            left = self.store.index.subject_seqs(subject)
+            if left is None or not len(left):
+                self._process(subject, marker_headers(sdm), b"", internal=True)
+
+    def _rebuild_ttls(self) -> None:
+        if not self.cfg.get("allow_msg_ttl"):
+            return
+        idx = self.store.index
+        for seq in idx.live_seqs(idx.first_seq):
+            msg = self.store.load(seq)
+            if msg is None or not msg.hdrs or b"Nats-TTL" not in msg.hdrs:
+                continue
+            ttl = parse_msg_ttl(parse_headers(msg.hdrs).get("Nats-TTL", ""))
+            if ttl == NEVER:
+                self._never.add(seq)
+            elif ttl:
+                heapq.heappush(self._ttls, (msg.ts + ttl * 1_000_000_000, seq))
+        if self._ttls and self.service.loop is not None:
+            self._arm_ttl()
 
     # -- info ----------------------------------------------------------------------------------------
     def state(self, subjects_filter: str | None = None, deleted_details: bool = False) -> dict[str, Any]:
@@ -341,30 +501,43 @@ class Stream:
         return out
 
     def info(self, subjects_filter: str | None = None, deleted_details: bool = False) -> dict[str, Any]:
-        return {
-            "config": self.cfg,
+        cfg = self.cfg
+        if not cfg["subjects"]:  # a sourcing stream without subjects of its own: nats-server omits the key
+            cfg = {k: v for k, v in cfg.items() if k != "subjects"}
+        out = {
+            "config": cfg,
             "created": format_time(self.created),
             "state": self.state(subjects_filter, deleted_details),
             "cluster": self.service.stream_cluster(self) if self.service.stream_cluster is not None
             else {"leader": self.service.server_name},
-            "ts": format_time(time.time_ns()),
         }
+        if self.sources:
+            out["sources"] = [link.info() for link in self.sources]
+        out["ts"] = format_time(time.time_ns())
+        return out
 
     # -- lifecycle -----------------------------------------------------------------------------------
+    def _stop_timers(self) -> None:
+        for t in (self._age_timer, self._ttl_timer):
+            if t is not None:
+                t.cancel()
+        self._age_timer = self._ttl_timer = None
+        for link in self.sources:
+            link.stop()
+        for link in list(self.sourced_by):
+            link.origin_gone()
+        self.sourced_by.clear()
+
     def close(self) -> None:
         self.closed = True
-        if self._age_timer is not None:
-            self._age_timer.cancel()
-            self._age_timer = None
+        self._stop_timers()
         for c in list(self.consumers.values()):
             c.stop()
         self.store.close()
 
     def destroy(self) -> None:
         self.closed = True
-        if self._age_timer is not None:
-            self._age_timer.cancel()
-            self._age_timer = None
+        self._stop_timers()
         for c in list(self.consumers.values()):
             c.stop(deleted=True)
         self.consumers.clear()

@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from zonebus.stream.errors import JSError, invalid_config
+from zonebus.stream.sources import normalize_sources
 from zonebus.stream.subjects import valid_name, valid_subject
+from zonebus.stream.transform import compile_transform
 from zonebus.subjects.patterns import overlaps
 
-DEFAULT_DUPLICATE_WINDOW = 120 * 1_000_000_000
+SECOND = 1_000_000_000
+DEFAULT_DUPLICATE_WINDOW = 120 * SECOND
 
 # output order of a stream config, as nats-server prints it
 _ORDER = (
@@ -29,11 +32,12 @@ JS_API_PREFIX = "$JS.API.>"
 
 
 def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
-              clustered: bool = False) -> dict[str, Any]:
+              clustered: bool = False, update: bool = False) -> dict[str, Any]:
     """Apply defaults and check a (decoded) stream config for stream `name`.
 
     `others` maps the other streams' names to their configs, for the subject overlap check. `clustered`:
     `num_replicas` above 1 is the meta group's to place (a lone server refuses it, as nats-server does).
+    `update`: the config of an update, which may seal the stream (a create may not).
     """
     req = dict(req)
     req.pop("pedantic", None)
@@ -44,12 +48,13 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
     replicas = req.get("num_replicas", 0)
     if replicas > 1 and not clustered:
         raise JSError("stream_replicas_not_supported")
-    if req.get("mirror") or req.get("sources"):
-        raise invalid_config("stream mirrors and sources are not supported by zonebus")
+    if req.get("mirror"):
+        raise invalid_config("stream mirrors are not supported by zonebus")
+    sources = normalize_sources(req.get("sources") or [])
     cfg: dict[str, Any] = {"name": name}
     if req.get("description"):
         cfg["description"] = req["description"]
-    subjects = list(req.get("subjects") or [name])
+    subjects = list(req.get("subjects") or ([] if sources else [name]))  # a sourcing stream may have none
     for s in subjects:
         if not valid_subject(s):
             raise invalid_config("invalid subject")
@@ -79,11 +84,12 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
     dup = req.get("duplicate_window", 0)
     if dup < 0:
         raise invalid_config("duplicates window can not be negative")
-    if dup == 0:
+    if dup == 0 and subjects:  # a sourcing stream without subjects gets no default window (nats-server)
         dup = min(DEFAULT_DUPLICATE_WINDOW, max_age) if max_age else DEFAULT_DUPLICATE_WINDOW
     elif max_age and dup > max_age:
         raise invalid_config("duplicates window can not be larger then max age")
-    cfg["duplicate_window"] = dup
+    if dup:
+        cfg["duplicate_window"] = dup
     cfg["compression"] = req.get("compression", "none")
     if req.get("discard_new_per_subject"):
         if cfg["discard"] != "new":
@@ -96,12 +102,26 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         if req.get(key):
             cfg[key] = True
     if cfg["sealed"]:
-        raise invalid_config("stream configuration for create can not be sealed")
+        if not update:
+            raise invalid_config("stream configuration for create can not be sealed")
+        cfg["discard"] = "new"  # a sealed stream takes nothing and loses nothing, as nats-server sets it
+        cfg["deny_delete"] = cfg["deny_purge"] = True
+    sdm = req.get("subject_delete_marker_ttl", 0)
+    if sdm > 0:
+        if sdm < SECOND:
+            raise invalid_config("subject delete marker TTL must be at least 1 second")
+        # markers are per-message TTL'd rollups: nats-server turns both on (and purges back on)
+        cfg["allow_msg_ttl"] = cfg["allow_rollup_hdrs"] = True
+        cfg["deny_purge"] = False
+    if req.get("subject_transform"):
+        compile_transform(req["subject_transform"])
     cfg["consumer_limits"] = req.get("consumer_limits") or {}
     for key in ("placement", "republish", "subject_transform", "template_owner", "first_seq",
                 "subject_delete_marker_ttl", "persist_mode"):
         if req.get(key):
             cfg[key] = req[key]
+    if sources:
+        cfg["sources"] = sources
     if req.get("metadata"):
         cfg["metadata"] = dict(req["metadata"])
     return {k: cfg[k] for k in _ORDER if k in cfg}
@@ -115,6 +135,8 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         raise invalid_config("stream configuration update can not change retention policy to/from workqueue")
     if old.get("template_owner") != new.get("template_owner"):
         raise invalid_config("stream configuration update can not change template ownership")
+    if old.get("sealed") and not new.get("sealed"):
+        raise invalid_config("stream configuration update can not unseal a sealed stream")
 
 
 def equivalent(a: dict[str, Any], b: dict[str, Any]) -> bool:
