@@ -9,30 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
-from zonebus.testing.processes import free_port
+from zonebus.testing.motos3 import moto_s3_server
 
 
 @pytest.fixture
 def s3_ledger(hand_ledger: Path):
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
-           "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
-    try:
-        s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="test", aws_secret_access_key="test")
-        s3.create_bucket(Bucket="costs")
+    with moto_s3_server("costs") as s3:
+        client = s3.client()
         for f in (hand_ledger / "ledger").rglob("*.parquet"):
             key = "prod/ledger/" + f.relative_to(hand_ledger / "ledger").as_posix()
-            s3.upload_file(str(f), "costs", key)
-        yield "s3://costs/prod", env
-    finally:
-        server.stop()
+            client.upload_file(str(f), "costs", key)
+        yield "s3://costs/prod", s3.env()
 
 
 @pytest.mark.timeout(240)

@@ -20,7 +20,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from zonebus.testing.processes import ServerProcess, free_port
+from zonebus.testing.motos3 import MotoS3, moto_s3_server
+from zonebus.testing.processes import ServerProcess
 
 # Spark's Python workers inherit the environment of the JVM, which starts with the first Spark test: the
 # in-process S3 clients of the workers need moto's (fake) credentials before that.
@@ -275,27 +276,16 @@ def test_streaming_picks_up_new_messages_and_resumes_from_its_checkpoint(spark, 
 
 
 @pytest.fixture(scope="module")
-def moto_endpoint() -> Iterator[str]:
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
-                     aws_secret_access_key="test").create_bucket(Bucket="streams")
-        yield endpoint
-    finally:
-        server.stop()
+def moto_s3() -> Iterator[MotoS3]:
+    with moto_s3_server("streams") as s3:
+        yield s3
 
 
 @pytest.mark.timeout(120)
-def test_s3_store_through_moto(spark, moto_endpoint: str, tmp_path: Path) -> None:
+def test_s3_store_through_moto(spark, moto_s3: MotoS3, tmp_path: Path) -> None:
     url = "s3://streams/prod"
-    env = {"AWS_ENDPOINT_URL": moto_endpoint, "AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "test",
-           "AWS_SECRET_ACCESS_KEY": "test", "AWS_EC2_METADATA_DISABLED": "true"}
+    env = moto_s3.env()
+    moto_endpoint = moto_s3.endpoint
     proc = start_server(tmp_path / "server", url, env=env)
     model: Expected = {}
 

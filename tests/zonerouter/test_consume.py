@@ -11,10 +11,8 @@ import asyncio
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import api, full_view, router_info, start_zoned, wait_for
+from zrkit import FULL, LAYOUT, api, full_view, router_info, start_zoned, stream_in_z2, wait_for
 
-LAYOUT = [("a1", "z1"), ("a2", "z1"), ("b1", "z2"), ("c1", "z3")]
-FULL = {"z1": ["a1", "a2"], "z2": ["b1"], "z3": ["c1"]}
 PAYLOAD = 1024
 N = 1500
 
@@ -24,18 +22,6 @@ def zoned(tmp_path_factory: pytest.TempPathFactory):
     z = start_zoned(tmp_path_factory.mktemp("zrcon"), LAYOUT, proxy=True)
     yield z
     z.stop()
-
-
-async def _stream(nc: nats.NATS, name: str, subjects: list[str]) -> None:
-    for _ in range(50):
-        resp = await api(nc, f"$JS.API.STREAM.CREATE.{name}", {
-            "name": name, "subjects": subjects, "storage": "file", "num_replicas": 1,
-            "placement": {"tags": ["az:z2"]}})
-        if "error" not in resp:
-            assert resp["cluster"]["leader"] == "b1", resp
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"stream not created: {resp}")
 
 
 async def _fill(url: str, subject: str, n: int) -> None:
@@ -76,7 +62,7 @@ async def test_pull_consumers_in_other_zones_read_through_their_proxy(zoned) -> 
     await wait_for(full_view(zoned, FULL), what="the full mapping")
     nc = await nats.connect(s["b1"].url)
     try:
-        await _stream(nc, "CON", ["con.>"])
+        await stream_in_z2(nc, "CON", ["con.>"])
         await _fill(s["b1"].url, "con.x", N)
         js = nc.jetstream(timeout=10)
         await js.add_consumer("CON", ConsumerConfig(durable_name="ca", ack_policy=AckPolicy.EXPLICIT))
@@ -113,7 +99,7 @@ async def test_redelivery_nak_and_term_through_the_proxy(zoned) -> None:
     nc = await nats.connect(s["b1"].url)
     sub = await nats.connect(s["c1"].url)
     try:
-        await _stream(nc, "RED", ["red.>"])
+        await stream_in_z2(nc, "RED", ["red.>"])
         js = nc.jetstream(timeout=10)
         for i in range(4):
             await js.publish("red.x", f"m{i}".encode())

@@ -11,10 +11,7 @@ import time
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import Publisher, api, full_view, router_info, start_zoned, wait_for
-
-LAYOUT = [("a1", "z1"), ("a2", "z1"), ("b1", "z2"), ("c1", "z3")]
-FULL = {"z1": ["a1", "a2"], "z2": ["b1"], "z3": ["c1"]}
+from zrkit import FULL, LAYOUT, Publisher, full_view, router_info, start_zoned, stream_in_z2, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +27,7 @@ async def test_kill_proxy_then_three_epochs_leave_no_orphans(zoned) -> None:
     await wait_for(full_view(zoned, FULL), what="the full mapping")
     nc = await nats.connect(s["b1"].url)
     try:
-        for _ in range(50):
-            resp = await api(nc, "$JS.API.STREAM.CREATE.EP", {
-                "name": "EP", "subjects": ["ep.>"], "storage": "file", "placement": {"tags": ["az:z2"]}})
-            if "error" not in resp:
-                break
-            await asyncio.sleep(0.2)
-        assert resp["cluster"]["leader"] == "b1", resp
+        await stream_in_z2(nc, "EP", ["ep.>"])
     finally:
         await nc.close()
     epochs = await wait_for(lambda: (e := router_info(s["c1"]).get("epochs", {})).get("current", 0) >= 2 and e,

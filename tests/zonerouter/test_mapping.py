@@ -7,12 +7,9 @@ import socket
 
 import nats
 import pytest
-from zrkit import full_view, router_info, start_zoned, wait_for
+from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned, wait_for
 
 from zonebus.testing.processes import wait_for_info
-
-LAYOUT = [("a1", "z1"), ("a2", "z1"), ("b1", "z2"), ("c1", "z3")]
-FULL = {"z1": ["a1", "a2"], "z2": ["b1"], "z3": ["c1"]}
 
 
 def _first_info(port: int) -> dict:

@@ -11,10 +11,8 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError
-from zrkit import api, full_view, router_info, start_zoned, wait_for
+from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned, stream_in_z2, wait_for
 
-LAYOUT = [("a1", "z1"), ("a2", "z1"), ("b1", "z2"), ("c1", "z3")]
-FULL = {"z1": ["a1", "a2"], "z2": ["b1"], "z3": ["c1"]}
 PAYLOAD = 1024
 PER_PUBLISHER = 600
 IN_FLIGHT = 100
@@ -25,18 +23,6 @@ def zoned(tmp_path_factory: pytest.TempPathFactory):
     z = start_zoned(tmp_path_factory.mktemp("zrpub"), LAYOUT, proxy=True)
     yield z
     z.stop()
-
-
-async def _stream(nc: nats.NATS, name: str, subjects: list[str]) -> None:
-    for _ in range(50):
-        resp = await api(nc, f"$JS.API.STREAM.CREATE.{name}", {
-            "name": name, "subjects": subjects, "storage": "file", "num_replicas": 1,
-            "placement": {"tags": ["az:z2"]}})
-        if "error" not in resp:
-            assert resp["cluster"]["leader"] == "b1", resp
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"stream not created: {resp}")
 
 
 async def _publisher(url: str, who: str, n: int) -> list[int]:
@@ -61,7 +47,7 @@ async def test_publish_from_every_zone(zoned) -> None:
     await wait_for(full_view(zoned, FULL), what="the full mapping")
     nc = await nats.connect(s["b1"].url)
     try:
-        await _stream(nc, "ORD", ["ord.>"])
+        await stream_in_z2(nc, "ORD", ["ord.>"])
         await asyncio.sleep(0.3)  # let the stream's interest reach every route before counting
         zoned.proxy.reset()
         who = {"a1": "a1", "a2": "a2", "b1": "b1", "c1": "c1"}
@@ -104,7 +90,7 @@ async def test_dedupe_and_expected_last_sequence_through_the_router(zoned) -> No
     nc = await nats.connect(s["b1"].url)
     pub = await nats.connect(s["c1"].url)
     try:
-        await _stream(nc, "DED", ["ded.>"])
+        await stream_in_z2(nc, "DED", ["ded.>"])
         js = pub.jetstream(timeout=10)
         first = await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
         again = await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})

@@ -34,7 +34,7 @@ async def _publish(url: str, who: str) -> list[int]:
 async def test_router_on_s3(tmp_path, moto_s3) -> None:
     url = f"s3://{moto_s3.bucket}/zb"
     extra = f', zone_router_epoch: "1s", s3 {{ endpoint: "{moto_s3.endpoint}", region: "{moto_s3.region}" }}'
-    zoned = start_zoned(tmp_path, LAYOUT, shared=url, js_extra=extra, env=moto_s3.env())
+    zoned = start_zoned(tmp_path, LAYOUT, shared=url, js_extra=extra, env=moto_s3.env(endpoint=False))
     try:
         s = zoned.servers
         await wait_for(full_view(zoned, FULL), what="the full mapping")

@@ -150,3 +150,22 @@ def full_view(zoned: Zoned, expect_zones: dict[str, list[str]]) -> Callable[[], 
                 return False
         return True
     return check
+
+
+# the usual 4-server layout: two servers in z1, one in z2 (where streams are placed), one in z3
+LAYOUT = [("a1", "z1"), ("a2", "z1"), ("b1", "z2"), ("c1", "z3")]
+FULL = {"z1": ["a1", "a2"], "z2": ["b1"], "z3": ["c1"]}
+
+
+async def stream_in_z2(nc: nats.NATS, name: str, subjects: list[str], replicas: int = 1) -> dict:
+    """Create a file stream placed in z2 (led by b1), retrying while the cluster is still forming."""
+    resp: dict = {}
+    for _ in range(50):
+        resp = await api(nc, f"$JS.API.STREAM.CREATE.{name}", {
+            "name": name, "subjects": subjects, "storage": "file", "num_replicas": replicas,
+            "placement": {"tags": ["az:z2"]}})
+        if "error" not in resp:
+            assert resp["cluster"]["leader"] == "b1", resp
+            return resp
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"stream not created: {resp}")

@@ -1,0 +1,58 @@
+"""moto's S3 server on 127.0.0.1 with one bucket, for the tests that put streams or router channels on S3.
+
+    with moto_s3_server("zonebus-streams") as s3:
+        server_env = s3.env()            # credentials (and, unless endpoint=False, the endpoint) for a process
+        s3.keys("prefix/")               # what is stored under a prefix
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from zonebus.testing.processes import free_port
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@dataclass
+class MotoS3:
+    endpoint: str
+    region: str
+    bucket: str
+
+    def env(self, endpoint: bool = True) -> dict[str, str]:
+        """Environment for a server process: credentials through the standard AWS variables, and the endpoint
+        and region too unless the process gets them from its config (`endpoint=False`)."""
+        where = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_REGION": self.region} if endpoint else {}
+        return where | CREDENTIALS
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=self.region, aws_access_key_id="test",
+                            aws_secret_access_key="test")
+
+    def keys(self, prefix: str) -> list[str]:
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", ()))
+
+
+@contextmanager
+def moto_s3_server(bucket: str) -> Iterator[MotoS3]:
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    s3 = MotoS3(f"http://127.0.0.1:{port}", "us-east-1", bucket)
+    for key, value in CREDENTIALS.items():
+        os.environ.setdefault(key, value)  # for in-process clients; endpoints are passed explicitly
+    try:
+        s3.client().create_bucket(Bucket=bucket)
+        yield s3
+    finally:
+        server.stop()
