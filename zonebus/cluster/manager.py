@@ -67,7 +67,8 @@ class ClusterManager:
         opts = self.opts
         if opts.port:
             self._listener, self.route_url = await listen(
-                server, lambda: RouteConnection(self, solicited=False), opts.host, opts.port, opts.tls)
+                server, lambda: RouteConnection(self, solicited=False), opts.host, opts.port, opts.tls,
+                what="cluster routes")
             server.log(f"listening for route connections on {opts.host}:{self.route_url.rsplit(':', 1)[1]}"
                        + (" (TLS)" if opts.tls is not None else ""))
             warn_open_port(server, "cluster", opts.host, bool(opts.user), opts.tls)

@@ -138,7 +138,8 @@ class GatewayManager(GatewayRouting):
         self._running = True
         if opts.port:
             self._listener, self.url = await listen(
-                server, lambda: GatewayConnection(self, outbound=False), opts.host, opts.port, opts.tls)
+                server, lambda: GatewayConnection(self, outbound=False), opts.host, opts.port, opts.tls,
+                what="gateways")
             warn_open_port(server, "gateway", opts.host, bool(opts.user), opts.tls)
             server.log(f"gateway name is {self.name}; listening for gateway connections on "
                        f"{opts.host}:{self.url.rsplit(':', 1)[1]}")

@@ -45,6 +45,7 @@ from zonebus.protocol.route_parser import (
     msg_line,
 )
 from zonebus.server.connection import ACCOUNT, Connection
+from zonebus.server.listening import naming
 from zonebus.server.options import TLSOptions, advertised_host
 from zonebus.subjects.sublist import Subscription
 
@@ -390,7 +391,8 @@ def replay(server: Server, entries: list[tuple], subject: bytes, size: int, payl
 
 
 async def listen(server: Server, factory: Callable[[], asyncio.Protocol], host: str,
-                 port: int, tls: TLSOptions | None = None) -> tuple[asyncio.base_events.Server, str]:
+                 port: int, tls: TLSOptions | None = None,
+                 what: str = "links") -> tuple[asyncio.base_events.Server, str]:
     """A listener for links of one kind; returns it and the `host:port` other servers should dial. With
     `tls`, every accepted link is TLS from its first byte (zonebus.server.tls)."""
     kw: dict[str, Any] = {}
@@ -398,6 +400,7 @@ async def listen(server: Server, factory: Callable[[], asyncio.Protocol], host: 
         from zonebus.server.tls import server_context
 
         kw = {"ssl": server_context(tls), "ssl_handshake_timeout": tls.timeout}
-    listener = await server.loop.create_server(factory, host, port, reuse_address=True, **kw)
+    with naming(what, host, port):
+        listener = await server.loop.create_server(factory, host, port, reuse_address=True, **kw)
     bound = listener.sockets[0].getsockname()[1]
     return listener, f"{advertised_host(host)}:{bound}"

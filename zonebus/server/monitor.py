@@ -27,6 +27,7 @@ from aiohttp import web
 
 from zonebus import SERVER_VERSION
 from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, ROUTE
+from zonebus.server.listening import naming
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
@@ -387,13 +388,15 @@ class Monitor:
         opts = s.opts
         if opts.http_port:
             site = web.TCPSite(self.runner, opts.http_host or opts.host, opts.http_port, reuse_address=True)
-            await site.start()
+            with naming("monitoring", opts.http_host or opts.host, opts.http_port):
+                await site.start()
         if opts.https_port and opts.tls is not None:  # https: the top-level tls block's certificate
             from zonebus.server.tls import server_context
 
             site = web.TCPSite(self.runner, opts.http_host or opts.host, opts.https_port, reuse_address=True,
                                ssl_context=server_context(opts.tls))
-            await site.start()
+            with naming("https monitoring", opts.http_host or opts.host, opts.https_port):
+                await site.start()
 
     async def stop(self) -> None:
         if self.runner is not None:

@@ -36,6 +36,7 @@ from zonebus.server.hooks import (
     PublishInterceptor,
     QueuePicker,
 )
+from zonebus.server.listening import naming
 from zonebus.server.options import ServerOptions
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
@@ -112,12 +113,14 @@ class Server:
             from zonebus.server.tls import InfoFirstListener
 
             listener = InfoFirstListener(self, self.client_tls, opts.tls.timeout)  # type: ignore[union-attr]
-            opts.port = listener.start(opts.host, opts.port)
+            with naming("clients", opts.host, opts.port):
+                opts.port = listener.start(opts.host, opts.port)
             self._servers.append(listener)  # type: ignore[arg-type]
         else:
-            srv = await self.loop.create_server(
-                lambda: ClientConnection(self), opts.host, opts.port, reuse_address=True, backlog=1024, **tls_kw
-            )
+            with naming("clients", opts.host, opts.port):
+                srv = await self.loop.create_server(
+                    lambda: ClientConnection(self), opts.host, opts.port, reuse_address=True, backlog=1024,
+                    **tls_kw)
             for sock in srv.sockets:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._servers.append(srv)

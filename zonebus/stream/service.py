@@ -90,7 +90,10 @@ class JetStreamService:
         if not store_dir:
             self._tmpdir = store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
         self.root = Path(store_dir) / "jetstream" / "streams"
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"jetstream store_dir {store_dir!r}: {exc.strerror or exc}") from None
         for d in sorted(p for p in self.root.iterdir() if p.is_dir() and not self.clustered):
             try:
                 self._recover_stream(d)
