@@ -161,6 +161,7 @@ class Node:
             return
         server.opts.server_tags = new.server_tags
         server.reload_auth(new)  # users, permissions, token: logins checked again, see Server.reload_auth
+        server.reload_tls(new)  # the clients' certificate, key, CA and verify, for the handshakes that follow
         server.opts.cluster.prefer_matching_tags = new.cluster.prefer_matching_tags
         server.opts.queue_groups = new.queue_groups  # applied by QueueService.reloaded
         for hook in server.reload_hooks:

@@ -92,6 +92,7 @@ class Server:
         # top-level tls {}: the context clients upgrade with after the plain INFO (None: no TLS, or TLS done by
         # the listener with handshake_first); tls_map: verify_and_map logs clients in by certificate
         self.client_tls: Any = None
+        self.client_tls_context: Any = None  # the clients' ssl.SSLContext when the top-level tls block is set
         self.tls_map = bool(opts.tls is not None and opts.tls.verify_and_map)
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ class Server:
         if opts.tls is not None:
             from zonebus.server.tls import server_context
 
-            ctx = server_context(opts.tls)
+            ctx = self.client_tls_context = server_context(opts.tls)
             if opts.tls.handshake_first:
                 tls_kw = {"ssl": ctx, "ssl_handshake_timeout": opts.tls.timeout}
             else:
@@ -290,6 +291,23 @@ class Server:
         conn.auth_user = login.user
         conn.perms = ClientPermissions(login.perms) if login.perms is not None else None
         return True
+
+    def reload_tls(self, new: ServerOptions) -> None:
+        """SIGHUP: a changed certificate, key, CA or `verify` of the top-level tls block applies to the
+        handshakes that follow. Turning TLS on or off needs a restart (the listener changes kind)."""
+        if self.client_tls_context is None or new.tls is None:
+            if (self.client_tls_context is None) != (new.tls is None):
+                self.log("reload: adding or removing the tls block needs a restart; TLS left as it was", "WRN")
+            return
+        from zonebus.server.tls import TLSConfigError, reload_context
+
+        try:
+            reload_context(self.client_tls_context, new.tls, "tls: ")
+        except TLSConfigError as exc:
+            self.log(f"reload: {exc}; the previous certificate stays", "ERR")
+            return
+        self.opts.tls = new.tls
+        self.log(f"reload: client TLS certificate {new.tls.cert_file}")
 
     def reload_auth(self, new: ServerOptions) -> None:
         """Apply changed users, permissions, token and `no_auth_user` (SIGHUP): each logged-in client is

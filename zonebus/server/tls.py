@@ -67,6 +67,13 @@ def server_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
     return ctx
 
 
+def reload_context(ctx: ssl.SSLContext, opts: TLSOptions, block: str = "") -> None:
+    """SIGHUP: load a `tls {}` block's (maybe changed) certificate, key and CA into a live server context;
+    handshakes from now on use them, established connections keep theirs (as nats-server)."""
+    _load(ctx, opts, block)
+    ctx.verify_mode = ssl.CERT_REQUIRED if (opts.verify or opts.verify_and_map) else ssl.CERT_NONE
+
+
 def client_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
     """For links this server dials (routes, gateways): our certificate as the client certificate, and the
     peer's certificate checked against `ca_file` and the host dialled, unless `insecure`."""
