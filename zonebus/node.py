@@ -14,32 +14,37 @@ them through the core's hooks (`zonebus.server.hooks`); the core never imports a
   the `gateway` section of `/varz`; told about the cluster for gossip and replies;
 - JetStream (`jetstream {}`): an internal client of the server, `jetstream: true` in INFO; in a cluster the
   clustered layer (`zonebus.stream.cluster`: meta group on the routes' channels, streams on shared storage);
+- durable queue groups (`queue_groups {}`): in a cluster always (peers may push deliveries here), on a lone
+  server once a group is configured, at start or by a reload;
 - the ledger lives in the core (`zonebus.server.ledger_hooks`) and is told about reloads here.
+
+Each extension's package is imported only when its block is present (a lone server loads no pysyncobj,
+pyarrow or aiohttp, see tests/unit/test_lazy_imports.py); the pages of absent extensions (`/routez`,
+`/gatewayz`, `/jsz`, `/queuez`) import their builders on the first request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import signal
 import tempfile
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from zonebus.cluster.manager import ClusterManager
-from zonebus.cluster.monitoring import routez_page, varz_cluster
-from zonebus.gateway.manager import GatewayManager
-from zonebus.gateway.monitoring import gatewayz_page, varz_gateway
-from zonebus.queue.monitoring import queuez_page
-from zonebus.queue.service import QueueService
-from zonebus.server.internal import InternalClient
 from zonebus.server.options import ServerOptions
 from zonebus.server.server import Server
-from zonebus.stream.cluster import ClusteredJetStream
-from zonebus.stream.monitoring import JetStreamMonitor
-from zonebus.stream.routed import RoutedDeliveries
-from zonebus.zonerouter.forwarder import RouterForwarder
-from zonebus.zonerouter.router import ZoneRouter
+
+if TYPE_CHECKING:
+    from zonebus.cluster.manager import ClusterManager
+    from zonebus.gateway.manager import GatewayManager
+    from zonebus.queue.service import QueueService
+    from zonebus.stream.cluster import ClusteredJetStream
+    from zonebus.stream.monitoring import JetStreamMonitor
+    from zonebus.stream.routed import RoutedDeliveries
+    from zonebus.zonerouter.router import ZoneRouter
+
+Query = Mapping[str, str]
 
 
 class JetStreamExtension:
@@ -50,6 +55,7 @@ class JetStreamExtension:
         self.service: Any = None
 
     async def start(self) -> None:
+        from zonebus.server.internal import InternalClient
         from zonebus.stream.service import JetStreamService
 
         server = self.server
@@ -73,73 +79,159 @@ class Node:
         self.cluster: ClusterManager | None = None
         self.gateway: GatewayManager | None = None
         self.jetstream: JetStreamExtension | ClusteredJetStream | None = None
+        self.clustered_js: ClusteredJetStream | None = None
         self.routed: RoutedDeliveries | None = None
-        if opts.cluster.port or opts.cluster.routes:
-            self.cluster = cluster = ClusterManager(server)
-            server.add_extension(cluster)
-            server.interest_watchers.append(cluster)
-            server.queue_picker = cluster.pick_queue_member
-            server.connect_urls = cluster.client_connect_urls
-            server.varz_sections["cluster"] = functools.partial(varz_cluster, cluster)
-            server.reload_hooks.append(cluster.reloaded)
-        server.pages["/routez"] = functools.partial(routez_page, server, self.cluster)
-        if opts.gateway.name or opts.gateway.port or opts.gateway.gateways:
-            self.gateway = gateway = GatewayManager(server, self.cluster)
-            if self.cluster is not None:
-                self.cluster.on_gateway_gossip = gateway.cluster_gossip
-            server.add_extension(gateway)
-            server.interest_watchers.append(gateway)  # this cluster's interest, told to other clusters
-            server.forwarder = gateway
-            server.varz_sections["gateway"] = functools.partial(varz_gateway, gateway)
-        server.pages["/gatewayz"] = functools.partial(gatewayz_page, server, self.gateway)
-        if self.cluster is not None:  # stream deliveries from route peers keep their stream subject
-            self.routed = RoutedDeliveries(InternalClient(server, "$JSD"), self.cluster.channels)
-        if opts.jetstream.enabled and self.cluster is not None:
-            self.jetstream = ClusteredJetStream(server, self.cluster, self.routed)
-            server.add_extension(self.jetstream)
-            clustered = self.jetstream
-            self.jsz = JetStreamMonitor(server, lambda: clustered.svc, meta_cluster=clustered.meta_cluster,
-                                        stream_cluster=clustered.stream_cluster)
-        else:  # a lone server's /jsz and /varz `jetstream`, as nats-server (also without JetStream)
-            if opts.jetstream.enabled:
-                self.jetstream = JetStreamExtension(server)
-                server.add_extension(self.jetstream)
-            self.jsz = JetStreamMonitor(
-                server, lambda: self.jetstream.service if isinstance(self.jetstream, JetStreamExtension) else None)
-        server.pages["/jsz"] = self.jsz.page
-        server.varz_sections["jetstream"] = self.jsz.varz
-        self.queues = self._wire_queue_groups()
+        self._jsz: JetStreamMonitor | None = None
+        self.queues: QueueService | None = None
         self.zone_router: ZoneRouter | None = None
+        if opts.cluster.port or opts.cluster.routes:
+            self._wire_cluster()
+        server.pages["/routez"] = self._routez
+        if opts.gateway.name or opts.gateway.port or opts.gateway.gateways:
+            self._wire_gateway()
+        server.pages["/gatewayz"] = self._gatewayz
+        if self.cluster is not None:
+            self._wire_routed_deliveries()
+        if opts.jetstream.enabled and self.cluster is not None:
+            self._wire_clustered_jetstream()
+        elif opts.jetstream.enabled:
+            self.jetstream = JetStreamExtension(server)
+            server.add_extension(self.jetstream)
+        server.pages["/jsz"] = self._jsz_page
+        server.varz_sections["jetstream"] = self._jsz_varz
+        server.pages["/queuez"] = self._queuez
+        if self.cluster is not None or opts.queue_groups:
+            self._wire_queue_groups()
+        else:  # SIGHUP may add a group later
+            server.reload_hooks.append(self._queue_groups_reloaded)
         if opts.jetstream.enabled and opts.jetstream.zone_router:
             self._wire_zone_router()
+
+    # -- extensions, each wired (and imported) only when its block is present ------------------------
+    def _wire_cluster(self) -> None:
+        from zonebus.cluster.manager import ClusterManager
+        from zonebus.cluster.monitoring import varz_cluster
+
+        server = self.server
+        self.cluster = cluster = ClusterManager(server)
+        server.add_extension(cluster)
+        server.interest_watchers.append(cluster)
+        server.queue_picker = cluster.pick_queue_member
+        server.connect_urls = cluster.client_connect_urls
+        server.varz_sections["cluster"] = lambda: varz_cluster(cluster)
+        server.reload_hooks.append(cluster.reloaded)
+
+    def _wire_gateway(self) -> None:
+        from zonebus.gateway.manager import GatewayManager
+        from zonebus.gateway.monitoring import varz_gateway
+
+        server = self.server
+        self.gateway = gateway = GatewayManager(server, self.cluster)
+        if self.cluster is not None:
+            self.cluster.on_gateway_gossip = gateway.cluster_gossip
+        server.add_extension(gateway)
+        server.interest_watchers.append(gateway)  # this cluster's interest, told to other clusters
+        server.forwarder = gateway
+        server.varz_sections["gateway"] = lambda: varz_gateway(gateway)
+
+    def _wire_routed_deliveries(self) -> None:
+        """Stream deliveries from route peers keep their stream subject."""
+        from zonebus.server.internal import InternalClient
+        from zonebus.stream.routed import RoutedDeliveries
+
+        assert self.cluster is not None
+        self.routed = RoutedDeliveries(InternalClient(self.server, "$JSD"), self.cluster.channels)
+
+    def _wire_clustered_jetstream(self) -> None:
+        from zonebus.stream.cluster import ClusteredJetStream
+
+        assert self.cluster is not None and self.routed is not None
+        self.jetstream = self.clustered_js = ClusteredJetStream(self.server, self.cluster, self.routed)
+        self.server.add_extension(self.jetstream)
 
     def _wire_zone_router(self) -> None:
         """`jetstream { zone_router: true }` (zonebus.zonerouter): zone-local connect_urls, client publishes to
         streams led in other zones through this zone's proxy and the shared store, `zone_router` in /jsz and
         client zones in /connz."""
         server = self.server
-        if not isinstance(self.jetstream, ClusteredJetStream) or self.cluster is None:
+        if self.clustered_js is None or self.cluster is None:
             server.log("zone router: needs a cluster with JetStream; ignored on a lone server", "WRN")
             return
-        self.zone_router = router = ZoneRouter(server, self.cluster, self.jetstream)
+        from zonebus.zonerouter.forwarder import RouterForwarder
+        from zonebus.zonerouter.router import ZoneRouter
+
+        self.zone_router = router = ZoneRouter(server, self.cluster, self.clustered_js)
         server.add_extension(router)
         server.forwarder = RouterForwarder(server, router, server.forwarder)
-        jsz_page = self.jsz.page
-        server.pages["/jsz"] = lambda query: {**jsz_page(query), "zone_router": router.info()}
+        server.pages["/jsz"] = lambda query: {**self._jsz_page(query), "zone_router": router.info()}
         server.pages["/connz"] = router.zones.connz_page
 
     def _wire_queue_groups(self) -> QueueService:
-        """Durable queue groups (`queue_groups {}`, zonebus.queue): always wired, so that SIGHUP can add one;
-        with no durable group the core's `publish_interceptor` stays None. Primaries come from the meta group
-        when clustered JetStream runs."""
+        """Durable queue groups (`queue_groups {}`, zonebus.queue); with no durable group the core's
+        `publish_interceptor` stays None. Primaries come from the meta group when clustered JetStream runs."""
+        from zonebus.queue.service import QueueService
+
         server = self.server
-        clustered = self.jetstream if isinstance(self.jetstream, ClusteredJetStream) else None
-        queues = QueueService(server, self.cluster, (lambda: clustered.meta) if clustered is not None else None)
+        clustered = self.clustered_js
+        self.queues = queues = QueueService(server, self.cluster,
+                                            (lambda: clustered.meta) if clustered is not None else None)
         server.add_extension(queues)
         server.interest_watchers.append(queues)
         server.reload_hooks.append(queues.reloaded)
-        server.pages["/queuez"] = functools.partial(queuez_page, queues)
         return queues
+
+    def _queue_groups_reloaded(self, opts: ServerOptions) -> None:
+        """A lone server without durable groups: the first reload that adds one wires and starts the service."""
+        if self.queues is not None or not opts.queue_groups:
+            return
+        queues = self._wire_queue_groups()
+        self.server.log(f"queue groups reloaded: {sorted(opts.queue_groups)}")
+        asyncio.get_running_loop().create_task(queues.start())
+
+    # -- pages whose builders are imported on the first request ---------------------------------------
+    def _routez(self, query: Query) -> dict[str, Any]:
+        from zonebus.cluster.monitoring import routez_page
+
+        return routez_page(self.server, self.cluster, query)
+
+    def _gatewayz(self, query: Query) -> dict[str, Any]:
+        from zonebus.gateway.monitoring import gatewayz_page
+
+        return gatewayz_page(self.server, self.gateway, query)
+
+    def _queuez(self, query: Query) -> dict[str, Any]:
+        if self.queues is not None:
+            from zonebus.queue.monitoring import queuez_page
+
+            return queuez_page(self.queues, query)
+        import datetime as dt
+
+        server = self.server
+        return {"server_id": server.server_id, "server_name": server.name, "zone": server.zone,
+                "now": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
+                "forwarded_to_primary": 0, "queue_groups": []}
+
+    @property
+    def jsz(self) -> JetStreamMonitor:
+        """`/jsz` and `/varz` `jetstream` (also without JetStream, as nats-server), built on first use."""
+        if self._jsz is None:
+            from zonebus.stream.monitoring import JetStreamMonitor
+
+            clustered = self.clustered_js
+            if clustered is not None:
+                self._jsz = JetStreamMonitor(self.server, lambda: clustered.svc, meta_cluster=clustered.meta_cluster,
+                                             stream_cluster=clustered.stream_cluster)
+            else:
+                self._jsz = JetStreamMonitor(self.server, lambda: getattr(self.jetstream, "service", None))
+        return self._jsz
+
+    def _jsz_page(self, query: Query) -> dict[str, Any]:
+        return self.jsz.page(query)
+
+    def _jsz_varz(self) -> dict[str, Any]:
+        if self.jetstream is None:
+            return {}  # `{}` without JetStream, as nats-server (JetStreamMonitor.varz)
+        return self.jsz.varz()
 
     async def start(self) -> None:
         await self.server.start()

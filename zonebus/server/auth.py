@@ -22,15 +22,13 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import bcrypt
-import nkeys
-from nacl.exceptions import BadSignatureError
-from nacl.signing import VerifyKey
+from typing import TYPE_CHECKING, Any
 
 from zonebus.server.options import Permissions, ResponsePermission, ServerOptions, UserOptions
 from zonebus.subjects.patterns import is_subset, matches
+
+if TYPE_CHECKING:  # bcrypt, nkeys and nacl are imported where used: a server without such users never loads them
+    from nacl.signing import VerifyKey
 
 _BCRYPT = re.compile(r"^\$2[abxy]\$\d{2}\$.*")
 PERM_CACHE_MAX = 1024  # publish decisions kept per connection; the cache starts over beyond this
@@ -52,6 +50,9 @@ def is_bcrypt(secret: str) -> bool:
 
 def decode_user_nkey(key: str) -> VerifyKey | None:
     """The Ed25519 verify key of a public user nkey (`U...`), or None when `key` is not one."""
+    import nkeys
+    from nacl.signing import VerifyKey
+
     try:
         raw = base64.b32decode(key.encode() + b"=" * (-len(key) % 8))
     except (binascii.Error, ValueError):
@@ -88,6 +89,8 @@ class _SecretCheck:
         key = hashlib.sha256(configured.encode() + b"\0" + presented.encode()).digest()
         if key in self._ok:
             return True
+        import bcrypt
+
         try:
             ok = bcrypt.checkpw(presented.encode(), configured.encode())
         except ValueError:
@@ -310,6 +313,8 @@ class Authenticator:
         raw = _b64(sig)
         if key is None or raw is None:
             return None, where
+        from nacl.exceptions import BadSignatureError
+
         try:
             key.verify(nonce.encode(), raw)
         except (BadSignatureError, ValueError):

@@ -105,6 +105,9 @@ def parse_connect(raw: bytes) -> dict:
 
 class ClientConnection(Connection, asyncio.Protocol):
     kind = CLIENT
+    __slots__ = ("parser", "subs", "connected", "verbose", "pedantic", "echo", "headers", "no_responders",
+                 "protocol", "name", "lang", "version", "user", "perms", "auth_user", "nonce", "connect_opts",
+                 "pings_out", "rtt", "_ping_sent", "ledger_hdrs", "_timers", "peercert", "info_sent")
 
     def __init__(self, server: Server) -> None:
         super().__init__(server)

@@ -32,6 +32,11 @@ STALL_GAP = 0.002  # seconds it reads between two slices while the receiver stil
 
 class Connection:
     kind = CLIENT
+    # per-connection state without a __dict__ (5,000 idle clients, bench/scale.py); subclasses that declare
+    # no __slots__ of their own (links, internal clients) keep a __dict__ for their extra fields
+    __slots__ = ("server", "cid", "transport", "out", "dirty", "closed", "paused_since", "stalled_by", "_stalling",
+                 "in_msgs", "in_bytes", "out_msgs", "out_bytes", "start", "last_activity", "ip", "remote_port",
+                 "zone", "zone_known", "ledger_in", "ledger_out")
 
     def __init__(self, server: Server) -> None:
         self.server = server

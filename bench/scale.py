@@ -1,0 +1,265 @@
+"""Memory and multi-pair throughput, zonebus next to nats-server in one run (issue 15).
+
+Memory (resident set of the server process, /proc/<pid>/status VmRSS), each on a fresh server:
+- `idle`: after start, no client;
+- `connections`: N idle clients (default 5,000: CONNECT + PING/PONG, then silent), opened by a few load
+  processes over raw sockets; RLIMIT_NOFILE is raised to its hard limit first (servers inherit it);
+- `subscriptions`: M subscriptions (default 100,000, each on its own literal subject) from a few clients.
+Throughput: K pub/sub pairs (default K = 1, 2, 4), each pair on its own subject, 16 B and 1 KiB; every
+publisher and subscriber is its own process, using bench/core_throughput.py's raw-socket generator. Rate =
+all messages delivered / (first publisher write -> last byte any subscriber needed).
+
+    python bench/scale.py                  # everything
+    python bench/scale.py --quick          # 1,000 connections, 10,000 subscriptions, 30k msgs per pair
+    python bench/scale.py --no-throughput  # memory only
+
+Prints markdown tables with the zonebus/nats ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import core_throughput as ct  # noqa: E402
+
+from zonebus.testing.processes import IMPLEMENTATIONS, ServerProcess  # noqa: E402
+
+LOAD_PROCS = 4
+CONFIG = "max_payload: 1048576\nmax_connections: 100000\n"
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def settled_rss(pid: int, quiet: float = 0.3, limit: float = 5.0) -> int:
+    """VmRSS once it has not changed for `quiet` seconds (or after `limit`)."""
+    deadline = time.monotonic() + limit
+    last, since = rss_kib(pid), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = rss_kib(pid)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
+
+
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def hold_connections(port: int, count: int, ready, stop, failed) -> None:
+    """Open `count` clients (CONNECT, then one PING answered), keep them silent until `stop`."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            ct.read_until(s, b"\r\n")  # INFO
+            s.sendall(ct.CONNECT + b"PING\r\n")
+            socks.append(s)
+        for s in socks:
+            ct.read_until(s, b"PONG\r\n")
+    except Exception as exc:
+        failed.value = 1
+        print(f"connection holder failed after {len(socks)}: {exc}", file=sys.stderr)
+    ready.set()
+    stop.wait()
+    for s in socks:
+        s.close()
+
+
+def hold_subscriptions(port: int, first: int, count: int, ready, stop, failed) -> None:
+    """One client with `count` subscriptions, subjects `scale.sub.<n>`, n from `first`."""
+    s = None
+    try:
+        s = ct.open_client(port)
+        s.sendall(ct.CONNECT)
+        batch: list[bytes] = []
+        for n in range(first, first + count):
+            batch.append(f"SUB scale.sub.{n} {n}\r\n".encode())
+            if len(batch) == 2000:
+                s.sendall(b"".join(batch))
+                batch = []
+        s.sendall(b"".join(batch) + b"PING\r\n")
+        ct.read_until(s, b"PONG\r\n")
+    except Exception as exc:
+        failed.value = 1
+        print(f"subscription holder failed: {exc}", file=sys.stderr)
+    ready.set()
+    stop.wait()
+    if s is not None:
+        s.close()
+
+
+def with_load(port: int, target, per_proc: list[tuple], pid: int, timeout: float = 120.0) -> int | None:
+    """Start one load process per argument tuple, wait until all are ready, return the server's settled RSS."""
+    ctx = mp.get_context("fork")
+    stop, failed = ctx.Event(), ctx.Value("b", 0, lock=False)
+    procs = []
+    for args in per_proc:
+        ready = ctx.Event()
+        p = ctx.Process(target=target, args=(port, *args, ready, stop, failed), daemon=True)
+        p.start()
+        procs.append((p, ready))
+    try:
+        deadline = time.monotonic() + timeout
+        for _p, ready in procs:
+            if not ready.wait(max(0.1, deadline - time.monotonic())):
+                return None
+        return None if failed.value else settled_rss(pid)
+    finally:
+        stop.set()
+        for p, _ in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+def split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def memory(impl: str, conns: int, subs: int) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    with ServerProcess(impl, CONFIG) as server:
+        pid = server.proc.pid
+        out["idle"] = settled_rss(pid)
+        out["connections"] = with_load(server.port, hold_connections, [(n,) for n in split(conns, LOAD_PROCS)], pid)
+    with ServerProcess(impl, CONFIG) as server:
+        pid = server.proc.pid
+        firsts = [sum(split(subs, LOAD_PROCS)[:i]) for i in range(LOAD_PROCS)]
+        out["subscriptions"] = with_load(server.port, hold_subscriptions,
+                                         list(zip(firsts, split(subs, LOAD_PROCS), strict=True)), pid)
+    return out
+
+
+def pairs_rate(port: int, pairs: int, size: int, count: int, timeout: float) -> float | None:
+    """K publisher -> subscriber pairs, each on its own subject; total msgs/s delivered."""
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    subs, pubs = [], []
+    try:
+        for k in range(pairs):
+            ct.SUBJECT = f"bench.pair{k}"  # read by the forked generator functions
+            ready = ctx.Event()
+            shared = (ctx.Value("q", 0, lock=False), ctx.Value("d", 0.0, lock=False), ctx.Value("b", 0, lock=False))
+            p = ctx.Process(target=ct.subscriber_main, args=(port, "", ready, stop, *shared), daemon=True)
+            p.start()
+            subs.append((p, ready, shared, ct.msg_frame_size(size)))
+        for _p, ready, _s, _f in subs:
+            if not ready.wait(10):
+                return None
+        go = ctx.Event()
+        for k in range(pairs):
+            ct.SUBJECT = f"bench.pair{k}"
+            vals = (ctx.Event(), ctx.Value("d", 0.0, lock=False), ctx.Value("d", 0.0, lock=False),
+                    ctx.Value("b", 0, lock=False))
+            p = ctx.Process(target=ct.publisher_main, args=(port, size, count, vals[0], go, *vals[1:]), daemon=True)
+            p.start()
+            pubs.append((p, *vals))
+        for _p, ready, *_ in pubs:
+            if not ready.wait(10):
+                return None
+        go.set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(s[2][0].value >= count * s[3] for s in subs) or any(pub[4].value for pub in pubs):
+                break
+            time.sleep(0.005)  # the end time comes from the subscribers, not from this poll
+        if not all(s[2][0].value >= count * s[3] for s in subs):
+            return None
+        started = min(pub[2].value for pub in pubs)
+        return pairs * count / (max(s[2][1].value for s in subs) - started)
+    finally:
+        ct.SUBJECT = "bench.core"
+        stop.set()
+        for p, *_ in subs + pubs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+
+
+def ratio(z: float | None, n: float | None) -> str:
+    return f"{z / n:.2f}" if z and n else "-"
+
+
+def mib(kib: int | None) -> str:
+    return f"{kib / 1024:.1f} MB" if kib else "failed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--impl", choices=("all",) + IMPLEMENTATIONS, default="all")
+    parser.add_argument("--connections", type=int, default=None, help="idle clients (default 5000; --quick 1000)")
+    parser.add_argument("--subscriptions", type=int, default=None, help="default 100000; --quick 10000")
+    parser.add_argument("--pairs", default="1,2,4", help="numbers of pub/sub pairs, comma-separated")
+    parser.add_argument("--size", default="16,1024", help="payload sizes in bytes, comma-separated")
+    parser.add_argument("--msgs", type=int, default=None, help="messages per pair (default 200000; --quick 30000)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-throughput", action="store_true")
+    parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--timeout", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    conns = args.connections or (1000 if args.quick else 5000)
+    nsubs = args.subscriptions or (10_000 if args.quick else 100_000)
+    msgs = args.msgs or (30_000 if args.quick else 200_000)
+    impls = IMPLEMENTATIONS if args.impl == "all" else (args.impl,)
+    nofile = raise_nofile()
+    if conns + 100 > nofile:
+        print(f"RLIMIT_NOFILE is {nofile}: too low for {conns} connections", file=sys.stderr)
+        return 2
+
+    if not args.no_memory:
+        mem = {impl: memory(impl, conns, nsubs) for impl in impls}
+        print(f"\n| resident memory | {' | '.join(impls)} | zonebus/nats |")
+        print("|---|" + "---:|" * (len(impls) + 1))
+        for key, label in (("idle", "idle"), ("connections", f"{conns:,} idle connections"),
+                           ("subscriptions", f"{nsubs:,} subscriptions")):
+            vals = [mem[i][key] for i in impls]
+            print(f"| {label} | {' | '.join(mib(v) for v in vals)} | "
+                  f"{ratio(mem.get('zonebus', {}).get(key), mem.get('nats', {}).get(key))} |")
+        for key, n, unit in (("connections", conns, "connection"), ("subscriptions", nsubs, "subscription")):
+            per = [f"{i} {((mem[i][key] or 0) - (mem[i]['idle'] or 0)) * 1024 // n} B" for i in impls
+                   if mem[i][key]]
+            print(f"\nper {unit} (above idle): " + ", ".join(per))
+
+    if not args.no_throughput:
+        pairs = [int(k) for k in args.pairs.split(",")]
+        sizes = [int(s) for s in args.size.split(",")]
+        rates: dict[tuple[str, int, int], float | None] = {}
+        for impl in impls:
+            with ServerProcess(impl, CONFIG) as server:
+                for size in sizes:
+                    for k in pairs:
+                        rates[impl, k, size] = pairs_rate(server.port, k, size, msgs, args.timeout)
+        print(f"\n{msgs:,} messages per pair; msgs/s delivered in total, each pair on its own subject\n")
+        print(f"| pairs | payload | {' | '.join(f'{i} msgs/s' for i in impls)} | zonebus/nats |")
+        print("|---:|---:|" + "---:|" * (len(impls) + 1))
+        for size in sizes:
+            for k in pairs:
+                vals = [rates[i, k, size] for i in impls]
+                print(f"| {k} | {size} B | {' | '.join(ct.fmt_rate(v) for v in vals)} | "
+                      f"{ratio(rates.get(('zonebus', k, size)), rates.get(('nats', k, size)))} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
