@@ -41,8 +41,15 @@ def group_info(server: ServerProcess, name: str = "workers") -> dict:
 
 
 def primary_of(servers: list[ServerProcess], name: str = "workers") -> ServerProcess | None:
-    for s in servers:
-        if s.proc is not None and s.proc.poll() is None and group_info(s, name)["is_primary"]:
+    """The group's primary once it is settled: every live server names the same one and that one runs the
+    group (right after start the first claim may still be replaced through the meta group)."""
+    live = [s for s in servers if s.proc is not None and s.proc.poll() is None]
+    infos = {s.info["server_name"]: group_info(s, name) for s in live}
+    named = {i["primary"] for i in infos.values()}
+    if len(named) != 1:
+        return None
+    for s in live:
+        if infos[s.info["server_name"]]["is_primary"] and s.info["server_name"] in named:
             return s
     return None
 

@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--top", type=_positive_int, default=20, metavar="N",
                      help="top subjects in the summary and report (default 20)")
     rep.add_argument("--skip-corrupt", action="store_true", help="ignore unreadable Parquet files")
+    rep.add_argument("--streams", metavar="URL",
+                     help="add the contents of the streams on this shared store (file:///path or s3://bucket/prefix): "
+                          "bytes per subject and zone of origin, R3 vs. shared storage")
+    rep.add_argument("--stream", action="append", default=[], metavar="NAME",
+                     help="with --streams: only this stream (repeatable; default: all streams on the store)")
 
     sim = sub.add_parser("simulate", parents=[common], help="what-if cost of routing policies",
                          description="Sample routing decisions for a topology and price them per policy.")
@@ -138,13 +143,15 @@ def _report(args: argparse.Namespace) -> int:
     prices = load_prices(args.prices)
     if not is_url(args.ledger):
         locate_ledger(None, args.ledger)  # fail fast, before the JVM starts
+    streams = _check_streams(args)
     _prepare_out(args.out)
 
     from zonebus.pipeline.report import ReportOptions, format_table, run_report
     from zonebus.pipeline.session import Progress, check_java, spark_session
 
     check_java()
-    opts = ReportOptions(args.ledger, args.out, prices, args.top, args.skip_corrupt)
+    opts = ReportOptions(args.ledger, args.out, prices, args.top, args.skip_corrupt,
+                         streams=args.streams, stream_names=tuple(streams))
     with spark_session(args.master, "zonebus-cost-report") as spark, \
             Progress(spark, enabled=_progress_wanted(args)) as progress:
         summary = run_report(spark, opts, progress)
@@ -152,6 +159,17 @@ def _report(args: argparse.Namespace) -> int:
     if args.out and not args.json:
         print(f"wrote {os.path.join(args.out, 'report.html')}, summary.json and tables under {args.out}")
     return 0
+
+
+def _check_streams(args: argparse.Namespace) -> list[str]:
+    """--streams and --stream, checked on the store before the JVM starts."""
+    if args.streams is None:
+        if args.stream:
+            raise PipelineOptionError("--stream needs --streams URL (the shared store holding the stream)")
+        return []
+    from zonebus.pipeline.stream_contents import check_streams
+
+    return check_streams(args.streams, args.stream)
 
 
 def _simulate(args: argparse.Namespace) -> int:

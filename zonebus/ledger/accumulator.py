@@ -1,9 +1,10 @@
 """The in-server traffic ledger: aggregates per-interval counts and writes them as Parquet.
 
 The server keeps hot-path counts in plain dicts (full subject -> [msgs, bytes]) and hands them over once
-per interval per connection and direction (`record_traffic`) and once per interval for queue routing
-decisions (`record_decisions`). This object reduces subjects to their first N tokens, merges rows with the
-same key, and `flush` writes everything recorded so far as atomic Parquet files (see `writer`).
+per interval per connection and direction (`record_traffic`), once per interval for queue routing
+decisions (`record_decisions`) and once for durable queue group hops (`record_durable`). This object reduces
+subjects to their first N tokens, merges rows with the same key, and `flush` writes everything recorded so
+far as atomic Parquet files (see `writer`).
 
 Memory is bounded: the subject -> prefix cache is cleared when it reaches `PREFIX_CACHE_MAX` entries, and
 once `MAX_ROWS` distinct rows of one kind are held, new subject prefixes of that kind are folded into the
@@ -41,6 +42,7 @@ REPLY_PREFIXES = ((b"_INBOX.", "_INBOX"), (b"_R_.", "_R_"))
 
 TrafficBase = tuple[float, str, str, str, bool, str, str]  # window, link, peer, peer zone, known, dir, account
 DecisionKey = tuple[float, str, str, str, str, int, int]  # window, prefix, queue, pub zone, chosen, w_in, w_out
+DurableKey = tuple[float, str, str, str, str, str]  # window, prefix, queue, hop, src zone, dst zone
 
 
 def window_start_for(now: float, interval: float) -> float:
@@ -68,6 +70,7 @@ class LedgerAccumulator:
         self._traffic: dict[TrafficBase, dict[str, list[int]]] = {}
         self._traffic_rows = 0
         self._decisions: dict[DecisionKey, list[int]] = {}
+        self._durable: dict[DurableKey, list[int]] = {}
         self._lock = threading.Lock()  # guards the pending dicts (event loop vs flush thread)
         self._flush_lock = threading.Lock()  # one flush at a time
         self._task: asyncio.Task[None] | None = None
@@ -162,6 +165,25 @@ class LedgerAccumulator:
                 row[0] += msgs
                 row[1] += nbytes
 
+    def record_durable(self, window_start: float, counts: dict[tuple[bytes, str, str, str, str], list[int]]) -> None:
+        """Add one window's durable queue group hops: (subject, queue, hop, src zone, dst zone) -> [msgs, bytes]."""
+        if not counts:
+            return
+        window = float(window_start)
+        with self._lock:
+            pending = self._durable
+            for (subject, queue, hop, src, dst), (msgs, nbytes) in counts.items():
+                prefix = self.subject_prefix(subject)
+                key: DurableKey = (window, prefix, queue, hop, src, dst)
+                if key not in pending and len(pending) >= MAX_ROWS:
+                    key = (window, OVERFLOW_PREFIX, queue, hop, src, dst)
+                    self.rows_folded += 1
+                row = pending.get(key)
+                if row is None:
+                    row = pending[key] = [0, 0]
+                row[0] += msgs
+                row[1] += nbytes
+
     # -- writing (worker thread) ----------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -170,8 +192,10 @@ class LedgerAccumulator:
             with self._lock:
                 traffic, self._traffic, self._traffic_rows = self._traffic, {}, 0
                 decisions, self._decisions = self._decisions, {}
+                durable, self._durable = self._durable, {}
             for kind, table in ((S.TRAFFIC, self._traffic_table(traffic)),
-                                (S.DECISIONS, self._decisions_table(decisions))):
+                                (S.DECISIONS, self._decisions_table(decisions)),
+                                (S.DURABLE_QUEUE, self._durable_table(durable))):
                 if table.num_rows == 0:
                     continue
                 try:
@@ -223,6 +247,19 @@ class LedgerAccumulator:
         for name, values in zip(names, cols[1:], strict=True):
             data[name] = pa.array(values, S.DECISIONS_SCHEMA.field(name).type)
         return pa.table(data, schema=S.DECISIONS_SCHEMA)
+
+    def _durable_table(self, durable: dict[DurableKey, list[int]]) -> pa.Table:
+        cols: list[list[Any]] = [[] for _ in range(8)]
+        for key, (msgs, nbytes) in durable.items():
+            for i, value in enumerate(key):
+                cols[i].append(value)
+            cols[6].append(msgs)
+            cols[7].append(nbytes)
+        data = self._common(cols[0])
+        names = (S.SUBJECT_PREFIX, S.QUEUE, S.HOP, S.SRC_ZONE, S.DST_ZONE, S.MSGS, S.BYTES)
+        for name, values in zip(names, cols[1:], strict=True):
+            data[name] = pa.array(values, S.DURABLE_QUEUE_SCHEMA.field(name).type)
+        return pa.table(data, schema=S.DURABLE_QUEUE_SCHEMA)
 
     # -- background flushing --------------------------------------------------------------------------
 

@@ -3,6 +3,11 @@
 Traffic rows: what one connection moved in one interval, per direction, account and subject prefix.
 Decision rows: queue routing decisions in one interval, with the member weight that was available in the
 publisher's zone and outside it, so the cost pipeline can price random routing as a counterfactual.
+Durable queue rows (`durable_queue/`): what durable queue groups (zonebus.queue) moved in one interval, per
+group, subject prefix, hop and zone pair: `delivery` (the zone where the message was published -> the
+member's zone), `to_primary` (a captured publish forwarded to the group's primary) and `to_member_server`
+(the primary forwarding a message to the server of the member it chose). The two forwarding hops are route
+bytes, already in the traffic rows (subject prefix `qgroup`); these rows say what they were for.
 """
 
 from __future__ import annotations
@@ -33,6 +38,12 @@ PUBLISHER_ZONE = "publisher_zone"
 CHOSEN_ZONE = "chosen_zone"
 WEIGHT_IN_ZONE = "weight_in_zone"  # queue member weight available in the publisher's zone
 WEIGHT_OUTSIDE = "weight_outside"  # ... and outside it
+
+# Durable queue rows.
+HOP = "hop"  # delivery | to_primary | to_member_server
+SRC_ZONE = "src_zone"
+DST_ZONE = "dst_zone"
+HOPS = ("delivery", "to_primary", "to_member_server")
 
 LINK_KINDS = ("client", "route", "gateway", "leaf", "storage")
 SERVER_LINK_KINDS = ("route", "gateway", "leaf")  # both ends are servers that keep a ledger
@@ -77,6 +88,25 @@ DECISIONS_SCHEMA = pa.schema(
     ]
 )
 
+DURABLE_QUEUE_SCHEMA = pa.schema(
+    [
+        pa.field(WINDOW_START, TIMESTAMP, nullable=False),
+        pa.field(INTERVAL_S, pa.float64(), nullable=False),
+        pa.field(SERVER, pa.string(), nullable=False),
+        pa.field(SERVER_ZONE, pa.string(), nullable=False),
+        pa.field(SERVER_ZONE_KNOWN, pa.bool_(), nullable=False),
+        pa.field(SUBJECT_PREFIX, pa.string(), nullable=False),
+        pa.field(QUEUE, pa.string(), nullable=False),
+        pa.field(HOP, pa.string(), nullable=False),
+        pa.field(SRC_ZONE, pa.string(), nullable=False),
+        pa.field(DST_ZONE, pa.string(), nullable=False),
+        pa.field(MSGS, pa.int64(), nullable=False),
+        pa.field(BYTES, pa.int64(), nullable=False),
+    ]
+)
+
 TRAFFIC = "traffic"
 DECISIONS = "decisions"
-SCHEMAS: dict[str, pa.Schema] = {TRAFFIC: TRAFFIC_SCHEMA, DECISIONS: DECISIONS_SCHEMA}
+DURABLE_QUEUE = "durable_queue"
+SCHEMAS: dict[str, pa.Schema] = {TRAFFIC: TRAFFIC_SCHEMA, DECISIONS: DECISIONS_SCHEMA,
+                                 DURABLE_QUEUE: DURABLE_QUEUE_SCHEMA}

@@ -4,6 +4,7 @@ Layout under the ledger's data directory:
 
     <dir>/ledger/traffic/date=YYYY-MM-DD/server=<name>/<window>-<uuid>.parquet
     <dir>/ledger/decisions/date=YYYY-MM-DD/server=<name>/<window>-<uuid>.parquet
+    <dir>/ledger/durable_queue/date=YYYY-MM-DD/server=<name>/<window>-<uuid>.parquet
 
 `<window>` is the earliest window start in the file (UTC, `20250101T120000Z`); the date is the window's UTC
 date, and a batch spanning midnight becomes one file per date. Each file is written under a hidden temporary

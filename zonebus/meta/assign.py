@@ -193,12 +193,16 @@ def _queue_primary(state: MetaState, view: LiveView, req: dict[str, Any]) -> dic
     zone = str(req.get("zone", ""))
     server = req.get("server")
     honoured = True
+    before = state.queue_primaries.get(group)
+    if server is None and before is not None and before.server is not None and view.is_live(before.server):
+        # an election that finds a live primary (several servers ask at once at start) keeps it
+        return {"op": "queue_set", "group": group, "server": before.server, "candidates": list(before.candidates),
+                "zone": before.zone, "honoured": before.honoured, "from_epoch": before.epoch}
     if server is None:
         picked = _pick_queue_server(state, view, candidates, zone)
         if picked is None:
             raise NoSuitablePeers(["peer offline"])
         server, honoured = picked
-    before = state.queue_primaries.get(group)
     return {"op": "queue_set", "group": group, "server": server, "candidates": candidates, "zone": zone,
             "honoured": honoured, "from_epoch": before.epoch if before else 0}
 

@@ -245,3 +245,32 @@ def render_report(
         "</body></html>",
     ]
     return "\n".join(parts)
+
+
+def durable_queue_section(summary: dict[str, Any]) -> str:
+    """The durable queue groups' section: deliveries and forwards by zone pair ("" when there were none)."""
+    d = summary.get("durable_queue")
+    if not d or not d["by_zone_pair"]:
+        return ""
+    cur = summary["prices"]["currency"]
+    rows = [[h["queue"], h["hop"].replace("_", " "), h["src_zone"], h["dst_zone"], "yes" if h["cross_zone"] else "",
+             f"{h['msgs']:,}", size(h["bytes"]), money(h["cost_usd"], cur)] for h in d["by_zone_pair"]]
+    return "\n".join([
+        "<h2>Durable queue groups</h2>",
+        f"<p>{d['deliveries']:,} deliveries, {d['cross_zone_deliveries']:,} of them to a member in another zone "
+        "than the message was published in. A message published on a server other than its group's primary "
+        "is forwarded to the primary (to primary), and from it to the chosen member's server (to member server): "
+        f"{d['cross_zone_forwards']:,} forwards crossed zones ({html.escape(size(d['cross_zone_forward_bytes']))}, "
+        f"{html.escape(money(d['forward_cost_usd'], cur))}). Those bytes are route traffic, already in the bill "
+        "above.</p>",
+        _table(["group", "hop", "from zone", "to zone", "cross-zone", "messages", "bytes", "cost"], rows, left=5),
+    ])
+
+
+def with_durable_queue(summary: dict[str, Any], page: str) -> str:
+    """`page` with the durable queue groups' section before its end."""
+    section = durable_queue_section(summary)
+    end = page.rfind("</body></html>")
+    if not section or end < 0:
+        return page
+    return page[:end] + section + "\n" + page[end:]

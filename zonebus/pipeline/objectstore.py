@@ -24,7 +24,7 @@ from zonebus.storage.fs import filesystem as storage_filesystem
 
 FORMAT = "zonebus_ledger"
 FILES_PER_PARTITION = 64
-_SCHEMAS = {S.TRAFFIC: S.TRAFFIC_SCHEMA, S.DECISIONS: S.DECISIONS_SCHEMA}
+_SCHEMAS = S.SCHEMAS
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

@@ -41,6 +41,7 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
 
 TRAFFIC_SPARK_SCHEMA = spark_schema(S.TRAFFIC_SCHEMA)
 DECISIONS_SPARK_SCHEMA = spark_schema(S.DECISIONS_SCHEMA)
+DURABLE_QUEUE_SPARK_SCHEMA = spark_schema(S.DURABLE_QUEUE_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class LedgerLocation:
     root: str  # the ledger directory (or URL)
     traffic: str
     decisions: str | None  # None: no decision rows (no queue groups were used)
+    durable_queue: str | None = None  # None: no durable queue group rows
 
 
 def is_url(path: str) -> bool:
@@ -92,7 +94,9 @@ def locate_ledger(spark: SparkSession | None, path: str, option: str = "--ledger
             f"<data_dir>/{LEDGER_DIRNAME}, written by servers with a `ledger {{ dir: <data_dir> }}` block)"
         )
     decisions = join(root, S.DECISIONS)
-    return LedgerLocation(root, traffic, decisions if exists(decisions) else None)
+    durable = join(root, S.DURABLE_QUEUE)
+    return LedgerLocation(root, traffic, decisions if exists(decisions) else None,
+                          durable if exists(durable) else None)
 
 
 def _hadoop_exists(spark: SparkSession) -> Callable[[str], bool]:
@@ -144,6 +148,12 @@ def read_decisions(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
     if loc.decisions is None:
         return spark.createDataFrame([], DECISIONS_SPARK_SCHEMA)
     return _read(spark, loc.decisions, DECISIONS_SPARK_SCHEMA, S.DECISIONS)
+
+
+def read_durable_queue(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
+    if loc.durable_queue is None:
+        return spark.createDataFrame([], DURABLE_QUEUE_SPARK_SCHEMA)
+    return _read(spark, loc.durable_queue, DURABLE_QUEUE_SPARK_SCHEMA, S.DURABLE_QUEUE)
 
 
 def first_line(text: str) -> str:

@@ -7,9 +7,14 @@ Outputs under `--out DIR`:
     subjects/        Parquet: the same sums per (account, subject_prefix), most expensive first
     queue_routing/   Parquet: per (subject_prefix, queue): what the queue choices added to cross-zone links,
                      in this ledger and under stock NATS routing, their costs and the saving
+    durable_queue/   Parquet: durable queue groups' hops per (queue, hop, src_zone, dst_zone): deliveries (the
+                     publisher's zone -> the member's) and forwards to the primary and to members' servers
     summary.json     totals, the monthly projection at the observed rate, the bill under stock NATS routing,
                      the saving, per zone pair and link kind, top subjects
     report.html      one self-contained page with charts
+
+With `--streams URL`, summary.json, the text summary and report.html also get a "stream contents" section
+(`zonebus.pipeline.stream_contents`).
 
 `msgs` counts message transfers on links (published, delivered, copied between servers), not messages. The
 transforms (how each crossing is counted once, and the stock routing model) are in
@@ -34,9 +39,15 @@ from pyspark.sql import DataFrame, SparkSession
 from zonebus.ledger import schema as S
 from zonebus.pipeline import transforms as T
 from zonebus.pipeline.errors import PipelineInputError
-from zonebus.pipeline.html_report import render_report
+from zonebus.pipeline.html_report import render_report, with_durable_queue
 from zonebus.pipeline.prices import Prices
-from zonebus.pipeline.readers import explain_read_error, locate_ledger, read_decisions, read_traffic
+from zonebus.pipeline.readers import (
+    explain_read_error,
+    locate_ledger,
+    read_decisions,
+    read_durable_queue,
+    read_traffic,
+)
 from zonebus.pipeline.session import Progress
 from zonebus.pipeline.units import duration, money, per_month, size
 from zonebus.pipeline.wording import saving_sentence, transfers_sentence
@@ -51,6 +62,8 @@ class ReportOptions:
     prices: Prices
     top: int = 20
     skip_corrupt: bool = False
+    streams: str | None = None  # --streams: a shared store whose streams get a "stream contents" section
+    stream_names: tuple[str, ...] = ()  # --stream: those streams (default: all on the store)
 
 
 @contextmanager
@@ -165,6 +178,7 @@ def _tables(
         "hourly": T.hourly(rollup, per_byte),
         "subjects": T.subjects(rollup, per_byte),
         "queue_routing": T.queue_routing(drollup, per_byte),
+        "durable_queue": T.durable_queue(read_durable_queue(spark, loc), per_byte),
     }
     sorted_tables = {name: df.coalesce(1).sortWithinPartitions(*T.sort_columns(name))
                      for name, df in tables.items()}
@@ -189,6 +203,8 @@ def _tables(
     queue_buckets = rows("queue_timeline", T.queue_timeline(drollup, per_byte))
     q = {k: sum(r[k] or 0 for r in queues) for k in T.DECISION_SUMS}
     summary = build_summary(opts, loc.root, span, pairs, hours, directions, top, q, paths)
+    summary["durable_queue"] = durable_queue_summary(_rows(sorted_tables["durable_queue"]))
+    _add_stream_contents(spark, opts, loc, summary, progress)
 
     if opts.out:
         progress.phase("writing summary.json and report.html")
@@ -196,9 +212,31 @@ def _tables(
             json.dump(summary, fh, indent=2, default=str)
             fh.write("\n")
         html = render_report(summary, pairs, buckets, queue_buckets, top)
+        html = with_durable_queue(summary, html)
+        html = _stream_contents_html(summary, html, opts.top)
         with open(os.path.join(opts.out, "report.html"), "w") as fh:
             fh.write(html)
     return summary
+
+
+def _add_stream_contents(spark: SparkSession, opts: ReportOptions, loc: Any, summary: dict[str, Any],
+                         progress: Progress) -> None:
+    """--streams: the streams' contents joined with the ledger (`zonebus.pipeline.stream_contents`)."""
+    if not opts.streams:
+        return
+    from zonebus.pipeline.stream_contents import stream_contents
+
+    progress.phase("reading the streams' contents")
+    summary["stream_contents"] = stream_contents(spark, opts.streams, opts.stream_names, read_traffic(spark, loc),
+                                                 opts.prices)
+
+
+def _stream_contents_html(summary: dict[str, Any], page: str, top: int) -> str:
+    if not summary.get("stream_contents"):
+        return page
+    from zonebus.pipeline.stream_contents import add_to_page, render_section
+
+    return add_to_page(page, render_section(summary["stream_contents"], summary["prices"]["currency"], top))
 
 
 def _sum(rows: list[dict[str, Any]], key: str) -> int:
@@ -314,6 +352,28 @@ def build_summary(
     }
 
 
+def durable_queue_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Durable queue groups: deliveries (publisher's zone -> member's zone), how many crossed zones, and every
+    hop by zone pair. The forwarding hops' bytes are part of the route traffic above, not extra."""
+    hops = [
+        {"queue": r[S.QUEUE], "hop": r[S.HOP], "src_zone": r[S.SRC_ZONE], "dst_zone": r[S.DST_ZONE],
+         "cross_zone": bool(r[T.CROSS]), "msgs": int(r[S.MSGS] or 0), "bytes": int(r[S.BYTES] or 0),
+         "cost_usd": float(r[T.COST] or 0.0)}
+        for r in rows
+    ]
+    deliveries = [h for h in hops if h["hop"] == "delivery"]
+    forwards = [h for h in hops if h["hop"] != "delivery"]
+    return {
+        "deliveries": sum(h["msgs"] for h in deliveries),
+        "cross_zone_deliveries": sum(h["msgs"] for h in deliveries if h["cross_zone"]),
+        "forwards": sum(h["msgs"] for h in forwards),
+        "cross_zone_forwards": sum(h["msgs"] for h in forwards if h["cross_zone"]),
+        "cross_zone_forward_bytes": sum(h["bytes"] for h in forwards if h["cross_zone"]),
+        "forward_cost_usd": sum(h["cost_usd"] for h in forwards),
+        "by_zone_pair": hops,
+    }
+
+
 def _epoch_iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat()
 
@@ -347,9 +407,24 @@ def format_table(summary: dict[str, Any]) -> str:
         "per month).",
         saving_sentence(summary)[0].upper() + saving_sentence(summary)[1:] + ".",
     ]
+    lines += durable_queue_lines(summary)
     if summary["unknown_zone_bytes"]:
         lines.append(
             f"note: {size(summary['unknown_zone_bytes'])} from clients with no known zone were counted "
             "in their server's zone (name them `...?az=<zone>` or configure ledger client_zones)"
         )
+    if summary.get("stream_contents"):
+        from zonebus.pipeline.stream_contents import format_section
+
+        lines.append(format_section(summary["stream_contents"], cur))
     return "\n".join(lines)
+
+
+def durable_queue_lines(summary: dict[str, Any]) -> list[str]:
+    """One line on durable queue groups, for the terminal (none when the ledger has none)."""
+    d = summary.get("durable_queue")
+    if not d or not (d["deliveries"] or d["forwards"]):
+        return []
+    return [f"durable queue groups: {d['deliveries']:,} deliveries, {d['cross_zone_deliveries']:,} to a member in "
+            f"another zone; {d['cross_zone_forwards']:,} forwards between servers crossed zones "
+            f"({size(d['cross_zone_forward_bytes'])}, part of the route traffic above)."]

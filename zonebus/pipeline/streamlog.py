@@ -339,30 +339,6 @@ def parse_headers(raw: bytes) -> list[tuple[str, list[str]]]:
     return list(out.items())
 
 
-class _Columns:
-    __slots__ = ("seq", "subject", "ts", "headers", "data", "size")
-
-    def __init__(self) -> None:
-        self.seq: list[int] = []
-        self.subject: list[str] = []
-        self.ts: list[int] = []
-        self.headers: list[list[tuple[str, list[str]]] | None] = []
-        self.data: list[bytes] = []
-        self.size: list[int] = []
-
-    def batch(self, stream: str) -> pa.RecordBatch:
-        n = len(self.seq)
-        return pa.RecordBatch.from_arrays([
-            pa.array([stream] * n, pa.string()),
-            pa.array(self.seq, pa.int64()),
-            pa.array(self.subject, pa.string()),
-            pa.array(self.ts, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
-            pa.array(self.data, pa.binary()),
-            pa.array(self.size, pa.int64()),
-        ], schema=ARROW_SCHEMA)
-
-
 def _fetch(objects: ObjectStore, prefix: str, batch: int, epoch: int) -> bytes | None:
     """A batch object's bytes; None when a base move deleted it since the plan (then it held no live message)."""
     try:
@@ -376,56 +352,34 @@ def _fetch(objects: ObjectStore, prefix: str, batch: int, epoch: int) -> bytes |
 
 
 def read_task(task: Task, rows_per_batch: int = ROWS_PER_BATCH) -> Iterator[pa.RecordBatch]:
-    """The live messages of the task's batches that its predicate wants, as Arrow record batches."""
+    """The live messages of the task's batches that its predicate wants, as Arrow record batches.
+
+    A message is live when its sequence is above every sequence before it in the log (and above the floor of
+    every MARK), is not deleted by a later DEL of this task's plan, and is not below the stream's floor. Each
+    object is decoded as arrays (`batchdecode`)."""
+    from zonebus.pipeline.batchdecode import decode
+
     objects = ObjectStore.from_url(task.url, task.endpoint, task.region)
     prefix = L.stream_prefix(task.stream)
-    pred, floor, dels = task.pred, task.floor, task.dels
-    seq_lo, seq_hi, seqs = max(pred.seq_lo, floor), pred.seq_hi, pred.seqs
-    ts_lo, ts_hi = pred.ts_lo, pred.ts_hi
-    by_subject = pred.filters_subjects()
+    pred = task.pred
     subject_ok: dict[str, bool] = {}
-    overhead = SharedView.overhead
-    cols = _Columns()
+
+    def wants(subject: str) -> bool:
+        ok = subject_ok.get(subject)
+        if ok is None:
+            ok = subject_ok[subject] = pred.wants_subject(subject)
+        return ok
+
     for batch, epoch, last, clean in task.batches:
         data = _fetch(objects, prefix, batch, epoch)
         if data is None:
             continue
         _check_names(L.read_header(data), batch, epoch)
-        for n, (off, kind, seq, ts, slen, hlen, dlen) in enumerate(L.iter_records(data)):
-            if kind != L.MSG:
-                if clean:
-                    raise L.LayoutError(f"{task.stream}: batch {batch} breaks the layout (a removal record in a "
-                                        f"batch whose header says it holds only messages)")
-                if kind == L.MARK:
-                    last = max(last, ts, seq - 1)
-                continue
-            if seq <= last:
-                continue
-            last = seq
-            if seq < seq_lo or seq > seq_hi or (seqs is not None and seq not in seqs):
-                continue
-            gone = dels.get(seq)
-            if gone is not None and gone > (batch, n):
-                continue
-            us = ts // 1000
-            if us < ts_lo or us > ts_hi:
-                continue
-            subject = L.record_subject(data, off, slen)
-            if by_subject:
-                ok = subject_ok.get(subject)
-                if ok is None:
-                    ok = subject_ok[subject] = pred.wants_subject(subject)
-                if not ok:
-                    continue
-            hdrs, body = L.record_body(data, off)
-            cols.seq.append(seq)
-            cols.subject.append(subject)
-            cols.ts.append(us)
-            cols.headers.append(parse_headers(hdrs) if hdrs else None)
-            cols.data.append(body)
-            cols.size.append(slen + hlen + dlen + overhead + (4 if hlen else 0))
-            if len(cols.seq) >= rows_per_batch:
-                yield cols.batch(task.stream)
-                cols = _Columns()
-    if cols.seq:
-        yield cols.batch(task.stream)
+        rb = decode(data, batch, last, clean, task.stream, seq_lo=max(pred.seq_lo, task.floor), seq_hi=pred.seq_hi,
+                    seqs=pred.seqs, ts_lo=pred.ts_lo, ts_hi=pred.ts_hi, dels=task.dels,
+                    wants_subject=wants if pred.filters_subjects() else None, overhead=SharedView.overhead,
+                    parse_headers=parse_headers, schema=ARROW_SCHEMA)
+        if rb is None:
+            continue
+        for at in range(0, rb.num_rows, rows_per_batch):
+            yield rb.slice(at, rows_per_batch)

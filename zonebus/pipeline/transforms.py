@@ -349,3 +349,25 @@ ORDER: dict[str, list[tuple[str, bool]]] = {
 
 def sort_columns(table: str) -> list[Column]:
     return [F.desc(name) if desc else F.asc(name) for name, desc in ORDER[table]]
+
+
+# Durable queue groups (zonebus.queue): their rows say what the group's hops were, per zone pair. The two
+# forwarding hops are route bytes already counted in the traffic rows, so this table explains part of the bill
+# and is not added to it.
+DURABLE_QUEUE_KEYS = (S.QUEUE, S.HOP, S.SRC_ZONE, S.DST_ZONE)
+ORDER["durable_queue"] = [(S.QUEUE, False), (S.HOP, False), (S.SRC_ZONE, False), (S.DST_ZONE, False)]
+
+
+def durable_queue(rows: DataFrame, per_byte: float) -> DataFrame:
+    """Per (queue, hop, src_zone, dst_zone): rows, msgs, bytes, whether the hop crossed zones, its cost (the
+    forwards' only: a delivery to a member on another server rides the `to_member_server` forward)."""
+    crossed = F.col(S.SRC_ZONE) != F.col(S.DST_ZONE)
+    return (
+        rows.groupBy(*DURABLE_QUEUE_KEYS)
+        .agg(F.count(F.lit(1)).alias(ROWS), F.sum(S.MSGS).alias(S.MSGS), F.sum(S.BYTES).alias(S.BYTES))
+        .withColumn(CROSS, crossed)
+        .withColumn(CROSS_MSGS, F.when(crossed, F.col(S.MSGS)).otherwise(F.lit(0)))
+        .withColumn(CROSS_BYTES, F.when(crossed, F.col(S.BYTES)).otherwise(F.lit(0)))
+        .withColumn(COST, F.when(F.col(S.HOP) == "delivery", F.lit(0.0))  # its bytes are the forward's
+                    .otherwise(_cost(F.col(CROSS_BYTES), per_byte)))
+    )

@@ -7,6 +7,8 @@ at random (by member count) within a tier. Local members are written to directly
 over the `qgroup` channel (`wire`), whose server reports back. `ack: none`: done once written to a member;
 `ack: explicit`: done when acked, else sent again after `ack_wait` or when its member goes, up to
 `max_deliver`. Done messages leave the log, so its first sequence is the committed offset (at least once).
+Each push is counted in the traffic ledger (when on) as a `delivery` hop from the zone where the message was
+published to the member's zone.
 """
 
 from __future__ import annotations
@@ -176,6 +178,10 @@ class Dispatcher:
             st.cross_zone += 1
         key = f"{rec.zone or '?'}->{zone or '?'}"
         st.by_zone_pair[key] = st.by_zone_pair.get(key, 0) + 1
+        ledger = self.server.ledger
+        if ledger is not None:  # the MSG as the member gets it: control line (about 16 bytes + names), data
+            nbytes = len(subject) + len(sub.sid) + (len(reply) + 1 if reply else 0) + len(rec.data) + 16
+            ledger.durable_hop(subject, spec.name, "delivery", rec.zone, zone, nbytes)
         if not where and not explicit:
             self._done(rec.seq)
             st.delivered += 1

@@ -224,8 +224,10 @@ class QueueService:
             return
         head = {"t": "pub", "g": p.group, "id": pid, "s": p.subject.decode(errors="replace"), "h": p.hdr_len,
                 "o": self.server.name, "z": self.server.zone}
-        if self.channel.send(primary, wire.frame(head, p.data[:-2])):
+        frame = wire.frame(head, p.data[:-2])
+        if self.channel.send(primary, frame):
             self.forwarded += 1
+            self._count_hop(p.subject, p.group, "to_primary", primary, frame)
 
     # -- the channel ---------------------------------------------------------------------------------
     def _send_remote(self, server: str, group: str, seq: int, subject: bytes, reply: str | None,
@@ -233,7 +235,21 @@ class QueueService:
         if self.channel is None:
             return False
         head = {"t": "dlv", "g": group, "seq": seq, "s": subject.decode(errors="replace"), "r": reply, "h": hdr_len}
-        return self.channel.send(server, wire.frame(head, data))
+        frame = wire.frame(head, data)
+        if not self.channel.send(server, frame):
+            return False
+        self._count_hop(subject, group, "to_member_server", server, frame)
+        return True
+
+    def _count_hop(self, subject: bytes, group: str, hop: str, peer: str, frame: bytes) -> None:
+        """A frame to `peer` in the traffic ledger's durable queue rows (its LMSG bytes, as on the route)."""
+        ledger = self.server.ledger
+        if ledger is None or self.channel is None:
+            return
+        conn = self.channel.hub.links.get(peer)
+        zone = getattr(conn, "zone", "") if conn is not None else ""
+        nbytes = len(frame) + len(wire.CHANNEL) + len(str(len(frame))) + 9  # "LMSG <ch> <n>\r\n" ... "\r\n"
+        ledger.durable_hop(subject, group, hop, self.server.zone, zone, nbytes)
 
     def _frame(self, peer: str, payload: bytes) -> None:
         head, body = wire.parse(payload)

@@ -3,7 +3,8 @@
 Each counted connection holds two plain dicts (`ledger_in`, `ledger_out`: subject -> [msgs, bytes]) that
 the data path updates with one dict operation per message. At every interval boundary this object swaps
 them for fresh ones and hands the full ones to `LedgerAccumulator` (which reduces subjects to prefixes and
-writes Parquet off the event loop). Queue routing decisions are counted here the same way. Runs on the event
+writes Parquet off the event loop). Queue routing decisions, and the hops of durable queue groups
+(`durable_hop`, called by zonebus.queue), are counted here the same way. Runs on the event
 loop thread; only the accumulator's flush runs in a worker thread.
 
 The handover also adds each window to running totals (`LedgerTotals`, read by `/metrics`): bytes and message
@@ -80,6 +81,7 @@ class LedgerHooks:
         self.acc = LedgerAccumulator(opts, server.name, zone, known)
         self.resolver = ClientZoneResolver(zone, opts.client_zones, opts.zone_tag_prefix)
         self.decisions: dict[tuple, list[int]] = {}
+        self.durable: dict[tuple[bytes, str, str, str, str], list[int]] = {}
         self.closed: list[Connection] = []  # closed since the last handover, recorded then
         self.window = window_start_for(time.time(), opts.interval)
         self.totals = LedgerTotals()
@@ -156,6 +158,16 @@ class LedgerHooks:
             c[0] += 1
             c[1] += size
 
+    def durable_hop(self, subject: bytes, queue: str, hop: str, src_zone: str, dst_zone: str, nbytes: int) -> None:
+        """Count one hop of a durable queue group's message (`zonebus.ledger.schema.HOPS`)."""
+        key = (subject, queue, hop, src_zone, dst_zone)
+        c = self.durable.get(key)
+        if c is None:
+            self.durable[key] = [1, nbytes]
+        else:
+            c[0] += 1
+            c[1] += nbytes
+
     # -- handover ------------------------------------------------------------------------------------
     async def _run(self) -> None:
         interval = self.server.opts.ledger.interval
@@ -186,6 +198,9 @@ class LedgerHooks:
             decisions, self.decisions = self.decisions, {}
             self.acc.record_decisions(window, decisions)
             self.totals.add_decisions(decisions)
+        if self.durable:
+            durable, self.durable = self.durable, {}
+            self.acc.record_durable(window, durable)
         self.totals.last_handover = time.time()
 
     def _record(self, conn: Connection, window: float) -> None:
