@@ -108,3 +108,42 @@ def test_subset() -> None:
     assert is_subset("foo.*", "foo.>")
     assert not is_subset("foo.*.baz", "foo.bar.*")
     assert not is_subset("foo.>", "foo.*")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    subs=st.lists(st.tuples(patterns(), st.sampled_from([None, "q1"])), max_size=20),
+    removals=st.lists(st.integers(min_value=0, max_value=19), max_size=6),
+    probes=st.lists(literals, min_size=1, max_size=12),
+)
+def test_match_reply_agrees_with_the_brute_force_matcher(subs, removals, probes) -> None:
+    """match_reply shares results between subjects that differ in their last token; a literal subscription
+    on that token (or one added or removed later) must never be missed or kept."""
+    sl = Sublist()
+    live: dict[bytes, tuple[str, Subscription]] = {}
+    for i, (pattern, queue) in enumerate(subs):
+        sub = Subscription(None, pattern.encode(), queue.encode() if queue else None, str(i).encode())
+        sl.insert(sub)
+        live[sub.sid] = (pattern, sub)
+    for probe in probes:  # fill the per-prefix results before the removals
+        sl.match_reply(probe.encode())
+    for r in removals:
+        sid = str(r).encode()
+        if sid in live:
+            assert sl.remove(live.pop(sid)[1])
+    for _ in range(2):  # second pass: answered from the per-prefix results
+        for probe in probes + [p + ".x" for p in probes]:
+            expected = {sid for sid, (pattern, _) in live.items() if matches(pattern, probe)}
+            assert _sids(sl.match_reply(probe.encode())) == expected, probe
+
+
+def test_match_reply_shares_a_prefix_until_a_literal_sub_appears() -> None:
+    sl = Sublist()
+    sl.insert(Subscription(None, b"_INBOX.abc.*", None, b"1"))
+    assert [s.sid for s in sl.match_reply(b"_INBOX.abc.1").psubs] == [b"1"]
+    assert [s.sid for s in sl.match_reply(b"_INBOX.abc.2").psubs] == [b"1"]
+    assert len(sl._by_prefix) == 1 and sl.cache_size() == 0  # nothing in the per-subject cache
+    sl.insert(Subscription(None, b"_INBOX.abc.7", None, b"2"))
+    assert [s.sid for s in sl.match_reply(b"_INBOX.abc.7").psubs] == [b"1", b"2"]
+    assert [s.sid for s in sl.match_reply(b"_INBOX.abc.8").psubs] == [b"1"]
+    assert not sl._by_prefix  # a literal last token: not shareable

@@ -84,6 +84,27 @@ class InternalClient(Connection):
         else:
             self._deliver_as(subject.encode(), msg_subject.encode(), rep, hdr_len, data)
 
+    def reply(self, subject: bytes, payload: bytes) -> None:
+        """Publish a header-less reply (a PubAck) like `publish`, on a short path: when the subject's match is
+        plain client subscriptions only (and no interceptor or forwarder is installed) they get it directly,
+        without the general routing code; anything else goes through `Server.process_msg` as before."""
+        server = self.server
+        self.out_msgs += 1
+        data = payload + b"\r\n"
+        if server.publish_interceptor is None and server.forwarder is None:
+            r = server.sublist.match_reply(subject)  # a reply inbox: seen once
+            if not r.qsubs:
+                psubs = r.psubs
+                for sub in psubs:
+                    if sub.conn.kind != CLIENT or sub.max_msgs:
+                        break
+                else:
+                    for sub in psubs:
+                        sub.delivered += 1
+                        sub.conn.deliver(sub, subject, None, -1, data)
+                    return
+        server.process_msg(self, subject, None, -1, data)
+
     def _deliver_as(self, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
         """Local subscribers of `subject` get the message under `shown`; routes with interest get it through
         `shown_forwarder` (which keeps `shown`), else as a plain RMSG under `subject`."""

@@ -46,6 +46,17 @@ def encode(kind: int, seq: int, ts: int, subject: bytes = b"", hdrs: bytes = b""
     return body + _CRC.pack(zlib.crc32(body))
 
 
+def encode_into(buf: bytearray, kind: int, seq: int, ts: int, subject: bytes, hdrs: bytes, data: bytes) -> None:
+    """Append `encode(...)`'s record to `buf` without building it apart first."""
+    head = _HDR.pack(HDR_LEN + len(subject) + len(hdrs) + len(data) + 4, kind, seq, ts, len(subject), len(hdrs),
+                     len(data))
+    buf += head
+    buf += subject
+    buf += hdrs
+    buf += data
+    buf += _CRC.pack(zlib.crc32(data, zlib.crc32(hdrs, zlib.crc32(subject, zlib.crc32(head)))))
+
+
 class FileStore(MsgStore):
     overhead = 30  # nats-server fileStoreMsgSize: subject + headers + data + 22 record + 8 hash
 

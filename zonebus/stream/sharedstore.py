@@ -38,6 +38,7 @@ from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream import sharedlayout as L
+from zonebus.stream.filestore import encode_into
 from zonebus.stream.shareddocs import DocQueue
 from zonebus.stream.sharedview import SharedView
 from zonebus.stream.store import now_ns
@@ -212,7 +213,13 @@ class SharedStore(SharedView):
             self._pump()
 
     def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
-        b, off = self._append(L.encode(L.MSG, seq, ts, subject.encode(), hdrs or b"", data))
+        # L.encode's record, built in place in the batch buffer (no intermediate copies of the payload)
+        b = self._open if self._open is not None else self._batch()
+        buf = b.buf
+        off = len(buf)
+        encode_into(buf, L.MSG, seq, ts, subject.encode(), hdrs or b"", data)
+        b.nrec += 1
+        self._backlog += len(buf) - off
         b.last_seq = seq
         b.msgs += 1
         self.live[b.num] = self.live.get(b.num, 0) + 1
@@ -395,8 +402,11 @@ class SharedStore(SharedView):
                     log.exception("shared store %s: visibility callback failed", self.stream)
         elif self.durable_seq < b.first_seq - 1:
             self.durable_seq = b.first_seq - 1
-        for cb in b.waiters:
-            self._call(cb, None)
+        for cb in b.waiters:  # (_call inlined: one per PubAck)
+            try:
+                cb(None)
+            except Exception:
+                log.exception("shared store: durability callback failed")
         b.waiters = []
 
     def _dec_live_n(self, target: int, n: int) -> None:

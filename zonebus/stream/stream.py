@@ -17,6 +17,7 @@ import logging
 import shutil
 import time
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,8 @@ class Stream:
         self.sourced_by: list[SourceLink] = []  # links of the streams sourcing this one
         self.sources: list[SourceLink] = []
         self.closed = False
+        self._ack_head = b'{"stream":' + json.dumps(self.name).encode() + b',"seq":'  # PubAck: head, seq, "}"
+        self._reply = getattr(service.client, "reply", None)  # InternalClient's short reply path
         first = cfg.get("first_seq", 0)
         if first > 1 and store.index.last_seq == 0 and not store.index.msgs:
             store.start_at(first)  # a new stream's first message gets sequence `first_seq`
@@ -125,14 +128,26 @@ class Stream:
             resp = _pub_error(self.name, JSError("stream_store_failed", err="store failure"))
         if reply and not self.cfg.get("no_ack"):
             # a shared store acknowledges once the message is durable there (or tells why it is not)
-            if wait and self.store.ack_when_durable(wait, lambda err: self._durable_reply(reply, resp, err)):
+            if wait and self.store.ack_when_durable(wait, partial(self._durable_reply, reply, resp)):
                 return
-            self.service.send(reply, resp)
+            self._send_ack(reply, resp)
 
     def _durable_reply(self, reply: str, resp: bytes, err: str | None) -> None:
         if err is not None:
             resp = _pub_error(self.name, JSError("stream_store_failed", err=err))
-        self.service.send(reply, resp)
+        if self._reply is None or (self.service.tap is not None and reply.startswith("$ZR.")):
+            self.service.send(reply, resp)
+        else:
+            self._reply(reply.encode(), resp)  # (as _send_ack, one call less per PubAck)
+
+    def _send_ack(self, reply: str, resp: bytes) -> None:
+        """A PubAck (or a publish error) to `reply`: as `service.send` does, on the internal client's short
+        reply path unless the zone router's tap takes it."""
+        svc = self.service
+        if self._reply is None or (svc.tap is not None and reply.startswith("$ZR.")):
+            svc.send(reply, resp)
+        else:
+            self._reply(reply.encode(), resp)
 
     def process(self, subject: str, hdrs: bytes | None, data: bytes) -> bytes:
         return self._process(subject, hdrs, data)[0]
@@ -175,7 +190,7 @@ class Stream:
             if parsed is None:
                 return _pub_error(self.name, JSError("message_ttl_invalid")), 0
             ttl = parsed
-        err = self._check_discard_new(subject, hdrs, data)
+        err = self._check_discard_new(subject, hdrs, data) if cfg["discard"] == "new" else None
         if err is not None:
             return _pub_error(self.name, err), 0
         if limits.exceeded(self.service, cfg["storage"]):
@@ -191,8 +206,9 @@ class Stream:
         self._last_msg_id = msg_id
         if h and cfg.get("allow_rollup_hdrs") and h.get("Nats-Rollup") in ("sub", "all"):
             self._rollup(seq, subject, h["Nats-Rollup"])
-        self._enforce_limits(subject)
-        if self.retention == "interest" and not self._has_interest(subject):
+        if cfg["max_msgs_per_subject"] > 0 or cfg["max_msgs"] > 0 or cfg["max_bytes"] > 0:
+            self._enforce_limits(subject)
+        if cfg["retention"] == "interest" and not self._has_interest(subject):
             self.remove_msg(seq)
         elif seq <= self.store.visible_seq():
             for c in list(self.consumers.values()):
@@ -202,7 +218,7 @@ class Stream:
         # else: announced to the consumers by on_visible once durable
         if cfg["max_age"] and self._age_timer is None:
             self.schedule_age_check()
-        return f'{{"stream":{json.dumps(self.name)},"seq":{seq}}}'.encode(), seq
+        return b"%b%d}" % (self._ack_head, seq), seq
 
     # -- sources ---------------------------------------------------------------------------------------
     def _start_sources(self) -> None:

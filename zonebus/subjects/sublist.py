@@ -62,6 +62,7 @@ class Sublist:
     def __init__(self) -> None:
         self._root = _Node()
         self._cache: dict[bytes, MatchResult] = {}
+        self._by_prefix: dict[bytes, MatchResult] = {}  # match_reply's results by prefix
         self.generation = 0
         self.count = 0
         self.inserts = 0
@@ -121,6 +122,8 @@ class Sublist:
         self.generation += 1
         if self._cache:
             self._cache = {}
+        if self._by_prefix:
+            self._by_prefix = {}
 
     def match(self, subject: bytes) -> MatchResult:
         self.matches += 1
@@ -138,6 +141,42 @@ class Sublist:
             self._cache = {}
         self._cache[subject] = r
         return r
+
+    def match_reply(self, subject: bytes) -> MatchResult:
+        """`match` for a subject seen once, such as the reply inbox of a PubAck (`_INBOX.<id>.<n>`): it does
+        not fill the cache (where it would only push the cache to its limit and have it dropped). Instead the
+        result is kept per prefix (all but the last token) when no subscription could tell two last tokens
+        apart: none of the trie nodes the last token is looked up in has a literal child, only `*` and `>`."""
+        self.matches += 1
+        r = self._cache.get(subject)
+        if r is not None:
+            self.cache_hits += 1
+            return r
+        prefix, _, last = subject.rpartition(b".")
+        if not prefix or last in (b"", b"*", b">"):
+            return self._match_nocache(subject)
+        r = self._by_prefix.get(prefix)
+        if r is not None:
+            self.cache_hits += 1
+            return r
+        r = self._match_nocache(subject)
+        tokens = prefix.split(b".")
+        if b"" not in tokens:
+            nodes: list[_Node] = []
+            _last_nodes(self._root, tokens, 0, nodes)
+            if all(k in (b"*", b">") for node in nodes for k in node.children):
+                if len(self._by_prefix) >= CACHE_MAX:
+                    self._by_prefix = {}
+                self._by_prefix[prefix] = r
+        return r
+
+    def _match_nocache(self, subject: bytes) -> MatchResult:
+        psubs: list[Subscription] = []
+        qmap: dict[bytes, list[Subscription]] = {}
+        tokens = subject.split(b".")
+        if b"" not in tokens:  # a subject with an empty token matches nothing
+            _collect(self._root, tokens, 0, psubs, qmap)
+        return MatchResult(psubs, list(qmap.values())) if (psubs or qmap) else EMPTY
 
     def has_interest(self, subject: bytes) -> bool:
         return bool(self.match(subject))
@@ -192,6 +231,27 @@ def _collect(node: _Node, tokens: list[bytes], i: int, psubs: list, qmap: dict) 
         if tok == b"*" or tok == b">":
             return
         lit = children.get(tok)
+        if lit is None:
+            return
+        node = lit
+        i += 1
+
+
+def _last_nodes(node: _Node, prefix: list[bytes], i: int, out: list[_Node]) -> None:
+    """The nodes in which `_collect` looks up the token after `prefix` (through literal and `*` children)."""
+    while True:
+        if not node.children:
+            return
+        if i == len(prefix):
+            out.append(node)
+            return
+        pwc = node.children.get(b"*")
+        if pwc is not None:
+            _last_nodes(pwc, prefix, i + 1, out)
+        tok = prefix[i]
+        if tok == b"*" or tok == b">":
+            return
+        lit = node.children.get(tok)
         if lit is None:
             return
         node = lit
