@@ -7,6 +7,8 @@ create with another config is refused; stepdown moves the leader; delete removes
 
 from __future__ import annotations
 
+import json
+
 import nats
 import pytest
 from jscluster import api, start_cluster, wait_meta_leader
@@ -132,3 +134,26 @@ async def test_key_value_with_direct_gets_from_every_server(cluster) -> None:
     finally:
         for nc in conns:
             await nc.close()
+
+
+@pytest.mark.timeout(90)
+async def test_update_is_checked_as_an_update_sealing_works(cluster) -> None:
+    """A clustered update may seal a stream (a create may not), as on a lone server and on nats-server; a
+    sealed stream refuses publishes with 10109."""
+    await wait_meta_leader(cluster)
+    nc = await nats.connect(cluster[1].url)
+    try:
+        cfg = {"name": "SEAL", "subjects": ["seal.>"], "storage": "file"}
+        created = await api(nc, "$JS.API.STREAM.CREATE.SEAL", {**cfg, "sealed": True})
+        assert created["error"]["err_code"] == 10052, created  # a create can not be sealed
+        assert "error" not in await api(nc, "$JS.API.STREAM.CREATE.SEAL", cfg)
+        await nc.jetstream(timeout=5).publish("seal.a", b"before")
+        sealed = await api(nc, "$JS.API.STREAM.UPDATE.SEAL", {**cfg, "sealed": True})
+        assert "error" not in sealed and sealed["config"]["sealed"] is True, sealed
+        refused = json.loads((await nc.request("seal.b", b"after", timeout=5)).data)
+        assert refused["error"]["err_code"] == 10109, refused
+        info = await api(nc, "$JS.API.STREAM.INFO.SEAL")
+        assert info["state"]["messages"] == 1
+        await api(nc, "$JS.API.STREAM.DELETE.SEAL")
+    finally:
+        await nc.close()

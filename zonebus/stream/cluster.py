@@ -378,7 +378,7 @@ class ClusteredJetStream:
         try:
             state = self.meta.state if self.meta is not None else None
             others = {n: r.config for n, r in (state.streams.items() if state else ()) if n != name}
-            cfg = self.svc.api._stream_config(payload, name, others)
+            cfg = self.svc.api._stream_config(payload, name, others, update=op == "UPDATE")
             if cfg["storage"] == "file" and self.svc.shared is None:
                 raise JSError("stream_invalid_config",
                               err="file storage in a cluster needs a shared store (jetstream { shared_store })")
