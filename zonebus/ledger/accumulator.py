@@ -194,8 +194,8 @@ class LedgerAccumulator:
                 decisions, self._decisions = self._decisions, {}
                 durable, self._durable = self._durable, {}
             for kind, table in ((S.TRAFFIC, self._traffic_table(traffic)),
-                                (S.DECISIONS, self._decisions_table(decisions)),
-                                (S.DURABLE_QUEUE, self._durable_table(durable))):
+                                (S.DECISIONS, self._keyed_table(decisions, S.DECISIONS_SCHEMA)),
+                                (S.DURABLE_QUEUE, self._keyed_table(durable, S.DURABLE_QUEUE_SCHEMA))):
                 if table.num_rows == 0:
                     continue
                 try:
@@ -234,32 +234,20 @@ class LedgerAccumulator:
             data[name] = pa.array(values, S.TRAFFIC_SCHEMA.field(name).type)
         return pa.table(data, schema=S.TRAFFIC_SCHEMA)
 
-    def _decisions_table(self, decisions: dict[DecisionKey, list[int]]) -> pa.Table:
-        cols: list[list[Any]] = [[] for _ in range(9)]
-        for key, (msgs, nbytes) in decisions.items():
+    def _keyed_table(self, counts: dict[tuple, list[int]], schema: pa.Schema) -> pa.Table:
+        """Rows keyed by (window, *fields): the schema's columns after WINDOW_AND_SERVER are the key's fields
+        in order, then msgs and bytes (the queue decisions and durable-queue tables)."""
+        names = schema.names[len(S.WINDOW_AND_SERVER):]
+        cols: list[list[Any]] = [[] for _ in range(len(names) + 1)]
+        for key, (msgs, nbytes) in counts.items():
             for i, value in enumerate(key):
                 cols[i].append(value)
-            cols[7].append(msgs)
-            cols[8].append(nbytes)
+            cols[-2].append(msgs)
+            cols[-1].append(nbytes)
         data = self._common(cols[0])
-        names = (S.SUBJECT_PREFIX, S.QUEUE, S.PUBLISHER_ZONE, S.CHOSEN_ZONE, S.WEIGHT_IN_ZONE,
-                 S.WEIGHT_OUTSIDE, S.MSGS, S.BYTES)
         for name, values in zip(names, cols[1:], strict=True):
-            data[name] = pa.array(values, S.DECISIONS_SCHEMA.field(name).type)
-        return pa.table(data, schema=S.DECISIONS_SCHEMA)
-
-    def _durable_table(self, durable: dict[DurableKey, list[int]]) -> pa.Table:
-        cols: list[list[Any]] = [[] for _ in range(8)]
-        for key, (msgs, nbytes) in durable.items():
-            for i, value in enumerate(key):
-                cols[i].append(value)
-            cols[6].append(msgs)
-            cols[7].append(nbytes)
-        data = self._common(cols[0])
-        names = (S.SUBJECT_PREFIX, S.QUEUE, S.HOP, S.SRC_ZONE, S.DST_ZONE, S.MSGS, S.BYTES)
-        for name, values in zip(names, cols[1:], strict=True):
-            data[name] = pa.array(values, S.DURABLE_QUEUE_SCHEMA.field(name).type)
-        return pa.table(data, schema=S.DURABLE_QUEUE_SCHEMA)
+            data[name] = pa.array(values, schema.field(name).type)
+        return pa.table(data, schema=schema)
 
     # -- background flushing --------------------------------------------------------------------------
 

@@ -51,13 +51,21 @@ DIRECTIONS = ("in", "out")
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 
+# Every table starts with the window and the writing server, and ends with the counts.
+WINDOW_AND_SERVER = [
+    pa.field(WINDOW_START, TIMESTAMP, nullable=False),
+    pa.field(INTERVAL_S, pa.float64(), nullable=False),
+    pa.field(SERVER, pa.string(), nullable=False),
+    pa.field(SERVER_ZONE, pa.string(), nullable=False),
+    pa.field(SERVER_ZONE_KNOWN, pa.bool_(), nullable=False),
+]
+COUNTS = [
+    pa.field(MSGS, pa.int64(), nullable=False),
+    pa.field(BYTES, pa.int64(), nullable=False),
+]
+
 TRAFFIC_SCHEMA = pa.schema(
-    [
-        pa.field(WINDOW_START, TIMESTAMP, nullable=False),
-        pa.field(INTERVAL_S, pa.float64(), nullable=False),
-        pa.field(SERVER, pa.string(), nullable=False),
-        pa.field(SERVER_ZONE, pa.string(), nullable=False),
-        pa.field(SERVER_ZONE_KNOWN, pa.bool_(), nullable=False),
+    WINDOW_AND_SERVER + [
         pa.field(LINK_KIND, pa.string(), nullable=False),
         pa.field(PEER, pa.string(), nullable=False),
         pa.field(PEER_ZONE, pa.string(), nullable=False),
@@ -65,44 +73,28 @@ TRAFFIC_SCHEMA = pa.schema(
         pa.field(DIRECTION, pa.string(), nullable=False),
         pa.field(ACCOUNT, pa.string(), nullable=False),
         pa.field(SUBJECT_PREFIX, pa.string(), nullable=False),
-        pa.field(MSGS, pa.int64(), nullable=False),
-        pa.field(BYTES, pa.int64(), nullable=False),
-    ]
+    ] + COUNTS
 )
 
 DECISIONS_SCHEMA = pa.schema(
-    [
-        pa.field(WINDOW_START, TIMESTAMP, nullable=False),
-        pa.field(INTERVAL_S, pa.float64(), nullable=False),
-        pa.field(SERVER, pa.string(), nullable=False),
-        pa.field(SERVER_ZONE, pa.string(), nullable=False),
-        pa.field(SERVER_ZONE_KNOWN, pa.bool_(), nullable=False),
+    WINDOW_AND_SERVER + [
         pa.field(SUBJECT_PREFIX, pa.string(), nullable=False),
         pa.field(QUEUE, pa.string(), nullable=False),
         pa.field(PUBLISHER_ZONE, pa.string(), nullable=False),
         pa.field(CHOSEN_ZONE, pa.string(), nullable=False),
         pa.field(WEIGHT_IN_ZONE, pa.int64(), nullable=False),
         pa.field(WEIGHT_OUTSIDE, pa.int64(), nullable=False),
-        pa.field(MSGS, pa.int64(), nullable=False),
-        pa.field(BYTES, pa.int64(), nullable=False),
-    ]
+    ] + COUNTS
 )
 
 DURABLE_QUEUE_SCHEMA = pa.schema(
-    [
-        pa.field(WINDOW_START, TIMESTAMP, nullable=False),
-        pa.field(INTERVAL_S, pa.float64(), nullable=False),
-        pa.field(SERVER, pa.string(), nullable=False),
-        pa.field(SERVER_ZONE, pa.string(), nullable=False),
-        pa.field(SERVER_ZONE_KNOWN, pa.bool_(), nullable=False),
+    WINDOW_AND_SERVER + [
         pa.field(SUBJECT_PREFIX, pa.string(), nullable=False),
         pa.field(QUEUE, pa.string(), nullable=False),
         pa.field(HOP, pa.string(), nullable=False),
         pa.field(SRC_ZONE, pa.string(), nullable=False),
         pa.field(DST_ZONE, pa.string(), nullable=False),
-        pa.field(MSGS, pa.int64(), nullable=False),
-        pa.field(BYTES, pa.int64(), nullable=False),
-    ]
+    ] + COUNTS
 )
 
 TRAFFIC = "traffic"
