@@ -74,6 +74,11 @@ class Exposition:
     def gauge(self, name: str, labels: Mapping[str, Any], value: float, help_text: str = "") -> None:
         self.add(name, "gauge", help_text or name, labels, value)
 
+    def gauges(self, prefix: str, labels: Mapping[str, Any], rows: Iterable[tuple[str, str, float]]) -> None:
+        """One gauge per (name, help, value) row, each named `prefix + name`, all with the same labels."""
+        for name, help_text, value in rows:
+            self.gauge(prefix + name, labels, value, help_text)
+
     def text(self) -> str:
         lines: list[str] = []
         for name, (kind, help_text, samples) in self.families.items():
@@ -205,7 +210,7 @@ def jetstream_series(out: Exposition, jsz: Mapping[str, Any], server_id: str, se
         "is_meta_leader": "true" if not meta or meta.get("leader") == server_name else "false",
     }
     cfg = jsz.get("config") or {}
-    for name, help_text, value in (
+    out.gauges("jetstream_server_", server, (
         ("jetstream_disabled", "JetStream disabled or not", 1 if jsz.get("disabled") else 0),
         ("total_streams", "Total number of streams in JetStream", jsz.get("streams", 0)),
         ("total_consumers", "Total number of consumers in JetStream", jsz.get("consumers", 0)),
@@ -213,18 +218,16 @@ def jetstream_series(out: Exposition, jsz: Mapping[str, Any], server_id: str, se
         ("total_message_bytes", "Total number of bytes stored in JetStream", jsz.get("bytes", 0)),
         ("max_memory", "JetStream Max Memory", cfg.get("max_memory", 0)),
         ("max_storage", "JetStream Max Storage", cfg.get("max_storage", 0)),
-    ):
-        out.gauge(f"jetstream_server_{name}", server, value, help_text)
+    ))
     for acc in jsz.get("account_details") or ():
         account = {**server, "account": acc.get("name", ""), "account_name": acc.get("name", ""),
                    "account_id": acc.get("id", "")}
-        for name, help_text, value in (
+        out.gauges("jetstream_account_", account, (
             ("max_memory", "JetStream Account Max Memory in bytes", acc.get("reserved_memory", 0)),
             ("max_storage", "JetStream Account Max Storage in bytes", acc.get("reserved_storage", 0)),
             ("storage_used", "Total number of bytes used by JetStream storage", acc.get("storage", 0)),
             ("memory_used", "Total number of bytes used by JetStream memory", acc.get("memory", 0)),
-        ):
-            out.gauge(f"jetstream_account_{name}", account, value, help_text)
+        ))
         for stream in acc.get("stream_detail") or ():
             _stream_series(out, account, stream, server_name)
 
@@ -235,15 +238,14 @@ def _stream_series(out: Exposition, account: Mapping[str, str], stream: Mapping[
               "is_stream_leader": "true" if not leader or leader == server_name else "false",
               "stream_raft_group": stream.get("raft_group", "")}
     state = stream.get("state") or {}
-    for name, help_text, value in (
+    out.gauges("jetstream_stream_", labels, (
         ("total_messages", "Total number of messages from a stream", state.get("messages", 0)),
         ("total_bytes", "Total stored bytes from a stream", state.get("bytes", 0)),
         ("first_seq", "First sequence from a stream", state.get("first_seq", 0)),
         ("last_seq", "Last sequence from a stream", state.get("last_seq", 0)),
         ("consumer_count", "Total number of consumers from a stream", state.get("consumer_count", 0)),
         ("subject_count", "Total number of subjects in a stream", state.get("num_subjects", 0)),
-    ):
-        out.gauge(f"jetstream_stream_{name}", labels, value, help_text)
+    ))
     cfg = stream.get("config")
     if cfg:
         out.gauge("jetstream_stream_limit_bytes", labels, cfg.get("max_bytes", -1),
@@ -258,7 +260,7 @@ def _stream_series(out: Exposition, account: Mapping[str, str], stream: Mapping[
                    "is_consumer_leader": "true" if not cleader or cleader == server_name else "false",
                    "consumer_desc": (cons.get("config") or {}).get("description", "")}
         delivered, floor = cons.get("delivered") or {}, cons.get("ack_floor") or {}
-        for name, help_text, value in (
+        out.gauges("jetstream_consumer_", clabels, (
             ("delivered_consumer_seq", "Latest sequence number of a stream consumer", delivered.get("consumer_seq", 0)),
             ("delivered_stream_seq", "Latest sequence number of a stream", delivered.get("stream_seq", 0)),
             ("num_ack_pending", "Number of pending acks from a consumer", cons.get("num_ack_pending", 0)),
@@ -268,8 +270,7 @@ def _stream_series(out: Exposition, account: Mapping[str, str], stream: Mapping[
             ("ack_floor_stream_seq", "Number of ack floor stream seq from a consumer", floor.get("stream_seq", 0)),
             ("ack_floor_consumer_seq", "Number of ack floor consumer seq from a consumer",
              floor.get("consumer_seq", 0)),
-        ):
-            out.gauge(f"jetstream_consumer_{name}", clabels, value, help_text)
+        ))
 
 
 # -- the ledger ---------------------------------------------------------------------------------------
