@@ -38,6 +38,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 from zonebus.stream.filestore import FileStore  # noqa: E402
 from zonebus.stream.stream_config import normalize  # noqa: E402
 from zonebus.testing.byteproxy import ProxyProcess  # noqa: E402
+from zonebus.testing.jsapi import api, create_stream_retrying  # noqa: E402
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all  # noqa: E402
 
 WINDOW = 256
@@ -183,11 +184,6 @@ def start_js_cluster(impl: str, tmp: Path, proxied: bool) -> Cluster:
     return Cluster(impl, servers, proxy)
 
 
-async def api(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 5.0) -> dict:
-    msg = await nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout)
-    return json.loads(msg.data)
-
-
 async def create_r3_stream(cluster: Cluster, timeout: float = 60.0) -> str:
     """Create the R3 stream once the cluster accepts it, move its leader to s1 (zone z1) with stepdowns when
     it landed elsewhere, and return the leader's name (s1 unless a few stepdowns did not get it there)."""
@@ -195,16 +191,7 @@ async def create_r3_stream(cluster: Cluster, timeout: float = 60.0) -> str:
     deadline = time.monotonic() + timeout
     cfg = {"name": STREAM, "subjects": ["bench.>"], "num_replicas": 3, "storage": "file"}
     try:
-        while True:
-            try:
-                resp = await api(nc, f"$JS.API.STREAM.CREATE.{STREAM}", cfg, 5.0)
-                if "error" not in resp:
-                    break
-            except (nats.errors.Error, TimeoutError) as exc:
-                resp = {"error": str(exc)}
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{cluster.impl}: stream not created: {resp}")
-            await asyncio.sleep(0.3)
+        await create_stream_retrying(nc, cfg, deadline, cluster.impl)
         leader = ""
         for _ in range(12):
             try:

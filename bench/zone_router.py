@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 
 from zonebus.testing.byteproxy import ProxyProcess  # noqa: E402
+from zonebus.testing.jsapi import api, create_stream_retrying  # noqa: E402
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel  # noqa: E402
 
 ZONES = 3
@@ -93,26 +93,12 @@ class Setup:
         return f"{tot['puts']} / {tot['gets']} / {tot['deletes']}"
 
 
-async def api(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 5.0) -> dict:
-    msg = await nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout)
-    return json.loads(msg.data)
-
-
 async def create_stream(setup: Setup) -> str:
     nc = await nats.connect(setup.servers[1].url)
     cfg = {"name": STREAM, "subjects": ["zr.>"], "num_replicas": 3, "storage": "file"}
     deadline = time.monotonic() + 60
     try:
-        while True:
-            try:
-                resp = await api(nc, f"$JS.API.STREAM.CREATE.{STREAM}", cfg)
-                if "error" not in resp:
-                    break
-            except (nats.errors.Error, TimeoutError) as exc:
-                resp = {"error": str(exc)}
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{setup.label}: stream not created: {resp}")
-            await asyncio.sleep(0.3)
+        await create_stream_retrying(nc, cfg, deadline, setup.label)
         leader = ""
         for _ in range(15):
             try:

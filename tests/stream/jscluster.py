@@ -8,12 +8,12 @@ and each has its own local store_dir. `wait_meta_leader` polls the servers' `/js
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
 import nats
 
+from zonebus.testing.jsapi import api
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 
@@ -36,11 +36,6 @@ def restart(server: ServerProcess) -> ServerProcess:
     """Start a stopped or killed server again on the same ports and directories."""
     server.proc = None
     return server.start()
-
-
-async def api(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 5.0) -> dict:
-    msg = await nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout)
-    return json.loads(msg.data)
 
 
 async def wait_meta_leader(servers: list[ServerProcess], timeout: float = 20.0) -> None:

@@ -8,7 +8,6 @@ z3), every route listed and, with `proxy`, every route through a byte-counting p
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import nats
 
 from zonebus.testing.byteproxy import ProxyProcess
+from zonebus.testing.jsapi import api
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 
@@ -75,11 +75,6 @@ def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, f
             bp.stop()
         raise
     return Zoned(servers, dict(layout), bp, tmp / "shared")
-
-
-async def api(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 5.0) -> dict:
-    msg = await nc.request(subject, json.dumps(body or {}).encode(), timeout=timeout)
-    return json.loads(msg.data)
 
 
 class Publisher:
