@@ -164,9 +164,6 @@ class LinkTransport(Transport):
     def liveness(self) -> dict[str, PeerLiveness]:
         return {name: PeerLiveness(p.raft, p.last_seen, p.live_since) for name, p in self.peers.items()}
 
-    def mismatches(self) -> dict[str, str]:
-        return {name: p.mismatch for name, p in self.peers.items() if p.mismatch}
-
     # ---- internals ---------------------------------------------------------------------------------------
 
     def _send(self, name: str, frame: bytes) -> bool:

@@ -49,11 +49,6 @@ def pub_ack(group: str, seq: int) -> bytes:
     return json.dumps({"stream": stream_name(group), "seq": seq}, separators=(",", ":")).encode()
 
 
-def pub_ack_error(group: str, text: str) -> bytes:
-    return json.dumps({"error": {"code": 503, "err_code": 10077, "description": text},
-                       "stream": stream_name(group)}, separators=(",", ":")).encode()
-
-
 @dataclass(slots=True)
 class Record:
     """One stored message: what the publisher sent, and where it was published (server, zone)."""

@@ -6,8 +6,8 @@ bytes chosen when the proxy starts (a restarted server gets a new channel, so of
 as 16 hex digits; `owner.json` beside it names the server. A batch is deleted once its leader answered it
 (the leader appended the messages to the stream's own log) or the proxy gave up on it; a restarted server
 deletes the channels of its earlier runs. Any server opens a read-only view of another's
-channel by id (`get`). The writer keeps what it wrote in a short-lived read-once cache so that it never
-reads its own data back. Blocking methods run in worker threads; `next_offset` is taken on the event loop.
+channel by id (`get`); the writer never reads its own batches back. Blocking methods run in worker
+threads; `next_offset` is taken on the event loop.
 """
 
 from __future__ import annotations
@@ -15,13 +15,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import OrderedDict
 
 from zonebus.storage.fs import ObjectStore
 
 PREFIX = "zonerouter/channels"
-CACHE_SECONDS = 10.0
-CACHE_MAX = 256
 
 
 def object_key(channel: bytes, epoch: int, offset: int) -> str:
@@ -35,7 +32,6 @@ class RouterChannel:
         self.id = channel_id or os.urandom(8)
         self.epoch = 0
         self._next = 0
-        self._cache: OrderedDict[tuple[int, int], tuple[float, bytes]] = OrderedDict()
         self.puts = self.gets = self.put_bytes = self.get_bytes = self.deletes = 0
 
     # -- writer --------------------------------------------------------------------------------------
@@ -89,26 +85,11 @@ class RouterChannel:
 
     # -- readers -------------------------------------------------------------------------------------
     def get(self, channel: bytes, epoch: int, offset: int) -> bytes:
-        """Worker thread: one batch of any channel, from the store (see `cached` first)."""
+        """Worker thread: one batch of any channel, from the store."""
         data = self.store.get(object_key(channel, epoch, offset))
         self.gets += 1
         self.get_bytes += len(data)
         return data
-
-    def cached(self, channel: bytes, epoch: int, offset: int) -> bytes | None:
-        """Event loop: a batch this channel wrote, once, while it is still in the cache."""
-        if channel != self.id:
-            return None
-        hit = self._cache.pop((epoch, offset), None)
-        return hit[1] if hit is not None else None
-
-    def remember(self, epoch: int, offset: int, data: bytes) -> None:
-        """Event loop: keep a batch we wrote for one read (or CACHE_SECONDS)."""
-        now = time.monotonic()
-        self._cache[(epoch, offset)] = (now, data)
-        while self._cache and (len(self._cache) > CACHE_MAX
-                               or next(iter(self._cache.values()))[0] < now - CACHE_SECONDS):
-            self._cache.popitem(last=False)
 
     def stats(self) -> dict[str, int]:
         return {"puts": self.puts, "put_bytes": self.put_bytes, "gets": self.gets, "get_bytes": self.get_bytes,

@@ -72,10 +72,6 @@ class RouteEpochs:
         rec = self._rec(CLUSTER)
         return rec.committed if rec is not None else 0
 
-    def is_fenced(self, epoch: int) -> bool:
-        fenced = self.fenced
-        return fenced > 0 and epoch <= fenced
-
     # -- periodic work (the router's refresh loop) ------------------------------------------------------
     async def tick(self) -> None:
         meta = self.meta
