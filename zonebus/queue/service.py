@@ -119,12 +119,23 @@ class QueueService:
         rec = meta.state.queue_primaries.get(group)
         return rec.server if rec is not None else None
 
+    def _may_lead(self) -> bool:
+        """Whether this server's copy of the meta state can be trusted to start leading a group: it has caught
+        up with a meta leader. A server restarted after a kill -9 first applies its own Raft log, which may
+        still name it primary of a group that moved while it was down, and only then the entries it missed;
+        leading in between put two writers on the group's shared log (a corrupt record, a stalled group)."""
+        if self.meta_source is None:
+            return True
+        meta = self._meta()
+        return meta is not None and meta.leader is not None and meta.ready
+
     def _sync(self) -> None:
         """Lead the groups this server is primary of, release the others, resend to moved primaries."""
         me = self.server.name
+        may_lead = self._may_lead()
         for name in self.specs:
             primary = self.primary_of(name)
-            if primary == me and name not in self.dispatchers:
+            if primary == me and name not in self.dispatchers and may_lead:
                 self._lead(name)
             elif primary != me and name in self.dispatchers:
                 self._release(name)
