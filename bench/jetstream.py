@@ -374,8 +374,9 @@ async def bytes_phase(cluster: Cluster, leader: str, args: argparse.Namespace, t
                       local_consumers: bool) -> dict[str, float]:
     """Publisher on the leader's server, a durable pull consumer (ack all, deliver new) on each of the two other
     servers; all route bytes from just before the first publish until both consumers have acked the last
-    message. With `local_consumers`, each consumer's leader is first moved to its client's server (nats-server's
-    best case; a zonebus consumer is served by the stream leader whatever is asked)."""
+    message. With `local_consumers`, each nats-server consumer's leader is first moved to its client's server
+    (nats-server's best case). A zonebus consumer is led by its stream's leader (it lives beside the stream's
+    writer), so a stepdown would move the stream away from the publisher's zone: zonebus's are left as placed."""
     assert cluster.proxy is not None
     others = [s for s in cluster.servers if s.info["server_name"] != leader]
     nc = await nats.connect(cluster.by_name(leader).url)
@@ -388,7 +389,10 @@ async def bytes_phase(cluster: Cluster, leader: str, args: argparse.Namespace, t
     placed = []
     for name, s in zip(names, others, strict=True):
         where = s.info["server_name"]
-        got = await move_consumer_leader(nc, name, where) if local_consumers else await consumer_leader(nc, name)
+        if local_consumers and cluster.impl == "nats":
+            got = await move_consumer_leader(nc, name, where)
+        else:
+            got = await consumer_leader(nc, name)
         placed.append(f"{name} (client on {where}) led by {got}")
     say(f"{cluster.impl}: consumers: {', '.join(placed)}")
     bad = check_routes(cluster)

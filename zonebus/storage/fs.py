@@ -7,14 +7,17 @@ stream store both use it): endpoint, region and credentials come from the standa
 an object smaller than one part is one PutObject (no multipart upload).
 
 `ObjectStore.put` is atomic and durable: on S3 the object appears whole once the PUT returns; on a local file
-system it is written to a hidden temporary file, fsynced, renamed into place and the directory fsynced
-(pyarrow's LocalFileSystem has no fsync, so that one step uses `os`). Names starting with `.` are never
-listed. Keys are `/`-separated paths relative to the root.
+system it is written to a hidden temporary file, fsynced, renamed into place and its directory fsynced (the
+rename is a new directory entry; a directory created for it gets its parent fsynced too). That path uses `os`
+directly (pyarrow's LocalFileSystem has no fsync, and a few plain system calls cost a worker thread fewer
+hand-overs of the GIL); concurrent puts into one directory share directory fsyncs (`_DirSync`). Names starting
+with `.` are never listed. Keys are `/`-separated paths relative to the root.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from urllib.parse import urlparse
 
@@ -69,6 +72,49 @@ def filesystem(url: str, endpoint: str = "", region: str = "") -> tuple[pafs.Fil
     raise StorageError(f"{url}: unsupported storage URL scheme {u.scheme!r} (use file:// or s3://)")
 
 
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _DirSync:
+    """fsyncs of one directory shared by the threads that renamed into it: a caller's rename is durable once a
+    directory fsync that *started after* the rename has completed, so a caller that finds one running waits for
+    the next one, which also covers everybody else waiting, instead of each caller running its own."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._started = 0  # directory fsyncs started so far
+        self._done = 0  # the highest started-number whose fsync completed
+        self._running = False
+
+    def sync(self, path: str) -> bool:
+        """Return once `path` was fsynced after this call began; True when this caller ran that fsync."""
+        ran = False
+        with self._cond:
+            need = self._started + 1  # the first fsync to start from now on covers this caller's rename
+            while self._done < need:
+                if self._running:
+                    self._cond.wait()
+                    continue
+                self._running = True
+                self._started += 1
+                mine = self._started
+                self._cond.release()
+                try:
+                    _fsync_path(path)
+                finally:
+                    self._cond.acquire()
+                    self._running = False
+                    self._cond.notify_all()
+                self._done = max(self._done, mine)  # (not reached when the fsync raised: the caller sees it)
+                ran = True
+        return ran
+
+
 class ObjectStore:
     """Whole objects under `root` of one pyarrow filesystem. Every method blocks: call from a worker thread."""
 
@@ -77,6 +123,9 @@ class ObjectStore:
         self.root = root.rstrip("/")
         self.local = isinstance(fs, pafs.LocalFileSystem)
         self._made_dirs: set[str] = set()
+        self._dir_syncs: dict[str, _DirSync] = {}
+        self._lock = threading.Lock()
+        self.dir_fsyncs = 0  # directory fsyncs run (a local file system); puts that shared one do not count
 
     @classmethod
     def from_url(cls, url: str, endpoint: str = "", region: str = "") -> ObjectStore:
@@ -87,9 +136,33 @@ class ObjectStore:
         return f"{self.root}/{key}" if key else self.root
 
     def _mkdirs(self, d: str) -> None:
-        if d not in self._made_dirs:
+        if d in self._made_dirs:
+            return
+        if not self.local:
             self.fs.create_dir(d, recursive=True)
             self._made_dirs.add(d)
+            return
+        missing = []
+        p = d
+        while p and p != "/" and not os.path.isdir(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        for new in reversed(missing):
+            try:
+                os.mkdir(new)
+            except FileExistsError:
+                continue  # made by another thread or process, which syncs its parent
+            self._sync_dir(os.path.dirname(new))  # the new directory's entry must survive a crash too
+        self._made_dirs.add(d)
+
+    def _sync_dir(self, d: str) -> None:
+        with self._lock:
+            ds = self._dir_syncs.get(d)
+            if ds is None:
+                ds = self._dir_syncs[d] = _DirSync()
+        if ds.sync(d):
+            with self._lock:
+                self.dir_fsyncs += 1
 
     def put(self, key: str, data: bytes) -> None:
         """Write a whole object atomically; durable when this returns."""
@@ -101,26 +174,23 @@ class ObjectStore:
         d, name = path.rsplit("/", 1)
         self._mkdirs(d)
         tmp = f"{d}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         try:
-            with self.fs.open_output_stream(tmp) as out:
-                out.write(data)
-            fd = os.open(tmp, os.O_RDONLY)
             try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            self.fs.move(tmp, path)
+            os.rename(tmp, path)
         except BaseException:
             try:
-                self.fs.delete_file(tmp)
+                os.unlink(tmp)
             except OSError:
                 pass
             raise
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        self._sync_dir(d)
 
     def get(self, key: str) -> bytes:
         """The object's bytes; FileNotFoundError when it does not exist."""
@@ -129,6 +199,13 @@ class ObjectStore:
 
     def list(self, prefix: str, dirs: bool = False) -> list[str]:
         """Names (not paths) of the objects (or, with `dirs`, the sub-directories) directly under `prefix`."""
+        if self.local:  # (a writer lists `epochs/` after every batch: one scandir, no FileInfo objects)
+            try:
+                with os.scandir(self.path(prefix)) as it:
+                    return sorted(e.name for e in it if not e.name.startswith(".")
+                                  and (e.is_dir() if dirs else e.is_file()))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
         infos = self.fs.get_file_info(pafs.FileSelector(self.path(prefix), allow_not_found=True))
         want = pafs.FileType.Directory if dirs else pafs.FileType.File
         return sorted(i.base_name for i in infos if i.type == want and not i.base_name.startswith("."))
@@ -157,4 +234,7 @@ class ObjectStore:
                 self.fs.delete_dir(self.path(prefix))
             except (FileNotFoundError, OSError):
                 pass
-            self._made_dirs = {d for d in self._made_dirs if not d.startswith(self.path(prefix))}
+            gone = self.path(prefix)
+            self._made_dirs = {d for d in self._made_dirs if not d.startswith(gone)}
+            with self._lock:
+                self._dir_syncs = {d: v for d, v in self._dir_syncs.items() if not d.startswith(gone)}

@@ -9,6 +9,11 @@ Every JetStream server of a cluster runs one `ClusteredJetStream`. Its parts:
   about one stream go to its leader as `$JSC.<leader hash>.<original subject>` with the client's reply subject,
   so the leader answers the client directly. STREAM.NAMES comes from the replicated state, STREAM.LIST
   gathers each leader's streams (`$JSC.<hash>.LIST`).
+- CONSUMER.LEADER.STEPDOWN: a consumer lives beside its stream's writer (it has no Raft group of its own), so
+  its leader is the stream's leader and stepping it down moves the stream, with all its consumers, to a standby
+  (`placement.preferred` picks which; `placement.tags`/`cluster` filter). The stream's leader checks the
+  consumer and answers as nats-server does in a cluster: for an R1 stream or a `num_replicas: 1` consumer
+  (nats-server: no Raft group) `success` whatever the body, else its placement errors (10005) and 10025.
 - leadership: when an applied change makes this server a stream's leader it takes the stream over on the
   shared store (a new writer epoch fences any older writer) with its consumers, and subscribes its subjects;
   losing leadership releases it. Deliveries to clients on other servers keep the stream subject
@@ -29,6 +34,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from zonebus.meta import MetaError, MetaGroup, MetaTiming, NoQuorum, RoutePeer, decide_members, server_hash
+from zonebus.meta.assign import matches
 from zonebus.meta.state import Change, StreamRecord
 from zonebus.server.internal import InternalClient
 from zonebus.stream import api as jsapi
@@ -52,6 +58,7 @@ PROPOSE_TIMEOUT = 4.0  # nats-py waits 5 s for an API answer
 READY_TIMEOUT = 4.0
 GATHER_TIMEOUT = 2.0
 EARLY_FRAMES = 10_000
+CONSUMER_STEPDOWN = ["CONSUMER", "LEADER", "STEPDOWN"]
 
 
 def _reply(kind: str, body: dict[str, Any]) -> bytes:
@@ -60,6 +67,28 @@ def _reply(kind: str, body: dict[str, Any]) -> bytes:
 
 def _error(kind: str, err: JSError) -> bytes:
     return _reply(kind, {"error": err.to_dict()})
+
+
+def _stepdown_placement(payload: bytes) -> dict[str, Any] | None:
+    """The `placement` of a leader stepdown request; a body that is not a JSON object or array is ignored (as
+    nats-server does), a malformed one is 10025."""
+    body = payload.strip()
+    if not body or body[:1] not in (b"{", b"["):
+        return None
+    try:
+        req = json.loads(body)
+    except ValueError as exc:
+        raise JSError("invalid_json", err=str(exc))
+    if not isinstance(req, dict):
+        raise JSError("invalid_json", err="cannot unmarshal array into a stepdown request")
+    placement = req.get("placement")
+    if placement is None:
+        return None
+    ok = isinstance(placement, dict) and all(isinstance(placement.get(k, ""), str) for k in ("cluster", "preferred"))
+    tags = placement.get("tags") if isinstance(placement, dict) else None
+    if not ok or not (tags is None or isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+        raise JSError("invalid_json", err="placement: wrong types")
+    return placement
 
 
 def _created_ns(created: str) -> int:
@@ -290,6 +319,13 @@ class ClusteredJetStream:
         if len(toks) == 4 and toks[:3] == ["STREAM", "LEADER", "STEPDOWN"]:
             self._spawn(self._stream_stepdown(toks[3], reply))
             return
+        if toks[:3] == CONSUMER_STEPDOWN:  # served by the stream's leader, which knows its consumers
+            if len(toks) == 5:  # (nats-server answers no other shape)
+                if self.meta is None or self.meta.leader is None:
+                    self.svc.send(reply, _error("consumer_leader_stepdown_response", NoQuorum("no meta leader")))
+                else:
+                    self._to_leader(toks[3], subject, reply, headers, payload, "consumer_leader_stepdown_response")
+            return
         if subject.startswith(direct.PREFIX):  # served by the stream's leader; no stream: no responders
             name = direct.split_subject(subject)[0]
             if self.meta is None or name not in self.meta.state.streams:
@@ -322,7 +358,7 @@ class ClusteredJetStream:
         """The stream a request is about (`$JS.API.` already stripped)."""
         if toks[0] == "STREAM":
             return toks[3] if toks[1] == "MSG" and len(toks) > 3 else toks[2] if len(toks) > 2 else ""
-        if toks[:2] == ["CONSUMER", "DURABLE"] or toks[:2] == ["CONSUMER", "MSG"]:
+        if toks[:2] == ["CONSUMER", "DURABLE"] or toks[:2] == ["CONSUMER", "MSG"] or toks[:3] == CONSUMER_STEPDOWN:
             return toks[3] if len(toks) > 3 else ""
         return toks[2] if len(toks) > 2 else ""
 
@@ -344,6 +380,10 @@ class ClusteredJetStream:
     async def _serve_local(self, name: str, subject: str, reply: str, headers: bytes | None,
                            payload: bytes, existed: bool = False) -> None:
         if not await self._wait_ready(name):
+            return
+        toks = subject.split(".")[2:]
+        if toks[:3] == CONSUMER_STEPDOWN and len(toks) == 5:
+            await self._consumer_stepdown(name, toks[4], payload, reply)
             return
         if not existed:
             self.svc._on_api(subject, reply, headers, payload)
@@ -418,6 +458,55 @@ class ClusteredJetStream:
             self.svc.send(reply, _error(kind, err))
             return
         self.svc.send(reply, _reply(kind, {"success": True}))
+
+    async def _consumer_stepdown(self, name: str, consumer: str, payload: bytes, reply: str) -> None:
+        """On the stream's leader: step the consumer's leader (this server, the stream's writer) down."""
+        kind = "consumer_leader_stepdown_response"
+        try:
+            stream = self.svc.streams.get(name)
+            rec = self.meta.state.streams.get(name) if self.meta is not None else None
+            if stream is None or rec is None:
+                raise JSError("stream_not_found")
+            cons = stream.consumers.get(consumer)
+            if cons is None:
+                raise JSError("consumer_not_found")
+            if not rec.standbys or cons.cfg.get("num_replicas") == 1:
+                self.svc.send(reply, _reply(kind, {"success": True}))  # no group to hand over to: nothing moves
+                return
+            target = self._stepdown_target(rec, _stepdown_placement(payload))
+            if target is not None:
+                standbys = [s for s in rec.standbys if s != target] + [rec.leader]
+                honoured = matches(self.meta.state.peers.get(target), rec.tags) if self.meta is not None else True
+                await self._propose({"op": "stream_move", "name": name, "from_epoch": rec.epoch, "leader": target,
+                                     "standbys": standbys, "honoured": honoured})
+        except (JSError, MetaError) as err:
+            self.svc.send(reply, _error(kind, err))
+            return
+        self.svc.send(reply, _reply(kind, {"success": True}))
+
+    def _stepdown_target(self, rec: StreamRecord, placement: dict[str, Any] | None) -> str | None:
+        """The standby a stepdown hands `rec` to (nats-server's rules for a preferred placement); None when no
+        standby is live and nothing was asked for (nats-server's leader then just stays)."""
+        assert self.meta is not None
+        live = self.meta.live_view()
+        preferred = placement.get("preferred") if placement else ""
+        if preferred:
+            if preferred == rec.leader:
+                raise MetaError("cluster_no_peers", err=f'preferred server "{preferred}" is already leader')
+            if preferred not in rec.standbys:
+                raise MetaError("cluster_no_peers", err=f'preferred server "{preferred}" not known')
+            if live.is_live(preferred):
+                return preferred
+            placement = None  # (nats-server then steps down to any current peer)
+        candidates = [s for s in rec.standbys if live.is_live(s)]
+        if placement is not None:
+            if placement.get("cluster") and placement["cluster"] != self.cluster.opts.name:
+                candidates = []
+            tags = placement.get("tags") or ()
+            candidates = [s for s in candidates if matches(self.meta.state.peers.get(s), tags)]
+            if not candidates:
+                raise MetaError("cluster_no_peers", err="no replacement peer connected")
+        return candidates[0] if candidates else None
 
     async def _meta_stepdown(self, reply: str) -> None:
         kind = "meta_leader_stepdown_response"

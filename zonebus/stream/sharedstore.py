@@ -3,13 +3,19 @@
 `SharedStore(objects, stream, epoch)` takes the stream over (blocking; run it in a thread): it writes
 `epochs/<epoch>.claim`, checks that no higher claim exists, loads the whole chain (`SharedView.reload`), and
 writes `epochs/<epoch>.seal` naming the batch it continues from. From then on it is a `MsgStore`: every
-MSG/DEL/MARK record goes into the open batch (an in-memory object in the file store's record encoding); the
-batch is sealed after `linger` seconds or at `batch_bytes`, and uploaded by a worker thread (at most
-`inflight` at once). A worker PUTs the object, then lists `epochs/`: a claim above our epoch means another
+MSG/DEL/MARK record goes into the open batch (an in-memory object in the file store's record encoding), and
+a worker thread uploads sealed batches (at most `inflight` at once). Group commit is adaptive: a batch opened
+while no upload is in flight is sealed at the end of the loop turn (an idle stream acknowledges at once); one
+opened while uploads run keeps filling until one of them completes or `linger` seconds have passed (then it
+gets its own upload if a slot is free), so a busy stream writes fewer, bigger batches. `batch_bytes` seals a
+batch at once. A worker PUTs the object, then lists `epochs/`: a claim above our epoch means another
 writer took over, and nothing more is acknowledged (fencing; see the layout doc for why this ordering makes
 every acknowledged batch part of the new writer's chain). Batches are released strictly in batch order: the
 store advances `durable_seq`, calls `on_visible(first, last)` (the stream announces the messages to its
-consumers only then) and the waiters registered with `ack_when_durable` (the PubAcks).
+consumers only then) and the waiters registered with `ack_when_durable` (the PubAcks). On an s3:// store the
+worker copies a batch into the local cache directory after it told the loop that the batch is durable; on a
+file:// store it does not (the batch is a file already: a second copy would double the disk writes that the
+next batch's fsync waits behind), and the cache fills when a batch is read back (`SharedView._fetch`).
 
 A failed upload is retried with backoff (the same object, so retries are idempotent); the publishers waiting
 on it and on every later batch are told at once (`on_durable` callbacks get an error text) so that they retry;
@@ -50,7 +56,7 @@ DurableCallback = Callable[[str | None], None]  # None: durable; else the error 
 
 @dataclass
 class CommitOptions:
-    linger: float = 0.001  # seconds a batch stays open for more records (0: until the end of the loop turn)
+    linger: float = 0.001  # while uploads run, seconds a batch waits for one to complete (0: end of loop turn)
     batch_bytes: int = 1024 * 1024  # a batch is sealed at this size
     inflight: int = 4  # uploads in flight at once
     backlog_bytes: int = 64 * 1024 * 1024  # unreleased bytes above which publishes are refused
@@ -193,9 +199,9 @@ class SharedStore(SharedView):
             self.batch_first[num] = b.first_seq
             self.live.setdefault(num, 0)
             if self.loop is not None:
-                if self.opts.linger > 0:
+                if self.opts.linger > 0 and self._flight:  # busy: sealed when an upload completes, or after linger
                     self._linger_handle = self.loop.call_later(self.opts.linger, self._linger_done)
-                else:
+                else:  # idle: sealed at the end of this loop turn
                     self._linger_handle = self.loop.call_soon(self._linger_done)  # type: ignore[assignment]
         return b
 
@@ -322,20 +328,35 @@ class SharedStore(SharedView):
                 b.error = exc
             self._done(b)
             return
-        fut = self.executor.submit(self._upload, b)
+        fut = self.executor.submit(self._upload, b, b.attempts)
         b.future = fut
         loop = self.loop
         fut.add_done_callback(lambda f, b=b: loop.call_soon_threadsafe(self._future_done, b, f))
 
-    def _upload(self, b: _Batch) -> None:
-        """Worker thread: PUT the batch, then make sure nobody took over meanwhile."""
+    def _upload(self, b: _Batch, attempt: int = 0) -> None:
+        """Worker thread: PUT the batch, then make sure nobody took over meanwhile; tell the loop (the PubAcks
+        need nothing more), then (s3://) copy the batch into the cache directory."""
         assert b.data is not None
         self.objects.put(self._key(b.num, self.epoch), b.data)
         self.uploads += 1
         self._check_fence()
-        path = self._cache_path(b.num, self.epoch)
-        if path is not None:
-            self._cache_write(path, b.data)
+        path = self._cache_path(b.num, self.epoch) if not self.objects.local else None
+        if path is None:
+            return  # the future's callback tells the loop
+        loop = self.loop
+        if loop is not None and attempt:
+            try:
+                loop.call_soon_threadsafe(self._uploaded, b, attempt)
+            except RuntimeError:  # the loop is closed: the future's callback is not coming either
+                pass
+        self._cache_write(path, b.data)
+
+    def _uploaded(self, b: _Batch, attempt: int) -> None:
+        """The worker's word that attempt `attempt` of `b` is durable (before the future completes)."""
+        if b.state != "flight" or b.attempts != attempt:
+            return
+        b.error = None
+        self._done(b)
 
     def _future_done(self, b: _Batch, fut: Future) -> None:
         if b.state != "flight" or b.future is not fut:
@@ -359,6 +380,8 @@ class SharedStore(SharedView):
         if self._failing and not any(x.state == "queued" and x.attempts for x in self._unreleased):
             self._failing = False
             log.info("shared store %s: uploads succeed again", self.stream)
+        if self._open is not None and self._open.nrec and self.loop is not None and not self.fenced:
+            self._seal()  # it filled while that upload ran: its turn now (adaptive group commit)
         self._pump()
         self._maybe_move_base()
 
