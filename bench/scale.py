@@ -8,10 +8,15 @@ Memory (resident set of the server process, /proc/<pid>/status VmRSS), each on a
 Throughput: K pub/sub pairs (default K = 1, 2, 4), each pair on its own subject, 16 B and 1 KiB; every
 publisher and subscriber is its own process, using bench/core_throughput.py's raw-socket generator. Rate =
 all messages delivered / (first publisher write -> last byte any subscriber needed).
+zonebus runs once per `--workers` count (default 1 and 2: `zonebus server --workers N`, zonebus.workers);
+memory is then the sum over the supervisor and its workers. Besides the ratios to nats-server, a second table
+gives each server's gain from K=1 to the largest K (for 2 pairs on a 2-core machine: what a second core
+brings; issue 15's target: `--workers 2` gains at least what nats-server gains).
 
     python bench/scale.py                  # everything
     python bench/scale.py --quick          # 1,000 connections, 10,000 subscriptions, 30k msgs per pair
     python bench/scale.py --no-throughput  # memory only
+    python bench/scale.py --no-memory --pairs 1,2 --size 16 --workers 1,2   # the workers comparison
 
 Prints markdown tables with the zonebus/nats ratio.
 """
@@ -45,13 +50,18 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def settled_rss(pid: int, quiet: float = 0.3, limit: float = 5.0) -> int:
-    """VmRSS once it has not changed for `quiet` seconds (or after `limit`)."""
+def server_pids(server: ServerProcess) -> list[int]:
+    """The server's processes: the one process, or a supervisor and its workers."""
+    return [server.proc.pid, *server.worker_pids()]
+
+
+def settled_rss(pids: list[int], quiet: float = 0.3, limit: float = 5.0) -> int:
+    """VmRSS (summed over `pids`) once it has not changed for `quiet` seconds (or after `limit`)."""
     deadline = time.monotonic() + limit
-    last, since = rss_kib(pid), time.monotonic()
+    last, since = sum(rss_kib(p) for p in pids), time.monotonic()
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        now = rss_kib(pid)
+        now = sum(rss_kib(p) for p in pids)
         if now != last:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet:
@@ -109,7 +119,7 @@ def hold_subscriptions(port: int, first: int, count: int, ready, stop, failed) -
         s.close()
 
 
-def with_load(port: int, target, per_proc: list[tuple], pid: int, timeout: float = 120.0) -> int | None:
+def with_load(port: int, target, per_proc: list[tuple], pid: list[int], timeout: float = 120.0) -> int | None:
     """Start one load process per argument tuple, wait until all are ready, return the server's settled RSS."""
     ctx = mp.get_context("fork")
     stop, failed = ctx.Event(), ctx.Value("b", 0, lock=False)
@@ -137,14 +147,14 @@ def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def memory(impl: str, conns: int, subs: int) -> dict[str, int | None]:
+def memory(impl: str, conns: int, subs: int, workers: int = 1) -> dict[str, int | None]:
     out: dict[str, int | None] = {}
-    with ServerProcess(impl, CONFIG) as server:
-        pid = server.proc.pid
+    with ServerProcess(impl, CONFIG, workers=workers) as server:
+        pid = server_pids(server)
         out["idle"] = settled_rss(pid)
         out["connections"] = with_load(server.port, hold_connections, [(n,) for n in split(conns, LOAD_PROCS)], pid)
-    with ServerProcess(impl, CONFIG) as server:
-        pid = server.proc.pid
+    with ServerProcess(impl, CONFIG, workers=workers) as server:
+        pid = server_pids(server)
         firsts = [sum(split(subs, LOAD_PROCS)[:i]) for i in range(LOAD_PROCS)]
         out["subscriptions"] = with_load(server.port, hold_subscriptions,
                                          list(zip(firsts, split(subs, LOAD_PROCS), strict=True)), pid)
@@ -205,6 +215,17 @@ def mib(kib: int | None) -> str:
     return f"{kib / 1024:.1f} MB" if kib else "failed"
 
 
+def variants(impls: tuple[str, ...], workers: list[int]) -> list[tuple[str, str, int]]:
+    """(label, implementation, workers): nats-server once, zonebus once per worker count."""
+    out = []
+    for impl in impls:
+        if impl == "zonebus":
+            out += [("zonebus" if w == 1 else f"zonebus w{w}", impl, w) for w in workers]
+        else:
+            out.append((impl, impl, 1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", choices=("all",) + IMPLEMENTATIONS, default="all")
@@ -213,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", default="1,2,4", help="numbers of pub/sub pairs, comma-separated")
     parser.add_argument("--size", default="16,1024", help="payload sizes in bytes, comma-separated")
     parser.add_argument("--msgs", type=int, default=None, help="messages per pair (default 200000; --quick 30000)")
+    parser.add_argument("--workers", default="1,2", help="zonebus worker counts, comma-separated (default 1,2)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-throughput", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
@@ -222,42 +244,54 @@ def main(argv: list[str] | None = None) -> int:
     nsubs = args.subscriptions or (10_000 if args.quick else 100_000)
     msgs = args.msgs or (30_000 if args.quick else 200_000)
     impls = IMPLEMENTATIONS if args.impl == "all" else (args.impl,)
+    runs = variants(impls, [int(w) for w in args.workers.split(",")])
+    labels = [label for label, _, _ in runs]
+    zlabels = [label for label, impl, _ in runs if impl == "zonebus"]
     nofile = raise_nofile()
     if conns + 100 > nofile:
         print(f"RLIMIT_NOFILE is {nofile}: too low for {conns} connections", file=sys.stderr)
         return 2
 
     if not args.no_memory:
-        mem = {impl: memory(impl, conns, nsubs) for impl in impls}
-        print(f"\n| resident memory | {' | '.join(impls)} | zonebus/nats |")
-        print("|---|" + "---:|" * (len(impls) + 1))
+        mem = {label: memory(impl, conns, nsubs, w) for label, impl, w in runs}
+        print(f"\n| resident memory | {' | '.join(labels)} | {' | '.join(f'{z}/nats' for z in zlabels)} |")
+        print("|---|" + "---:|" * (len(labels) + len(zlabels)))
         for key, label in (("idle", "idle"), ("connections", f"{conns:,} idle connections"),
                            ("subscriptions", f"{nsubs:,} subscriptions")):
-            vals = [mem[i][key] for i in impls]
+            vals = [mem[x][key] for x in labels]
             print(f"| {label} | {' | '.join(mib(v) for v in vals)} | "
-                  f"{ratio(mem.get('zonebus', {}).get(key), mem.get('nats', {}).get(key))} |")
+                  f"{' | '.join(ratio(mem[z][key], mem.get('nats', {}).get(key)) for z in zlabels)} |")
         for key, n, unit in (("connections", conns, "connection"), ("subscriptions", nsubs, "subscription")):
-            per = [f"{i} {((mem[i][key] or 0) - (mem[i]['idle'] or 0)) * 1024 // n} B" for i in impls
-                   if mem[i][key]]
+            per = [f"{x} {((mem[x][key] or 0) - (mem[x]['idle'] or 0)) * 1024 // n} B" for x in labels
+                   if mem[x][key]]
             print(f"\nper {unit} (above idle): " + ", ".join(per))
 
     if not args.no_throughput:
         pairs = [int(k) for k in args.pairs.split(",")]
-        sizes = [int(s) for s in args.size.split(",")]
+        sizes = [int(x) for x in args.size.split(",")]
         rates: dict[tuple[str, int, int], float | None] = {}
-        for impl in impls:
-            with ServerProcess(impl, CONFIG) as server:
+        for label, impl, w in runs:
+            with ServerProcess(impl, CONFIG, workers=w) as server:
                 for size in sizes:
                     for k in pairs:
-                        rates[impl, k, size] = pairs_rate(server.port, k, size, msgs, args.timeout)
+                        rates[label, k, size] = pairs_rate(server.port, k, size, msgs, args.timeout)
         print(f"\n{msgs:,} messages per pair; msgs/s delivered in total, each pair on its own subject\n")
-        print(f"| pairs | payload | {' | '.join(f'{i} msgs/s' for i in impls)} | zonebus/nats |")
-        print("|---:|---:|" + "---:|" * (len(impls) + 1))
+        print(f"| pairs | payload | {' | '.join(f'{x} msgs/s' for x in labels)} | "
+              f"{' | '.join(f'{z}/nats' for z in zlabels)} |")
+        print("|---:|---:|" + "---:|" * (len(labels) + len(zlabels)))
         for size in sizes:
             for k in pairs:
-                vals = [rates[i, k, size] for i in impls]
+                vals = [rates[x, k, size] for x in labels]
                 print(f"| {k} | {size} B | {' | '.join(ct.fmt_rate(v) for v in vals)} | "
-                      f"{ratio(rates.get(('zonebus', k, size)), rates.get(('nats', k, size)))} |")
+                      f"{' | '.join(ratio(rates.get((z, k, size)), rates.get(('nats', k, size))) for z in zlabels)} |")
+        if len(pairs) > 1:
+            top = max(pairs)
+            print(f"\ngain from {min(pairs)} to {top} pairs (rate with {top} / rate with {min(pairs)}):\n")
+            print(f"| payload | {' | '.join(labels)} |")
+            print("|---:|" + "---:|" * len(labels))
+            for size in sizes:
+                print(f"| {size} B | "
+                      f"{' | '.join(ratio(rates[x, top, size], rates[x, min(pairs), size]) for x in labels)} |")
     return 0
 
 

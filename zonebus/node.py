@@ -48,28 +48,39 @@ Query = Mapping[str, str]
 
 
 class JetStreamExtension:
-    """Starts the JetStream service on an internal client once the server listens."""
+    """Starts the JetStream services on internal clients once the server listens: the global account's, or
+    one per account that enables JetStream (`zonebus.stream.accounts`); the other accounts get nats-server's
+    "not enabled" answer. `service` is the global account's (else the first account's), for `/jsz`."""
 
     def __init__(self, server: Server) -> None:
         self.server = server
         self.service: Any = None
+        self.services: dict[str, Any] = {}  # account name ("" = global) -> its JetStreamService
 
     async def start(self) -> None:
         from zonebus.server.internal import InternalClient
+        from zonebus.stream.accounts import jetstream_accounts, start_not_enabled
         from zonebus.stream.service import JetStreamService
 
         server = self.server
         js = server.opts.jetstream
         if not js.store_dir:
             js.store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
-        self.service = JetStreamService(js, server.name, InternalClient(server, "$JS"))
-        await self.service.start()
+        for name, limits in jetstream_accounts(server.opts).items():
+            account = server.accounts.lookup(name)
+            client = InternalClient(server, f"$JS-{name}" if name else "$JS", account)
+            svc = JetStreamService(js, server.name, client, account=name, account_limits=limits)  # type: ignore[arg-type]
+            await svc.start()
+            self.services[name] = svc
+        self.service = self.services.get("") or next(iter(self.services.values()))
+        start_not_enabled(server, set(self.services))
         server.info_extras["jetstream"] = True
-        server.log(f"JetStream enabled, store {js.store_dir}")
+        server.log(f"JetStream enabled, store {js.store_dir}"
+                   + (f", accounts {sorted(self.services)}" if "" not in self.services else ""))
 
     async def stop(self) -> None:
-        if self.service is not None:
-            await self.service.stop()
+        for svc in self.services.values():
+            await svc.stop()
 
 
 class Node:
@@ -116,6 +127,7 @@ class Node:
         self.cluster = cluster = ClusterManager(server)
         server.add_extension(cluster)
         server.interest_watchers.append(cluster)
+        server.account_watchers.append(cluster)
         server.queue_picker = cluster.pick_queue_member
         server.connect_urls = cluster.client_connect_urls
         server.varz_sections["cluster"] = lambda: varz_cluster(cluster)
@@ -131,7 +143,9 @@ class Node:
             self.cluster.on_gateway_gossip = gateway.cluster_gossip
         server.add_extension(gateway)
         server.interest_watchers.append(gateway)  # this cluster's interest, told to other clusters
+        server.account_watchers.append(gateway)  # ... in every account (zonebus.gateway.accounts)
         server.forwarder = gateway
+        server.account_forwarder = gateway
         server.varz_sections["gateway"] = lambda: varz_gateway(gateway)
 
     def _wire_routed_deliveries(self) -> None:
@@ -148,6 +162,10 @@ class Node:
         assert self.cluster is not None and self.routed is not None
         self.jetstream = self.clustered_js = ClusteredJetStream(self.server, self.cluster, self.routed)
         self.server.add_extension(self.jetstream)
+        if self.opts.accounts:  # clustered JetStream is the global account's; the others answer "not enabled"
+            from zonebus.stream.accounts import NotEnabledAnswers
+
+            self.server.add_extension(NotEnabledAnswers(self.server))
 
     def _wire_zone_router(self) -> None:
         """`jetstream { zone_router: true }` (zonebus.zonerouter): zone-local connect_urls, client publishes to
@@ -252,8 +270,17 @@ class Node:
             server.log(f"reload failed: {exc}")
             return
         server.opts.server_tags = new.server_tags
+        meta = self.clustered_js.meta if self.clustered_js is not None else None
+        if meta is not None:  # stream placement by tags sees the new ones (the replicated peer table)
+            meta.update_self(new.server_tags, server.zone_of_tags(new.server_tags))
         server.reload_auth(new)  # users, permissions, token: logins checked again, see Server.reload_auth
+        if server.opts.tls_from_flags:  # --tls/--tlscert/... (or --tls=false) win over the file, on reload too
+            new.tls = server.opts.tls
         server.reload_tls(new)  # the clients' certificate, key, CA and verify, for the handshakes that follow
+        if self.cluster is not None:
+            self.cluster.reload_tls(new.cluster)  # routes made from now on: the new cluster { tls {} }
+        if self.gateway is not None:
+            self.gateway.reload_tls(new.gateway)  # gateway connections made from now on: gateway { tls {} }
         server.opts.cluster.prefer_matching_tags = new.cluster.prefer_matching_tags
         server.opts.queue_groups = new.queue_groups  # applied by QueueService.reloaded
         for hook in server.reload_hooks:
@@ -265,7 +292,13 @@ class Node:
 
 
 async def run(opts: ServerOptions) -> None:
-    """Run one node until SIGTERM/SIGINT (or the end of lame duck mode, SIGUSR2); SIGHUP reloads."""
+    """Run one node until SIGTERM/SIGINT (or the end of lame duck mode, SIGUSR2); SIGHUP reloads. With
+    `workers` above 1 this process supervises that many worker processes instead (zonebus.workers)."""
+    if opts.workers > 1:
+        from zonebus.workers.supervisor import supervise
+
+        await supervise(opts)
+        return
     node = Node(opts)
     server = node.server
     await node.start()

@@ -157,3 +157,31 @@ async def test_update_is_checked_as_an_update_sealing_works(cluster) -> None:
         await api(nc, "$JS.API.STREAM.DELETE.SEAL")
     finally:
         await nc.close()
+
+
+@pytest.mark.timeout(90)
+async def test_reloaded_tags_reach_stream_placement(cluster) -> None:
+    """SIGHUP with a new tag on s3: the meta group's peer table learns it, so a placement asking for that tag
+    is placed on s3 (before the reload it finds no server: 10005)."""
+    import asyncio
+    import signal
+    import time
+
+    await wait_meta_leader(cluster)
+    s3 = cluster[2]
+    nc = await nats.connect(cluster[0].url)
+    try:
+        want = {"name": "FASTDISK", "subjects": ["fastdisk"], "placement": {"tags": ["disk:fast"]}}
+        assert (await api(nc, "$JS.API.STREAM.CREATE.FASTDISK", want))["error"]["err_code"] == 10005
+        assert s3.workdir is not None
+        conf = s3.workdir / "server.conf"
+        conf.write_text(conf.read_text().replace('server_tags: ["az:z3"]', 'server_tags: ["az:z3", "disk:fast"]'))
+        s3.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "error" in (resp := await api(nc, "$JS.API.STREAM.CREATE.FASTDISK", want)):
+            assert resp["error"]["err_code"] == 10005, resp
+            assert time.monotonic() < deadline, "the reloaded tag never reached stream placement"
+            await asyncio.sleep(0.2)
+        assert resp["cluster"]["leader"] == "s3"
+    finally:
+        await nc.close()

@@ -5,21 +5,20 @@ refused by a real `-t` run with its own words, and the README starts with the tw
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from zonebus.config import schema
+from zonebus.config import accounts, schema
 from zonebus.config.unsupported import UNSUPPORTED
+from zonebus.testing.processes import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(60)
 
 
 def _handler_tables() -> dict[str, dict]:
-    return {name: table for name, table in vars(schema).items()
+    return {name: table for module in (schema, accounts) for name, table in vars(module).items()
             if name.endswith("_HANDLERS") and isinstance(table, dict)}
 
 
@@ -39,7 +38,7 @@ def test_unsupported_keys_are_in_the_readme_table() -> None:
     for block, keys in UNSUPPORTED.items():
         for key in keys:
             assert f"`{key}`" in section, (block, key)
-            accepted = schema._TOP_HANDLERS if not block else getattr(schema, f"_{block.upper()}_HANDLERS")
+            accepted = _handler_tables()["_TOP_HANDLERS" if not block else f"_{block.upper()}_HANDLERS"]
             assert key not in accepted, f"{key} is accepted now: take it out of UNSUPPORTED"
 
 
@@ -51,9 +50,7 @@ def test_unsupported_keys_are_in_the_readme_table() -> None:
 ])
 def test_unsupported_key_refused_at_start_with_its_own_words(tmp_path: Path, conf: str, words: str) -> None:
     path = tmp_path / "server.conf"
-    path.write_text(conf + "\n")
-    done = subprocess.run([sys.executable, "-m", "zonebus", "server", "-t", "-c", str(path)],
-                          capture_output=True, text=True, timeout=30)
+    done = check_config(path, conf + "\n")
     assert done.returncode != 0
     assert f"{path}:1:" in done.stderr and words in done.stderr, done.stderr
 
@@ -80,3 +77,11 @@ def test_cost_simulate_doc_examples_parse() -> None:
     work = parse_workload(json.loads(workload_json), "docs/cost-simulate.md")
     assert work.size.kind == "lognormal" and work.samples == 200000
     assert "docs/cost-simulate.md" in (ROOT / "README.md").read_text()
+
+
+def test_readme_accounts_example_is_a_valid_config(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```[a-z]*\n(.*?)```", readme, re.S)
+    example = next(b for b in blocks if b.startswith("accounts {"))
+    done = check_config(tmp_path / "accounts.conf", example)
+    assert done.returncode == 0, done.stderr

@@ -23,11 +23,15 @@ from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, ta
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels, json_line
 from zonebus.link.connection import dial, listen, warn_open_port
-from zonebus.server.connection import CLIENT, INTERNAL
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL
 from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
+    import ssl
+
+    from zonebus.server.accounts import Account
+    from zonebus.server.options import RouteOptions
     from zonebus.server.server import Server
 
 IMPLICIT_RETRIES = 5
@@ -47,9 +51,13 @@ class ClusterManager:
         self.peers: dict[str, RouteConnection] = {}
         self.plain_refs: dict[bytes, int] = {}
         self.queue_refs: dict[tuple[bytes, bytes], int] = {}
+        # the same for accounts other than $G (zonebus.server.accounts), keyed by account name first
+        self.account_plain_refs: dict[tuple[bytes, bytes], int] = {}
+        self.account_queue_refs: dict[tuple[bytes, bytes, bytes], int] = {}
         self._dialing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._listener: asyncio.base_events.Server | None = None
+        self._tls_context: ssl.SSLContext | None = None  # the route listener's, reloaded on SIGHUP
         self._running = False
         self.route_url = ""
         self.gateway_gossip: dict[str, Any] | None = None  # this server's gateway facts, sent in route INFO
@@ -66,9 +74,13 @@ class ClusterManager:
         server = self.server
         opts = self.opts
         if opts.port:
+            if opts.tls is not None:
+                from zonebus.server.tls import server_context
+
+                self._tls_context = server_context(opts.tls, "cluster tls: ")
             self._listener, self.route_url = await listen(
                 server, lambda: RouteConnection(self, solicited=False), opts.host, opts.port, opts.tls,
-                what="cluster routes")
+                what="cluster routes", ssl_context=self._tls_context)
             server.log(f"listening for route connections on {opts.host}:{self.route_url.rsplit(':', 1)[1]}"
                        + (" (TLS)" if opts.tls is not None else ""))
             warn_open_port(server, "cluster", opts.host, bool(opts.user), opts.tls)
@@ -88,6 +100,13 @@ class ClusterManager:
     def reloaded(self, opts: Any) -> None:
         """SIGHUP: `server_tags` and `prefer_matching_tags` were reloaded."""
         self.tags_changed()
+
+    def reload_tls(self, new: RouteOptions) -> None:
+        """SIGHUP: routes accepted or dialled from now on use the certificate, key and CA of the reloaded
+        `cluster { tls {} }`; the routes up now stay up (zonebus.server.tls.reload_links)."""
+        from zonebus.server.tls import reload_links
+
+        self.opts.tls = reload_links(self.server, "cluster", self._tls_context, self.opts.tls, new.tls)
 
     # -- identity and gossip -------------------------------------------------------------------------
     @property
@@ -171,6 +190,12 @@ class ClusterManager:
         for (subject, queue), n in self.queue_refs.items():
             if n > 0:
                 conn.send_interest(subject, queue, n)
+        for (name, subject), n in self.account_plain_refs.items():
+            if n > 0:
+                conn.send_interest(subject, None, 1, name)
+        for (name, subject, queue), n in self.account_queue_refs.items():
+            if n > 0:
+                conn.send_interest(subject, queue, n, name)
         self._gossip()
         self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)
@@ -315,10 +340,34 @@ class ClusterManager:
                 self.queue_refs[key] = n
             self._broadcast(sub.subject, sub.queue, n)
 
-    def _broadcast(self, subject: bytes, queue: bytes | None, weight: int) -> None:
+    def account_interest(self, account: Account, sub: Subscription, delta: int) -> None:
+        """Local interest of an account other than `$G` (an AccountWatcher): counted per account, RS+/RS-
+        name the account."""
+        if sub.conn.kind not in _LOCAL:
+            return
+        name = account.name
+        if sub.queue is None:
+            key = (name, sub.subject)
+            n = self.account_plain_refs.get(key, 0) + delta
+            if n <= 0:
+                self.account_plain_refs.pop(key, None)
+            else:
+                self.account_plain_refs[key] = n
+            if (delta > 0 and n == 1) or n <= 0:
+                self._broadcast(sub.subject, None, 1 if n > 0 else 0, name)
+            return
+        qkey = (name, sub.subject, sub.queue)
+        n = max(self.account_queue_refs.get(qkey, 0) + delta, 0)
+        if n:
+            self.account_queue_refs[qkey] = n
+        else:
+            self.account_queue_refs.pop(qkey, None)
+        self._broadcast(sub.subject, sub.queue, n, name)
+
+    def _broadcast(self, subject: bytes, queue: bytes | None, weight: int, account: bytes = ACCOUNT) -> None:
         for c in self.peers.values():
             if c.established and not c.closed:
-                c.send_interest(subject, queue, weight)
+                c.send_interest(subject, queue, weight, account)
 
     # -- queue routing -------------------------------------------------------------------------------
     def pick_queue_member(self, src: Any, group: list[Subscription], subject: bytes, size: int) -> Subscription | None:

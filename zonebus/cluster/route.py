@@ -41,7 +41,8 @@ class RouteConnection(LinkConnection):
         # an accepted route must send a valid CONNECT first when the cluster block sets credentials
         self.authorized = solicited or not manager.opts.user
         self.duplicate = False
-        self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}
+        self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}  # the global account's
+        self.account_subs: dict[tuple[bytes, bytes, bytes | None], Subscription] = {}  # other accounts'
         self.gateway_info: dict[str, Any] | None = None  # the peer's gateway gossip, from its INFO
 
     # -- link hooks ----------------------------------------------------------------------------------
@@ -74,7 +75,9 @@ class RouteConnection(LinkConnection):
 
     def on_interest(self, op: tuple) -> None:
         code = op[0]
-        if code == RS_PLUS:
+        if op[1] != ACCOUNT:
+            self._account_interest(op[1], op[2], op[3], op[4] if code == RS_PLUS else 0)
+        elif code == RS_PLUS:
             self._remote_interest(op[2], op[3], op[4])
         elif code == RS_MINUS:
             self._remote_interest(op[2], op[3], 0)
@@ -113,16 +116,40 @@ class RouteConnection(LinkConnection):
         elif queue is not None:
             sub.weight = weight
 
-    def send_interest(self, subject: bytes, queue: bytes | None, weight: int) -> None:
+    def _account_interest(self, name: bytes, subject: bytes, queue: bytes | None, weight: int) -> None:
+        """RS+/RS- of an account other than `$G` (one this server does not know is ignored, as there)."""
+        acc = self.server.accounts.get(name)
+        if acc is None:
+            return
+        key = (name, subject, queue)
+        sub = self.account_subs.get(key)
+        if weight <= 0:
+            if sub is not None:
+                del self.account_subs[key]
+                self.server.remove_subscription(sub, acc)
+            return
+        if sub is None:
+            sub = Subscription(self, subject, queue, b"", weight if queue else 1)
+            self.account_subs[key] = sub
+            self.server.add_subscription(sub, acc)
+        elif queue is not None:
+            sub.weight = weight
+
+    def send_interest(self, subject: bytes, queue: bytes | None, weight: int, account: bytes = ACCOUNT) -> None:
         if queue is None:
             op = b"RS+" if weight > 0 else b"RS-"
-            self.send(b"%b %b %b\r\n" % (op, ACCOUNT, subject))
+            self.send(b"%b %b %b\r\n" % (op, account, subject))
         elif weight > 0:
-            self.send(b"RS+ %b %b %b %d\r\n" % (ACCOUNT, subject, queue, weight))
+            self.send(b"RS+ %b %b %b %d\r\n" % (account, subject, queue, weight))
         else:
-            self.send(b"RS- %b %b %b\r\n" % (ACCOUNT, subject, queue))
+            self.send(b"RS- %b %b %b\r\n" % (account, subject, queue))
 
     def drop_remote_interest(self) -> None:
         for sub in self.remote_subs.values():
             self.server.remove_subscription(sub)
         self.remote_subs.clear()
+        for (name, _, _), sub in self.account_subs.items():
+            acc = self.server.accounts.get(name)
+            if acc is not None:
+                self.server.remove_subscription(sub, acc)
+        self.account_subs.clear()

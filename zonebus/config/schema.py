@@ -54,6 +54,7 @@ from zonebus.subjects.validate import is_valid_subject
 # A handler stores one entry's value on its target, or raises BadValue.
 Handler = Callable[[Any, Value, "_Errors"], None]
 MAX_PAYLOAD_LIMIT = 2**31 - 1  # nats-server: "max_payload value is too big"
+MAX_WORKERS = 256  # `workers`: processes of one server (zonebus.workers)
 
 
 class _Errors(list):
@@ -269,7 +270,12 @@ def _read_auth(v: Value, errors: _Errors, allow_token: bool, block: str) -> _Aut
 def _top_auth(opts: ServerOptions, v: Value, errors: _Errors) -> None:
     auth = _read_auth(v, errors, allow_token=True, block="")
     opts.auth_user, opts.auth_password, opts.auth_token = auth.user, auth.password, auth.token
-    opts.users, opts.default_permissions = auth.users, auth.default_permissions
+    in_accounts = [u for u in opts.users if u.account]  # read before it (zonebus.config.accounts)
+    taken = {u.user or u.nkey for u in in_accounts}
+    for u in auth.users:
+        if (u.user or u.nkey) in taken:
+            errors.add(v, f"users: duplicate user {json.dumps(u.user or u.nkey)}")
+    opts.users, opts.default_permissions = auth.users + in_accounts, auth.default_permissions
     if auth.timeout is not None:
         opts.auth_timeout = auth.timeout
 
@@ -700,7 +706,16 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "jetstream": _jetstream,
     "ledger": _ledger,
     "queue_groups": _queue_groups,
+    "workers": _int("workers", 1, MAX_WORKERS),
+    "accounts": lambda o, v, e: _accounts_block("read_accounts", o, v, e),
+    "system_account": lambda o, v, e: _accounts_block("read_system_account", o, v, e),
 }
+
+
+def _accounts_block(reader: str, opts: ServerOptions, v: Value, errors: _Errors) -> None:
+    from zonebus.config import accounts  # it builds on this module's handlers
+
+    getattr(accounts, reader)(opts, v, errors)
 
 
 def apply_config(tree: dict[str, Value], opts: ServerOptions | None = None) -> ServerOptions:
@@ -709,10 +724,16 @@ def apply_config(tree: dict[str, Value], opts: ServerOptions | None = None) -> S
     opts = ServerOptions() if opts is None else opts
     errors = _Errors()
     _apply(tree, _TOP_HANDLERS, opts, errors, "")
-    if opts.no_auth_user and not errors and not any(u.user == opts.no_auth_user for u in opts.users):
+    if opts.no_auth_user and not errors and not any(opts.no_auth_user in (u.user, u.nkey) for u in opts.users):
         where = next((v for k, v in tree.items() if k.lower() == "no_auth_user"), None)
         msg = (f'no_auth_user: "{opts.no_auth_user}" not present as user or nkey in authorization block '
                "or account configuration")
+        errors.append(f"{where.where}: {msg}" if where is not None else msg)
+    if (not errors and opts.jetstream.enabled and any(a.jetstream for a in opts.accounts)
+            and (opts.cluster.port or opts.cluster.routes or opts.jetstream.shared_store)):
+        where = next((v for k, v in tree.items() if k.lower() == "accounts"), None)
+        msg = ("accounts: JetStream in an account needs a lone server without shared_store (zonebus serves "
+               "clustered and shared-store JetStream in the global account only)")
         errors.append(f"{where.where}: {msg}" if where is not None else msg)
     if opts.https_port and opts.tls is None and not errors:
         where = next((v for k, v in tree.items() if k.lower() in ("https", "https_port")), None)

@@ -15,8 +15,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "leaf": "leaf node connections",
         "websocket": "WebSocket clients",
         "mqtt": "MQTT clients",
-        "accounts": "multi-tenant accounts",
-        "system_account": "the system account",
         "operator": "operator JWT (decentralised) authentication",
         "resolver": "the account JWT resolver",
         "resolver_preload": "the account JWT resolver",
@@ -38,6 +36,14 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "gateway": {
         "compression": "gateway compression",
+    },
+    "account": {
+        "mappings": "subject mappings",
+        "limits": "account limits",
+        "max_connections": "account limits",
+        "max_subscriptions": "account limits",
+        "max_payload": "account limits",
+        "nkey": "account nkeys",
     },
     "jetstream": {
         "domain": "JetStream domains",

@@ -72,6 +72,7 @@ class GatewayConnection(LinkConnection):
         self.authorized = outbound  # an accepted connection must send a valid CONNECT first when auth is set
         self.rejected = ""  # why the handshake failed (a misconfiguration), for the dial loop's report
         self.oi = OutboundInterest(self) if outbound else None
+        self.account_oi: dict[bytes, OutboundInterest] = {}  # outbound: other accounts' (zonebus.gateway.accounts)
         self.ii = InboundInterest(manager.threshold) if not outbound else None
         self.delay = manager.delays.get(remote_gateway, 0.0) if outbound else 0.0
         self._delayed: deque[tuple[float, bytes]] = deque()
@@ -126,21 +127,31 @@ class GatewayConnection(LinkConnection):
         if self.established:
             if cmd == CMD_GOSSIP:
                 self.manager.learn_gossip(info)
-            elif (cmd in (CMD_ALL_SUBS_START, CMD_ALL_SUBS_COMPLETE) and self.oi is not None
-                  and str(info.get("gateway_cmd_payload", "")).encode() == ACCOUNT):
-                if cmd == CMD_ALL_SUBS_START:
-                    self.oi.switch_start()
-                else:
-                    self.oi.switch_complete()
-                self.manager.routing_changed()
+            elif cmd in (CMD_ALL_SUBS_START, CMD_ALL_SUBS_COMPLETE) and self.oi is not None:
+                oi = self.interest_of(str(info.get("gateway_cmd_payload", "")).encode())
+                if oi is not None:
+                    if cmd == CMD_ALL_SUBS_START:
+                        oi.switch_start()
+                    else:
+                        oi.switch_complete()
+                    self.manager.routing_changed()
             return True
         self.take_identity(info)
         return self.manager.identified(self, info)
 
     # -- interest ------------------------------------------------------------------------------------
+    def interest_of(self, account: bytes) -> OutboundInterest | None:
+        """The remote's interest in `account` (outbound side; None inbound or for an account unknown here)."""
+        if self.oi is None or account == ACCOUNT:
+            return self.oi
+        oi = self.account_oi.get(account)
+        if oi is None and self.server.accounts.get(account) is not None:
+            oi = self.account_oi[account] = OutboundInterest(self)
+        return oi
+
     def on_interest(self, op: tuple) -> None:
-        oi = self.oi
-        if oi is None or op[1] != ACCOUNT:
+        oi = self.interest_of(op[1])
+        if oi is None:
             return
         code = op[0]
         if code == RS_PLUS:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from zonebus.gateway.accounts import GatewayAccounts
 from zonebus.gateway.connection import GatewayConnection, delays_from_env
 from zonebus.gateway.interest import (
     ACCOUNT,
@@ -49,7 +50,10 @@ from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
+    import ssl
+
     from zonebus.cluster.manager import ClusterManager
+    from zonebus.server.options import GatewayOptions
     from zonebus.server.server import Server
 
 INTERNAL_PREFIX = b"$GW."
@@ -88,7 +92,7 @@ class RemoteGateway:
         return urls[attempt % len(urls)]
 
 
-class GatewayManager(GatewayRouting):
+class GatewayManager(GatewayRouting, GatewayAccounts):
     def __init__(self, server: Server, cluster: ClusterManager | None = None) -> None:
         self.server = server
         self.cluster = cluster
@@ -102,6 +106,7 @@ class GatewayManager(GatewayRouting):
         self.connections: dict[int, GatewayConnection] = {}  # every open connection, established or not
         self.plain_counts: dict[bytes, int] = {}
         self.queue_counts: dict[tuple[bytes, bytes], int] = {}
+        self.init_accounts()  # the other accounts' interest (zonebus.gateway.accounts)
         self.peer_urls: dict[str, str] = {}  # server_id of a peer in this cluster -> its gateway URL
         self.delays: dict[str, float] = {}
         self.url = ""
@@ -111,6 +116,7 @@ class GatewayManager(GatewayRouting):
         self.hash_to_gateway: dict[bytes, str] = {}
         self._route_hashes: dict[str, bytes] = {}
         self._listener: asyncio.base_events.Server | None = None
+        self._tls_context: ssl.SSLContext | None = None  # the gateway listener's, reloaded on SIGHUP
         self._running = False
         self._gossip_pending = False
         self._mismatch_reported: set[str] = set()
@@ -137,9 +143,13 @@ class GatewayManager(GatewayRouting):
             raise GatewayConfigError(str(exc))
         self._running = True
         if opts.port:
+            if opts.tls is not None:
+                from zonebus.server.tls import server_context
+
+                self._tls_context = server_context(opts.tls, "gateway tls: ")
             self._listener, self.url = await listen(
                 server, lambda: GatewayConnection(self, outbound=False), opts.host, opts.port, opts.tls,
-                what="gateways")
+                what="gateways", ssl_context=self._tls_context)
             warn_open_port(server, "gateway", opts.host, bool(opts.user), opts.tls)
             server.log(f"gateway name is {self.name}; listening for gateway connections on "
                        f"{opts.host}:{self.url.rsplit(':', 1)[1]}")
@@ -164,6 +174,13 @@ class GatewayManager(GatewayRouting):
                 remote.task.cancel()
         for conn in list(self.connections.values()):
             conn.close()
+
+    def reload_tls(self, new: GatewayOptions) -> None:
+        """SIGHUP: gateway connections accepted or dialled from now on use the certificate, key and CA of the
+        reloaded `gateway { tls {} }`; the connections up now stay up (zonebus.server.tls.reload_links)."""
+        from zonebus.server.tls import reload_links
+
+        self.opts.tls = reload_links(self.server, "gateway", self._tls_context, self.opts.tls, new.tls)
 
     def log(self, msg: str) -> None:
         self.server.log(msg)
@@ -301,6 +318,7 @@ class GatewayManager(GatewayRouting):
                 conn.send(b"RS+ %b %b %b 1\r\n" % (ACCOUNT, subject, queue))
             if self.threshold <= 0:
                 self.switch_to_interest_only(conn)
+            self.announce_accounts(conn)
         conn.start_pinging()
         return True
 

@@ -14,6 +14,10 @@
 - `_GR_.` subjects: published here -> straight to the cluster named by the hash; arrived from a gateway
   -> unwrapped and delivered on this server or handed to the route of the server named by the hash.
 
+Every step takes the message's account (`acc`, None = the global account `$G`): messages of another account
+go to the clusters that declared interest in that account (`GatewayConnection.interest_of`) with the
+account on the RMSG line, and replies are matched in that account (zonebus.gateway.accounts).
+
 Runs inside `process_msg` on the event loop thread; no state of its own.
 """
 
@@ -22,11 +26,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.route_parser import msg_line
-from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, ROUTE
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE
 from zonebus.subjects.sublist import MatchResult, Subscription
 
 if TYPE_CHECKING:
     from zonebus.gateway.connection import GatewayConnection
+    from zonebus.server.accounts import Account
     from zonebus.server.server import Server
 
 GR_PREFIX = b"_GR_."
@@ -44,21 +49,21 @@ class GatewayRouting:
     hash_to_gateway: dict[bytes, str]
 
     def process_msg(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                    queues: Any, r: MatchResult) -> bool:
+                    queues: Any, r: MatchResult, acc: Account | None = None) -> bool:
         server = self.server
         if src.kind == GATEWAY:
             if subject.startswith(GR_PREFIX):
-                return self._reply_arrived(src, subject, reply, hdr_len, data)
-            delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) if r else False
-            if not r.psubs and not subject.startswith(_INTERNAL_HEAD):
-                self.no_interest(src, subject)
+                return self._reply_arrived(src, subject, reply, hdr_len, data, acc)
+            delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) if r else False
+            if not r.psubs and not subject.startswith(_INTERNAL_HEAD) and acc is None:
+                self.no_interest(src, subject)  # (other accounts are interest-only: nothing to answer)
             return delivered
-        delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, None) if r else False
+        delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, None, acc) if r else False
         if subject.startswith(GR_PREFIX):
-            return self._reply_home(src, subject, reply, hdr_len, data) or delivered
+            return self._reply_home(src, subject, reply, hdr_len, data, acc) or delivered
         sent = False
         if self.by_rtt and not subject.startswith(_INTERNAL_HEAD):
-            sent = self._forward(src, subject, reply, hdr_len, data, r)
+            sent = self._forward(src, subject, reply, hdr_len, data, r, acc)
         if not delivered and not sent and reply and src.kind == CLIENT and src.no_responders:
             server._no_responders(src, subject, reply)
         return delivered or sent
@@ -71,12 +76,15 @@ class GatewayRouting:
 
     # -- to other clusters -----------------------------------------------------------------------------
     def _forward(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                 r: MatchResult) -> bool:
+                 r: MatchResult, acc: Account | None = None) -> bool:
         served: set[bytes] | None = None
         mapped: bytes | None = None
         sent = False
+        account = ACCOUNT if acc is None else acc.name
         for conn in self.by_rtt:
-            oi = conn.oi
+            oi = conn.oi if acc is None else conn.interest_of(account)
+            if oi is None:
+                continue
             qnames: list[bytes] | None = None
             if oi.queue_subs:
                 for group in oi.queue_groups(subject):
@@ -92,16 +100,17 @@ class GatewayRouting:
                         qnames.append(name)
             if qnames is not None or oi.wants(subject):
                 if reply is not None and mapped is None:
-                    mapped = self._map_reply(reply)
-                conn.forward(subject, mapped, hdr_len, data, qnames)
+                    mapped = self._map_reply(reply, acc)
+                conn.forward(subject, mapped, hdr_len, data, qnames, account)
                 sent = True
         return sent
 
-    def _map_reply(self, reply: bytes) -> bytes:
+    def _map_reply(self, reply: bytes, acc: Account | None = None) -> bytes:
         """`_GR_.<cluster>.<server>.<reply>` when a client of this server is subscribed to the reply."""
         if reply.startswith(GR_PREFIX):
             return reply
-        for sub in self.server.sublist.match(reply).psubs:
+        sublist = self.server.sublist if acc is None else acc.sublist
+        for sub in sublist.match(reply).psubs:
             if sub.conn.kind in (CLIENT, INTERNAL):
                 return self.reply_prefix + reply
         return reply
@@ -148,36 +157,38 @@ class GatewayRouting:
         return memo
 
     # -- replies ---------------------------------------------------------------------------------------
-    def _reply_home(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> bool:
+    def _reply_home(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                    acc: Account | None = None) -> bool:
         """A client here answered to a mapped reply subject: send it to the requester's cluster."""
         parts = subject.split(b".", 3)
         if len(parts) < 4:
             return False
         if parts[1] == self.cluster_hash:
-            return self._deliver_reply(src, parts[2], parts[3], reply, hdr_len, data)
+            return self._deliver_reply(src, parts[2], parts[3], reply, hdr_len, data, acc)
         name = self.hash_to_gateway.get(parts[1])
         conn = self.outbound.get(name) if name is not None else None
         if conn is None:
             return False
-        conn.forward(subject, reply, hdr_len, data, None)
+        conn.forward(subject, reply, hdr_len, data, None, ACCOUNT if acc is None else acc.name)
         return True
 
-    def _reply_arrived(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> bool:
+    def _reply_arrived(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                       acc: Account | None = None) -> bool:
         parts = subject.split(b".", 3)
         if len(parts) < 4 or parts[1] != self.cluster_hash:
             return False
-        return self._deliver_reply(src, parts[2], parts[3], reply, hdr_len, data)
+        return self._deliver_reply(src, parts[2], parts[3], reply, hdr_len, data, acc)
 
     def _deliver_reply(self, src: Any, server_hash: bytes, inner: bytes, reply: bytes | None, hdr_len: int,
-                       data: bytes) -> bool:
+                       data: bytes, acc: Account | None = None) -> bool:
         server = self.server
         if server_hash != self.server_hash:
             route = self.route_by_hash(server_hash)
             if route is not None:
-                route.forward(inner, reply, hdr_len, data, None)
+                route.forward(inner, reply, hdr_len, data, None, ACCOUNT if acc is None else acc.name)
                 return True
-        r = server.sublist.match(inner)
-        return server.deliver_in_cluster(src, r, inner, reply, hdr_len, data, None) if r else False
+        r = (server.sublist if acc is None else acc.sublist).match(inner)
+        return server.deliver_in_cluster(src, r, inner, reply, hdr_len, data, None, acc) if r else False
 
 
 def _served_here(src: Any, r: MatchResult) -> set[bytes]:

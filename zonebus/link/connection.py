@@ -44,12 +44,15 @@ from zonebus.protocol.route_parser import (
     RouteParser,
     msg_line,
 )
+from zonebus.server.accounts import ledger_key
 from zonebus.server.connection import ACCOUNT, Connection
 from zonebus.server.listening import naming
 from zonebus.server.options import TLSOptions, advertised_host
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
+    import ssl
+
     from zonebus.link.channels import LinkChannels
     from zonebus.server.server import Server
 
@@ -187,10 +190,14 @@ class LinkConnection(Connection, asyncio.Protocol):
                 self.in_msgs += 1
                 self.in_bytes += hdr.size
                 if self.ledger_in is not None:
-                    server.ledger_count(self.ledger_in, hdr.subject, hdr.size + len(hdr.subject) + 16)
+                    server.ledger_count(self.ledger_in, hdr.subject if hdr.account == ACCOUNT
+                                        else ledger_key(hdr.account, hdr.subject), hdr.size + len(hdr.subject) + 16)
                 if hdr.account != ACCOUNT:
-                    if hdr.account == LINK_ACCOUNT and self.channels is not None:
-                        self.channels.frame(self, hdr.subject, payload[:-2])
+                    if hdr.account == LINK_ACCOUNT:
+                        if self.channels is not None:
+                            self.channels.frame(self, hdr.subject, payload[:-2])
+                    else:
+                        self.account_msg(hdr, payload)
                     continue
                 if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues:
                     memo = self._memos.get(hdr)
@@ -233,6 +240,14 @@ class LinkConnection(Connection, asyncio.Protocol):
         if error is not None:
             self.send(error.wire())
             self.close()
+
+    def account_msg(self, hdr: MsgHeader, payload: bytes) -> None:
+        """A message of an account other than `$G` (zonebus.server.accounts): the full path, in that account;
+        one of an account this server does not have is dropped."""
+        acc = self.server.accounts.get(hdr.account)
+        if acc is not None:
+            self.server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or (),
+                                    account=acc)
 
     def _memo_miss(self, hdr: MsgHeader) -> list[tuple] | None:
         if len(self._memos) >= self.MEMO_MAX:
@@ -321,9 +336,10 @@ class LinkConnection(Connection, asyncio.Protocol):
 
     # -- outbound ------------------------------------------------------------------------------------
     def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                queues: list[bytes] | None) -> None:
+                queues: list[bytes] | None, account: bytes = ACCOUNT) -> None:
         """Send a message as RMSG/HMSG, naming the queue groups the receiver is to serve."""
-        self.write_frame(msg_line(ACCOUNT, subject, reply, queues, hdr_len, len(data) - 2), data, subject)
+        self.write_frame(msg_line(account, subject, reply, queues, hdr_len, len(data) - 2), data,
+                         subject if account == ACCOUNT else ledger_key(account, subject))
 
     def send_frame(self, channel: bytes, payload: bytes) -> None:
         """One channel frame (`LMSG <channel> <size>`) for the peer's extension of that name."""
@@ -392,14 +408,16 @@ def replay(server: Server, entries: list[tuple], subject: bytes, size: int, payl
 
 async def listen(server: Server, factory: Callable[[], asyncio.Protocol], host: str,
                  port: int, tls: TLSOptions | None = None,
-                 what: str = "links") -> tuple[asyncio.base_events.Server, str]:
+                 what: str = "links", ssl_context: ssl.SSLContext | None = None
+                 ) -> tuple[asyncio.base_events.Server, str]:
     """A listener for links of one kind; returns it and the `host:port` other servers should dial. With
-    `tls`, every accepted link is TLS from its first byte (zonebus.server.tls)."""
+    `tls`, every accepted link is TLS from its first byte (zonebus.server.tls), through `ssl_context` when
+    given (the caller keeps it to reload its certificates on SIGHUP), else a context made from `tls`."""
     kw: dict[str, Any] = {}
     if tls is not None:
         from zonebus.server.tls import server_context
 
-        kw = {"ssl": server_context(tls), "ssl_handshake_timeout": tls.timeout}
+        kw = {"ssl": ssl_context or server_context(tls), "ssl_handshake_timeout": tls.timeout}
     with naming(what, host, port):
         listener = await server.loop.create_server(factory, host, port, reuse_address=True, **kw)
     bound = listener.sockets[0].getsockname()[1]

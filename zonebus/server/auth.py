@@ -235,6 +235,7 @@ class Login:
     user: str
     perms: PermissionSet | None
     method: str  # "user", "nkey", "token", "none"
+    account: str = ""  # the account logged in to ("" = the global account)
 
 
 class Authenticator:
@@ -255,6 +256,7 @@ class Authenticator:
             u.user or u.nkey: (PermissionSet.compile(u.permissions) if u.permissions is not None else default)
             for u in opts.users
         }
+        self.account_of: dict[str, str] = {u.user or u.nkey: u.account for u in opts.users}
         self._check = _SecretCheck()
 
     @staticmethod
@@ -282,7 +284,7 @@ class Authenticator:
             entry = self.users.get(user) if isinstance(user, str) else None
             if entry is None or not self._check(entry.password, password):
                 return None, f' - User "{user}"' if isinstance(user, str) and user else ""
-            return Login(entry.user, self.perms.get(entry.user), "user"), ""
+            return Login(entry.user, self.perms.get(entry.user), "user", entry.account), ""
         if self.token:
             if not self._check(self.token, connect.get("auth_token")):
                 return None, ""
@@ -302,7 +304,7 @@ class Authenticator:
             names, subject = cert_identities(peercert)
             shown = ",".join(f"{k}={v}" for k, v in subject) or ", ".join(names)
             return None, f' - no user for client certificate "{shown}"'
-        return Login(user, self.perms.get(user), "tls"), ""
+        return Login(user, self.perms.get(user), "tls", self.account_of.get(user, "")), ""
 
     def _nkey_login(self, nkey: Any, sig: Any, nonce: str) -> tuple[Login | None, str]:
         where = f' - Nkey "{nkey}"'
@@ -319,4 +321,4 @@ class Authenticator:
             key.verify(nonce.encode(), raw)
         except (BadSignatureError, ValueError):
             return None, where
-        return Login(entry.nkey, self.perms.get(entry.nkey), "nkey"), ""
+        return Login(entry.nkey, self.perms.get(entry.nkey), "nkey", entry.account), ""

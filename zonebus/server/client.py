@@ -177,7 +177,7 @@ class ClientConnection(Connection, asyncio.Protocol):
     def _handle_ops(self, ops: list[tuple]) -> None:
         server = self.server
         process_msg = server.process_msg
-        sublist = server.sublist
+        sublist = self.account.sublist
         mark_dirty = server.mark_dirty
         rnd = server.random.random
         for op in ops:
@@ -242,12 +242,14 @@ class ClientConnection(Connection, asyncio.Protocol):
             elif code == CONNECT:
                 if not self._connect(op[1]):
                     return
+                sublist = self.account.sublist  # the login may have put it in another account
             elif not self.connected and server.opts.auth_required:
                 self.send(errors.err(errors.AUTH_VIOLATION))
                 self.close()
                 return
             elif code == PING:
-                self.send(_PONG)
+                if server.pong_gate is None or not server.pong_gate(self):  # see hooks.py
+                    self.send(_PONG)
             elif code == PONG:
                 self.pings_out = 0
                 if self._ping_sent:
@@ -336,7 +338,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         if sub is not None:
             if max_msgs and sub.delivered < max_msgs:
                 sub.max_msgs = max_msgs
-                self.server.sublist.touch()  # the fast path must now count this sub
+                self.account.sublist.touch()  # the fast path must now count this sub
             else:
                 del self.subs[sid]
                 self.server.remove_subscription(sub)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 CLIENT, ROUTE, GATEWAY, INTERNAL = "client", "route", "gateway", "internal"
-ACCOUNT = b"$G"  # the one account zonebus serves
+ACCOUNT = b"$G"  # the global account: every connection's when no accounts are configured
 STALL_SLICE = 0.01  # seconds a producer stays stalled at a time
 STALL_GAP = 0.002  # seconds it reads between two slices while the receiver still drains
 
@@ -36,7 +36,7 @@ class Connection:
     # no __slots__ of their own (links, internal clients) keep a __dict__ for their extra fields
     __slots__ = ("server", "cid", "transport", "out", "dirty", "closed", "paused_since", "stalled_by", "_stalling",
                  "in_msgs", "in_bytes", "out_msgs", "out_bytes", "start", "last_activity", "ip", "remote_port",
-                 "zone", "zone_known", "ledger_in", "ledger_out")
+                 "zone", "zone_known", "ledger_in", "ledger_out", "account")
 
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -58,6 +58,7 @@ class Connection:
         # ledger counts (subject -> [msgs, bytes]), swapped out by the ledger task once per window
         self.ledger_in: dict[bytes, list[int]] | None = None
         self.ledger_out: dict[bytes, list[int]] | None = None
+        self.account = server.global_account  # zonebus.server.accounts: the subject space it publishes in
 
     # -- outbound ------------------------------------------------------------------------------------
     def send(self, data: bytes) -> None:

@@ -5,8 +5,15 @@ dashes (`-js`, `--jetstream`, `-port`), values as `-p 4222` or `-p=4222`, boolea
 parsing stops at `--` or the first non-flag argument, which is an error. The config file (`-c`) is loaded
 first and the flags are then applied over it, whatever their order on the command line.
 
+The TLS flags (`--tls`, `--tlscert`, `--tlskey`, `--tlscacert`, `--tlsverify`) work together, as in
+nats-server: any of them defines the client `tls {}` block anew (certificate and key required; `--tlsverify`
+requires client certificates, signed by `--tlscacert` or else the system's CAs), replacing the config file's
+block but for its `timeout` and `handshake_first`; `--tls=false` anywhere switches client TLS off, whatever
+the file or the other TLS flags say. A reload (SIGHUP) keeps what the flags set.
+
 A bad flag prints `zonebus server: <message>` to stderr and raises SystemExit(2); a bad config file prints
-`zonebus server: <errors>` and raises SystemExit(1); `-h` prints the usage and raises SystemExit(0).
+`zonebus server: <errors>` and raises SystemExit(1), and so do TLS flags that do not make a usable block
+(the message names the flag); `-h` prints the usage and raises SystemExit(0).
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from urllib.parse import urlsplit
 
 from zonebus.config import ConfigError, load_config
 from zonebus.config.convert import is_url, split_host_port
-from zonebus.server.options import ServerOptions
+from zonebus.config.schema import MAX_WORKERS
+from zonebus.server.options import ServerOptions, TLSOptions
 
 PROG = "zonebus server"
 SIGNALS = ("ldm", "stop", "quit", "term", "reload")
@@ -37,6 +45,7 @@ Server Options:
     -t                               Test configuration and exit
     -sl,--signal <signal>[=<pid>]    Send signal to a running server ({", ".join(SIGNALS)})
         --tags <tag1,tag2>           Server tags (zonebus; e.g. az:us-east-1a)
+        --workers <n>                Processes serving clients on one port (zonebus; default: 1)
 
 Logging Options:
     -l, --log <file>                 File to redirect log output
@@ -53,6 +62,13 @@ Authorization Options:
         --user <user>                User required for connections
         --pass <password>            Password required for connections
         --auth <token>               Authorization token required for connections
+
+TLS Options:
+        --tls                        Enable TLS, do not verify clients (default: false)
+        --tlscert <file>             Server certificate file
+        --tlskey <file>              Private key for server certificate
+        --tlsverify                  Enable TLS, verify client certificates
+        --tlscacert <file>           Client certificate CA for verification
 
 Cluster Options:
         --routes <rurl-1, rurl-2>    Routes to solicit and connect
@@ -96,6 +112,13 @@ def _count(text: str) -> int:
         raise _FlagError("parse error")
     if number < 0:
         raise _FlagError("must not be negative")
+    return number
+
+
+def _workers(text: str) -> int:
+    number = _count(text)
+    if not 1 <= number <= MAX_WORKERS:
+        raise _FlagError(f"must be from 1 to {MAX_WORKERS}")
     return number
 
 
@@ -155,6 +178,56 @@ def _set(attr: str) -> Callable[[ServerOptions, Any], None]:
     return lambda opts, value: setattr(opts, attr, value)
 
 
+def _later(opts: ServerOptions, value: Any) -> None:
+    """The TLS flags: collected into `_TLSFlags` and applied together once all flags are read."""
+
+
+@dataclass
+class _TLSFlags:
+    """What the TLS flags said; `spelled` is the first of them as written, for messages."""
+
+    enabled: bool | None = None  # --tls / --tls=false (the last one given)
+    cert_file: str = ""
+    key_file: str = ""
+    ca_file: str = ""
+    verify: bool = False
+    spelled: str = ""
+
+    def take(self, name: str, value: Any, spelled: str) -> None:
+        self.spelled = self.spelled or spelled
+        if name == "tls":
+            self.enabled = value
+        else:
+            setattr(self, _TLS_FIELDS[name], value)
+
+    def apply(self, opts: ServerOptions) -> None:
+        """Define (or, with --tls=false, remove) the client tls block; SystemExit(1) naming the flag when
+        the flags do not make a usable block (nats-server's wording, then what to add)."""
+        if not self.spelled:
+            return
+        opts.tls_from_flags = True
+        if self.enabled is False:
+            opts.tls = None
+            return
+        if not self.cert_file:
+            raise _fail(f"{self.spelled}: TLS Server certificate must be present and valid: "
+                        f"give --tlscert <file>", code=1)
+        if not self.key_file:
+            raise _fail(f"{self.spelled}: TLS Server private key must be present and valid: "
+                        f"give --tlskey <file>", code=1)
+        old = opts.tls or TLSOptions()
+        tls = TLSOptions(cert_file=self.cert_file, key_file=self.key_file, ca_file=self.ca_file,
+                         verify=self.verify, timeout=old.timeout, handshake_first=old.handshake_first)
+        from zonebus.server.tls import TLSConfigError, check
+
+        try:
+            check(TLSOptions(cert_file=tls.cert_file, key_file=tls.key_file), "--tlscert/--tlskey: ")
+            check(tls, "--tlscacert: ")
+        except TLSConfigError as exc:
+            raise _fail(str(exc), code=1)
+        opts.tls = tls
+
+
 _FLAGS = (
     _Flag(("a", "addr", "net"), "value", _set("host")),
     _Flag(("p", "port"), "value", _set("port"), _port),
@@ -163,6 +236,7 @@ _FLAGS = (
     _Flag(("P", "pid"), "value", _set("pid_file")),
     _Flag(("sl", "signal"), "value", _set("signal"), _signal),
     _Flag(("tags",), "value", lambda o, v: setattr(o, "server_tags", [t.lower() for t in v]), _csv),
+    _Flag(("workers",), "value", _set("workers"), _workers),
     _Flag(("l", "log"), "value", _set("log_file")),
     _Flag(("T", "logtime"), "bool", _set("logtime")),
     _Flag(("D", "debug"), "bool", _set("debug")),
@@ -173,6 +247,11 @@ _FLAGS = (
     _Flag(("user",), "value", _set("auth_user")),
     _Flag(("pass",), "value", _set("auth_password")),
     _Flag(("auth",), "value", _set("auth_token")),
+    _Flag(("tls",), "bool", _later),
+    _Flag(("tlscert",), "value", _later),
+    _Flag(("tlskey",), "value", _later),
+    _Flag(("tlscacert",), "value", _later),
+    _Flag(("tlsverify",), "bool", _later),
     _Flag(("routes",), "value", lambda o, v: setattr(o.cluster, "routes", v), _route_urls),
     _Flag(("cluster", "cluster_listen"), "value", _set_cluster_listen, _listen_url),
     _Flag(("cluster_name",), "value", lambda o, v: setattr(o.cluster, "name", v), _name),
@@ -180,6 +259,7 @@ _FLAGS = (
     _Flag(("connect_retries",), "value", lambda o, v: setattr(o.cluster, "connect_retries", v), _count),
 )
 _BY_NAME = {name: flag for flag in _FLAGS for name in flag.names}
+_TLS_FIELDS = {"tlscert": "cert_file", "tlskey": "key_file", "tlscacert": "ca_file", "tlsverify": "verify"}
 _SPECIAL = {"c": "config", "config": "config", "t": "test", "h": "help", "help": "help"}
 _SPECIAL |= {"v": "version", "version": "version"}
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
@@ -199,9 +279,9 @@ def _parse_bool(text: str, spelled: str) -> bool:
     raise _fail(f'invalid boolean value "{text}" for {spelled}: parse error')
 
 
-def _scan(argv: list[str]) -> tuple[list[tuple[_Flag, Any]], str, bool]:
-    """Read argv into (flag, value) actions, the config path and the -t switch."""
-    actions: list[tuple[_Flag, Any]] = []
+def _scan(argv: list[str]) -> tuple[list[tuple[_Flag, Any, str]], str, bool]:
+    """Read argv into (flag, value, flag as written) actions, the config path and the -t switch."""
+    actions: list[tuple[_Flag, Any, str]] = []
     config, test = "", False
     i = 0
     while i < len(argv):
@@ -244,7 +324,7 @@ def _scan(argv: list[str]) -> tuple[list[tuple[_Flag, Any]], str, bool]:
             config = value
         else:
             try:
-                actions.append((flag, on if is_bool else flag.convert(value)))
+                actions.append((flag, on if is_bool else flag.convert(value), spelled))
             except _FlagError as exc:
                 raise _fail(f'invalid value "{value}" for flag {spelled}: {exc}')
     if i < len(argv):
@@ -265,6 +345,28 @@ def parse_server_args(argv: list[str]) -> tuple[ServerOptions, bool]:
             raise _fail(str(exc), code=1)
     else:
         opts = ServerOptions()
-    for flag, value in actions:
-        flag.apply(opts, value)
+    tls = _TLSFlags()
+    for flag, value, spelled in actions:
+        if flag.apply is _later:
+            tls.take(flag.names[0], value, spelled)
+        else:
+            flag.apply(opts, value)
+    tls.apply(opts)
+    conflict = workers_conflict(opts)
+    if conflict:
+        raise _fail(conflict, code=1)
     return opts, test
+
+
+def workers_conflict(opts: ServerOptions) -> str:
+    """Why `workers` above 1 cannot run with these options ("" when it can): what must be single in a server
+    of several processes (routes, gateways, durable queue groups, the ledger, client TLS) is not shared yet."""
+    if opts.workers <= 1:
+        return ""
+    blocks = (("cluster {}", opts.cluster.port or opts.cluster.routes),
+              ("gateway {}", opts.gateway.name or opts.gateway.port or opts.gateway.gateways),
+              ("queue_groups {}", opts.queue_groups), ("ledger {}", opts.ledger.enabled), ("tls {}", opts.tls))
+    for name, present in blocks:
+        if present:
+            return f"workers: {opts.workers} cannot run with {name} yet; use workers: 1 (--workers 1)"
+    return ""

@@ -8,8 +8,10 @@ through the attributes below. The core calls them; it never imports them.
 | attribute on Server | type | called when |
 |---|---|---|
 | `add_extension(ext)` | `Extension` | `start()` after the client listener is up, `stop()` at shutdown (reverse order) |
-| `interest_watchers` | list of `InterestWatcher` | every subscription added to / removed from the sublist |
+| `interest_watchers` | list of `InterestWatcher` | every subscription added to / removed from the global account |
+| `account_watchers` | list of `AccountWatcher` | the same in any other account (routes carry accounts) |
 | `forwarder` | `Forwarder` or None | every message that did not come over a route (gateways take it from there) |
+| `account_forwarder` | `AccountForwarder` or None | the same for a message of another account (gateways) |
 | `queue_picker` | `QueuePicker` or None | a queue group needs a member (the cluster's routing policy) |
 | `connect_urls` | `() -> list[str]` or None | a client's INFO is built (`connect_urls` for failover) |
 | `client_urls_changed()` | method | an extension tells the core that `connect_urls` changed |
@@ -19,6 +21,12 @@ through the attributes below. The core calls them; it never imports them.
 | `pages` | `{path: PageBuilder}` | the monitor starts: each is served as JSON (`/routez`, `/gatewayz`, ...) |
 | `reload_hooks` | list of `(ServerOptions) -> None` | SIGHUP: the new options were read and applied |
 | `publish_interceptor` | `PublishInterceptor` or None | every message, before delivery (durable queue groups) |
+| `admission` | `(ClientConnection) -> bool` or None | a client connects, before its INFO: False = not here (*) |
+| `pong_gate` | `(ClientConnection) -> bool` or None | a client PINGed: True = the gate sends the PONG later (**) |
+
+(*) zonebus.workers: refused over a `max_connections` counted across the worker processes, or handed to
+another process (the hook then marked the connection closed). (**) zonebus.workers: once the other worker
+processes have confirmed this one's interest.
 
 A connection of an extension's kind (`kind` not CLIENT/INTERNAL) implements `forward(...)` (send a message
 as RMSG) and `unregister()` (called once when it closes); `memo_sub` stands in for a subscription in
@@ -27,10 +35,11 @@ client fast-path entries.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from zonebus.server.accounts import Account
     from zonebus.server.connection import Connection
     from zonebus.subjects.sublist import MatchResult, Subscription
 
@@ -47,6 +56,19 @@ class InterestWatcher(Protocol):
     def interest_removed(self, sub: Subscription) -> None: ...
 
 
+class AccountWatcher(Protocol):
+    def account_interest(self, account: Account, sub: Subscription, delta: int) -> None:
+        """`sub` was added (+1) to / removed (-1) from `account`, which is not the global account."""
+        ...
+
+
+class AccountForwarder(Protocol):
+    def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                    queues: Any, r: MatchResult, acc: Account) -> bool:
+        """`Forwarder.process_msg` for a message of `acc`, an account other than the global one."""
+        ...
+
+
 class Forwarder(Protocol):
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: Any, r: MatchResult) -> bool:
@@ -59,7 +81,7 @@ class Forwarder(Protocol):
 
 
 QueuePicker = Callable[["Connection", list["Subscription"], bytes, int], "Subscription | None"]
-PageBuilder = Callable[[Mapping[str, str]], dict[str, Any]]
+PageBuilder = Callable[[Mapping[str, str]], "dict[str, Any] | Awaitable[dict[str, Any]]"]  # awaited when awaitable
 
 
 class PublishInterceptor(Protocol):

@@ -21,6 +21,7 @@ from zonebus.server.connection import CLIENT, INTERNAL, ROUTE, Connection
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
+    from zonebus.server.accounts import Account
     from zonebus.server.server import Server
 
 Callback = Callable[[str, "str | None", "bytes | None", bytes], None]
@@ -34,8 +35,10 @@ class InternalClient(Connection):
     no_responders = False
     headers = True
 
-    def __init__(self, server: Server, name: str) -> None:
+    def __init__(self, server: Server, name: str, account: Account | None = None) -> None:
         super().__init__(server)
+        if account is not None:
+            self.account = account  # zonebus.server.accounts: the subject space it works in (default $G)
         self.name = name
         self.subs: dict[bytes, Subscription] = {}
         self._next_sid = 0
@@ -55,7 +58,7 @@ class InternalClient(Connection):
         self.subs[sid] = sub
         if local:
             self._local.add(sid)
-            self.server.sublist.insert(sub)  # not told to the interest watchers: no route hears of it
+            self.account.sublist.insert(sub)  # not told to the interest watchers: no route hears of it
         else:
             self.server.add_subscription(sub)
         return self._next_sid
@@ -67,7 +70,7 @@ class InternalClient(Connection):
             return
         if key in self._local:
             self._local.discard(key)
-            self.server.sublist.remove(sub)
+            self.account.sublist.remove(sub)
         else:
             self.server.remove_subscription(sub)
 
@@ -92,7 +95,7 @@ class InternalClient(Connection):
         self.out_msgs += 1
         data = payload + b"\r\n"
         if server.publish_interceptor is None and server.forwarder is None:
-            r = server.sublist.match_reply(subject)  # a reply inbox: seen once
+            r = self.account.sublist.match_reply(subject)  # a reply inbox: seen once
             if not r.qsubs:
                 psubs = r.psubs
                 for sub in psubs:
@@ -114,14 +117,15 @@ class InternalClient(Connection):
             if fwd is not None and conn.kind == ROUTE:
                 fwd(conn, subject, shown, reply, hdr_len, data, queues or None)
             else:
-                conn.forward(subject, reply, hdr_len, data, queues or None)  # type: ignore[attr-defined]
+                conn.forward(subject, reply, hdr_len, data, queues or None,  # type: ignore[attr-defined]
+                             self.account.name)
 
     def deliver_local_as(self, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int,
                          data: bytes) -> dict[Connection, list[bytes]]:
         """Deliver to the local subscribers of `subject` under `shown`; returns the links (with the queue
         groups they are to serve) that still want the message."""
         server = self.server
-        r = server.sublist.match(subject)
+        r = self.account.sublist.match(subject)
         routes: dict[Connection, list[bytes]] = {}
         for sub in r.psubs:
             if sub.conn.kind in (CLIENT, INTERNAL):
@@ -164,7 +168,7 @@ class InternalClient(Connection):
             fut.set_result((headers, payload))
 
     def has_interest(self, subject: str) -> bool:
-        return bool(self.server.sublist.match(subject.encode()))
+        return bool(self.account.sublist.match(subject.encode()))
 
     # called by Server.process_msg
     def deliver(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:

@@ -23,6 +23,7 @@ from zonebus.ledger.accumulator import LedgerAccumulator, window_start_for
 from zonebus.ledger.zones import ClientZoneResolver, server_zone
 from zonebus.protocol.client_parser import PubHeader, pub_wire_bytes
 from zonebus.protocol.route_parser import msg_line
+from zonebus.server.accounts import ledger_key, split_ledger_keys
 from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
 
 if TYPE_CHECKING:
@@ -127,9 +128,11 @@ class LedgerHooks:
         hdr.ledger_n = 0
         subject, size = hdr.subject, hdr.size
         _add(src.ledger_in, subject, n, n * pub_wire_bytes(hdr))
+        # links count another account's messages under its ledger key (a client's rows carry its account)
+        link_key = subject if src.account.name == ACCOUNT else ledger_key(src.account.name, subject)
         for conn, line, _sub in hdr.memo or ():
             if conn.ledger_out is not None:
-                _add(conn.ledger_out, subject, n, n * (len(line) + size + 2))
+                _add(conn.ledger_out, subject if conn.kind == CLIENT else link_key, n, n * (len(line) + size + 2))
 
     # -- queue routing decisions ---------------------------------------------------------------------
     def member_zone(self, sub: Any) -> str:
@@ -209,10 +212,13 @@ class LedgerHooks:
             return
         conn.ledger_in, conn.ledger_out = {}, {}
         peer = _peer_name(conn)
+        # a client's traffic is its account's; a link's is `$G`'s except what it counted under `ledger_key`
+        account = conn.account.display if conn.kind == CLIENT else ACCOUNT_NAME
         for direction, counts in (("in", cin), ("out", cout)):
             if counts:
-                self.acc.record_traffic(window, conn.kind, peer, conn.zone, conn.zone_known, direction,
-                                        ACCOUNT_NAME, counts)
+                for name, part in split_ledger_keys(counts, account).items():
+                    self.acc.record_traffic(window, conn.kind, peer, conn.zone, conn.zone_known, direction,
+                                            name, part)
                 self.totals.add_traffic(conn.kind, self.acc.server_zone, conn.zone, direction, counts)
 
 

@@ -348,14 +348,17 @@ def _page(server: Server, path: str, query: Mapping[str, str] | None = None) -> 
 
 
 def metrics_text(server: Server, sections: Iterable[str] = ("varz", "connz", "subsz", "routez", "healthz", "jsz",
-                                                             "ledger")) -> str:
+                                                             "ledger"), built: Mapping[str, Any] | None = None) -> str:
+    """The exposition; `built`: pages already built by their page builders (`/varz`, `/connz` of several
+    worker processes), used instead of this process's own."""
     out = Exposition()
     sid = server.server_id
     wanted = set(sections)
+    built = built or {}
     if "varz" in wanted:
-        flatten(out, "gnatsd_varz", varz(server), sid)
+        flatten(out, "gnatsd_varz", built.get("/varz") or varz(server), sid)
     if "connz" in wanted:
-        connz_series(out, connz(server), sid)
+        connz_series(out, built.get("/connz") or connz(server), sid)
     if "subsz" in wanted:
         flatten(out, "gnatsd_subsz", subsz(server), sid)
     if "routez" in wanted:

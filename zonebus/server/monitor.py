@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import inspect
 import os
 import sys
 import time
@@ -281,8 +282,11 @@ def connz(server: Server, subs: bool = False, auth: bool = False) -> dict[str, A
             if tls_obj is not None:
                 entry["tls_version"] = (tls_obj.version() or "").removeprefix("TLSv")
                 entry["tls_cipher_suite"] = (tls_obj.cipher() or ("",))[0]
-        if auth and c.auth_user:  # nats-server: `?auth=true` shows who logged in
+        if auth and c.auth_user:  # nats-server: `?auth=true` shows who logged in, and in which account
             entry["authorized_user"] = c.auth_user
+            if c.account is not server.global_account:
+                entry["account"] = c.account.display
+            entry["name_tag"] = c.account.display
         if subs:
             entry["subscriptions_list"] = sorted(s.subject.decode() for s in c.subs.values())
         conns.append(entry)
@@ -302,12 +306,13 @@ def subsz(server: Server, subs: bool = False, offset: int = 0, limit: int = 0, t
     """nats-server's /subsz: sublist statistics; `subs` lists the subscriptions (`total` of them, `limit`
     from `offset`), only those a message on the literal subject `test` would reach when it is given."""
     sl = server.sublist
+    accounts = list(server.accounts.by_name.values())
     limit = limit if limit > 0 else DEFAULT_LIST_SIZE
     offset = max(offset, 0)
     out: dict[str, Any] = {
         "server_id": server.server_id,
         "now": rfc3339(time.time()),
-        "num_subscriptions": sl.count,
+        "num_subscriptions": sum(a.sublist.count for a in accounts),
         "num_cache": sl.cache_size(),
         "num_inserts": sl.inserts,
         "num_removes": sl.removes,
@@ -320,19 +325,22 @@ def subsz(server: Server, subs: bool = False, offset: int = 0, limit: int = 0, t
         "limit": limit,
     }
     if subs:
-        if test:
-            r = sl.match(test.encode())
-            found = [*r.psubs, *(s for group in r.qsubs for s in group)]
-        else:
-            found = sl.all_subscriptions()
-        found.sort(key=lambda s: (getattr(s.conn, "cid", 0), s.sid))
+        found: list[tuple[str, Any]] = []
+        for acc in accounts:
+            if test:
+                r = acc.sublist.match(test.encode())
+                subs_of = [*r.psubs, *(s for group in r.qsubs for s in group)]
+            else:
+                subs_of = acc.sublist.all_subscriptions()
+            found.extend((acc.display, s) for s in subs_of)
+        found.sort(key=lambda e: (getattr(e[1].conn, "cid", 0), e[1].sid))
         out["total"] = len(found)
-        out["subscriptions_list"] = [_sub_detail(s) for s in found[offset : offset + limit]]
+        out["subscriptions_list"] = [_sub_detail(s, name) for name, s in found[offset : offset + limit]]
     return out
 
 
-def _sub_detail(s: Any) -> dict[str, Any]:
-    detail: dict[str, Any] = {"account": ACCOUNT_NAME, "account_tag": ACCOUNT_NAME, "subject": s.subject.decode()}
+def _sub_detail(s: Any, account: str = ACCOUNT_NAME) -> dict[str, Any]:
+    detail: dict[str, Any] = {"account": account, "account_tag": account, "subject": s.subject.decode()}
     if s.queue:
         detail["qgroup"] = s.queue.decode()
     detail["sid"] = s.sid.decode()
@@ -351,7 +359,10 @@ def subsz_page(server: Server, query: Mapping[str, str]) -> dict[str, Any]:
 # -- HTTP ---------------------------------------------------------------------------------------------
 async def _page(build: Any, request: web.Request) -> web.Response:
     try:
-        return web.json_response(build(request.query))
+        body = build(request.query)
+        if inspect.isawaitable(body):  # a page that asks other processes (zonebus.workers)
+            body = await body
+        return web.json_response(body)
     except MonitorQueryError as exc:
         return web.Response(status=400, text=str(exc))
 
@@ -359,7 +370,13 @@ async def _page(build: Any, request: web.Request) -> web.Response:
 async def _metrics(server: Server, request: web.Request) -> web.Response:
     from zonebus.server.metrics import CONTENT_TYPE, metrics_text
 
-    return web.Response(body=metrics_text(server).encode(), headers={"Content-Type": CONTENT_TYPE})
+    built: dict[str, Any] = {}
+    for path in ("/varz", "/connz"):  # an extension's builder (zonebus.workers: summed over the workers)
+        build = server.pages.get(path)
+        if build is not None:
+            body = build({})
+            built[path] = await body if inspect.isawaitable(body) else body
+    return web.Response(body=metrics_text(server, built=built).encode(), headers={"Content-Type": CONTENT_TYPE})
 
 
 class Monitor:

@@ -91,7 +91,7 @@ class JetStreamOptions:
     sync_always: bool = False
     # shared storage for file-storage streams (store_dir is then only a cache); see docs/shared-store-layout.md
     shared_store: str = ""  # file:///path or s3://bucket/prefix; "" = off
-    shared_store_linger: float = 0.001  # seconds a group-commit batch waits for more messages
+    shared_store_linger: float = 0.001  # group commit: while uploads run, seconds a batch waits for one to end
     shared_store_batch: int = 1024 * 1024  # bytes at which a batch is written at once
     shared_store_inflight: int = 4  # batch uploads in flight per stream
     s3_endpoint: str = ""  # `s3 { endpoint }`; else AWS_ENDPOINT_URL
@@ -164,6 +164,53 @@ class UserOptions:
     password: str = ""
     nkey: str = ""
     permissions: Permissions | None = None  # None: the block's default_permissions
+    account: str = ""  # the account the user logs in to ("" = the global account, $G)
+
+
+@dataclass
+class ExportOptions:
+    """One entry of an account's `exports`: a stream (messages flow out) or a service (requests flow in,
+    replies back), to every account or only to those in `accounts`."""
+
+    kind: str = "stream"  # "stream" | "service"
+    subject: str = ""
+    accounts: list[str] | None = None  # None: any account may import it
+    response_type: str = "singleton"  # services: "singleton" | "stream" | "chunked"
+
+
+@dataclass
+class ImportOptions:
+    """One entry of an account's `imports`: `{stream: {account, subject}, prefix}` delivers the exporter's
+    messages here under `prefix.`; `{service: {account, subject}, to}` sends requests published here on `to`
+    (default: the subject) to the exporter's `subject`."""
+
+    kind: str = "stream"
+    account: str = ""
+    subject: str = ""
+    prefix: str = ""  # streams
+    to: str = ""  # services: the local subject (default: `subject`)
+
+
+@dataclass
+class AccountJetStream:
+    """An account's `jetstream`: `enabled`, or its limits (-1 = none)."""
+
+    max_memory: int = -1
+    max_storage: int = -1
+    max_streams: int = -1
+    max_consumers: int = -1
+
+
+@dataclass
+class AccountOptions:
+    """One entry of `accounts { NAME: {...} }` (zonebus.server.accounts)."""
+
+    name: str = ""
+    users: list[UserOptions] = field(default_factory=list)
+    exports: list[ExportOptions] = field(default_factory=list)
+    imports: list[ImportOptions] = field(default_factory=list)
+    default_permissions: Permissions | None = None
+    jetstream: AccountJetStream | None = None  # None: no JetStream in this account
 
 
 @dataclass
@@ -175,6 +222,7 @@ class ServerOptions:
     http_port: int = 0  # 0 = no monitoring
     https_port: int = 0  # monitoring over https (needs the top-level tls block); 0 = none
     tls: TLSOptions | None = None  # top-level tls {}: clients must use TLS
+    tls_from_flags: bool = False  # `tls` was set (or cleared, --tls=false) by --tls* flags: a reload keeps it
     server_tags: list[str] = field(default_factory=list)
     max_payload: int = MAX_PAYLOAD
     max_control_line: int = MAX_CONTROL_LINE
@@ -194,6 +242,8 @@ class ServerOptions:
     users: list[UserOptions] = field(default_factory=list)  # authorization { users: [...] }
     default_permissions: Permissions | None = None  # authorization { default_permissions }
     no_auth_user: str = ""  # top-level: the user a client without credentials logs in as
+    accounts: list[AccountOptions] = field(default_factory=list)  # accounts { A: {...} }
+    system_account: str = "$SYS"  # the account of the server's own events
     debug: bool = False
     trace: bool = False
     logtime: bool = True
@@ -206,6 +256,7 @@ class ServerOptions:
     jetstream: JetStreamOptions = field(default_factory=JetStreamOptions)
     ledger: LedgerOptions = field(default_factory=LedgerOptions)
     queue_groups: dict[str, QueueGroupOptions] = field(default_factory=dict)  # zonebus.queue
+    workers: int = 1  # processes serving clients on one port (zonebus.workers); 1 = this process alone
 
     @property
     def auth_required(self) -> bool:

@@ -25,10 +25,13 @@ from zonebus import SERVER_VERSION
 from zonebus.ledger.zones import server_zone
 from zonebus.protocol.client_parser import PubHeader
 from zonebus.protocol.route_parser import msg_line
+from zonebus.server.accounts import Account, Accounts
 from zonebus.server.auth import Authenticator, ClientPermissions
 from zonebus.server.client import ClientConnection
-from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
+from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
 from zonebus.server.hooks import (
+    AccountForwarder,
+    AccountWatcher,
     Extension,
     Forwarder,
     InterestWatcher,
@@ -36,7 +39,7 @@ from zonebus.server.hooks import (
     PublishInterceptor,
     QueuePicker,
 )
-from zonebus.server.listening import naming
+from zonebus.server.listening import naming, reuse_port
 from zonebus.server.options import ServerOptions
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
@@ -55,7 +58,9 @@ class Server:
         self.server_id = new_server_id()
         self.name = opts.server_name or self.server_id
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
-        self.sublist = Sublist()
+        self.accounts = Accounts(self, opts)
+        self.global_account = self.accounts.global_account
+        self.sublist: Sublist = self.global_account.sublist  # the global account's ($G)
         self.clients: dict[int, ClientConnection] = {}
         self.links: dict[int, Connection] = {}  # connections to other servers (routes, gateways), by cid
         self.closed_conns: list[dict[str, Any]] = []
@@ -74,10 +79,14 @@ class Server:
         self._shutdown = asyncio.Event()
         self.monitor = None
         self.ledger = None  # zonebus.ledger.LedgerHooks when a ledger block is set
+        self.system: Any = None  # zonebus.server.system.SystemAccount, once started
+        self.system_requests = True  # it answers $SYS.REQ.SERVER.* (one process of several does)
         # -- extension hooks (zonebus.server.hooks) --
         self.extensions: list[Extension] = []
-        self.interest_watchers: list[InterestWatcher] = []
+        self.interest_watchers: list[InterestWatcher] = []  # the global account's interest
+        self.account_watchers: list[AccountWatcher] = []  # the other accounts' (zonebus.server.accounts)
         self.forwarder: Forwarder | None = None
+        self.account_forwarder: AccountForwarder | None = None  # the forwarder of the other accounts' messages
         self.queue_picker: QueuePicker | None = None
         self.connect_urls: Callable[[], list[str]] | None = None
         self.info_extras: dict[str, Any] = {}
@@ -85,6 +94,8 @@ class Server:
         self.pages: dict[str, PageBuilder] = {}
         self.reload_hooks: list[Callable[[ServerOptions], None]] = []
         self.publish_interceptor: PublishInterceptor | None = None
+        self.pong_gate: Callable[[ClientConnection], bool] | None = None  # e.g. zonebus.workers: PONG when synced
+        self.admission: Callable[[ClientConnection], bool] | None = None  # zonebus.workers: False = not here
         self.random = random.Random()
         self.authenticator = Authenticator(opts)
         self.zone = self.zone_of_tags(opts.server_tags)
@@ -99,6 +110,11 @@ class Server:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
         opts = self.opts
+        self.accounts.start()
+        from zonebus.server.system import SystemAccount
+
+        self.system = SystemAccount(self)
+        self.system.start()
         if opts.port < 0:  # nats-server's "random port"
             opts.port = 0
         tls_kw: dict[str, Any] = {}
@@ -121,7 +137,7 @@ class Server:
             with naming("clients", opts.host, opts.port):
                 srv = await self.loop.create_server(
                     lambda: ClientConnection(self), opts.host, opts.port, reuse_address=True, backlog=1024,
-                    **tls_kw)
+                    reuse_port=reuse_port(opts.workers), **tls_kw)
             for sock in srv.sockets:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._servers.append(srv)
@@ -208,7 +224,7 @@ class Server:
         return self._cid
 
     def client_admitted(self, conn: ClientConnection) -> bool:
-        if len(self.clients) >= self.opts.max_connections:
+        if len(self.clients) >= self.opts.max_connections or (self.admission is not None and not self.admission(conn)):
             return False
         self.clients[conn.cid] = conn
         self.total_connections += 1
@@ -218,6 +234,8 @@ class Server:
         """CONNECT accepted: resolve the client's zone for the ledger."""
         if self.ledger is not None:
             self.ledger.client_connected(conn)
+        if self.system is not None:
+            self.system.client_connected(conn)
 
     def connection_closed(self, conn: Connection) -> None:
         self.in_msgs += conn.in_msgs
@@ -232,6 +250,8 @@ class Server:
             conn.subs.clear()
             if self.ledger is not None:
                 self.ledger.connection_closed(conn)
+            if self.system is not None and conn.connected:
+                self.system.client_closed(conn)
             self.closed_conns.append({"cid": conn.cid, "name": conn.name, "ip": conn.ip,
                                       "stop": time.time()})
             del self.closed_conns[:-100]
@@ -289,6 +309,7 @@ class Server:
             return False
         conn.connect_opts = connect
         conn.auth_user = login.user
+        conn.account = self.accounts.lookup(login.account)
         conn.perms = ClientPermissions(login.perms) if login.perms is not None else None
         return True
 
@@ -314,6 +335,9 @@ class Server:
         checked again with the CONNECT it sent; refused ones are closed, the others get their (maybe new)
         permissions, and subscriptions these no longer allow are removed with a Permissions Violation."""
         opts = self.opts
+        if new.accounts or opts.accounts:
+            opts.accounts, opts.system_account = new.accounts, new.system_account
+            self.accounts.reload(new)
         opts.auth_user, opts.auth_password, opts.auth_token = new.auth_user, new.auth_password, new.auth_token
         opts.users, opts.default_permissions = new.users, new.default_permissions
         opts.no_auth_user, opts.auth_timeout = new.no_auth_user, new.auth_timeout
@@ -330,6 +354,10 @@ class Server:
                 self.auth_log(conn, "authorization removed on reload")  # closed without -ERR, as nats-server
                 conn.close()
                 continue
+            if self.accounts.lookup(login.account) is not conn.account:
+                self.auth_log(conn, "account changed on reload")
+                conn.close()
+                continue
             conn.auth_user = login.user
             conn.perms = perms = ClientPermissions(login.perms) if login.perms is not None else None
             if perms is None:
@@ -340,30 +368,52 @@ class Server:
                               % (sub.subject, sub.sid))
                     del conn.subs[sub.sid]
                     self.remove_subscription(sub)
-        self.sublist.touch()  # cached fast-path deliveries were built under the old permissions
+        for acc in self.accounts.by_name.values():
+            acc.sublist.touch()  # cached fast-path deliveries were built under the old permissions
 
     # -- subscriptions --------------------------------------------------------------------------------
-    def add_subscription(self, sub: Subscription) -> None:
-        self.sublist.insert(sub)
-        for watcher in self.interest_watchers:
-            watcher.interest_added(sub)
+    def add_subscription(self, sub: Subscription, account: Account | None = None) -> None:
+        """Index `sub` in its account (a local sub's: its connection's), tell the interest watchers, and
+        shadow it in the accounts it imports streams from."""
+        acc = account or sub.conn.account
+        acc.sublist.insert(sub)
+        if acc is self.global_account:
+            for watcher in self.interest_watchers:
+                watcher.interest_added(sub)
+        else:
+            for watcher in self.account_watchers:
+                watcher.account_interest(acc, sub, 1)
+        if acc.stream_imports and sub.conn.kind == CLIENT:
+            self.accounts.subscription_added(sub)
 
-    def remove_subscription(self, sub: Subscription) -> None:
-        if not self.sublist.remove(sub):
+    def remove_subscription(self, sub: Subscription, account: Account | None = None) -> None:
+        acc = account or sub.conn.account
+        if not acc.sublist.remove(sub):
             return
-        for watcher in self.interest_watchers:
-            watcher.interest_removed(sub)
+        if acc is self.global_account:
+            for watcher in self.interest_watchers:
+                watcher.interest_removed(sub)
+        else:
+            for watcher in self.account_watchers:
+                watcher.account_interest(acc, sub, -1)
+        if acc.shadows:
+            self.accounts.subscription_removed(sub)
 
     # -- routing --------------------------------------------------------------------------------------
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                    queues: list[bytes] | None = None, memo_for: PubHeader | None = None) -> bool:
+                    queues: list[bytes] | None = None, memo_for: PubHeader | None = None,
+                    account: Account | None = None) -> bool:
         """Deliver one message; `data` is the payload (header block included) plus CRLF.
 
         `queues` is set only for messages that arrived over a route or a gateway: the queue groups this
         server (route) or this cluster (gateway) was chosen to serve. `memo_for` is the client's cached
         control line: when the message goes only to plain client subscribers (and gateways), their lines are
-        remembered there for the client's fast path. Returns whether anything received the message.
+        remembered there for the client's fast path. `account`: the account a link named (default: the
+        source connection's). Returns whether anything received the message.
         """
+        acc = account or src.account
+        if acc is not self.global_account:
+            return self._process_in_account(src, acc, subject, reply, hdr_len, data, queues, memo_for)
         r = self.sublist.match(subject)
         taken = False
         if self.publish_interceptor is not None:  # e.g. durable queue groups (zonebus.queue), see hooks.py
@@ -388,8 +438,33 @@ class Server:
             self._no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
         return delivered
 
+    def _process_in_account(self, src: Connection, acc: Account, subject: bytes, reply: bytes | None,
+                            hdr_len: int, data: bytes, queues: list[bytes] | None,
+                            memo_for: PubHeader | None) -> bool:
+        """`process_msg` in an account other than `$G`: service imports first (for what clients publish),
+        then the account's own subscribers in the cluster. Gateways, streams and durable queue groups serve
+        the global account only."""
+        delivered = False
+        took = None
+        if acc.service_imports is not None and src.kind == CLIENT:
+            took = self.accounts.service_request(src, acc, subject, reply, hdr_len, data)
+            if took is not None:
+                delivered = took
+                memo_for = None
+        r = acc.sublist.match(subject)
+        fwd = self.account_forwarder
+        if fwd is not None and src.kind != ROUTE and took is None:  # gateways (a service request stays here)
+            return fwd.process_msg(src, subject, reply, hdr_len, data, queues, r, acc)
+        if memo_for is not None and fwd is None:
+            self._memoize(src, memo_for, r)
+        if r:
+            delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) or delivered
+        if not delivered and reply and src.kind == CLIENT and src.no_responders:
+            self._no_responders(src, subject, reply)
+        return delivered
+
     def deliver_in_cluster(self, src: Connection, r: MatchResult, subject: bytes, reply: bytes | None,
-                           hdr_len: int, data: bytes, queues: list[bytes] | None) -> bool:
+                           hdr_len: int, data: bytes, queues: list[bytes] | None, acc: Account | None = None) -> bool:
         """Local subscribers, routes with interest, one member per queue group in this cluster.
 
         From a route: local subscribers only. From a gateway: local and routes, and only the queue groups
@@ -421,8 +496,12 @@ class Server:
                 routes, d = self._route_queues(src, r.qsubs, routes, subject, reply, hdr_len, data, echo, only)
                 delivered |= d
         if routes:
-            for conn, qnames in routes.items():
-                conn.forward(subject, reply, hdr_len, data, qnames)
+            if acc is None or acc is self.global_account:
+                for conn, qnames in routes.items():
+                    conn.forward(subject, reply, hdr_len, data, qnames)
+            else:
+                for conn, qnames in routes.items():
+                    conn.forward(subject, reply, hdr_len, data, qnames, acc.name)
             delivered = True
         return delivered
 
@@ -430,9 +509,10 @@ class Server:
         """Remember the delivery list of a reply-less PUB line that reaches only plain client subs."""
         if hdr.ledger_n and self.ledger is not None:
             self.ledger.settle(src, hdr)
-        hdr.gen = self.sublist.generation
+        acc = src.account
+        hdr.gen = acc.sublist.generation
         hdr.memo = hdr.qmemo = None
-        fwd = self.forwarder
+        fwd = self.forwarder if acc is self.global_account else None
         if hdr.reply is not None or hdr.hdr_len >= 0:
             return
         memo = self._memo_entries(src, hdr, r.psubs)
@@ -464,7 +544,8 @@ class Server:
             if conn.kind == ROUTE and sub.queue is None:  # one RMSG per route with interest
                 if conn not in routes:
                     routes.add(conn)
-                    entries.append((conn, msg_line(ACCOUNT, hdr.subject, None, None, -1, hdr.size), conn.memo_sub))
+                    entries.append((conn, msg_line(src.account.name, hdr.subject, None, None, -1, hdr.size),
+                                    conn.memo_sub))
                 continue
             if conn.kind != CLIENT or sub.max_msgs or (conn.perms is not None and conn.perms.deliver_deny):
                 return None
@@ -527,7 +608,7 @@ class Server:
 
     def _no_responders(self, src: ClientConnection, subject: bytes, reply: bytes) -> None:
         hdr = b"NATS/1.0 503\r\nNats-Subject: " + subject + b"\r\n\r\n"
-        for sub in self.sublist.match(reply).psubs:
+        for sub in src.account.sublist.match(reply).psubs:
             if sub.conn is src:
                 src.deliver(sub, reply, None, len(hdr), hdr + b"\r\n")
                 return

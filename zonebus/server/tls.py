@@ -11,6 +11,10 @@ How each connection kind uses TLS, as nats-server does:
 `verify` requires a client certificate signed by `ca_file`; `verify_and_map` also logs the client in as the
 user its certificate names (`cert_identities`: e-mail and DNS names, then the subject DN). With TLS off none
 of this is imported by the connection code's hot path: a connection only checks one attribute when made.
+
+SIGHUP: `reload_context` points a listener's live context (clients, routes, gateways) at the reloaded
+block's files, `reload_links` also switches the block that routes and gateways dial with; connections
+made before keep their TLS session.
 """
 
 from __future__ import annotations
@@ -68,10 +72,19 @@ def server_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
 
 
 def reload_context(ctx: ssl.SSLContext, opts: TLSOptions, block: str = "") -> None:
-    """SIGHUP: load a `tls {}` block's (maybe changed) certificate, key and CA into a live server context;
-    handshakes from now on use them, established connections keep theirs (as nats-server)."""
-    _load(ctx, opts, block)
-    ctx.verify_mode = ssl.CERT_REQUIRED if (opts.verify or opts.verify_and_map) else ssl.CERT_NONE
+    """SIGHUP: a `tls {}` block's (maybe changed) certificate, key and CA for a live server context (the one
+    its listener was made with); handshakes from now on use them, established connections keep theirs (as
+    nats-server). A fresh context is made from the block and each new handshake is handed over to it from
+    the live context's SNI callback (OpenSSL calls it for every ClientHello, with or without a server
+    name), so that a replaced `ca_file` stops trusting the old CA: loading into the live context would only
+    add to its trust store. Raises TLSConfigError (and changes nothing) when the files cannot be loaded."""
+    fresh = server_context(opts, block)
+    ctx.verify_mode = fresh.verify_mode  # a new connection takes its verify mode from the live context
+
+    def hand_over(sslobj: ssl.SSLObject, server_name: str | None, _live: ssl.SSLContext) -> None:
+        sslobj.context = fresh
+
+    ctx.sni_callback = hand_over
 
 
 def client_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
@@ -86,6 +99,29 @@ def client_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
     elif not opts.ca_file:
         ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
     return ctx
+
+
+def reload_links(server: Server, block: str, listening: ssl.SSLContext | None,
+                 old: TLSOptions | None, new: TLSOptions | None) -> TLSOptions | None:
+    """SIGHUP for `cluster { tls {} }` (`block` = "cluster") or `gateway { tls {} }`: the links accepted from
+    now on (through `listening`, the listener's live context; None without a listener) and those dialled
+    from now on use the new block's certificate, key and CA; established links stay up. Returns the block
+    to dial with: `new`, or `old` when the reload would switch TLS on or off (a restart: the listener and
+    the peers change kind) or its files cannot be loaded (one log line each, as `Server.reload_tls`)."""
+    if (old is None) != (new is None):
+        server.log(f"reload: adding or removing {block} tls needs a restart; {block} TLS left as it was", "WRN")
+        return old
+    if new is None:
+        return None
+    try:
+        client_context(new, f"{block} tls: ")  # dialled links: fail now rather than at every dial
+        if listening is not None:
+            reload_context(listening, new, f"{block} tls: ")
+    except TLSConfigError as exc:
+        server.log(f"reload: {exc}; the previous {block} certificate stays", "ERR")
+        return old
+    server.log(f"reload: {block} TLS certificate {new.cert_file}")
+    return new
 
 
 def check(opts: TLSOptions, block: str = "") -> None:

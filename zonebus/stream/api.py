@@ -123,7 +123,9 @@ class JSApi:
         mem = sum(s.store.index.bytes for s in svc.streams.values() if s.cfg["storage"] == "memory")
         disk = sum(s.store.index.bytes for s in svc.streams.values() if s.cfg["storage"] == "file")
         # the server's `max_memory_store`/`max_file_store` are not account limits: nats-server reports the
-        # (only) account as unlimited and enforces the server's limits on create and publish
+        # (only) account as unlimited and enforces the server's limits on create and publish; an account's
+        # own `jetstream {max_mem, ...}` are reported (and enforced)
+        acc = svc.account_limits
         return {
             "memory": mem,
             "storage": disk,
@@ -132,10 +134,10 @@ class JSApi:
             "streams": len(svc.streams),
             "consumers": sum(len(s.consumers) for s in svc.streams.values()),
             "limits": {
-                "max_memory": -1,
-                "max_storage": -1,
-                "max_streams": -1,
-                "max_consumers": -1,
+                "max_memory": acc.max_memory if acc is not None else -1,
+                "max_storage": acc.max_storage if acc is not None else -1,
+                "max_streams": acc.max_streams if acc is not None else -1,
+                "max_consumers": acc.max_consumers if acc is not None else -1,
                 "max_ack_pending": -1,
                 "memory_max_stream_bytes": -1,
                 "storage_max_stream_bytes": -1,
@@ -161,6 +163,9 @@ class JSApi:
             if not stream_config.equivalent(existing.cfg, cfg):
                 raise JSError("stream_name_exist")
             return {**existing.info(), "did_create": True}
+        acc = self.svc.account_limits
+        if acc is not None and 0 <= acc.max_streams <= len(self.svc.streams):
+            raise JSError("max_streams")
         limits.check_reservation(self.svc, cfg)
         stream = self.svc.create_stream(cfg)
         return {**stream.info(), "did_create": True}
@@ -307,6 +312,9 @@ class JSApi:
             consumer_config.check_workqueue(cfg, name, {n: c.cfg for n, c in stream.consumers.items()})
         limit = stream.cfg.get("max_consumers", -1)
         if 0 < limit <= len(stream.consumers):
+            raise JSError("consumer_max_consumers")
+        acc = self.svc.account_limits
+        if acc is not None and 0 <= acc.max_consumers <= sum(len(s.consumers) for s in self.svc.streams.values()):
             raise JSError("consumer_max_consumers")
         if not name:
             name = _ephemeral_name()

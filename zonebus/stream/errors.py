@@ -64,6 +64,7 @@ REGISTRY: dict[str, tuple[int, int, str]] = {
     ),
     "consumer_invalid_policy": (400, 10094, "{err}"),
     "consumer_max_consumers": (400, 10026, "maximum consumers limit reached"),
+    "max_streams": (400, 10027, "maximum number of streams reached"),
     "consumer_hb_requires_push": (400, 10088, "consumer idle heartbeat requires a push based consumer"),
     "consumer_fc_requires_push": (400, 10089, "consumer flow control requires a push based consumer"),
     "consumer_fc_requires_hb": (400, 10108, "consumer with flow control also needs heartbeats"),

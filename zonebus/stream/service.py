@@ -26,6 +26,7 @@ they reach the stream's leader wherever they are published.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import shutil
@@ -44,7 +45,7 @@ from zonebus.stream.store import MsgStore, now_ns
 from zonebus.stream.stream import Stream
 
 if TYPE_CHECKING:
-    from zonebus.server.options import JetStreamOptions
+    from zonebus.server.options import AccountJetStream, JetStreamOptions
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,16 @@ def _write_json(path: Path, doc: Any) -> None:
 
 
 class JetStreamService:
-    def __init__(self, opts: JetStreamOptions, server_name: str, client: Any, clustered: bool = False) -> None:
+    def __init__(self, opts: JetStreamOptions, server_name: str, client: Any, clustered: bool = False,
+                 account: str = "", account_limits: AccountJetStream | None = None) -> None:
+        if account_limits is not None and (account_limits.max_memory >= 0 or account_limits.max_storage >= 0):
+            opts = dataclasses.replace(  # the account's byte limits are the ones enforced
+                opts, max_memory_store=account_limits.max_memory if account_limits.max_memory >= 0
+                else opts.max_memory_store, max_file_store=account_limits.max_storage
+                if account_limits.max_storage >= 0 else opts.max_file_store)
         self.opts = opts
+        self.account = account  # "" = the global account: streams in <store_dir>/jetstream/streams
+        self.account_limits = account_limits
         self.clustered = clustered
         self.stream_cluster: Any = None  # clustered: stream -> its StreamInfo `cluster` block
         self.server_name = server_name
@@ -89,7 +98,9 @@ class JetStreamService:
         store_dir = self.opts.store_dir
         if not store_dir:
             self._tmpdir = store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
-        self.root = Path(store_dir) / "jetstream" / "streams"
+        # another account's streams are in <store_dir>/jetstream/<account>/streams, as nats-server keeps them
+        self.root = Path(store_dir) / "jetstream" / self.account / "streams" if self.account else \
+            Path(store_dir) / "jetstream" / "streams"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

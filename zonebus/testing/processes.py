@@ -3,6 +3,10 @@
 `ServerProcess` starts either the reference `nats-server` or `zonebus server` from a config text, waits until
 its client port answers with INFO (and its monitoring port, when set), and stops it on exit. Tests and bench
 scripts share this so that the same scenario runs against both implementations.
+
+zonebus runs as `workers` processes (`--workers N`, zonebus.workers) when a test asks for it, or for every
+server when `ZONEBUS_TEST_WORKERS=N` is set (e.g. to run the core differential suites with 2 workers); a
+config with a block workers cannot serve yet (cluster, gateway, ledger, queue_groups) keeps one process.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 IMPLEMENTATIONS = ("nats", "zonebus")
+WORKERS_ENV = "ZONEBUS_TEST_WORKERS"
+_NOT_WITH_WORKERS = ("cluster", "gateway", "ledger", "queue_groups")
 
 
 _handed_out: set[int] = set()
@@ -57,6 +63,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def check_config(path: Path | str, text: str | None = None) -> subprocess.CompletedProcess:
+    """`zonebus server -t -c path` (after writing `text` there, when given): exit code 0 for a good config,
+    else its `file:line:col: message` lines on stderr."""
+    if text is not None:
+        Path(path).write_text(text)
+    return subprocess.run([sys.executable, "-m", "zonebus", "server", "-t", "-c", str(path)],
+                          capture_output=True, text=True, timeout=30)
 
 
 def nats_server_binary() -> str:
@@ -102,6 +117,18 @@ class ServerProcess:
     env: dict[str, str] | None = None
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
+    workers: int | None = None  # zonebus worker processes; None: ZONEBUS_TEST_WORKERS, else 1
+
+    def worker_count(self) -> int:
+        if self.impl != "zonebus":
+            return 1
+        if self.workers is not None:
+            return self.workers
+        text = self.config.lower()
+        if any(block in text for block in _NOT_WITH_WORKERS):
+            return 1
+        env = (self.env or {}).get(WORKERS_ENV) or os.environ.get(WORKERS_ENV, "")
+        return int(env) if env.isdigit() and int(env) > 0 else 1
 
     def command(self, conf_path: Path) -> list[str]:
         if self.impl == "nats":
@@ -113,6 +140,8 @@ class ServerProcess:
         args = base + ["-c", str(conf_path), "-a", "127.0.0.1", "-p", str(self.port)]
         if self.http_port:
             args += ["-m", str(self.http_port)]
+        if self.worker_count() > 1:
+            args += ["--workers", str(self.worker_count())]
         return args + self.extra_args
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
@@ -131,12 +160,31 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         try:
             self.info = wait_for_info(self.port, deadline, self.proc)
+            if self.worker_count() > 1:
+                self._wait_workers(deadline)
             if self.http_port:
                 self._wait_http(deadline)
         except Exception:
             self.stop()
             raise RuntimeError(f"{self.impl} failed to start; log:\n{self.log()}")
         return self
+
+    def _wait_workers(self, deadline: float) -> None:
+        """Every worker listens (each logs its `listening for clients` line once it joined the others)."""
+        while self.log().count("listening for clients on") < self.worker_count():
+            if time.monotonic() >= deadline or (self.proc is not None and self.proc.poll() is not None):
+                raise TimeoutError(f"not all {self.worker_count()} workers started")
+            time.sleep(0.02)
+
+    def worker_pids(self) -> list[int]:
+        """The worker processes' pids (zonebus with workers; else none), from /proc."""
+        if self.proc is None:
+            return []
+        try:
+            with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                return [int(p) for p in f.read().split()]
+        except OSError:
+            return []
 
     def _wait_http(self, deadline: float) -> None:
         while time.monotonic() < deadline:

@@ -108,3 +108,16 @@ class Tally:
             extra = [n for n in numbers if per[n] > 1]
             assert not missing, f"{label} missed {len(missing)} of {len(numbers)}, e.g. {missing[:10]}"
             assert not extra, f"{label} got {len(extra)} messages twice, e.g. {extra[:10]}"
+
+
+async def until_received(publish, sub, what: str, timeout: float = 15.0):
+    """Call `publish()` until `sub` (a nats-py subscription) gets a message, and return it: interest takes a
+    moment to cross routes and gateways. AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        await publish()
+        try:
+            return await sub.next_msg(timeout=0.2)
+        except TimeoutError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: nothing arrived in {timeout:.0f} s") from None

@@ -1,0 +1,47 @@
+"""Several processes that are one server: `zonebus server --workers N` (config `workers: N`).
+
+A parent process (`supervisor.py`) starts N worker processes and starts again one that dies. Each worker is a
+whole zonebus server (`zonebus.node`) with the same server id and name; they share the client port
+(SO_REUSEPORT: the kernel spreads new connections over the workers). Between workers, interest and
+messages travel over *local links* (`mesh.py`): Unix sockets in a private directory, one per pair of
+workers, speaking the route protocol (RS+/RS- with queue weights, RMSG/HMSG, LMSG channel frames) with the
+route's one-hop rule; they are no routes to anyone outside: not in `/routez`, not in the ledger, not counted
+in `/varz`. Worker 0 alone owns what must be single: the monitoring port (its `/varz` and `/connz` ask the
+other workers over the links, `stats.py`) and JetStream (its internal subscriptions are its interest, told to
+the other workers like a client's; deliveries that keep a stream subject cross on the `jsd` channel).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SPEC_FILE = "spec.json"
+OPTIONS_FILE = "options.pickle"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker is told by its parent: who it is among how many, and what they share."""
+
+    index: int
+    count: int
+    directory: str  # private (0700): the options, the local links' Unix sockets, ready marks
+    server_id: str  # the one server id (and default name) of all workers
+    secret: str  # local links log in with it
+
+    def socket_path(self, index: int) -> str:
+        return str(Path(self.directory) / f"w{index}.sock")
+
+    def ready_path(self, index: int) -> Path:
+        return Path(self.directory) / f"ready.{index}"
+
+    def save(self) -> None:
+        body = {k: v for k, v in asdict(self).items() if k != "index"}
+        (Path(self.directory) / SPEC_FILE).write_text(json.dumps(body))
+
+    @classmethod
+    def load(cls, directory: str, index: int) -> WorkerSpec:
+        body = json.loads((Path(directory) / SPEC_FILE).read_text())
+        return cls(index=index, **body)

@@ -1,0 +1,345 @@
+"""Local links: the full mesh between the worker processes of one server, over Unix sockets.
+
+Each worker listens on `<dir>/w<i>.sock` and dials every worker with a lower index (again and again while
+that one restarts), so each pair has one link. A link is a route (`RouteConnection`) to the peer worker:
+CONNECT with the mesh's secret, INFO naming the worker's index, then RS+/RS- for the worker's local
+interest (its clients' and internal subscriptions, with queue weights, every account) and RMSG/HMSG for
+messages, delivered by the peer to its local subscribers only (the one-hop rule), and LMSG frames for the
+mesh's channels (`channels`: stats, `jsd` stream deliveries, `wsync`). Local links are none of the server's
+`links`: no `/routez` entry, no ledger counts, no `/varz` routes; their message counts are not the server's
+(a message that crosses from one worker to another is one message in and one out, as on one process).
+
+A flush means the same as on one process: a client's PONG says that the server has processed everything the
+client sent before its PING, and a client that subscribed (or published) and flushed expects that a
+publisher (or subscriber) on any worker sees it. So while an interest change of this worker, or a message it
+forwarded, has not been confirmed by a peer (`wsync`: an ask the peer answers once it has read everything
+sent before it), the PONGs this worker owes are held (`pong_gate`) and sent once every live peer confirmed.
+A worker starts serving clients only after a first such exchange with every worker that is up.
+Owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from zonebus.cluster.route import RouteConnection
+from zonebus.link import Backoff, LinkChannels
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL
+from zonebus.server.options import RouteOptions
+from zonebus.subjects.sublist import Subscription
+from zonebus.workers import WorkerSpec
+
+if TYPE_CHECKING:
+    from zonebus.server.client import ClientConnection
+    from zonebus.server.server import Server
+
+SYNC = "wsync"
+_SYNC = SYNC.encode()
+USER = "worker"
+LINK_PENDING = 256 * 1024 * 1024  # bytes queued to a peer worker before its link is cut
+HOLD_MAX = 2.0  # seconds a PONG is held at most when a peer does not confirm (it is stuck or dying)
+_LOCAL = (CLIENT, INTERNAL)
+_NOT_MESSAGES = (_SYNC, b"wstats", b"wmove")
+
+
+class LocalLink(RouteConnection):
+    """A route to another worker of this server; not one of the server's links."""
+
+    PING_EVERY = 2.0
+
+    def __init__(self, mesh: LocalMesh, solicited: bool) -> None:
+        super().__init__(mesh, solicited)  # type: ignore[arg-type]  # the mesh plays the cluster manager
+        self.mesh = mesh
+        self.peer = -1  # the other worker's index, from its INFO
+        self.ask_n = 0  # `wsync` asks sent on this link
+        self.ack_n = 0  # the last one the peer answered
+        self.ask_state = (-1, -1)  # (interest sequence, messages sent) when the last ask went out
+        self.ack_state = (-1, -1)  # the same, for the last ask answered: what the peer is known to have
+        self.asks: deque[tuple[int, tuple[int, int]]] = deque()  # asks not answered yet
+
+    def slow_consumer(self) -> None:
+        """A peer worker reads as fast as its own clients let it: the link is not cut at the clients'
+        `max_pending` (their producers are stalled meanwhile), only past `LINK_PENDING` (a stuck worker)."""
+        if self._buffered() > max(LINK_PENDING, self.server.opts.max_pending):
+            super().slow_consumer()
+
+    def send_frame(self, channel: bytes, payload: bytes) -> None:
+        super().send_frame(channel, payload)
+        if channel in _NOT_MESSAGES:  # the mesh's own frames: neither messages nor something to confirm
+            self.out_msgs -= 1
+            self.out_bytes -= len(payload)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.greet()  # not in server.links: local links are no routes to anyone outside
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._not_counted()
+        super().connection_lost(exc)
+        self.mesh.link_closed(self)
+
+    def close(self, abort: bool = False) -> None:
+        if self.closed:
+            return
+        self._not_counted()
+        super().close(abort)
+        self.mesh.link_closed(self)
+
+    def _not_counted(self) -> None:
+        """The server adds a closing connection's counts to its totals: a local link's are not the server's."""
+        self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0
+
+    def describe(self) -> str:
+        return f"worker {self.peer}" if self.peer >= 0 else "worker ?"
+
+
+class LocalMesh:
+    """This worker's local links, the interest it tells them, and the PONGs held until they confirmed it."""
+
+    def __init__(self, server: Server, spec: WorkerSpec) -> None:
+        self.server = server
+        self.spec = spec
+        self.index = spec.index
+        self.opts = RouteOptions(user=USER, password=spec.secret)  # what an accepted link's CONNECT must carry
+        self.channels = LinkChannels()
+        self.links: dict[int, LocalLink] = {}  # peer index -> its live link
+        self.plain_refs: dict[tuple[bytes, bytes], int] = {}  # (account, subject) -> local subscriptions
+        self.queue_refs: dict[tuple[bytes, bytes, bytes], int] = {}  # (account, subject, queue) -> members
+        self.seq = 0  # interest changes told to the links so far
+        self._held: deque[tuple[ClientConnection, dict[LocalLink, int], float]] = deque()  # (client, asks, since)
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._listener: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._running = False
+        self._synced_once = asyncio.Event()
+        self.channels.register(SYNC, self._on_sync)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def start(self, wait: float) -> None:
+        """Listen, dial the lower workers, and wait (at most `wait` seconds) for a first confirmed exchange
+        with every other worker, so that clients of this worker find the others' interest from the start."""
+        self._running = True
+        loop = self.server.loop
+        path = self.spec.socket_path(self.index)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # left by this worker's previous life
+        self._listener = await loop.create_unix_server(lambda: LocalLink(self, solicited=False), path)
+        for j in range(self.index):
+            task = loop.create_task(self._dial_loop(j))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self.spec.count > 1:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._synced_once.wait(), wait)
+        missing = [j for j in range(self.spec.count) if j != self.index and not self._confirmed(j)]
+        if missing:
+            self.server.log(f"worker {self.index}: no local link to worker(s) {missing} yet; serving anyway", "WRN")
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._listener is not None:
+            self._listener.close()
+        for t in list(self._tasks):
+            t.cancel()
+        for link in list(self.links.values()):
+            link.close()
+        self._release(force=True)
+
+    async def _dial_loop(self, peer: int) -> None:
+        """Keep a link to a lower worker: redial whenever it is gone (that worker is restarting)."""
+        loop = self.server.loop
+        path = self.spec.socket_path(peer)
+        backoff = Backoff(0.01, 0.2)
+        while self._running:
+            try:
+                _, link = await loop.create_unix_connection(lambda: LocalLink(self, solicited=True), path)
+            except OSError:
+                await backoff.wait()
+                continue
+            backoff.reset()
+            await link.closed_future  # type: ignore[attr-defined]
+            await backoff.wait()
+
+    # -- what RouteConnection asks of its manager ------------------------------------------------------
+    def connect_fields(self, conn: LocalLink) -> dict[str, Any]:
+        return {"name": self.server.server_id, "user": USER, "pass": self.spec.secret, "headers": True,
+                "verbose": False, "pedantic": False}
+
+    def info_fields(self) -> dict[str, Any]:
+        return {"server_id": self.server.server_id, "server_name": f"w{self.index}", "worker": self.index,
+                "headers": True}
+
+    def route_identified(self, conn: LocalLink, info: dict[str, Any]) -> bool:
+        peer = info.get("worker")
+        if type(peer) is not int or not 0 <= peer < self.spec.count or peer == self.index \
+                or conn.remote_id != self.server.server_id:
+            self.server.log(f"worker {self.index}: local link from something else ({info.get('server_name')!r}), "
+                            "closing", "WRN")
+            conn.close()
+            return False
+        conn.peer = peer
+        old = self.links.get(peer)
+        self.links[peer] = conn
+        if old is not None and old is not conn:
+            old.close()  # the peer restarted: its new link wins
+        conn.established = conn.msgs_in = True
+        for (account, subject), n in self.plain_refs.items():
+            conn.send_interest(subject, None, 1 if n > 0 else 0, account)
+        for (account, subject, queue), n in self.queue_refs.items():
+            conn.send_interest(subject, queue, n, account)
+        self.channels.link_up(conn)
+        self._ask(conn)
+        return True
+
+    def route_info_update(self, conn: LocalLink, info: dict[str, Any]) -> None:
+        pass
+
+    def route_closed(self, conn: LocalLink) -> None:
+        self.link_closed(conn)
+
+    def link_closed(self, conn: LocalLink) -> None:
+        if self.links.get(conn.peer) is not conn:
+            return
+        del self.links[conn.peer]
+        conn.drop_remote_interest()
+        self.channels.link_down(conn)
+        if self._running:
+            self.server.log(f"worker {self.index}: local link to worker {conn.peer} closed")
+        self._release()
+
+    # -- interest (an InterestWatcher and AccountWatcher of the server) --------------------------------
+    def interest_added(self, sub: Subscription) -> None:
+        if sub.conn.kind in _LOCAL:
+            self._count(ACCOUNT, sub, 1)
+
+    def interest_removed(self, sub: Subscription) -> None:
+        if sub.conn.kind in _LOCAL:
+            self._count(ACCOUNT, sub, -1)
+
+    def account_interest(self, account: Any, sub: Subscription, delta: int) -> None:
+        if sub.conn.kind in _LOCAL:
+            self._count(account.name, sub, delta)
+
+    def _count(self, account: bytes, sub: Subscription, delta: int) -> None:
+        if sub.queue is None:
+            key = (account, sub.subject)
+            n = self.plain_refs.get(key, 0) + delta
+            if n > 0:
+                self.plain_refs[key] = n
+            else:
+                self.plain_refs.pop(key, None)
+            if (delta > 0 and n == 1) or n <= 0:
+                self._broadcast(account, sub.subject, None, 1 if n > 0 else 0)
+            return
+        qkey = (account, sub.subject, sub.queue)
+        n = max(self.queue_refs.get(qkey, 0) + delta, 0)
+        if n:
+            self.queue_refs[qkey] = n
+        else:
+            self.queue_refs.pop(qkey, None)
+        self._broadcast(account, sub.subject, sub.queue, n)
+
+    def _broadcast(self, account: bytes, subject: bytes, queue: bytes | None, weight: int) -> None:
+        self.seq += 1
+        for link in self.links.values():
+            if not link.closed:
+                link.send_interest(subject, queue, weight, account)
+
+    def remote_subscriptions(self) -> int:
+        """Subscriptions in this worker's sublists that stand for other workers' interest."""
+        return sum(len(link.remote_subs) + len(getattr(link, "account_subs", ())) for link in self.links.values())
+
+    # -- queue groups (the server's queue picker) --------------------------------------------------------
+    def pick_queue_member(self, src: Any, group: list[Subscription], subject: bytes, size: int) -> Subscription | None:
+        """One member of a queue group, each member of any worker as likely: a local link's entry stands for
+        as many members as its weight says."""
+        if src.kind == CLIENT and not src.echo:
+            group = [s for s in group if s.conn is not src]
+        if len(group) <= 1:
+            return group[0] if group else None
+        total = sum(s.weight for s in group)
+        x = self.server.random.random() * total
+        for sub in group:
+            x -= sub.weight
+            if x < 0:
+                return sub
+        return group[-1]
+
+    # -- PONGs held until the peers have this worker's interest ------------------------------------------
+    def pong_gate(self, conn: ClientConnection) -> bool:
+        """A client PINGed: True when its PONG is held (sent later by the mesh), False to send it now."""
+        needs: dict[LocalLink, int] = {}
+        for link in self.links.values():
+            now = (self.seq, link.out_msgs)
+            if link.closed or link.ack_state == now:
+                continue  # the peer has all of it
+            if link.ask_state != now:
+                self._ask(link)
+            needs[link] = link.ask_n
+        if not needs and not self._held:
+            return False
+        self._held.append((conn, needs, time.monotonic()))
+        if self._hold_timer is None:
+            self._hold_timer = self.server.loop.call_later(HOLD_MAX, self._hold_expired)
+        return True
+
+    def _ask(self, link: LocalLink) -> None:
+        link.ask_n += 1
+        link.send_frame(_SYNC, b"s %d" % link.ask_n)
+        link.ask_state = (self.seq, link.out_msgs)
+        link.asks.append((link.ask_n, link.ask_state))
+
+    def _on_sync(self, peer: str, payload: bytes) -> None:
+        op, _, num = payload.partition(b" ")
+        if not num.isdigit():
+            return
+        link = self.channels.links.get(peer)
+        if op == b"s" and link is not None:
+            link.send_frame(_SYNC, b"a " + num)  # everything the peer sent before is processed
+        elif op == b"a" and isinstance(link, LocalLink):
+            n = int(num)
+            while link.asks and link.asks[0][0] <= n:
+                link.ack_n, link.ack_state = link.asks.popleft()
+            if n == 1 and all(self._confirmed(j) for j in range(self.spec.count) if j != self.index):
+                self._synced_once.set()
+            self._release()
+
+    def _confirmed(self, peer: int) -> bool:
+        link = self.links.get(peer)
+        return link is not None and link.ack_n >= 1
+
+    @staticmethod
+    def _satisfied(needs: dict[LocalLink, int]) -> bool:
+        return all(link.closed or link.ack_n >= n for link, n in needs.items())
+
+    def _release(self, force: bool = False) -> None:
+        held = self._held
+        while held and (force or self._satisfied(held[0][1])):
+            conn = held.popleft()[0]
+            if not conn.closed:
+                conn.send(b"PONG\r\n")
+        if not held and self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+
+    def _hold_expired(self) -> None:
+        self._hold_timer = None
+        if not self._held:
+            return
+        held, now = self._held, time.monotonic()
+        if now - held[0][2] >= HOLD_MAX:
+            late = [link.peer for link, n in held[0][1].items() if link.ack_n < n]
+            self.server.log(f"worker {self.index}: worker(s) {late} did not confirm in {HOLD_MAX:.0f}s; "
+                            "PONGs sent anyway", "WRN")
+            while held and now - held[0][2] >= HOLD_MAX:
+                conn = held.popleft()[0]
+                if not conn.closed:
+                    conn.send(b"PONG\r\n")
+        if held:
+            self._hold_timer = self.server.loop.call_later(max(0.01, HOLD_MAX - (now - held[0][2])),
+                                                           self._hold_expired)

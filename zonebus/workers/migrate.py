@@ -1,0 +1,232 @@
+"""Publishers follow their messages: a client whose messages all go to one other worker moves there.
+
+The kernel puts each new connection on a worker at random, so a publisher and its subscriber are on two
+workers as often as not, and every message then costs both workers a turn (read, forward; read, deliver):
+two pairs split that way keep two cores as busy as one worker would be. So every `CHECK_EVERY` seconds a
+worker looks at its clients that publish (at least `MIN_MSGS` since the last look), have no subscriptions,
+and whose publishes (the parser's remembered PUB lines, with their delivery lists of this sublist
+generation) all go to exactly one local link and nowhere else; such a client is handed over to that worker:
+
+1. its socket stops being read, its pending output is written (a client with output still queued in the
+   kernel, or a PONG held by the mesh, waits for the next look);
+2. a `wmove` frame goes on the local link, after every message of this client forwarded before: a token,
+   the client's CONNECT options, and the bytes read but not yet parsed; the socket itself goes to the peer
+   over a Unix datagram socket (`<dir>/f<i>.sock`, SCM_RIGHTS), and is then forgotten here (closing this
+   process's descriptor; the connection stays open);
+3. the peer, once it has both, adopts the socket as a connected client (no second INFO), parses the
+   leftover bytes first and reads on: the client notices nothing, and its next messages are delivered in
+   the process of its subscribers. A client moves once; clients over TLS or of a server with authorization
+   never move (their state is not all in the CONNECT options).
+Owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+from zonebus.server.client import ClientConnection
+
+if TYPE_CHECKING:
+    from zonebus.server.server import Server
+    from zonebus.workers.counts import SharedCounts
+    from zonebus.workers.mesh import LocalLink, LocalMesh
+
+CHANNEL = "wmove"
+_WIRE = CHANNEL.encode()
+CHECK_EVERY = 0.05
+MIN_MSGS = 500
+_FLAGS = ("verbose", "pedantic", "echo", "headers", "no_responders", "protocol", "name", "lang", "version", "user")
+
+
+class _Adopted(ClientConnection):
+    """A client handed over by another worker: a new one (`fresh`: it gets its INFO here), or one that had
+    its INFO there and whose unparsed bytes came along."""
+
+    __slots__ = ("leftover", "fresh")
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if not self.fresh:
+            self.server.total_connections -= 1  # the same client: counted once, where it first came
+        data, self.leftover = self.leftover, b""
+        if data and not self.closed:
+            self.data_received(data)
+
+
+class Migrator:
+    def __init__(self, server: Server, mesh: LocalMesh, counts: SharedCounts) -> None:
+        self.server = server
+        self.mesh = mesh
+        self.counts = counts
+        self.channel = mesh.channels.register(CHANNEL, self._on_frame)
+        self.path = os.path.join(mesh.spec.directory, f"f{mesh.index}.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._seen: dict[int, int] = {}  # cid -> in_msgs at the last look
+        self._fds: dict[bytes, int] = {}  # token -> received socket descriptor
+        self._states: dict[bytes, tuple[dict[str, Any], bytes]] = {}  # token -> (options, leftover)
+        self._next = 0
+        self.moved_out = self.moved_in = 0
+
+    def start(self) -> None:
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        self.sock.bind(self.path)
+        self.sock.setblocking(False)
+        self.server.loop.add_reader(self.sock.fileno(), self._on_fd)
+        self.server.loop.call_later(CHECK_EVERY, self._check)
+        self.server.admission = self.admission
+
+    # -- new clients: one max_connections for all workers, and as many clients on each -----------------
+    def admission(self, conn: ClientConnection) -> bool:
+        """A client connects here (before its INFO): refused when all workers together are at the limit;
+        handed to the worker with the fewest clients when this one has more (the kernel's spread is random)."""
+        slots = self.counts.slots()
+        own = len(self.server.clients)
+        if own + sum(slots) - slots[self.mesh.index] >= self.server.opts.max_connections:
+            return False
+        if isinstance(conn, _Adopted) or self.server.opts.tls is not None:
+            return True
+        least = min((n, i) for i, n in enumerate(slots) if i in self.mesh.links or i == self.mesh.index)[1]
+        if slots[least] >= own or least == self.mesh.index:
+            return True
+        return not self._hand_over(conn, self.mesh.links[least], fresh=True)
+
+    def stop(self) -> None:
+        self.server.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        for fd in self._fds.values():
+            os.close(fd)
+
+    # -- sending a client away -------------------------------------------------------------------------
+    def _check(self) -> None:
+        server = self.server
+        server.loop.call_later(CHECK_EVERY, self._check)
+        if server.opts.tls is not None or server.opts.auth_required or not self.mesh.links:
+            return
+        seen, self._seen = self._seen, {}
+        for conn in list(server.clients.values()):
+            n = conn.in_msgs
+            self._seen[conn.cid] = n
+            if n - seen.get(conn.cid, 0) < MIN_MSGS or conn.subs or not conn.connected or conn.closed \
+                    or (isinstance(conn, _Adopted) and not conn.fresh):  # a client moves once
+                continue
+            link = self._target(conn)
+            if link is not None:
+                self._move(conn, link)
+
+    def _target(self, conn: ClientConnection) -> LocalLink | None:
+        """The one local link all of this client's current PUB lines go to, if there is one."""
+        from zonebus.workers.mesh import LocalLink
+
+        gen = conn.account.sublist.generation if hasattr(conn, "account") else self.server.sublist.generation
+        target = None
+        for hdr in conn.parser._lines.values():
+            if hdr.gen != gen:
+                continue  # not published since the interest changed: unknown, ignored
+            memo = hdr.memo
+            if memo is None or hdr.qmemo is not None or len(memo) != 1:
+                return None
+            link = memo[0][0]
+            if not isinstance(link, LocalLink) or (target is not None and link is not target):
+                return None
+            target = link
+        return target
+
+    def _move(self, conn: ClientConnection, link: LocalLink) -> None:
+        transport = conn.transport
+        if transport is None or any(held[0] is conn for held in self.mesh._held):
+            return
+        transport.pause_reading()
+        conn.flush()
+        if transport.get_write_buffer_size() or not self._hand_over(conn, link, fresh=False):
+            transport.resume_reading()  # output still on its way: another time
+            return
+        self.moved_out += 1
+        conn.close(abort=True)  # this process's descriptor only: the peer holds the connection now
+
+    def _hand_over(self, conn: ClientConnection, link: LocalLink, fresh: bool) -> bool:
+        """Send `conn`'s socket to `link`'s worker: a `wmove` frame on the link (after all this client's
+        messages forwarded before) and the descriptor on the datagram socket. A fresh connection (no INFO
+        sent yet) is marked closed and its transport dropped here."""
+        transport = conn.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is None:
+            return False
+        self._next += 1
+        token = b"%d.%d" % (self.mesh.index, self._next)
+        state = {"token": token.decode(), "fresh": fresh}
+        if not fresh:
+            state.update(connect=conn.connect_opts, **{k: getattr(conn, k) for k in _FLAGS})
+        fd = os.dup(sock.fileno())
+        try:
+            link.send_frame(_WIRE, json.dumps(state).encode() + b"\n" + (b"" if fresh else unparsed(conn.parser)))
+            self.sock.sendmsg([token], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))], 0,
+                              os.path.join(self.mesh.spec.directory, f"f{link.peer}.sock"))
+        except OSError as exc:
+            self.server.log(f"worker {self.mesh.index}: could not hand client {conn.cid} over: {exc}", "WRN")
+            return False
+        finally:
+            os.close(fd)
+        if fresh:
+            conn.closed = True  # never admitted here: no INFO, no counts
+            transport.abort()
+        return True
+
+    # -- taking a client in ----------------------------------------------------------------------------
+    def _on_fd(self) -> None:
+        try:
+            msg, fds, _, _ = socket.recv_fds(self.sock, 256, 4)
+        except (BlockingIOError, InterruptedError):
+            return
+        for extra in fds[1:]:
+            os.close(extra)
+        if fds:
+            self._fds[msg] = fds[0]
+            self._adopt(msg)
+
+    def _on_frame(self, peer: str, payload: bytes) -> None:
+        head, _, leftover = payload.partition(b"\n")
+        try:
+            state = json.loads(head)
+        except ValueError:
+            return
+        token = str(state.get("token", "")).encode()
+        self._states[token] = (state, leftover)
+        self._adopt(token)
+
+    def _adopt(self, token: bytes) -> None:
+        if token not in self._fds or token not in self._states:
+            return
+        fd = self._fds.pop(token)
+        state, leftover = self._states.pop(token)
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        conn = _Adopted(self.server)
+        conn.leftover = leftover
+        conn.fresh = bool(state.get("fresh"))
+        if not conn.fresh:
+            for key in _FLAGS:
+                if key in state:
+                    setattr(conn, key, state[key])
+            conn.connect_opts = state.get("connect") or {}
+            conn.connected = conn.info_sent = True
+            self.moved_in += 1
+        self.server.loop.create_task(self.server.loop.connect_accepted_socket(lambda: conn, sock))
+
+
+def unparsed(parser: Any) -> bytes:
+    """The bytes a client parser holds but has not turned into ops yet (a partial line or payload)."""
+    pending = parser._pending
+    if pending is None:
+        return parser._buf
+    reply = b" " + pending.reply if pending.reply else b""
+    if pending.hdr_len >= 0:
+        line = b"HPUB %b%b %d %d\r\n" % (pending.subject, reply, pending.hdr_len, pending.size)
+    else:
+        line = b"PUB %b%b %d\r\n" % (pending.subject, reply, pending.size)
+    return line + b"".join(parser._chunks)
+

@@ -1,0 +1,138 @@
+"""One `/varz` and one `/connz` for all workers, served by worker 0 (the only one with a monitoring port).
+
+Worker 0 asks every other worker for its own figures on the local links' `wstats` channel (a request frame
+`q <token> <page> <json args>`, answered `r <token> <worker> <json>`), waits for the answers (at most `ASK_TIMEOUT`;
+a worker that is restarting is left out) and builds the page:
+- `/varz`: worker 0's page, with the counters summed over the workers: connections, total connections,
+  messages and bytes in and out (clients' and all), subscriptions (each worker's own, not the other workers'
+  interest it holds), slow consumers, stale connections, memory and CPU; and a `workers` list with each
+  worker's index, pid and figures (zonebus's own section).
+- `/connz`: every worker's client connections, by client id (worker i hands out ids from i * 2^32 + 1).
+A worker's answer is built when its frame is read, after everything its clients sent before, so a page asked
+for after a flush counts what was flushed.
+Owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zonebus.server.server import Server
+    from zonebus.workers.mesh import LocalMesh
+
+CHANNEL = "wstats"
+ASK_TIMEOUT = 2.0
+CID_BLOCK = 1 << 32  # client ids of worker i start above i * CID_BLOCK
+SUMMED = ("connections", "total_connections", "in_msgs", "in_bytes", "out_msgs", "out_bytes", "in_client_msgs",
+          "in_client_bytes", "out_client_msgs", "out_client_bytes", "slow_consumers", "stale_connections",
+          "subscriptions", "mem", "cpu")
+
+
+class WorkerStats:
+    def __init__(self, server: Server, mesh: LocalMesh) -> None:
+        self.server = server
+        self.mesh = mesh
+        self.channel = mesh.channels.register(CHANNEL, self._on_frame)
+        self._next = 0
+        self._pending: dict[int, tuple[asyncio.Future, dict[str, Any]]] = {}
+        self.migrator: Any = None  # zonebus.workers.migrate.Migrator, for its counts
+
+    def serve_pages(self) -> None:
+        """Worker 0: `/varz` and `/connz` of the whole server."""
+        self.server.pages["/varz"] = self.varz_page
+        self.server.pages["/connz"] = self.connz_page
+
+    # -- this worker's own figures ---------------------------------------------------------------------
+    def own(self, page: str, args: Mapping[str, Any]) -> dict[str, Any]:
+        from zonebus.server.monitor import connz, varz
+
+        server = self.server
+        if page == "connz":
+            return connz(server, bool(args.get("subs")), bool(args.get("auth")))
+        v = varz(server)
+        out = {key: v.get(key, 0) for key in SUMMED}
+        out["subscriptions"] -= self.mesh.remote_subscriptions()
+        out["slow_consumer_stats"] = v.get("slow_consumer_stats", {})
+        out["worker"], out["pid"] = self.mesh.index, os.getpid()
+        if self.migrator is not None:
+            out["clients_moved_out"], out["clients_moved_in"] = self.migrator.moved_out, self.migrator.moved_in
+        return out
+
+    # -- asking the others -----------------------------------------------------------------------------
+    async def gather(self, page: str, args: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+        """Every worker's answer (this one's included), by worker index; silent workers are left out."""
+        answers: dict[int, dict[str, Any]] = {self.mesh.index: self.own(page, args)}
+        waits = []
+        for link in list(self.mesh.links.values()):
+            self._next += 1
+            fut = self.server.loop.create_future()
+            self._pending[self._next] = (fut, answers)
+            self.channel.send(link.remote_name, b"q %d %b %b" % (self._next, page.encode(), json.dumps(args).encode()))
+            waits.append((self._next, fut))
+        if waits:
+            await asyncio.wait([f for _, f in waits], timeout=ASK_TIMEOUT)
+        for token, _ in waits:
+            self._pending.pop(token, None)
+        return answers
+
+    def _on_frame(self, peer: str, payload: bytes) -> None:
+        parts = payload.split(b" ", 3)
+        if len(parts) < 3 or not parts[1].isdigit():
+            return
+        if parts[0] == b"q" and len(parts) == 4:
+            try:
+                args = json.loads(parts[3])
+            except ValueError:
+                args = {}
+            body = self.own(parts[2].decode(errors="replace"), args if isinstance(args, dict) else {})
+            self.channel.send(peer, b"r %b %d %b" % (parts[1], self.mesh.index, json.dumps(body).encode()))
+        elif parts[0] == b"r" and len(parts) == 4 and parts[2].isdigit():
+            pending = self._pending.pop(int(parts[1]), None)
+            if pending is None:
+                return
+            fut, answers = pending
+            try:
+                body = json.loads(parts[3])
+            except ValueError:
+                body = None
+            if isinstance(body, dict):
+                answers[int(parts[2])] = body
+            if not fut.done():
+                fut.set_result(None)
+
+    # -- the pages -------------------------------------------------------------------------------------
+    async def varz_page(self, query: Mapping[str, str]) -> dict[str, Any]:
+        from zonebus.server.monitor import go_float, varz
+
+        page = varz(self.server)
+        answers = await self.gather("varz", {})
+        for key in SUMMED:
+            page[key] = sum(a.get(key, 0) for a in answers.values())
+        page["cpu"] = go_float(round(page["cpu"], 2))
+        kinds: dict[str, int] = {}
+        for a in answers.values():
+            for kind, n in (a.get("slow_consumer_stats") or {}).items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        if kinds:
+            page["slow_consumer_stats"] = kinds
+        page["workers"] = [
+            {"worker": i, "up": True, **{k: v for k, v in answers[i].items() if k != "worker"}} if i in answers
+            else {"worker": i, "up": False}
+            for i in range(self.mesh.spec.count)]
+        return page
+
+    async def connz_page(self, query: Mapping[str, str]) -> dict[str, Any]:
+        from zonebus.server.monitor import query_flag
+
+        args = {"subs": query_flag(query, "subs"), "auth": query_flag(query, "auth")}
+        answers = await self.gather("connz", args)
+        page = answers[self.mesh.index]
+        conns = sorted((c for a in answers.values() for c in a.get("connections", ())), key=lambda c: c["cid"])
+        page["connections"] = conns
+        page["num_connections"] = page["total"] = len(conns)
+        return page

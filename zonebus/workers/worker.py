@@ -1,0 +1,135 @@
+"""One worker process: `python -m zonebus.workers.worker <dir> <index>`, started by the supervisor.
+
+It reads the server's options from the supervisor's directory, builds an ordinary node (`zonebus.node`)
+with the shared server id and name, joins the local mesh before it takes clients (`mesh.py`), and then
+serves the shared client port until SIGTERM/SIGINT (SIGHUP reloads, SIGUSR2 enters lame duck mode, as a
+lone server). Worker 0 also runs the monitoring port (with `/varz` and `/connz` of all workers) and
+JetStream; the others announce JetStream in their INFO and reach it over the local links.
+A worker whose parent is gone stops by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import sys
+from pathlib import Path
+
+from zonebus.server.options import ServerOptions
+from zonebus.workers import OPTIONS_FILE, WorkerSpec
+
+MESH_WAIT = 10.0  # seconds a starting worker waits for the others before it serves clients anyway
+PARENT_CHECK = 0.5  # seconds between two looks at whether the supervisor is still there
+PR_SET_PDEATHSIG = 1
+
+
+async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
+    from zonebus.node import Node
+    from zonebus.workers.counts import SharedCounts
+    from zonebus.workers.mesh import LocalMesh
+    from zonebus.workers.migrate import Migrator
+    from zonebus.workers.stats import CID_BLOCK, WorkerStats
+
+    first = spec.index == 0
+    js = opts.jetstream.enabled
+    if not first:  # single things live in worker 0
+        opts.http_port = opts.https_port = 0
+        opts.jetstream.enabled = False
+    opts.pid_file = ""
+    node = Node(opts)
+    server = node.server
+    server.server_id = spec.server_id
+    server.name = opts.server_name or spec.server_id
+    server._cid = spec.index * CID_BLOCK  # client ids unique across the workers (one /connz)
+    server.system_requests = first  # $SYS.REQ.SERVER.* answered once, by the worker that sums the others
+    server.loop = asyncio.get_running_loop()
+    mesh = LocalMesh(server, spec)
+    server.interest_watchers.append(mesh)
+    if hasattr(server, "account_watchers"):
+        server.account_watchers.append(mesh)
+    server.pong_gate = mesh.pong_gate
+    server.queue_picker = mesh.pick_queue_member
+    stats = WorkerStats(server, mesh)
+    if first:
+        stats.serve_pages()
+    routed = None
+    if js:
+        from zonebus.server.internal import InternalClient
+        from zonebus.stream.routed import RoutedDeliveries
+
+        routed = RoutedDeliveries(InternalClient(server, "$JSD"), mesh.channels)  # deliveries keep their subject
+        if not first:
+            server.info_extras["jetstream"] = True
+    counts = SharedCounts(server, spec.directory, spec.index, spec.count)  # one max_connections
+    counts.start()
+    await mesh.start(MESH_WAIT)
+    migrator = Migrator(server, mesh, counts)  # balanced clients; publishers join their subscribers
+    migrator.start()
+    stats.migrator = migrator
+    try:
+        await node.start()
+        if routed is not None and first and node.jetstream is not None:
+            routed.attach(node.jetstream.service.client)
+        spec.ready_path(spec.index).touch()
+        loop = server.loop
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_shutdown)
+        loop.add_signal_handler(signal.SIGHUP, node.reload)
+        loop.add_signal_handler(signal.SIGUSR2, server.enter_lame_duck)
+        _watch_parent(server, os.getppid())
+        await server.serve_forever()
+    finally:
+        await server.shutdown()
+        await mesh.stop()
+        migrator.stop()
+
+
+def _watch_parent(server, parent: int) -> None:  # type: ignore[no-untyped-def]
+    def check() -> None:
+        if os.getppid() != parent:
+            server.log("worker: the supervisor is gone, stopping", "WRN")
+            server.request_shutdown()
+            return
+        server.loop.call_later(PARENT_CHECK, check)
+
+    server.loop.call_later(PARENT_CHECK, check)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this worker as soon as the supervisor dies (the periodic look is the fallback)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("usage: python -m zonebus.workers.worker <dir> <index> (started by zonebus server --workers)",
+              file=sys.stderr)
+        return 2
+    directory, index = argv[0], int(argv[1])
+    _die_with_parent()
+    spec = WorkerSpec.load(directory, index)
+    with open(Path(directory) / OPTIONS_FILE, "rb") as f:
+        opts: ServerOptions = pickle.load(f)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(run_worker(opts, spec))
+    except OSError as exc:
+        print(f"zonebus server: worker {index}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
