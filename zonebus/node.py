@@ -90,7 +90,8 @@ class Node:
         self.cluster: ClusterManager | None = None
         self.gateway: GatewayManager | None = None
         self.jetstream: JetStreamExtension | ClusteredJetStream | None = None
-        self.clustered_js: ClusteredJetStream | None = None
+        self.clustered_js: ClusteredJetStream | None = None  # the global account's
+        self.account_js: list[ClusteredJetStream] = []  # every account's (the global one included)
         self.routed: RoutedDeliveries | None = None
         self._jsz: JetStreamMonitor | None = None
         self.queues: QueueService | None = None
@@ -160,12 +161,19 @@ class Node:
         from zonebus.stream.cluster import ClusteredJetStream
 
         assert self.cluster is not None and self.routed is not None
-        self.jetstream = self.clustered_js = ClusteredJetStream(self.server, self.cluster, self.routed)
-        self.server.add_extension(self.jetstream)
-        if self.opts.accounts:  # clustered JetStream is the global account's; the others answer "not enabled"
-            from zonebus.stream.accounts import NotEnabledAnswers
+        from zonebus.stream.accounts import NotEnabledAnswers, jetstream_accounts
 
-            self.server.add_extension(NotEnabledAnswers(self.server))
+        server = self.server
+        enabled = jetstream_accounts(self.opts)  # the global account, or the accounts that enable JetStream
+        for name, limits in enabled.items():
+            js = ClusteredJetStream(server, self.cluster, self.routed, server.accounts.lookup(name), limits)  # type: ignore[arg-type]
+            server.add_extension(js)
+            if not name:
+                self.clustered_js = js  # the zone router and durable queue groups work in the global account
+            self.account_js.append(js)
+        self.jetstream = self.clustered_js or self.account_js[0]
+        if self.opts.accounts:
+            server.add_extension(NotEnabledAnswers(server, set(enabled)))
 
     def _wire_zone_router(self) -> None:
         """`jetstream { zone_router: true }` (zonebus.zonerouter): zone-local connect_urls, client publishes to
@@ -190,7 +198,7 @@ class Node:
         from zonebus.queue.service import QueueService
 
         server = self.server
-        clustered = self.clustered_js
+        clustered = self.clustered_js or (self.account_js[0] if self.account_js else None)  # a meta group
         self.queues = queues = QueueService(server, self.cluster,
                                             (lambda: clustered.meta) if clustered is not None else None)
         server.add_extension(queues)
@@ -235,7 +243,7 @@ class Node:
         if self._jsz is None:
             from zonebus.stream.monitoring import JetStreamMonitor
 
-            clustered = self.clustered_js
+            clustered = self.clustered_js or (self.account_js[0] if self.account_js else None)
             if clustered is not None:
                 self._jsz = JetStreamMonitor(self.server, lambda: clustered.svc, meta_cluster=clustered.meta_cluster,
                                              stream_cluster=clustered.stream_cluster)
@@ -270,9 +278,9 @@ class Node:
             server.log(f"reload failed: {exc}")
             return
         server.opts.server_tags = new.server_tags
-        meta = self.clustered_js.meta if self.clustered_js is not None else None
-        if meta is not None:  # stream placement by tags sees the new ones (the replicated peer table)
-            meta.update_self(new.server_tags, server.zone_of_tags(new.server_tags))
+        for js in self.account_js:  # stream placement by tags sees the new ones (the replicated peer tables)
+            if js.meta is not None:
+                js.meta.update_self(new.server_tags, server.zone_of_tags(new.server_tags))
         server.reload_auth(new)  # users, permissions, token: logins checked again, see Server.reload_auth
         if server.opts.tls_from_flags:  # --tls/--tlscert/... (or --tls=false) win over the file, on reload too
             new.tls = server.opts.tls

@@ -218,8 +218,6 @@ async def _across(url0: str, url1: str) -> None:
      'subject: "x"}}] } }', "does not export"),
     ('accounts { A: { users: [{user: u, password: p}] }, B: { users: [{user: u, password: q}] } }',
      "duplicate user"),
-    ('accounts { A: { jetstream: enabled } }\ncluster { port: -1 }\njetstream: enabled',
-     "JetStream in an account needs a lone server"),
     ('accounts { A: { mappings: { a: b } } }', 'unsupported field "mappings"'),
 ])
 def test_bad_account_configs_refused(tmp_path, conf: str, words: str) -> None:

@@ -729,12 +729,6 @@ def apply_config(tree: dict[str, Value], opts: ServerOptions | None = None) -> S
         msg = (f'no_auth_user: "{opts.no_auth_user}" not present as user or nkey in authorization block '
                "or account configuration")
         errors.append(f"{where.where}: {msg}" if where is not None else msg)
-    if (not errors and opts.jetstream.enabled and any(a.jetstream for a in opts.accounts)
-            and (opts.cluster.port or opts.cluster.routes or opts.jetstream.shared_store)):
-        where = next((v for k, v in tree.items() if k.lower() == "accounts"), None)
-        msg = ("accounts: JetStream in an account needs a lone server without shared_store (zonebus serves "
-               "clustered and shared-store JetStream in the global account only)")
-        errors.append(f"{where.where}: {msg}" if where is not None else msg)
     if opts.https_port and opts.tls is None and not errors:
         where = next((v for k, v in tree.items() if k.lower() in ("https", "https_port")), None)
         msg = "https: monitoring over https needs a top-level tls block (the certificate it serves)"

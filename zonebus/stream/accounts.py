@@ -1,12 +1,13 @@
-"""JetStream per account (zonebus.server.accounts), on a lone server.
+"""JetStream per account (zonebus.server.accounts), on a lone server and in a cluster.
 
 When accounts enable JetStream (`accounts { A: { jetstream: enabled } }`, or with limits), each of them gets a
-`JetStreamService` of its own: an internal client in that account subscribes its `$JS.API.>`, its streams
-capture that account's subjects only, and its store is `<store_dir>/jetstream/<account>/streams`, as
-nats-server lays it out. A stream of A is invisible to B. The global account keeps JetStream (and its
-`<store_dir>/jetstream/streams`) only while no account enables it, as in nats-server.
-Accounts without JetStream get nats-server's answer to every API request: error 10039, "JetStream not
-enabled for account".
+`JetStreamService` of its own (in a cluster a `ClusteredJetStream`, with a meta group of its own on the routes'
+`meta.<account>` channel and its shared streams under `<shared_store>/accounts/<account>`): an internal client
+in that account subscribes its `$JS.API.>`, its streams capture that account's subjects only, and its store
+is `<store_dir>/jetstream/<account>/streams`, as nats-server lays it out. A stream of A is invisible to B.
+The global account keeps JetStream (and its `<store_dir>/jetstream/streams`) only while no account enables
+it, as in nats-server. Accounts without JetStream get nats-server's answer to every API request: error
+10039, "JetStream not enabled for account".
 """
 
 from __future__ import annotations
@@ -44,14 +45,15 @@ def start_not_enabled(server: Server, enabled: set[str]) -> list[NotEnabled]:
 
 
 class NotEnabledAnswers:
-    """An extension (`zonebus.server.hooks`): the "not enabled" answer for every account but the global one
-    (clustered JetStream serves the global account only)."""
+    """An extension (`zonebus.server.hooks`): the "not enabled" answer for every account not in `enabled`
+    (names, "" = the global account), next to clustered JetStream."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, enabled: set[str]) -> None:
         self.server = server
+        self.enabled = enabled
 
     async def start(self) -> None:
-        start_not_enabled(self.server, {""})
+        start_not_enabled(self.server, self.enabled)
 
     async def stop(self) -> None:
         pass

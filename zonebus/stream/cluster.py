@@ -29,6 +29,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import os
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,8 @@ from zonebus.subjects.patterns import overlaps
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
+    from zonebus.server.accounts import Account
+    from zonebus.server.options import AccountJetStream
     from zonebus.server.server import Server
 
 log = logging.getLogger(__name__)
@@ -99,14 +102,22 @@ def _created_ns(created: str) -> int:
 
 
 class ClusteredJetStream:
-    def __init__(self, server: Server, cluster: ClusterManager, routed: RoutedDeliveries) -> None:
+    """One account's clustered JetStream (the global account's unless `account` names another: then its own
+    meta group on the `meta.<account>` channel, its store under `<store_dir>/jetstream/<account>`, its shared
+    streams under `<shared_store>/accounts/<account>`; zonebus.stream.accounts)."""
+
+    def __init__(self, server: Server, cluster: ClusterManager, routed: RoutedDeliveries,
+                 account: Account | None = None, limits: AccountJetStream | None = None) -> None:
         self.server = server
         self.cluster = cluster
         self.opts = server.opts.jetstream
         self.name = server.name
         self.hash = server_hash(server.name)
-        self.client = InternalClient(server, "$JS")
-        self.svc = JetStreamService(self.opts, server.name, self.client, clustered=True)
+        acc_name = account.display if account is not None and account is not server.global_account else ""
+        self.account_name = acc_name
+        self.client = InternalClient(server, f"$JS-{acc_name}" if acc_name else "$JS", account)
+        self.svc = JetStreamService(self.opts, server.name, self.client, clustered=True, account=acc_name,
+                                    account_limits=limits)
         self.svc.stream_cluster = self.stream_cluster
         self.meta: MetaGroup | None = None
         self._early: list[tuple[str, bytes]] = []  # meta frames that came before the group was formed
@@ -117,7 +128,8 @@ class ClusteredJetStream:
         # zone router hook: (stream, subject, reply, headers, payload) -> True when it serves a request about a
         # stream led in another zone through this zone's proxy (pull requests, direct gets); None without it
         self.api_hook: Any = None
-        self.channel = cluster.channels.register("meta", self._meta_frame, self._meta_up, self._meta_down)
+        self.channel = cluster.channels.register(f"meta.{acc_name}" if acc_name else "meta", self._meta_frame,
+                                                 self._meta_up, self._meta_down)
         routed.attach(self.client)
         cluster.info_extras["jetstream"] = True
 
@@ -130,7 +142,8 @@ class ClusteredJetStream:
         self.client.subscribe(API + ">", self._on_client_api, local=True)
         self.client.subscribe(f"{FORWARD}{self.hash}.>", self._on_forwarded)
         self._spawn(self._form_meta())
-        self.server.log(f"JetStream enabled (clustered), store {self.opts.store_dir}"
+        self.server.log(f"JetStream enabled (clustered{', account ' + self.account_name if self.account_name else ''})"
+                        f", store {self.opts.store_dir}"
                         + (f", shared store {self.opts.shared_store}" if self.opts.shared_store else ""))
 
     async def stop(self) -> None:
@@ -139,6 +152,15 @@ class ClusteredJetStream:
         if self.meta is not None:
             await self.meta.stop()
         await self.svc.stop()
+
+    @property
+    def meta_dir(self) -> str:
+        """Where the meta group keeps its journal and member list: the store_dir, or the account's part."""
+        if not self.account_name:
+            return self.opts.store_dir
+        path = os.path.join(self.opts.store_dir, "jetstream", self.account_name)
+        os.makedirs(path, exist_ok=True)
+        return path
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -151,7 +173,7 @@ class ClusteredJetStream:
         while True:
             routes = {url: (RoutePeer(*self.cluster.configured_peers[url])
                             if url in self.cluster.configured_peers else None) for url in self.cluster.opts.routes}
-            decision = decide_members(self.name, routes, self.opts.store_dir)
+            decision = decide_members(self.name, routes, self.meta_dir)
             if decision.membership is not None:
                 break
             if time.monotonic() - warned > 10:
@@ -161,7 +183,7 @@ class ClusteredJetStream:
         if decision.warning:
             self.server.log(f"JetStream: {decision.warning}")
         meta = MetaGroup(server_name=self.name, cluster_name=self.cluster.opts.name,
-                         membership=decision.membership, store_dir=self.opts.store_dir,
+                         membership=decision.membership, store_dir=self.meta_dir,
                          send_bytes=self.channel.send, tags=list(self.server.opts.server_tags),
                          zone=self.server.zone, timing=MetaTiming(failover=self.opts.failover_timeout))
         meta.on_change(self._on_change)
@@ -434,6 +456,9 @@ class ClusteredJetStream:
             else:
                 if rec is not None and not stream_config.equivalent(rec.config, cfg):
                     raise JSError("stream_name_exist")
+                limits = self.svc.account_limits  # an account's `jetstream { max_streams }`
+                if rec is None and limits is not None and 0 <= limits.max_streams <= len(others):
+                    raise JSError("max_streams")
                 result = await self._propose({"op": "stream_create", "name": name, "config": cfg})
                 existed = bool(result.get("existed"))
         except (JSError, MetaError) as err:

@@ -5,7 +5,7 @@ message's own subject on the MSG line, as nats-server shows it. On one server th
 (`InternalClient.publish(..., msg_subject=)`); an RMSG could only carry the inbox. So deliveries for a route
 peer travel on the `jsd` link channel instead, one frame per message:
 
-    <routed subject> <shown subject> <reply or -> <hdr_len> <queue,...|->\\n<headers+payload>
+    <routed subject> <shown subject> <reply or -> <hdr_len> <queue,...|->[ <account>]\\n<headers+payload>
 
 and the peer hands them to its own local subscribers of the routed subject under the shown subject (one
 hop: never further). Every server of a cluster receives them (the composition root registers the channel,
@@ -29,23 +29,44 @@ _WIRE = CHANNEL.encode()
 
 class RoutedDeliveries:
     def __init__(self, client: InternalClient, channels: LinkChannels) -> None:
-        self.client = client  # delivers what arrives to this server's local subscribers
+        self.client = client  # delivers what arrives to this server's local subscribers (global account)
+        self._clients: dict[bytes, InternalClient] = {}  # ... of other accounts (zonebus.server.accounts)
         channels.register(CHANNEL, self._on_frame)
         self.bad_frames = 0
 
     def attach(self, sender: InternalClient) -> None:
         """`sender`'s deliveries under a shown subject reach route peers through this channel."""
-        sender.shown_forwarder = self.forward
+        account = sender.account
+        if account is sender.server.global_account:
+            sender.shown_forwarder = self.forward
+        else:
+            sender.shown_forwarder = lambda *args: self.forward(*args, account=account.name)
 
     def forward(self, conn: Connection, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int,
-                data: bytes, queues: list[bytes] | None) -> None:
-        head = b"%b %b %b %d %b\n" % (subject, shown, reply or b"-", hdr_len, b",".join(queues) if queues else b"-")
-        conn.send_frame(_WIRE, head + data[:-2])  # type: ignore[attr-defined]
+                data: bytes, queues: list[bytes] | None, account: bytes = b"") -> None:
+        head = b"%b %b %b %d %b" % (subject, shown, reply or b"-", hdr_len, b",".join(queues) if queues else b"-")
+        conn.send_frame(_WIRE, head + (b" " + account if account else b"") + b"\n" + data[:-2])  # type: ignore[attr-defined]
+
+    def _client_of(self, account: bytes) -> InternalClient | None:
+        client = self._clients.get(account)
+        if client is None:
+            server = self.client.server
+            acc = server.accounts.get(account)
+            if acc is None:
+                return None
+            from zonebus.server.internal import InternalClient
+
+            client = self._clients[account] = InternalClient(server, f"$JSD-{acc.display}", acc)
+        return client
 
     def _on_frame(self, peer: str, payload: bytes) -> None:
         nl = payload.find(b"\n")
         parts = payload[:nl].split(b" ") if nl > 0 else []
-        if len(parts) != 5 or not parts[3].lstrip(b"-").isdigit():
+        if len(parts) not in (5, 6) or not parts[3].lstrip(b"-").isdigit():
+            self.bad_frames += 1
+            return
+        client = self.client if len(parts) == 5 else self._client_of(parts[5])
+        if client is None:
             self.bad_frames += 1
             return
         subject, shown, reply, hdr_len = parts[0], parts[1], parts[2], int(parts[3])
@@ -54,4 +75,4 @@ class RoutedDeliveries:
             self.bad_frames += 1
             return
         # routes left over are not served from here: a message from a route goes one hop only
-        self.client.deliver_local_as(subject, shown, None if reply == b"-" else reply, hdr_len, data)
+        client.deliver_local_as(subject, shown, None if reply == b"-" else reply, hdr_len, data)

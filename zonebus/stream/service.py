@@ -111,7 +111,8 @@ class JetStreamService:
             except Exception:
                 log.exception("JetStream: could not recover stream from %s", d)
         if self.opts.shared_store:
-            self._start_shared(Path(store_dir) / "jetstream" / "shared-cache")
+            base = Path(store_dir) / "jetstream" / self.account if self.account else Path(store_dir) / "jetstream"
+            self._start_shared(base / "shared-cache")
         c = self.client
         if not self.clustered:
             self._sids.append(c.subscribe("$JS.API.>", self._on_api))
@@ -279,7 +280,9 @@ class JetStreamService:
                                 inflight=o.shared_store_inflight)
         # Blocking, like the local recovery above: no client is served before every stream is back (the
         # listener is open already, but its connections are not set up while the loop is busy here).
-        self.shared = SharedStorage(o.shared_store, endpoint=o.s3_endpoint, region=o.s3_region,
+        # another account's streams are under `<shared_store>/accounts/<account>` (the same layout inside)
+        url = f"{o.shared_store.rstrip('/')}/accounts/{self.account}" if self.account else o.shared_store
+        self.shared = SharedStorage(url, endpoint=o.s3_endpoint, region=o.s3_region,
                                     cache_root=cache_root, options=options)
         if self.clustered:
             return  # the meta group says which streams this server takes over
