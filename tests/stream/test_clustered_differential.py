@@ -78,17 +78,26 @@ async def scenario(nc: nats.NATS) -> list[tuple[str, object]]:
     return out
 
 
-@pytest.mark.timeout(180)
-async def test_clustered_api_answers_like_nats_server(tmp_path: Path) -> None:
+async def on_both(tmp_path: Path, run) -> dict[str, list]:
+    """`run(nc)` on a 3-server nats-server cluster, then on a 3-server zonebus cluster: their transcripts."""
     results = {}
     for impl in ("nats", "zonebus"):
         servers = nats_cluster(tmp_path / impl) if impl == "nats" else start_cluster(tmp_path / impl)
         try:
             nc = await nats.connect(servers[0].url)
             await ready(nc)
-            results[impl] = await scenario(nc)
+            results[impl] = await run(nc)
             await nc.close()
         finally:
             stop_all(servers)
+    return results
+
+
+def assert_same(results: dict[str, list]) -> None:
     diffs = [(n, z) for n, z in zip(results["nats"], results["zonebus"], strict=True) if n != z]
     assert diffs == [], f"nats-server vs zonebus: {diffs}"
+
+
+@pytest.mark.timeout(180)
+async def test_clustered_api_answers_like_nats_server(tmp_path: Path) -> None:
+    assert_same(await on_both(tmp_path, scenario))

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from jscluster import api, start_cluster
-from test_clustered_differential import nats_cluster, outcome, ready
-
-from zonebus.testing.processes import stop_all
+from jscluster import api
+from test_clustered_differential import assert_same, on_both, outcome
 
 STEPDOWN = "$JS.API.CONSUMER.LEADER.STEPDOWN"
 
@@ -109,16 +107,6 @@ async def scenario(nc: nats.NATS) -> list[tuple[str, object]]:
 
 @pytest.mark.timeout(150)
 async def test_consumer_stepdown_answers_like_nats_server(tmp_path: Path) -> None:
-    results = {}
-    for impl in ("nats", "zonebus"):
-        servers = nats_cluster(tmp_path / impl) if impl == "nats" else start_cluster(tmp_path / impl)
-        try:
-            nc = await nats.connect(servers[0].url)
-            await ready(nc)
-            results[impl] = await scenario(nc)
-            await nc.close()
-        finally:
-            stop_all(servers)
+    results = await on_both(tmp_path, scenario)
     assert ("resumed after the acked message", [2, 3, 4]) in results["nats"]  # the scenario itself holds
-    diffs = [(n, z) for n, z in zip(results["nats"], results["zonebus"], strict=True) if n != z]
-    assert diffs == [], f"nats-server vs zonebus: {diffs}"
+    assert_same(results)

@@ -23,6 +23,7 @@ from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, ta
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels, json_line
 from zonebus.link.connection import dial, listen, warn_open_port
+from zonebus.link.interest import InterestCounts
 from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL
 from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
@@ -51,9 +52,7 @@ class ClusterManager:
         self.peers: dict[str, RouteConnection] = {}
         self.plain_refs: dict[bytes, int] = {}
         self.queue_refs: dict[tuple[bytes, bytes], int] = {}
-        # the same for accounts other than $G (zonebus.server.accounts), keyed by account name first
-        self.account_plain_refs: dict[tuple[bytes, bytes], int] = {}
-        self.account_queue_refs: dict[tuple[bytes, bytes, bytes], int] = {}
+        self.account_refs = InterestCounts()  # the same for accounts other than $G (zonebus.server.accounts)
         self._dialing: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self._listener: asyncio.base_events.Server | None = None
@@ -190,12 +189,8 @@ class ClusterManager:
         for (subject, queue), n in self.queue_refs.items():
             if n > 0:
                 conn.send_interest(subject, queue, n)
-        for (name, subject), n in self.account_plain_refs.items():
-            if n > 0:
-                conn.send_interest(subject, None, 1, name)
-        for (name, subject, queue), n in self.account_queue_refs.items():
-            if n > 0:
-                conn.send_interest(subject, queue, n, name)
+        for name, subject, queue, weight in self.account_refs.current():
+            conn.send_interest(subject, queue, weight, name)
         self._gossip()
         self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)
@@ -345,24 +340,9 @@ class ClusterManager:
         name the account."""
         if sub.conn.kind not in _LOCAL:
             return
-        name = account.name
-        if sub.queue is None:
-            key = (name, sub.subject)
-            n = self.account_plain_refs.get(key, 0) + delta
-            if n <= 0:
-                self.account_plain_refs.pop(key, None)
-            else:
-                self.account_plain_refs[key] = n
-            if (delta > 0 and n == 1) or n <= 0:
-                self._broadcast(sub.subject, None, 1 if n > 0 else 0, name)
-            return
-        qkey = (name, sub.subject, sub.queue)
-        n = max(self.account_queue_refs.get(qkey, 0) + delta, 0)
-        if n:
-            self.account_queue_refs[qkey] = n
-        else:
-            self.account_queue_refs.pop(qkey, None)
-        self._broadcast(sub.subject, sub.queue, n, name)
+        send = self.account_refs.change(account.name, sub, delta)
+        if send is not None:
+            self._broadcast(*send, account.name)
 
     def _broadcast(self, subject: bytes, queue: bytes | None, weight: int, account: bytes = ACCOUNT) -> None:
         for c in self.peers.values():

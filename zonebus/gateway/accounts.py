@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zonebus.gateway.interest import CMD_ALL_SUBS_COMPLETE, CMD_ALL_SUBS_START
+from zonebus.link.interest import InterestCounts
 
 if TYPE_CHECKING:
     from zonebus.gateway.connection import GatewayConnection
@@ -33,33 +34,23 @@ class GatewayAccounts:
     inbound: dict[int, GatewayConnection]
 
     def init_accounts(self) -> None:
-        self.account_plain: dict[tuple[bytes, bytes], int] = {}
-        self.account_queues: dict[tuple[bytes, bytes, bytes], int] = {}
+        self.account_refs = InterestCounts()  # this cluster's interest in the other accounts
 
     def account_interest(self, account: Account, sub: Subscription, delta: int) -> None:
         """An AccountWatcher: a subscription of `account` (local or from a route) came or went."""
-        subject, name = sub.subject, account.name
-        if subject.startswith(INTERNAL_PREFIX):
+        name = account.name
+        if sub.subject.startswith(INTERNAL_PREFIX):
             return
-        if sub.queue is None:
-            key = (name, subject)
-            n = self.account_plain.get(key, 0) + delta
-            if n > 0:
-                self.account_plain[key] = n
-            else:
-                self.account_plain.pop(key, None)
-            if (delta > 0 and n == 1) or n <= 0:
-                self._to_inbound(b"%b %b %b\r\n" % (b"RS+" if n > 0 else b"RS-", name, subject))
+        send = self.account_refs.change(name, sub, delta)
+        if send is None:
             return
-        qkey = (name, subject, sub.queue)
-        n = self.account_queues.get(qkey, 0) + delta
-        if n > 0:
-            self.account_queues[qkey] = n
-            if delta > 0 and n == 1:
-                self._to_inbound(b"RS+ %b %b %b 1\r\n" % (name, subject, sub.queue))
-        else:
-            self.account_queues.pop(qkey, None)
-            self._to_inbound(b"RS- %b %b %b\r\n" % (name, subject, sub.queue))
+        subject, queue, weight = send
+        if queue is None:
+            self._to_inbound(b"%b %b %b\r\n" % (b"RS+" if weight else b"RS-", name, subject))
+        elif weight == 0:
+            self._to_inbound(b"RS- %b %b %b\r\n" % (name, subject, queue))
+        elif delta > 0 and weight == 1:  # gateways are told of a queue group, not of its weight
+            self._to_inbound(b"RS+ %b %b %b 1\r\n" % (name, subject, queue))
 
     def _to_inbound(self, line: bytes) -> None:
         for conn in self.inbound.values():
@@ -73,10 +64,8 @@ class GatewayAccounts:
             name = acc.name
             payload = name.decode()
             conn.send_json(b"INFO", {"gateway_cmd": CMD_ALL_SUBS_START, "gateway_cmd_payload": payload})
-            for (acc_name, subject) in self.account_plain:
+            for acc_name, subject, queue, _weight in self.account_refs.current():
                 if acc_name == name:
-                    conn.send(b"RS+ %b %b\r\n" % (name, subject))
-            for (acc_name, subject, queue) in self.account_queues:
-                if acc_name == name:
-                    conn.send(b"RS+ %b %b %b 1\r\n" % (name, subject, queue))
+                    conn.send(b"RS+ %b %b\r\n" % (name, subject) if queue is None
+                              else b"RS+ %b %b %b 1\r\n" % (name, subject, queue))
             conn.send_json(b"INFO", {"gateway_cmd": CMD_ALL_SUBS_COMPLETE, "gateway_cmd_payload": payload})

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels
+from zonebus.link.interest import InterestCounts
 from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL
 from zonebus.server.options import RouteOptions
 from zonebus.subjects.sublist import Subscription
@@ -108,8 +109,7 @@ class LocalMesh:
         self.opts = RouteOptions(user=USER, password=spec.secret)  # what an accepted link's CONNECT must carry
         self.channels = LinkChannels()
         self.links: dict[int, LocalLink] = {}  # peer index -> its live link
-        self.plain_refs: dict[tuple[bytes, bytes], int] = {}  # (account, subject) -> local subscriptions
-        self.queue_refs: dict[tuple[bytes, bytes, bytes], int] = {}  # (account, subject, queue) -> members
+        self.refs = InterestCounts()  # local interest of every account, told to the other workers
         self.seq = 0  # interest changes told to the links so far
         self._held: deque[tuple[ClientConnection, dict[LocalLink, int], float]] = deque()  # (client, asks, since)
         self._hold_timer: asyncio.TimerHandle | None = None
@@ -188,10 +188,8 @@ class LocalMesh:
         if old is not None and old is not conn:
             old.close()  # the peer restarted: its new link wins
         conn.established = conn.msgs_in = True
-        for (account, subject), n in self.plain_refs.items():
-            conn.send_interest(subject, None, 1 if n > 0 else 0, account)
-        for (account, subject, queue), n in self.queue_refs.items():
-            conn.send_interest(subject, queue, n, account)
+        for account, subject, queue, weight in self.refs.current():
+            conn.send_interest(subject, queue, weight, account)
         self.channels.link_up(conn)
         self._ask(conn)
         return True
@@ -226,23 +224,9 @@ class LocalMesh:
             self._count(account.name, sub, delta)
 
     def _count(self, account: bytes, sub: Subscription, delta: int) -> None:
-        if sub.queue is None:
-            key = (account, sub.subject)
-            n = self.plain_refs.get(key, 0) + delta
-            if n > 0:
-                self.plain_refs[key] = n
-            else:
-                self.plain_refs.pop(key, None)
-            if (delta > 0 and n == 1) or n <= 0:
-                self._broadcast(account, sub.subject, None, 1 if n > 0 else 0)
-            return
-        qkey = (account, sub.subject, sub.queue)
-        n = max(self.queue_refs.get(qkey, 0) + delta, 0)
-        if n:
-            self.queue_refs[qkey] = n
-        else:
-            self.queue_refs.pop(qkey, None)
-        self._broadcast(account, sub.subject, sub.queue, n)
+        send = self.refs.change(account, sub, delta)
+        if send is not None:
+            self._broadcast(account, *send)
 
     def _broadcast(self, account: bytes, subject: bytes, queue: bytes | None, weight: int) -> None:
         self.seq += 1
