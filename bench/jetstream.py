@@ -140,8 +140,9 @@ class Cluster:
             self.proxy.stop()
 
 
-def start_js_cluster(impl: str, tmp: Path, proxied: bool) -> Cluster:
-    """Three servers s1..s3 tagged az:z1..z3, every one listing the route of every other one. With `proxied`,
+def start_js_cluster(impl: str, tmp: Path, proxied: bool, router: bool = False) -> Cluster:
+    """Three servers s1..s3 tagged az:z1..z3, every one listing the route of every other one (zonebus with
+    `router`: `zone_router: true`, consumers served in their zone from the shared store). With `proxied`,
     each server's route to each other server is a byte-proxy link (one per ordered pair), and
     `no_advertise` keeps zonebus from gossiping route URLs; nats-server's advertised route URL is a proxy link
     as well (see below)."""
@@ -163,7 +164,7 @@ def start_js_cluster(impl: str, tmp: Path, proxied: bool) -> Cluster:
             js = f'jetstream {{ store_dir: "{tmp}/{impl}{i + 1}" }}'
         else:
             js = (f'jetstream {{ store_dir: "{tmp}/{impl}{i + 1}", shared_store: "file://{tmp}/shared", '
-                  f'failover_timeout: "3s" }}')
+                  f'failover_timeout: "3s"{", zone_router: true" if router else ""} }}')
         extra = "no_advertise: true"
         if proxy and impl == "nats":
             # nats-server still gossips each server's route URL to the others (no_advertise is about clients),
@@ -417,9 +418,10 @@ async def bytes_phase(cluster: Cluster, leader: str, args: argparse.Namespace, t
     return {f"route_bytes_{tag}": total, f"xzone_{tag}": total / payload, f"placed_{tag}": "; ".join(placed)}
 
 
-async def up(impl: str, tmp: Path, proxied: bool) -> tuple[Cluster, str]:
+async def up(impl: str, tmp: Path, proxied: bool, router: bool = False) -> tuple[Cluster, str]:
     t0 = time.perf_counter()
-    cluster = start_js_cluster(impl, tmp / f"{impl}-{'proxied' if proxied else 'direct'}", proxied)
+    where = tmp / f"{impl}-{'proxied' if proxied else 'direct'}{'-router' if router else ''}"
+    cluster = start_js_cluster(impl, where, proxied, router)
     try:
         leader = await create_r3_stream(cluster)
     except Exception:
@@ -463,6 +465,12 @@ async def measure(tmp: Path, impls: tuple[str, ...], res: dict[str, dict[str, An
             res[impl]["leader_bytes"] = int(leader[1:])
         finally:
             cluster.stop()
+    if "zonebus" in impls:  # the same cross-zone run with zonebus's zone router (the design's answer)
+        cluster, leader = await up("zonebus", tmp, proxied=True, router=True)
+        try:
+            res["zonebus"].update(await bytes_phase(cluster, leader, args, "router", local_consumers=False))
+        finally:
+            cluster.stop()
 
 
 def table(res: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
@@ -481,7 +489,13 @@ def table(res: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
           "leader's zone, a pull consumer in each other zone\n")
     print("| measure | nats-server R3 (file) | zonebus R3 (shared file) | zonebus/nats |")
     print("|---|---:|---:|---:|")
+    rows.insert(6, ("cross-zone bytes per payload byte, zonebus with `zone_router: true` (vs nats as placed)",
+                    "xzone_router", "{:.4f}"))
     for label, key, fmt in rows:
+        if key == "xzone_router":
+            print(f"| {label} | {fmt.format(n['xzone_placed'])} | {fmt.format(z[key])} | "
+                  f"{z[key] / n['xzone_placed']:.4f} |")
+            continue
         if not key:
             cells = [f"{r['route_bytes_placed']:,} / {r['route_bytes_local']:,}" for r in (n, z)]
             print(f"| {label} | {cells[0]} | {cells[1]} | |")
