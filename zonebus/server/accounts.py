@@ -179,15 +179,18 @@ class ImportConnection(Connection):
         pass
 
 
-class ShadowTarget(Connection):
-    """The connection of a shadow subscription: delivers the exporter's messages to an importing client,
-    under the import's prefix."""
+class ShadowTarget:
+    """The `conn` of a shadow subscription: delivers the exporter's messages to an importing client, under the
+    import's prefix. Not a connection of its own (no id, no buffer): it stands in the exporter's sublist as an
+    internal subscriber, which is all the routing code asks of it."""
 
     kind = INTERNAL
     echo = True
+    cid = 0
+    closed = False
+    __slots__ = ("account", "origin", "prefix", "check")
 
-    def __init__(self, server: Server, exporter: Account, origin: Subscription, prefix: bytes, check: str) -> None:
-        super().__init__(server)
+    def __init__(self, exporter: Account, origin: Subscription, prefix: bytes, check: str) -> None:
         self.account = exporter
         self.origin = origin
         self.prefix = prefix
@@ -236,11 +239,6 @@ class Accounts:
                 entry = Subscription(None, (imp.to or imp.subject).encode(), None, b"")
                 entry.callback = ServiceImport(exporter, imp, response_type)  # type: ignore[assignment]
                 acc.service_imports.insert(entry)
-
-    @property
-    def configured(self) -> bool:
-        """More than the global and system accounts: clients may be in different subject spaces."""
-        return len(self.by_name) > 2
 
     def get(self, name: bytes) -> Account | None:
         return self.by_name.get(name)
@@ -302,7 +300,7 @@ class Accounts:
             if found is None:
                 continue
             inner, partial = found
-            target = ShadowTarget(self.server, imp.exporter, sub,
+            target = ShadowTarget(imp.exporter, sub,
                                   (imp.prefix + ".").encode() if imp.prefix else b"", inner if partial else "")
             shadow = Subscription(target, inner.encode(), sub.queue, sub.sid, sub.weight)
             shadows.append(shadow)
