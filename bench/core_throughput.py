@@ -118,6 +118,90 @@ def publisher_main(port: int, size: int, count: int, ready, go, started, finishe
         print(f"publisher failed: {exc}", file=sys.stderr)
 
 
+def _next_msg(sock: socket.socket, buf: bytearray) -> bytes:
+    """The payload of the next MSG frame on `sock` (blocking; answers a server PING, skips other lines)."""
+    while True:
+        end = buf.find(b"\r\n")
+        if end >= 0:
+            line = bytes(buf[:end])
+            if line.startswith(b"MSG "):
+                size = int(line.rsplit(b" ", 1)[1])
+                if len(buf) >= end + 2 + size + 2:
+                    payload = bytes(buf[end + 2 : end + 2 + size])
+                    del buf[: end + 2 + size + 2]
+                    return payload
+            else:
+                del buf[: end + 2]
+                if line == b"PING":
+                    sock.sendall(b"PONG\r\n")
+                continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+
+
+def latency_samples(port: int, size: int, count: int, rate: float, conns: int = 1, warmup: int = 200) -> list[float]:
+    """Publish -> subscriber round trips, one message in flight, started at a fixed `rate` (msgs/s).
+
+    `conns` publisher/subscriber connection pairs (each pair on its own subject) take turns; both ends are
+    sockets of this process, so one clock times a message from before the publisher's write to the moment its
+    whole MSG frame has been read. Each payload carries a sequence number, so a late message is never mistaken
+    for the awaited one. The first round trip on each pair is retried until it arrives (interest may still be
+    on its way, e.g. between zonebus workers), then `warmup` untimed round trips. Returns `count` seconds."""
+    size = max(size, 8)
+    pairs = []
+    for i in range(conns):
+        subject = f"bench.lat{i}"
+        sub = open_client(port)
+        sub.sendall(CONNECT + f"SUB {subject} 1\r\nPING\r\n".encode())
+        read_until(sub, b"PONG\r\n")
+        pub = open_client(port)
+        pub.sendall(CONNECT + b"PING\r\n")
+        read_until(pub, b"PONG\r\n")
+        pairs.append((pub, sub, f"PUB {subject} {size}\r\n".encode(), bytearray()))
+    seq = 0
+
+    def trip(pair: tuple, wait: float = 10.0) -> float | None:
+        nonlocal seq
+        pub, sub, head, buf = pair
+        seq += 1
+        payload = str(seq).zfill(size)[-size:].encode()
+        sub.settimeout(wait)
+        t0 = time.perf_counter()
+        pub.sendall(head + payload + b"\r\n")
+        try:
+            while _next_msg(sub, buf) != payload:
+                pass
+        except TimeoutError:
+            return None
+        return time.perf_counter() - t0
+
+    try:
+        for pair in pairs:
+            deadline = time.monotonic() + 10
+            while trip(pair, 0.1) is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no message arrived in 10 s")
+        for k in range(warmup):
+            trip(pairs[k % conns])
+        out: list[float] = []
+        start = time.perf_counter()
+        for k in range(count):
+            pause = start + k / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            lat = trip(pairs[k % conns])
+            if lat is None:
+                raise TimeoutError(f"round trip {k} took more than 10 s")
+            out.append(lat)
+        return out
+    finally:
+        for pub, sub, _, _ in pairs:
+            pub.close()
+            sub.close()
+
+
 @dataclass
 class Result:
     impl: str

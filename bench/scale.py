@@ -7,14 +7,20 @@ Memory (resident set of the server process, /proc/<pid>/status VmRSS), each on a
 - `subscriptions`: M subscriptions (default 100,000, each on its own literal subject) from a few clients.
 Throughput: K pub/sub pairs (default K = 1, 2, 4), each pair on its own subject, 16 B and 1 KiB; every
 publisher and subscriber is its own process, using bench/core_throughput.py's raw-socket generator. Rate =
-all messages delivered / (first publisher write -> last byte any subscriber needed).
+all messages delivered / (first publisher write -> last byte any subscriber needed). Fan-out 1 -> 16: one
+publisher, 16 subscriber processes on one subject, 16 B and 1 KiB, msgs/s delivered in total (16 x published).
+Before each run, probes on every subject until every subscriber has one (with workers, interest reaches the
+other workers just after the PONG). Latency: publish -> subscriber round trips of 16 B, one in flight, at a low
+fixed rate (1,000/s), p50/p90/p99/p99.9 in microseconds (core_throughput.latency_samples), first on each fresh
+server.
 zonebus runs once per `--workers` count (default 1 and 2: `zonebus server --workers N`, zonebus.workers);
 memory is then the sum over the supervisor and its workers. Besides the ratios to nats-server, a second table
 gives each server's gain from K=1 to the largest K (for 2 pairs on a 2-core machine: what a second core
 brings; issue 15's target: `--workers 2` gains at least what nats-server gains).
 
     python bench/scale.py                  # everything
-    python bench/scale.py --quick          # 1,000 connections, 10,000 subscriptions, 30k msgs per pair
+    python bench/scale.py --quick          # 1,000 connections, 10,000 subscriptions, 30k msgs per pair,
+                                           # fan-out 10k msgs, 1,000 round trips
     python bench/scale.py --no-throughput  # memory only
     python bench/scale.py --no-memory --pairs 1,2 --size 16 --workers 1,2   # the workers comparison
 
@@ -39,6 +45,7 @@ import core_throughput as ct  # noqa: E402
 from zonebus.testing.processes import IMPLEMENTATIONS, ServerProcess  # noqa: E402
 
 LOAD_PROCS = 4
+LATENCY_CONNS = 4  # latency: publisher/subscriber pairs taking turns (with workers, some cross)
 CONFIG = "max_payload: 1048576\nmax_connections: 100000\n"
 
 
@@ -161,25 +168,58 @@ def memory(impl: str, conns: int, subs: int, workers: int = 1) -> dict[str, int 
     return out
 
 
-def pairs_rate(port: int, pairs: int, size: int, count: int, timeout: float) -> float | None:
-    """K publisher -> subscriber pairs, each on its own subject; total msgs/s delivered."""
+def settle_interest(port: int, subs: list[tuple], subject: str, size: int, limit: float = 10.0) -> None:
+    """Publish probes of the run's frame size on `subject` until every subscriber in `subs` got one (with
+    zonebus workers a subscription reaches the other workers a little after its PONG), then wait until no
+    more arrive; each subscriber's byte count at that point is its baseline."""
+    shared = [s[2] for s in subs]
+    base = [v[0].value for v in shared]
+    probe = ct.open_client(port)
+    try:
+        probe.sendall(ct.CONNECT)
+        deadline = time.monotonic() + limit
+        while not all(v[0].value > b for v, b in zip(shared, base, strict=True)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"subscribers on {subject} got no probe in {limit} s")
+            probe.sendall(f"PUB {subject} {size}\r\n".encode() + b"p" * size + b"\r\nPING\r\n")
+            ct.read_until(probe, b"PONG\r\n")
+            time.sleep(0.01)  # a poll: the probes are what the subscribers wait for
+    finally:
+        probe.close()
+    last, since = [v[0].value for v in shared], time.monotonic()
+    while time.monotonic() - since < 0.1:
+        time.sleep(0.01)
+        now = [v[0].value for v in shared]
+        if now != last:
+            last, since = now, time.monotonic()
+
+
+def delivery_rate(port: int, layout: list[tuple[str, int]], size: int, count: int, timeout: float) -> float | None:
+    """One publisher per (subject, subscribers) in `layout`, each sending `count` messages of `size` bytes to
+    its subject's subscribers; every client its own process. Total msgs/s delivered (first publisher write ->
+    last byte any subscriber needed). K pairs: [(subject_k, 1)] * K; fan-out 1 -> 16: [(subject, 16)]."""
     ctx = mp.get_context("fork")
     stop = ctx.Event()
     subs, pubs = [], []
     try:
-        for k in range(pairs):
-            ct.SUBJECT = f"bench.pair{k}"  # read by the forked generator functions
-            ready = ctx.Event()
-            shared = (ctx.Value("q", 0, lock=False), ctx.Value("d", 0.0, lock=False), ctx.Value("b", 0, lock=False))
-            p = ctx.Process(target=ct.subscriber_main, args=(port, "", ready, stop, *shared), daemon=True)
-            p.start()
-            subs.append((p, ready, shared, ct.msg_frame_size(size)))
-        for _p, ready, _s, _f in subs:
+        for subject, nsubs in layout:
+            ct.SUBJECT = subject  # read by the forked generator functions
+            for _ in range(nsubs):
+                ready = ctx.Event()
+                shared = (ctx.Value("q", 0, lock=False), ctx.Value("d", 0.0, lock=False),
+                          ctx.Value("b", 0, lock=False))
+                p = ctx.Process(target=ct.subscriber_main, args=(port, "", ready, stop, *shared), daemon=True)
+                p.start()
+                subs.append((p, ready, shared, subject))
+        for _p, ready, _s, _subj in subs:
             if not ready.wait(10):
                 return None
+        for subject, _ in layout:
+            settle_interest(port, [s for s in subs if s[3] == subject], subject, size)
+        want = [s[2][0].value + count * (len(f"MSG {s[3]} 1 {size}\r\n") + size + 2) for s in subs]
         go = ctx.Event()
-        for k in range(pairs):
-            ct.SUBJECT = f"bench.pair{k}"
+        for subject, _ in layout:
+            ct.SUBJECT = subject
             vals = (ctx.Event(), ctx.Value("d", 0.0, lock=False), ctx.Value("d", 0.0, lock=False),
                     ctx.Value("b", 0, lock=False))
             p = ctx.Process(target=ct.publisher_main, args=(port, size, count, vals[0], go, *vals[1:]), daemon=True)
@@ -188,16 +228,23 @@ def pairs_rate(port: int, pairs: int, size: int, count: int, timeout: float) -> 
         for _p, ready, *_ in pubs:
             if not ready.wait(10):
                 return None
+
+        def done() -> bool:
+            return all(s[2][0].value >= w for s, w in zip(subs, want, strict=True))
+
         go.set()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(s[2][0].value >= count * s[3] for s in subs) or any(pub[4].value for pub in pubs):
+            if done() or any(pub[4].value for pub in pubs) or any(s[2][2].value for s in subs):
                 break
             time.sleep(0.005)  # the end time comes from the subscribers, not from this poll
-        if not all(s[2][0].value >= count * s[3] for s in subs):
+        if not done():
+            closed = sum(1 for s in subs if s[2][2].value)
+            print(f"  {size} B to {layout[0][0]}...: not all delivered"
+                  + (f" ({closed} subscriber(s) closed by the server)" if closed else ""), file=sys.stderr)
             return None
         started = min(pub[2].value for pub in pubs)
-        return pairs * count / (max(s[2][1].value for s in subs) - started)
+        return len(subs) * count / (max(s[2][1].value for s in subs) - started)
     finally:
         ct.SUBJECT = "bench.core"
         stop.set()
@@ -205,6 +252,21 @@ def pairs_rate(port: int, pairs: int, size: int, count: int, timeout: float) -> 
             p.join(5)
             if p.is_alive():
                 p.kill()
+
+
+def pairs_rate(port: int, pairs: int, size: int, count: int, timeout: float) -> float | None:
+    """K publisher -> subscriber pairs, each on its own subject; total msgs/s delivered."""
+    return delivery_rate(port, [(f"bench.pair{k}", 1) for k in range(pairs)], size, count, timeout)
+
+
+def fanout_rate(port: int, nsubs: int, size: int, count: int, timeout: float) -> float | None:
+    """One publisher -> `nsubs` subscribers of one subject; msgs/s delivered in total (count * nsubs)."""
+    return delivery_rate(port, [("bench.fanout", nsubs)], size, count, timeout)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 def ratio(z: float | None, n: float | None) -> str:
@@ -235,6 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="16,1024", help="payload sizes in bytes, comma-separated")
     parser.add_argument("--msgs", type=int, default=None, help="messages per pair (default 200000; --quick 30000)")
     parser.add_argument("--workers", default="1,2", help="zonebus worker counts, comma-separated (default 1,2)")
+    parser.add_argument("--fanout", type=int, default=16, help="subscribers of the fan-out run (0: no fan-out)")
+    parser.add_argument("--fanout-msgs", type=int, default=None,
+                        help="messages published in the fan-out run (default 100000; --quick 10000)")
+    parser.add_argument("--latency-msgs", type=int, default=None,
+                        help="timed round trips (default 5000; --quick 1000; 0: no latency run)")
+    parser.add_argument("--latency-rate", type=float, default=1000.0, help="round trips started per second")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-throughput", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
@@ -243,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     conns = args.connections or (1000 if args.quick else 5000)
     nsubs = args.subscriptions or (10_000 if args.quick else 100_000)
     msgs = args.msgs or (30_000 if args.quick else 200_000)
+    fmsgs = args.fanout_msgs or (10_000 if args.quick else 100_000)
+    lmsgs = args.latency_msgs if args.latency_msgs is not None else (1000 if args.quick else 5000)
     impls = IMPLEMENTATIONS if args.impl == "all" else (args.impl,)
     runs = variants(impls, [int(w) for w in args.workers.split(",")])
     labels = [label for label, _, _ in runs]
@@ -270,11 +340,22 @@ def main(argv: list[str] | None = None) -> int:
         pairs = [int(k) for k in args.pairs.split(",")]
         sizes = [int(x) for x in args.size.split(",")]
         rates: dict[tuple[str, int, int], float | None] = {}
+        fan: dict[tuple[str, int], float | None] = {}
+        lat: dict[str, list[float] | None] = {}
         for label, impl, w in runs:
             with ServerProcess(impl, CONFIG, workers=w) as server:
+                if lmsgs:  # first, on the fresh server
+                    try:
+                        lat[label] = ct.latency_samples(server.port, 16, lmsgs, args.latency_rate, LATENCY_CONNS)
+                    except (OSError, TimeoutError) as exc:
+                        print(f"{label}: latency run failed: {exc}", file=sys.stderr)
+                        lat[label] = None
                 for size in sizes:
                     for k in pairs:
                         rates[label, k, size] = pairs_rate(server.port, k, size, msgs, args.timeout)
+                if args.fanout:
+                    for size in sizes:
+                        fan[label, size] = fanout_rate(server.port, args.fanout, size, fmsgs, args.timeout)
         print(f"\n{msgs:,} messages per pair; msgs/s delivered in total, each pair on its own subject\n")
         print(f"| pairs | payload | {' | '.join(f'{x} msgs/s' for x in labels)} | "
               f"{' | '.join(f'{z}/nats' for z in zlabels)} |")
@@ -292,6 +373,25 @@ def main(argv: list[str] | None = None) -> int:
             for size in sizes:
                 print(f"| {size} B | "
                       f"{' | '.join(ratio(rates[x, top, size], rates[x, min(pairs), size]) for x in labels)} |")
+        if args.fanout:
+            print(f"\nfan-out 1 -> {args.fanout}: {fmsgs:,} messages published to one subject, "
+                  f"msgs/s delivered in total ({args.fanout} x published)\n")
+            print(f"| payload | {' | '.join(f'{x} msgs/s' for x in labels)} | "
+                  f"{' | '.join(f'{z}/nats' for z in zlabels)} |")
+            print("|---:|" + "---:|" * (len(labels) + len(zlabels)))
+            for size in sizes:
+                print(f"| {size} B | {' | '.join(ct.fmt_rate(fan[x, size]) for x in labels)} | "
+                      f"{' | '.join(ratio(fan.get((z, size)), fan.get(('nats', size))) for z in zlabels)} |")
+        if lmsgs:
+            print(f"\nlatency: publish -> subscriber round trip, 16 B, {lmsgs:,} timed at {args.latency_rate:,.0f}/s, "
+                  f"one in flight, {LATENCY_CONNS} publisher/subscriber connection pairs in turn; microseconds "
+                  "(ratio: lower is better)\n")
+            print(f"| latency | {' | '.join(labels)} | {' | '.join(f'{z}/nats' for z in zlabels)} |")
+            print("|---|" + "---:|" * (len(labels) + len(zlabels)))
+            for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999)):
+                us = {x: percentile(v, q) * 1e6 if v else None for x, v in lat.items()}
+                print(f"| {name} | {' | '.join(f'{us[x]:.0f} us' if us[x] else '-' for x in labels)} | "
+                      f"{' | '.join(ratio(us[z], us.get('nats')) for z in zlabels)} |")
     return 0
 
 
