@@ -43,6 +43,7 @@ from zonebus.stream import direct, stream_config
 from zonebus.stream.errors import JSError
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
+from zonebus.stream.sharedstore import Fenced
 from zonebus.stream.store import now_ns
 from zonebus.subjects.patterns import overlaps
 
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 API = "$JS.API."
+CATCH_UP_POLL = 0.05  # seconds between looks at whether the meta state caught up
+TAKEOVER_ATTEMPTS = 3
 FORWARD = "$JSC."
 EXISTED = "X."  # after the forward prefix: a create that found the same stream (answered without did_create)
 PROPOSE_TIMEOUT = 4.0  # nats-py waits 5 s for an API answer
@@ -247,7 +250,24 @@ class ClusteredJetStream:
         task = asyncio.get_running_loop().create_task(run())
         self._chains[name] = task
 
+    async def _caught_up(self) -> None:
+        """Wait until this server's meta state has caught up with a meta leader. A server restarted after a
+        kill -9 first replays its own Raft log, which may still name it the leader of a stream that moved while
+        it was down: taking the stream over on that stale record bumps the shared store's epoch under the real
+        leader's feet (and fences the real leader's takeover)."""
+        while self.meta is None or self.meta.leader is None or not self.meta.ready:
+            await asyncio.sleep(CATCH_UP_POLL)
+
+    def _still_mine(self, name: str) -> StreamRecord | None:
+        rec = self.meta.state.streams.get(name) if self.meta is not None else None
+        return rec if rec is not None and rec.leader == self.name else None
+
     async def _lead(self, rec: StreamRecord) -> None:
+        await self._caught_up()
+        current = self._still_mine(rec.name)
+        if current is None:
+            return  # the record that named us was a replayed, stale one
+        rec = current
         name, cfg = rec.name, rec.config
         self._ready.setdefault(name, asyncio.Event()).clear()
         if cfg.get("storage") == "memory":
@@ -256,9 +276,16 @@ class ClusteredJetStream:
             shared = self.svc.shared
             if shared is None:
                 raise RuntimeError("file streams in a cluster need jetstream { shared_store }")
-            store, meta, consumers = await asyncio.to_thread(self._take_over, name, cfg, _created_ns(rec.created))
-            if self.meta is None or self.meta.state.streams.get(name, None) is None \
-                    or self.meta.state.streams[name].leader != self.name:
+            for attempt in range(TAKEOVER_ATTEMPTS):
+                try:
+                    store, meta, consumers = await asyncio.to_thread(self._take_over, name, cfg,
+                                                                     _created_ns(rec.created))
+                    break
+                except Fenced:  # another writer claimed a higher epoch meanwhile (a stale one): claim above it
+                    if attempt == TAKEOVER_ATTEMPTS - 1 or self._still_mine(name) is None:
+                        raise
+                    await asyncio.sleep(CATCH_UP_POLL)
+            if self._still_mine(name) is None:
                 store.close()  # lost the stream again while taking it over
                 return
             stream = self.svc.adopt_shared(store, meta, consumers)
