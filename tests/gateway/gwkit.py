@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 import nats
 from nats.aio.client import Client
 
-from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
+from zonebus.testing.processes import (
+    ServerProcess,
+    cluster_config,
+    free_port,
+    start_parallel,
+    stop_all,
+    wait_for_mesh,
+)
 from zonebus.testing.tally import Tally  # noqa: F401 - the tests import it from here
 
 
@@ -269,10 +276,14 @@ class DelayProxy:
 
 
 def started(impl: str, **kwargs: object) -> Supercluster:
-    """A supercluster whose gateway mesh is complete (stopped again if it does not form)."""
+    """A supercluster whose gateway mesh and every cluster's route mesh are complete (stopped again if they
+    do not form): the tests look at routes and gossip as soon as they start."""
     sc = start_supercluster(impl, **kwargs)
     try:
         wait_for_full_mesh(sc)
+        for members in sc.clusters.values():
+            if len(members) > 1:
+                wait_for_mesh(members)
     except Exception:
         sc.stop()
         raise
