@@ -121,3 +121,14 @@ async def until_received(publish, sub, what: str, timeout: float = 15.0):
         except TimeoutError:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what}: nothing arrived in {timeout:.0f} s") from None
+
+
+async def settled(nc) -> None:
+    """Every SUB the nats-py connection `nc` sent so far is in force at its server. nats-py's `flush()` is not
+    enough: it writes its PING straight to the socket, ahead of SUBs still in its pending buffer. A message the
+    connection publishes to an inbox of its own travels behind them, so its arrival proves them processed."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(inbox, b"")
+    await sub.next_msg(timeout=5)
+    await sub.unsubscribe()
