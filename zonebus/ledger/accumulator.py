@@ -153,17 +153,8 @@ class LedgerAccumulator:
             for (subject, queue, pub_zone, chosen, w_in, w_out), (msgs, nbytes) in counts.items():
                 prefix = prefix_of(subject)
                 qname = queue.decode("utf-8", "replace") if isinstance(queue, bytes) else str(queue)
-                key: DecisionKey = (window, prefix, qname, pub_zone, chosen, int(w_in), int(w_out))
-                row = pending.get(key)
-                if row is None:
-                    if len(pending) >= MAX_ROWS:
-                        key = (window, OVERFLOW_PREFIX, qname, pub_zone, chosen, int(w_in), int(w_out))
-                        self.rows_folded += 1
-                        row = pending.get(key)
-                    if row is None:
-                        row = pending[key] = [0, 0]
-                row[0] += msgs
-                row[1] += nbytes
+                rest = (qname, pub_zone, chosen, int(w_in), int(w_out))
+                self._add_row(pending, (window, prefix, *rest), (window, OVERFLOW_PREFIX, *rest), msgs, nbytes)
 
     def record_durable(self, window_start: float, counts: dict[tuple[bytes, str, str, str, str], list[int]]) -> None:
         """Add one window's durable queue group hops: (subject, queue, hop, src zone, dst zone) -> [msgs, bytes]."""
@@ -174,15 +165,22 @@ class LedgerAccumulator:
             pending = self._durable
             for (subject, queue, hop, src, dst), (msgs, nbytes) in counts.items():
                 prefix = self.subject_prefix(subject)
-                key: DurableKey = (window, prefix, queue, hop, src, dst)
-                if key not in pending and len(pending) >= MAX_ROWS:
-                    key = (window, OVERFLOW_PREFIX, queue, hop, src, dst)
-                    self.rows_folded += 1
+                self._add_row(pending, (window, prefix, queue, hop, src, dst),
+                              (window, OVERFLOW_PREFIX, queue, hop, src, dst), msgs, nbytes)
+
+    def _add_row(self, pending: dict, key: tuple, folded: tuple, msgs: int, nbytes: int) -> None:
+        """Add to the row `key` of a keyed table (decisions, durable queue); a new key past MAX_ROWS goes to
+        the `folded` row (the overflow subject prefix) instead. The caller holds the lock."""
+        row = pending.get(key)
+        if row is None:
+            if len(pending) >= MAX_ROWS:
+                self.rows_folded += 1
+                key = folded
                 row = pending.get(key)
-                if row is None:
-                    row = pending[key] = [0, 0]
-                row[0] += msgs
-                row[1] += nbytes
+            if row is None:
+                row = pending[key] = [0, 0]
+        row[0] += msgs
+        row[1] += nbytes
 
     # -- writing (worker thread) ----------------------------------------------------------------------
 
