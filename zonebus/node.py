@@ -69,7 +69,7 @@ class JetStreamExtension:
         for name, limits in jetstream_accounts(server.opts).items():
             account = server.accounts.lookup(name)
             client = InternalClient(server, f"$JS-{name}" if name else "$JS", account)
-            svc = JetStreamService(js, server.name, client, account=name, account_limits=limits)  # type: ignore[arg-type]
+            svc = JetStreamService(js, server.name, client, account=name, account_limits=limits)
             await svc.start()
             self.services[name] = svc
         self.service = self.services.get("") or next(iter(self.services.values()))
@@ -166,14 +166,20 @@ class Node:
         server = self.server
         enabled = jetstream_accounts(self.opts)  # the global account, or the accounts that enable JetStream
         for name, limits in enabled.items():
-            js = ClusteredJetStream(server, self.cluster, self.routed, server.accounts.lookup(name), limits)  # type: ignore[arg-type]
+            js = ClusteredJetStream(server, self.cluster, self.routed, server.accounts.lookup(name), limits)
             server.add_extension(js)
             if not name:
                 self.clustered_js = js  # the zone router and durable queue groups work in the global account
             self.account_js.append(js)
-        self.jetstream = self.clustered_js or self.account_js[0]
+        self.jetstream = self.meta_js
         if self.opts.accounts:
             server.add_extension(NotEnabledAnswers(server, set(enabled)))
+
+    @property
+    def meta_js(self) -> ClusteredJetStream | None:
+        """The global account's clustered JetStream, else the first account's: the meta group durable queue
+        groups use, and what `/jsz` shows."""
+        return self.clustered_js or (self.account_js[0] if self.account_js else None)
 
     def _wire_zone_router(self) -> None:
         """`jetstream { zone_router: true }` (zonebus.zonerouter): zone-local connect_urls, client publishes to
@@ -198,7 +204,7 @@ class Node:
         from zonebus.queue.service import QueueService
 
         server = self.server
-        clustered = self.clustered_js or (self.account_js[0] if self.account_js else None)  # a meta group
+        clustered = self.meta_js
         self.queues = queues = QueueService(server, self.cluster,
                                             (lambda: clustered.meta) if clustered is not None else None)
         server.add_extension(queues)
@@ -243,7 +249,7 @@ class Node:
         if self._jsz is None:
             from zonebus.stream.monitoring import JetStreamMonitor
 
-            clustered = self.clustered_js or (self.account_js[0] if self.account_js else None)
+            clustered = self.meta_js
             if clustered is not None:
                 self._jsz = JetStreamMonitor(self.server, lambda: clustered.svc, meta_cluster=clustered.meta_cluster,
                                              stream_cluster=clustered.stream_cluster)

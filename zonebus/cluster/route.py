@@ -20,6 +20,7 @@ from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
+    from zonebus.server.accounts import Account
 
 FIRST_PING = 0.05
 
@@ -75,12 +76,17 @@ class RouteConnection(LinkConnection):
 
     def on_interest(self, op: tuple) -> None:
         code = op[0]
-        if op[1] != ACCOUNT:
-            self._account_interest(op[1], op[2], op[3], op[4] if code == RS_PLUS else 0)
-        elif code == RS_PLUS:
-            self._remote_interest(op[2], op[3], op[4])
-        elif code == RS_MINUS:
-            self._remote_interest(op[2], op[3], 0)
+        if code != RS_PLUS and code != RS_MINUS:
+            return
+        name, subject, queue = op[1], op[2], op[3]
+        weight = op[4] if code == RS_PLUS else 0
+        if name == ACCOUNT:
+            self._remote_interest(self.remote_subs, (subject, queue), self.server.global_account, subject, queue,
+                                  weight)
+            return
+        acc = self.server.accounts.get(name)
+        if acc is not None:  # an account this server does not have is ignored, as there
+            self._remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, weight)
 
     def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
         """Local client deliveries of a plain RMSG (a message from a route is delivered here only)."""
@@ -100,38 +106,19 @@ class RouteConnection(LinkConnection):
         return f"{self.remote_name or self.remote_id or self.url} ({self.ip}:{self.remote_port})"
 
     # -- interest ------------------------------------------------------------------------------------
-    def _remote_interest(self, subject: bytes, queue: bytes | None, weight: int) -> None:
-        key = (subject, queue)
-        sub = self.remote_subs.get(key)
+    def _remote_interest(self, subs: dict, key: tuple, acc: Account, subject: bytes, queue: bytes | None,
+                         weight: int) -> None:
+        """RS+ (weight > 0) or RS- (0) for `acc`: the route's subscription kept in `subs` under `key`."""
+        sub = subs.get(key)
         server = self.server
         if weight <= 0:
             if sub is not None:
-                del self.remote_subs[key]
-                server.remove_subscription(sub)
+                del subs[key]
+                server.remove_subscription(sub, acc)
             return
         if sub is None:
-            sub = Subscription(self, subject, queue, b"", weight if queue else 1)
-            self.remote_subs[key] = sub
-            server.add_subscription(sub)
-        elif queue is not None:
-            sub.weight = weight
-
-    def _account_interest(self, name: bytes, subject: bytes, queue: bytes | None, weight: int) -> None:
-        """RS+/RS- of an account other than `$G` (one this server does not know is ignored, as there)."""
-        acc = self.server.accounts.get(name)
-        if acc is None:
-            return
-        key = (name, subject, queue)
-        sub = self.account_subs.get(key)
-        if weight <= 0:
-            if sub is not None:
-                del self.account_subs[key]
-                self.server.remove_subscription(sub, acc)
-            return
-        if sub is None:
-            sub = Subscription(self, subject, queue, b"", weight if queue else 1)
-            self.account_subs[key] = sub
-            self.server.add_subscription(sub, acc)
+            sub = subs[key] = Subscription(self, subject, queue, b"", weight if queue else 1)
+            server.add_subscription(sub, acc)
         elif queue is not None:
             sub.weight = weight
 

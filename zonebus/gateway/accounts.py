@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zonebus.gateway.interest import CMD_ALL_SUBS_COMPLETE, CMD_ALL_SUBS_START
+from zonebus.gateway.interest import CMD_ALL_SUBS_COMPLETE, CMD_ALL_SUBS_START, INTERNAL_PREFIX
 from zonebus.link.interest import InterestCounts
 
 if TYPE_CHECKING:
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from zonebus.server.accounts import Account
     from zonebus.server.server import Server
     from zonebus.subjects.sublist import Subscription
-
-INTERNAL_PREFIX = b"$GW."
 
 
 class GatewayAccounts:

@@ -27,6 +27,8 @@ from zonebus.subjects.sublist import Sublist, Subscription
 OPTIMISTIC, TRANSITIONING, INTEREST_ONLY = 0, 1, 2
 MODE_NAMES = {OPTIMISTIC: "Optimistic", TRANSITIONING: "Transitioning", INTEREST_ONLY: "Interest-Only"}
 
+INTERNAL_PREFIX = b"$GW."  # the gateways' own subjects: never announced as interest nor sent across
+
 # gateway_cmd values in INFO (as nats-server numbers them)
 CMD_GOSSIP, CMD_ALL_SUBS_START, CMD_ALL_SUBS_COMPLETE = 1, 2, 3
 

@@ -43,6 +43,7 @@ from zonebus.gateway.interest import (
     CMD_ALL_SUBS_START,
     CMD_GOSSIP,
     INTEREST_ONLY,
+    INTERNAL_PREFIX,
 )
 from zonebus.gateway.routing import GR_PREFIX, GatewayRouting
 from zonebus.link import Backoff, json_line
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from zonebus.server.options import GatewayOptions
     from zonebus.server.server import Server
 
-INTERNAL_PREFIX = b"$GW."
 IMPLICIT_RETRIES = 10
 
 

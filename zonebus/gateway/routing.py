@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from zonebus.gateway.interest import INTERNAL_PREFIX
 from zonebus.protocol.route_parser import msg_line
 from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE
 from zonebus.subjects.sublist import MatchResult, Subscription
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 GR_PREFIX = b"_GR_."
-_INTERNAL_HEAD = b"$GW."
 _ROUTE_SLOT = Subscription(None, b">", None, b"")  # stands in for a subscription in route memo entries
 
 
@@ -55,14 +55,14 @@ class GatewayRouting:
             if subject.startswith(GR_PREFIX):
                 return self._reply_arrived(src, subject, reply, hdr_len, data, acc)
             delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) if r else False
-            if not r.psubs and not subject.startswith(_INTERNAL_HEAD) and acc is None:
+            if not r.psubs and not subject.startswith(INTERNAL_PREFIX) and acc is None:
                 self.no_interest(src, subject)  # (other accounts are interest-only: nothing to answer)
             return delivered
         delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, None, acc) if r else False
         if subject.startswith(GR_PREFIX):
             return self._reply_home(src, subject, reply, hdr_len, data, acc) or delivered
         sent = False
-        if self.by_rtt and not subject.startswith(_INTERNAL_HEAD):
+        if self.by_rtt and not subject.startswith(INTERNAL_PREFIX):
             sent = self._forward(src, subject, reply, hdr_len, data, r, acc)
         if not delivered and not sent and reply and src.kind == CLIENT and src.no_responders:
             server._no_responders(src, subject, reply)
@@ -121,7 +121,7 @@ class GatewayRouting:
 
         Valid until `routing_changed` bumps the sublist generation (interest, mode or connection change).
         """
-        if subject.startswith(GR_PREFIX) or subject.startswith(_INTERNAL_HEAD):
+        if subject.startswith(GR_PREFIX) or subject.startswith(INTERNAL_PREFIX):
             return False
         line = None
         for conn in self.by_rtt:

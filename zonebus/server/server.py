@@ -442,8 +442,8 @@ class Server:
                             hdr_len: int, data: bytes, queues: list[bytes] | None,
                             memo_for: PubHeader | None) -> bool:
         """`process_msg` in an account other than `$G`: service imports first (for what clients publish),
-        then the account's own subscribers in the cluster. Gateways, streams and durable queue groups serve
-        the global account only."""
+        then the account's own subscribers in the cluster, and other clusters through the account forwarder
+        (gateways). Durable queue groups and the zone router serve the global account only."""
         delivered = False
         took = None
         if acc.service_imports is not None and src.kind == CLIENT:
@@ -496,12 +496,9 @@ class Server:
                 routes, d = self._route_queues(src, r.qsubs, routes, subject, reply, hdr_len, data, echo, only)
                 delivered |= d
         if routes:
-            if acc is None or acc is self.global_account:
-                for conn, qnames in routes.items():
-                    conn.forward(subject, reply, hdr_len, data, qnames)
-            else:
-                for conn, qnames in routes.items():
-                    conn.forward(subject, reply, hdr_len, data, qnames, acc.name)
+            name = self.global_account.name if acc is None else acc.name
+            for conn, qnames in routes.items():
+                conn.forward(subject, reply, hdr_len, data, qnames, name)
             delivered = True
         return delivered
 

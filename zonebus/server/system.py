@@ -29,6 +29,8 @@ PAGES = ("VARZ", "CONNZ", "SUBSZ")
 
 
 def rfc3339(ts: float) -> str:
+    """The nanosecond RFC 3339 time nats-server's events carry (monitor.rfc3339 is the pages' microsecond
+    form, and importing it would load aiohttp on servers without monitoring)."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1e9):09d}Z"
 
 

@@ -19,29 +19,24 @@ from zonebus.stream.api import PREFIX, JSApi
 
 if TYPE_CHECKING:
     from zonebus.server.accounts import Account
-    from zonebus.server.options import ServerOptions
+    from zonebus.server.options import AccountJetStream, ServerOptions
     from zonebus.server.server import Server
 
 NOT_ENABLED = {"code": 503, "err_code": 10039, "description": "JetStream not enabled for account"}
 
 
-def jetstream_accounts(opts: ServerOptions) -> dict[str, object]:
+def jetstream_accounts(opts: ServerOptions) -> dict[str, AccountJetStream | None]:
     """account name ("" = the global account) -> its limits (None = unlimited), for every account that has
     JetStream."""
     enabled = {a.name: a.jetstream for a in opts.accounts if a.jetstream is not None}
     return enabled or {"": None}
 
 
-def start_not_enabled(server: Server, enabled: set[str]) -> list[NotEnabled]:
+def start_not_enabled(server: Server, enabled: set[str]) -> None:
     """The "not enabled" answer for every account of `server` whose name is not in `enabled` ("" = $G)."""
-    out = []
     for acc in server.accounts.by_name.values():
-        name = "" if acc is server.global_account else acc.display
-        if name not in enabled:
-            answer = NotEnabled(server, acc)
-            answer.start()
-            out.append(answer)
-    return out
+        if ("" if acc is server.global_account else acc.display) not in enabled:
+            NotEnabled(server, acc).start()  # kept by its subscription
 
 
 class NotEnabledAnswers:
