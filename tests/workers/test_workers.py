@@ -244,13 +244,13 @@ async def test_killed_worker_restarts_and_only_its_clients_reconnect(workers: in
         server.stop()
 
 
-def test_workers_with_a_cluster_are_refused_with_a_clear_error(tmp_path) -> None:
+def test_workers_with_durable_queue_groups_are_refused_with_a_clear_error(tmp_path) -> None:
     conf = tmp_path / "s.conf"
-    conf.write_text("workers: 2\ncluster { listen: 127.0.0.1:-1 }\n")
+    conf.write_text('workers: 2\nqueue_groups { w: { subjects: ["orders.>"] } }\n')
     run = subprocess.run([sys.executable, "-m", "zonebus", "server", "-t", "-c", str(conf)], capture_output=True,
                          text=True, timeout=30)
     assert run.returncode == 1
-    assert "workers: 2 cannot run with cluster {}" in run.stderr
+    assert "workers: 2 cannot run with queue_groups {} yet" in run.stderr, run.stderr
     conf.write_text("workers: 0\n")
     run = subprocess.run([sys.executable, "-m", "zonebus", "server", "-t", "-c", str(conf)], capture_output=True,
                          text=True, timeout=30)

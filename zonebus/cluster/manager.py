@@ -24,7 +24,7 @@ from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels, json_line
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, WORKER
 from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
 
@@ -311,7 +311,7 @@ class ClusterManager:
                 self._broadcast(sub.subject, None, 1)
         else:
             key = (sub.subject, sub.queue)
-            n = self.queue_refs.get(key, 0) + 1
+            n = self.queue_refs.get(key, 0) + sub.weight
             self.queue_refs[key] = n
             self._broadcast(sub.subject, sub.queue, n)
 
@@ -327,7 +327,7 @@ class ClusterManager:
                 self.plain_refs[sub.subject] = n
         else:
             key = (sub.subject, sub.queue)
-            n = self.queue_refs.get(key, 0) - 1
+            n = self.queue_refs.get(key, 0) - sub.weight
             if n <= 0:
                 self.queue_refs.pop(key, None)
                 n = 0
@@ -340,7 +340,7 @@ class ClusterManager:
         name the account."""
         if sub.conn.kind not in _LOCAL:
             return
-        send = self.account_refs.change(account.name, sub, delta)
+        send = self.account_refs.change(account.name, sub, delta * sub.weight)
         if send is not None:
             self._broadcast(*send, account.name)
 
@@ -367,12 +367,12 @@ class ClusterManager:
         return [c.remote_client_url for c in peers if c.remote_client_url]
 
 
-_LOCAL = (CLIENT, INTERNAL)
+_LOCAL = (CLIENT, INTERNAL, WORKER)  # this server's interest: its own, and its other worker processes'
 
 
 def _tier(sub: Subscription) -> int:
     conn = sub.conn
     kind = conn.kind
-    if kind in (CLIENT, INTERNAL):
+    if kind in _LOCAL:
         return LOCAL
     return MATCHING if getattr(conn, "tag_match", False) else OTHER

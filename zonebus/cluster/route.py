@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zonebus.link.connection import LinkConnection
-from zonebus.protocol.route_parser import RS_MINUS, RS_PLUS
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, ROUTE
+from zonebus.protocol.route_parser import RS_MINUS, RS_PLUS, msg_line
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, LINKS, ROUTE
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -89,14 +89,21 @@ class RouteConnection(LinkConnection):
             self._remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, weight)
 
     def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
-        """Local client deliveries of a plain RMSG (a message from a route is delivered here only)."""
+        """Local client deliveries of a plain RMSG (a message from a route is delivered here only), and one
+        RMSG per link of the other kind (the worker holding a server's routes passes it on to its other
+        workers, zonebus.workers, and the other way round: `Server.deliver_in_cluster`)."""
         entries: list[tuple] = []
+        links: set[Any] = set()
         for sub in self.server.sublist.match(subject).psubs:
             conn = sub.conn
-            if conn.kind == CLIENT and not sub.max_msgs:
+            kind = conn.kind
+            if kind == CLIENT and not sub.max_msgs:
                 entries.append((conn, b"MSG %b %b %d\r\n" % (subject, sub.sid, size), sub))
-            elif conn.kind == INTERNAL or conn.kind == CLIENT:
+            elif kind in (INTERNAL, CLIENT):
                 return None  # internal subscribers and auto-unsubscribing ones take the full path
+            elif kind != self.kind and kind in LINKS and conn not in links:
+                links.add(conn)
+                entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))
         return entries
 
     def unregister(self) -> None:
@@ -116,11 +123,12 @@ class RouteConnection(LinkConnection):
                 del subs[key]
                 server.remove_subscription(sub, acc)
             return
+        if sub is not None and queue is not None and sub.weight != weight:
+            server.remove_subscription(sub, acc)  # a new weight: the watchers see the old one go, the new come
+            sub = None
         if sub is None:
             sub = subs[key] = Subscription(self, subject, queue, b"", weight if queue else 1)
             server.add_subscription(sub, acc)
-        elif queue is not None:
-            sub.weight = weight
 
     def send_interest(self, subject: bytes, queue: bytes | None, weight: int, account: bytes = ACCOUNT) -> None:
         if queue is None:

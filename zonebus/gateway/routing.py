@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus.gateway.interest import INTERNAL_PREFIX
 from zonebus.protocol.route_parser import msg_line
-from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, LINKS, WORKER
 from zonebus.subjects.sublist import MatchResult, Subscription
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class GatewayRouting:
             return reply
         sublist = self.server.sublist if acc is None else acc.sublist
         for sub in sublist.match(reply).psubs:
-            if sub.conn.kind in (CLIENT, INTERNAL):
+            if sub.conn.kind in (CLIENT, INTERNAL, WORKER):  # (WORKER: a client of another worker process)
                 return self.reply_prefix + reply
         return reply
 
@@ -148,7 +148,7 @@ class GatewayRouting:
             kind = conn.kind
             if kind == CLIENT and not sub.max_msgs:
                 memo.append((conn, b"MSG %b %b %d\r\n" % (subject, sub.sid, size), sub))
-            elif kind == ROUTE:
+            elif kind in LINKS:
                 if conn.cid not in routes:
                     routes.add(conn.cid)
                     memo.append((conn, msg_line(b"$G", subject, None, None, -1, size), _ROUTE_SLOT))

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 CLIENT, ROUTE, GATEWAY, INTERNAL = "client", "route", "gateway", "internal"
+WORKER = "worker"  # a local link to another process of this very server (zonebus.workers)
+LINKS = (ROUTE, WORKER)  # links that forward one hop per kind: a route's message to no route, a worker's to no worker
 ACCOUNT = b"$G"  # the global account: every connection's when no accounts are configured
 STALL_SLICE = 0.01  # seconds a producer stays stalled at a time
 STALL_GAP = 0.002  # seconds it reads between two slices while the receiver still drains

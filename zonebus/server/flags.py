@@ -360,12 +360,10 @@ def parse_server_args(argv: list[str]) -> tuple[ServerOptions, bool]:
 
 def workers_conflict(opts: ServerOptions) -> str:
     """Why `workers` above 1 cannot run with these options ("" when it can): what must be single in a server
-    of several processes (routes, gateways, durable queue groups, the ledger, client TLS) is not shared yet."""
+    of several processes and is not shared between them yet (durable queue groups, the zone router)."""
     if opts.workers <= 1:
         return ""
-    blocks = (("cluster {}", opts.cluster.port or opts.cluster.routes),
-              ("gateway {}", opts.gateway.name or opts.gateway.port or opts.gateway.gateways),
-              ("queue_groups {}", opts.queue_groups), ("ledger {}", opts.ledger.enabled), ("tls {}", opts.tls))
+    blocks = (("queue_groups {}", opts.queue_groups), ("jetstream { zone_router }", opts.jetstream.zone_router))
     for name, present in blocks:
         if present:
             return f"workers: {opts.workers} cannot run with {name} yet; use workers: 1 (--workers 1)"

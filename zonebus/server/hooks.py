@@ -10,6 +10,7 @@ through the attributes below. The core calls them; it never imports them.
 | `add_extension(ext)` | `Extension` | `start()` after the client listener is up, `stop()` at shutdown (reverse order) |
 | `interest_watchers` | list of `InterestWatcher` | every subscription added to / removed from the global account |
 | `account_watchers` | list of `AccountWatcher` | the same in any other account (routes carry accounts) |
+| `local_watchers` | list of `AccountWatcher` | an internal subscription that stays on this server (`local`) |
 | `forwarder` | `Forwarder` or None | every message that did not come over a route (gateways take it from there) |
 | `account_forwarder` | `AccountForwarder` or None | the same for a message of another account (gateways) |
 | `queue_picker` | `QueuePicker` or None | a queue group needs a member (the cluster's routing policy) |

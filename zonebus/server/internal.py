@@ -5,7 +5,8 @@ Deliveries to an internal subscription are queued and run from their own loop ca
 `(subject: str, reply: str | None, headers: bytes | None, payload: bytes)`.
 
 A subscription may be `local`: it receives what is published on this server only, and is never told to
-routes or gateways (a clustered JetStream answers its own clients' API requests and forwards them itself).
+routes or gateways (a clustered JetStream answers its own clients' API requests and forwards them itself);
+only to `local_watchers` (the other worker processes of this server, zonebus.workers).
 Deliveries under another subject than the one routed by (`msg_subject`, JetStream's deliveries) reach route
 peers through `shown_forwarder` when an extension sets one (it keeps the shown subject across the hop).
 """
@@ -17,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zonebus.server.connection import CLIENT, INTERNAL, ROUTE, Connection
+from zonebus.server.connection import CLIENT, INTERNAL, LINKS, Connection
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class InternalClient(Connection):
         if local:
             self._local.add(sid)
             self.account.sublist.insert(sub)  # not told to the interest watchers: no route hears of it
+            for watcher in self.server.local_watchers:  # but this server's other processes do (zonebus.workers)
+                watcher.account_interest(self.account, sub, 1)
         else:
             self.server.add_subscription(sub)
         return self._next_sid
@@ -70,7 +73,9 @@ class InternalClient(Connection):
             return
         if key in self._local:
             self._local.discard(key)
-            self.account.sublist.remove(sub)
+            if self.account.sublist.remove(sub):
+                for watcher in self.server.local_watchers:
+                    watcher.account_interest(self.account, sub, -1)
         else:
             self.server.remove_subscription(sub)
 
@@ -114,7 +119,7 @@ class InternalClient(Connection):
         routes = self.deliver_local_as(subject, shown, reply, hdr_len, data)
         fwd = self.shown_forwarder
         for conn, queues in routes.items():
-            if fwd is not None and conn.kind == ROUTE:
+            if fwd is not None and conn.kind in LINKS:
                 fwd(conn, subject, shown, reply, hdr_len, data, queues or None)
             else:
                 conn.forward(subject, reply, hdr_len, data, queues or None,  # type: ignore[attr-defined]

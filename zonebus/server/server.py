@@ -28,7 +28,7 @@ from zonebus.protocol.route_parser import msg_line
 from zonebus.server.accounts import Account, Accounts
 from zonebus.server.auth import Authenticator, ClientPermissions
 from zonebus.server.client import ClientConnection
-from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
+from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, LINKS, ROUTE, Connection
 from zonebus.server.hooks import (
     AccountForwarder,
     AccountWatcher,
@@ -85,6 +85,7 @@ class Server:
         self.extensions: list[Extension] = []
         self.interest_watchers: list[InterestWatcher] = []  # the global account's interest
         self.account_watchers: list[AccountWatcher] = []  # the other accounts' (zonebus.server.accounts)
+        self.local_watchers: list[AccountWatcher] = []  # local-only internal subscriptions too (internal.py)
         self.forwarder: Forwarder | None = None
         self.account_forwarder: AccountForwarder | None = None  # the forwarder of the other accounts' messages
         self.queue_picker: QueuePicker | None = None
@@ -467,13 +468,17 @@ class Server:
                            hdr_len: int, data: bytes, queues: list[bytes] | None, acc: Account | None = None) -> bool:
         """Local subscribers, routes with interest, one member per queue group in this cluster.
 
-        From a route: local subscribers only. From a gateway: local and routes, and only the queue groups
-        named in `queues`. `r` must be non-empty.
+        From a route: local subscribers only, and the queue groups named in `queues`. From a gateway: local
+        and routes, and only the queue groups named in `queues`. One hop per link kind: a message from a route
+        goes to no other route, one from another worker process of this server (`WORKER`, zonebus.workers) to
+        no other worker, but the worker that holds the routes passes a route's message on to the other
+        workers and a worker's message on to the routes. `r` must be non-empty.
         """
-        from_route = src.kind == ROUTE
+        src_kind = src.kind
+        from_link = src_kind in LINKS
         delivered = False
         routes: dict[Connection, list[bytes]] | None = None
-        echo = src.kind != CLIENT or src.echo
+        echo = src_kind != CLIENT or src.echo
         for sub in r.psubs:
             conn = sub.conn
             kind = conn.kind
@@ -484,13 +489,14 @@ class Server:
                     continue
                 self._deliver_one(sub, subject, reply, hdr_len, data)
                 delivered = True
-            elif not from_route:
+            elif kind != src_kind:
                 if routes is None:
                     routes = {}
                 routes.setdefault(conn, [])
         if r.qsubs:
-            if from_route:
-                delivered |= self._deliver_queues_locally(src, r.qsubs, queues, subject, reply, hdr_len, data)
+            if from_link:
+                routes, d = self._serve_named_queues(src, r.qsubs, routes, queues, subject, reply, hdr_len, data)
+                delivered |= d
             else:
                 only = (queues or ()) if src.kind == GATEWAY else None
                 routes, d = self._route_queues(src, r.qsubs, routes, subject, reply, hdr_len, data, echo, only)
@@ -538,7 +544,7 @@ class Server:
         routes: set[Connection] = set()
         for sub in subs:
             conn = sub.conn
-            if conn.kind == ROUTE and sub.queue is None:  # one RMSG per route with interest
+            if conn.kind in LINKS and sub.queue is None:  # one RMSG per route (or worker) with interest
                 if conn not in routes:
                     routes.add(conn)
                     entries.append((conn, msg_line(src.account.name, hdr.subject, None, None, -1, hdr.size),
@@ -580,20 +586,36 @@ class Server:
                 routes.setdefault(conn, []).append(sub.queue)
         return routes, delivered
 
-    def _deliver_queues_locally(self, src: Connection, groups: list[list[Subscription]],
-                                queues: list[bytes] | None, subject: bytes, reply: bytes | None,
-                                hdr_len: int, data: bytes) -> bool:
-        if not queues:
-            return False
+    def _serve_named_queues(self, src: Connection, groups: list[list[Subscription]], routes,
+                            queues: list[bytes] | None, subject: bytes, reply: bytes | None, hdr_len: int,
+                            data: bytes):
+        """A link named the queue groups this server is to serve: one member of each, among the local ones
+        and those behind links of another kind than the sender's (see `deliver_in_cluster`)."""
         delivered = False
+        if not queues:
+            return routes, delivered
+        src_kind = src.kind
         for group in groups:
-            local = [s for s in group if s.conn.kind == CLIENT or s.conn.kind == INTERNAL]
-            if not local or local[0].queue not in queues:
+            if group[0].queue not in queues:
                 continue
-            sub = local[self.random.randrange(len(local))] if len(local) > 1 else local[0]
-            self._deliver_one(sub, subject, reply, hdr_len, data)
-            delivered = True
-        return delivered
+            members = [s for s in group if s.conn.kind != src_kind]
+            if not members:
+                continue
+            if self.queue_picker is not None and any(s.conn.kind in LINKS for s in members):
+                sub = self.queue_picker(src, members, subject, len(data) - 2)
+                if sub is None:
+                    continue
+            else:  # local members only: each as likely
+                sub = members[self.random.randrange(len(members))] if len(members) > 1 else members[0]
+            conn = sub.conn
+            if conn.kind == CLIENT or conn.kind == INTERNAL:
+                self._deliver_one(sub, subject, reply, hdr_len, data)
+                delivered = True
+            else:
+                if routes is None:
+                    routes = {}
+                routes.setdefault(conn, []).append(sub.queue)
+        return routes, delivered
 
     def _deliver_one(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int,
                      data: bytes) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from zonebus.server.connection import Connection
+from zonebus.server.connection import LINKS, Connection
 
 if TYPE_CHECKING:
     from zonebus.link.channels import LinkChannels
@@ -31,6 +31,7 @@ class RoutedDeliveries:
     def __init__(self, client: InternalClient, channels: LinkChannels) -> None:
         self.client = client  # delivers what arrives to this server's local subscribers (global account)
         self._clients: dict[bytes, InternalClient] = {}  # ... of other accounts (zonebus.server.accounts)
+        self.channels = channels
         channels.register(CHANNEL, self._on_frame)
         self.bad_frames = 0
 
@@ -74,5 +75,11 @@ class RoutedDeliveries:
         if hdr_len > len(data) - 2:
             self.bad_frames += 1
             return
-        # routes left over are not served from here: a message from a route goes one hop only
-        client.deliver_local_as(subject, shown, None if reply == b"-" else reply, hdr_len, data)
+        # links left over are served from here only if they are of another kind than the sender's (one hop
+        # per kind: the worker holding a server's routes passes deliveries on to its other workers)
+        links = client.deliver_local_as(subject, shown, None if reply == b"-" else reply, hdr_len, data)
+        sender = self.channels.links.get(peer)
+        for conn, queues in links.items():
+            if sender is not None and conn.kind != sender.kind and conn.kind in LINKS:
+                self.forward(conn, subject, shown, None if reply == b"-" else reply, hdr_len, data, queues or None,
+                             b"" if len(parts) == 5 else parts[5])

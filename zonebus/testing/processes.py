@@ -6,7 +6,7 @@ scripts share this so that the same scenario runs against both implementations.
 
 zonebus runs as `workers` processes (`--workers N`, zonebus.workers) when a test asks for it, or for every
 server when `ZONEBUS_TEST_WORKERS=N` is set (e.g. to run the core differential suites with 2 workers); a
-config with a block workers cannot serve yet (cluster, gateway, ledger, queue_groups) keeps one process.
+config with a block workers cannot serve yet (durable `queue_groups`, the `zone_router`) keeps one process.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 IMPLEMENTATIONS = ("nats", "zonebus")
 WORKERS_ENV = "ZONEBUS_TEST_WORKERS"
-_NOT_WITH_WORKERS = ("cluster", "gateway", "ledger", "queue_groups")
+_NOT_WITH_WORKERS = ("queue_groups", "zone_router")
 
 
 _handed_out: set[int] = set()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections import deque
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels
 from zonebus.link.interest import InterestCounts
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, ROUTE, WORKER
 from zonebus.server.options import RouteOptions
 from zonebus.subjects.sublist import Subscription
 from zonebus.workers import WorkerSpec
@@ -41,16 +42,30 @@ if TYPE_CHECKING:
 
 SYNC = "wsync"
 _SYNC = SYNC.encode()
+REMOTE = "wremote"  # the part of a queue weight that stands for members behind the routes (worker 0 tells)
+_REMOTE = REMOTE.encode()
+URLS = "wurls"  # the cluster's client URLs for the clients' INFO (worker 0 tells)
+_URLS = URLS.encode()
 USER = "worker"
 LINK_PENDING = 256 * 1024 * 1024  # bytes queued to a peer worker before its link is cut
 HOLD_MAX = 2.0  # seconds a PONG is held at most when a peer does not confirm (it is stuck or dying)
 _LOCAL = (CLIENT, INTERNAL)
-_NOT_MESSAGES = (_SYNC, b"wstats", b"wmove")
+_NOT_MESSAGES = (_SYNC, b"wstats", b"wmove", _REMOTE, _URLS)
+
+
+class _Everything:
+    """Stands in for a subscription to `>`: what the worker holding the gateways is told in every account,
+    so that the other workers hand it every message another cluster might want."""
+
+    subject = b">"
+    queue = None
+    weight = 1
 
 
 class LocalLink(RouteConnection):
     """A route to another worker of this server; not one of the server's links."""
 
+    kind = WORKER
     PING_EVERY = 2.0
 
     def __init__(self, mesh: LocalMesh, solicited: bool) -> None:
@@ -62,6 +77,43 @@ class LocalLink(RouteConnection):
         self.ask_state = (-1, -1)  # (interest sequence, messages sent) when the last ask went out
         self.ack_state = (-1, -1)  # the same, for the last ask answered: what the peer is known to have
         self.asks: deque[tuple[int, tuple[int, int]]] = deque()  # asks not answered yet
+        # from the worker holding the routes: (account, subject, queue) -> the part of its queue weight that
+        # stands for members on other servers, and the same per subscription of this link (queue picks)
+        self.remote_parts: dict[tuple[bytes, bytes, bytes], int] = {}
+        self.remote_of: dict[Subscription, int] = {}
+
+    def _remote_interest(self, subs: dict, key: tuple, acc: Any, subject: bytes, queue: bytes | None,
+                         weight: int) -> None:
+        old = subs.get(key)
+        super()._remote_interest(subs, key, acc, subject, queue, weight)
+        if queue is not None:
+            self._place_remote(subs.get(key), old, self.remote_parts.get((acc.name, subject, queue), 0))
+
+    def _place_remote(self, sub: Subscription | None, old: Subscription | None, part: int) -> None:
+        if old is not None and old is not sub:
+            self.remote_of.pop(old, None)
+        if sub is not None:
+            if part:
+                self.remote_of[sub] = part
+            else:
+                self.remote_of.pop(sub, None)
+
+    def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
+        """The fast path of plain messages, except on the worker holding the gateways: what another worker
+        sends it may be for other clusters too (the full path asks the gateways)."""
+        if self.mesh.relay and self.server.forwarder is not None:
+            return None
+        return super().build_memo(subject, size)
+
+    def remote_part_told(self, account: bytes, subject: bytes, queue: bytes, part: int) -> None:
+        key = (account, subject, queue)
+        if part:
+            self.remote_parts[key] = part
+        else:
+            self.remote_parts.pop(key, None)
+        sub = self.remote_subs.get((subject, queue)) if account == ACCOUNT \
+            else self.account_subs.get((account, subject, queue))
+        self._place_remote(sub, None, part)
 
     def slow_consumer(self) -> None:
         """A peer worker reads as fast as its own clients let it: the link is not cut at the clients'
@@ -118,6 +170,14 @@ class LocalMesh:
         self._running = False
         self._synced_once = asyncio.Event()
         self.channels.register(SYNC, self._on_sync)
+        # the worker that holds the server's routes and gateways (worker 0, when they are configured) relays:
+        # it tells the others the routes' interest too (`remote`: its queue weights), and `>` with gateways
+        self.relay = False
+        self.remote = InterestCounts()
+        self.prefer_local = server.opts.cluster.prefer_matching_tags  # queue picks: this server's members first
+        self.urls: list[str] = []  # the cluster's client URLs, as the relaying worker told them
+        self.channels.register(REMOTE, self._on_remote)
+        self.channels.register(URLS, self._on_urls)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self, wait: float) -> None:
@@ -190,6 +250,10 @@ class LocalMesh:
         conn.established = conn.msgs_in = True
         for account, subject, queue, weight in self.refs.current():
             conn.send_interest(subject, queue, weight, account)
+            if queue is not None and self.relay:
+                self._tell_remote(conn, account, subject, queue)
+        if self.relay:
+            conn.send_frame(_URLS, json.dumps(self.server.connect_urls() if self.server.connect_urls else []).encode())
         self.channels.link_up(conn)
         self._ask(conn)
         return True
@@ -212,19 +276,27 @@ class LocalMesh:
 
     # -- interest (an InterestWatcher and AccountWatcher of the server) --------------------------------
     def interest_added(self, sub: Subscription) -> None:
-        if sub.conn.kind in _LOCAL:
-            self._count(ACCOUNT, sub, 1)
+        self.account_interest(None, sub, 1)
 
     def interest_removed(self, sub: Subscription) -> None:
-        if sub.conn.kind in _LOCAL:
-            self._count(ACCOUNT, sub, -1)
+        self.account_interest(None, sub, -1)
 
     def account_interest(self, account: Any, sub: Subscription, delta: int) -> None:
-        if sub.conn.kind in _LOCAL:
-            self._count(account.name, sub, delta)
+        """(Also the server's `local_watchers`: internal subscriptions that stay on this server.)"""
+        kind = sub.conn.kind
+        if kind in _LOCAL or (kind == ROUTE and self.relay):
+            self._count(ACCOUNT if account is None else account.name, sub, delta, kind == ROUTE)
 
-    def _count(self, account: bytes, sub: Subscription, delta: int) -> None:
-        send = self.refs.change(account, sub, delta)
+    def relay_everything(self, accounts: list[bytes]) -> None:
+        """This worker holds the gateways: the others send it every message (`>` in every account), and it
+        forwards what other clusters want."""
+        for account in accounts:
+            self._count(account, _Everything, 1)  # type: ignore[arg-type]
+
+    def _count(self, account: bytes, sub: Subscription, delta: int, remote: bool = False) -> None:
+        send = self.refs.change(account, sub, delta * sub.weight)
+        if remote and sub.queue is not None:
+            self.remote.change(account, sub, delta * sub.weight)
         if send is not None:
             self._broadcast(account, *send)
 
@@ -233,10 +305,41 @@ class LocalMesh:
         for link in self.links.values():
             if not link.closed:
                 link.send_interest(subject, queue, weight, account)
+                if queue is not None and self.relay:
+                    self._tell_remote(link, account, subject, queue)
+
+    def _tell_remote(self, link: LocalLink, account: bytes, subject: bytes, queue: bytes) -> None:
+        """After each queue weight: how much of it stands for members on other servers."""
+        part = self.remote.queues.get((account, subject, queue), 0)
+        link.send_frame(_REMOTE, b"%b %b %b %d" % (account, subject, queue, part))
+
+    def _on_remote(self, peer: str, payload: bytes) -> None:
+        parts = payload.split(b" ")
+        link = self.channels.links.get(peer)
+        if len(parts) == 4 and parts[3].isdigit() and isinstance(link, LocalLink):
+            link.remote_part_told(parts[0], parts[1], parts[2], int(parts[3]))
+
+    # -- the cluster's client URLs (the clients' INFO `connect_urls`) --------------------------------------
+    def urls_changed(self) -> None:
+        """The relaying worker's cluster changed its client URLs: tell the other workers."""
+        urls = self.server.connect_urls() if self.server.connect_urls else []
+        for link in self.links.values():
+            if not link.closed:
+                link.send_frame(_URLS, json.dumps(urls).encode())
+
+    def _on_urls(self, peer: str, payload: bytes) -> None:
+        try:
+            urls = json.loads(payload)
+        except ValueError:
+            return
+        if isinstance(urls, list) and urls != self.urls:
+            self.urls = [str(u) for u in urls]
+            self.server.client_urls_changed()
 
     def remote_subscriptions(self) -> int:
-        """Subscriptions in this worker's sublists that stand for other workers' interest."""
-        return sum(len(link.remote_subs) + len(getattr(link, "account_subs", ())) for link in self.links.values())
+        """Subscriptions in this worker's global sublist (what `/varz` counts) that stand for other workers'
+        interest."""
+        return sum(len(link.remote_subs) for link in self.links.values())
 
     # -- queue groups (the server's queue picker) --------------------------------------------------------
     def pick_queue_member(self, src: Any, group: list[Subscription], subject: bytes, size: int) -> Subscription | None:
@@ -246,6 +349,17 @@ class LocalMesh:
             group = [s for s in group if s.conn is not src]
         if len(group) <= 1:
             return group[0] if group else None
+        if self.prefer_local:  # prefer_matching_tags: the members of any worker before those on other servers
+            here = [(s, s.weight - s.conn.remote_of.get(s, 0) if s.conn.kind == WORKER else s.weight) for s in group]
+            total = sum(w for _, w in here)
+            if total <= 0:  # none here: the relaying worker picks among the other servers' members
+                return next((s for s, _ in here if s.conn.kind == WORKER), None)
+            x = self.server.random.random() * total
+            for sub, w in here:
+                x -= w
+                if x < 0:
+                    return sub
+            return here[-1][0]
         total = sum(s.weight for s in group)
         x = self.server.random.random() * total
         for sub in group:

@@ -34,9 +34,11 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
 
     first = spec.index == 0
     js = opts.jetstream.enabled
-    if not first:  # single things live in worker 0
+    if not first:  # single things live in worker 0: monitoring, JetStream, the routes and the gateways
         opts.http_port = opts.https_port = 0
         opts.jetstream.enabled = False
+        opts.cluster.port, opts.cluster.routes = 0, []  # (the cluster's name stays: clients see it in INFO)
+        opts.gateway.name, opts.gateway.port, opts.gateway.gateways = "", 0, []
     opts.pid_file = ""
     node = Node(opts)
     server = node.server
@@ -47,15 +49,20 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     server.loop = asyncio.get_running_loop()
     mesh = LocalMesh(server, spec)
     server.interest_watchers.append(mesh)
-    if hasattr(server, "account_watchers"):
-        server.account_watchers.append(mesh)
+    server.account_watchers.append(mesh)
+    server.local_watchers.append(mesh)  # e.g. a clustered JetStream's API: answered by the worker that runs it
     server.pong_gate = mesh.pong_gate
-    server.queue_picker = mesh.pick_queue_member
+    if node.cluster is None:  # else the cluster's policy picks, a worker's members being this server's
+        server.queue_picker = mesh.pick_queue_member
+    if node.cluster is not None or node.gateway is not None:
+        _relay(server, node, mesh)
+    else:
+        server.connect_urls = lambda: mesh.urls
     stats = WorkerStats(server, mesh)
     if first:
         stats.serve_pages()
     routed = None
-    if js:
+    if js and node.routed is None:  # (with a cluster, JetStream's deliveries already travel on `jsd`)
         from zonebus.server.internal import InternalClient
         from zonebus.stream.routed import RoutedDeliveries
 
@@ -86,6 +93,22 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
         migrator.stop()
 
 
+def _relay(server, node, mesh) -> None:  # type: ignore[no-untyped-def]
+    """This worker holds the server's routes and gateways: it passes what they bring to the other workers
+    and what those publish to them (`Server.deliver_in_cluster`: one hop per link kind), and tells them the
+    routes' interest (with `>` in every account when there are gateways) and the cluster's client URLs."""
+    mesh.relay = True
+    if node.gateway is not None:
+        mesh.relay_everything(list(server.accounts.by_name))
+    told = server.client_urls_changed
+
+    def urls_changed() -> None:
+        told()
+        mesh.urls_changed()
+
+    server.client_urls_changed = urls_changed
+
+
 def _watch_parent(server, parent: int) -> None:  # type: ignore[no-untyped-def]
     def check() -> None:
         if os.getppid() != parent:
@@ -98,11 +121,13 @@ def _watch_parent(server, parent: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def _die_with_parent() -> None:
-    """Linux: SIGTERM this worker as soon as the supervisor dies (the periodic look is the fallback)."""
+    """Linux: kill this worker as soon as the supervisor dies (the periodic look is the fallback). The server
+    stops through its supervisor (SIGTERM, forwarded); a supervisor that died otherwise (`kill -9`) takes
+    its workers down as abruptly, as one process would go."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
 
