@@ -576,14 +576,12 @@ class Server:
                 sub = members[self.random.randrange(len(members))] if len(members) > 1 else members[0]
             if sub is None:
                 continue
-            conn = sub.conn
-            if conn.kind == CLIENT or conn.kind == INTERNAL:
-                self._deliver_one(sub, subject, reply, hdr_len, data)
+            if self._serve_member(sub, subject, reply, hdr_len, data):
                 delivered = True
             else:
                 if routes is None:
                     routes = {}
-                routes.setdefault(conn, []).append(sub.queue)
+                routes.setdefault(sub.conn, []).append(sub.queue)
         return routes, delivered
 
     def _serve_named_queues(self, src: Connection, groups: list[list[Subscription]], routes,
@@ -607,15 +605,22 @@ class Server:
                     continue
             else:  # local members only: each as likely
                 sub = members[self.random.randrange(len(members))] if len(members) > 1 else members[0]
-            conn = sub.conn
-            if conn.kind == CLIENT or conn.kind == INTERNAL:
-                self._deliver_one(sub, subject, reply, hdr_len, data)
+            if self._serve_member(sub, subject, reply, hdr_len, data):
                 delivered = True
             else:
                 if routes is None:
                     routes = {}
-                routes.setdefault(conn, []).append(sub.queue)
+                routes.setdefault(sub.conn, []).append(sub.queue)
         return routes, delivered
+
+    def _serve_member(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int,
+                      data: bytes) -> bool:
+        """The queue member picked: delivered here when it is local (True); else (False) the caller names
+        its queue to the link it stands for."""
+        if sub.conn.kind in (CLIENT, INTERNAL):
+            self._deliver_one(sub, subject, reply, hdr_len, data)
+            return True
+        return False
 
     def _deliver_one(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int,
                      data: bytes) -> None:
