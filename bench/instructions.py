@@ -40,6 +40,8 @@ def start(tree: str, conf: str, port: int, outdir: str, tag: str) -> subprocess.
     env = dict(os.environ, PYTHONPATH=tree)
     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={outdir}/{tag}.out",
            sys.executable, "-m", "zonebus", "server", "-c", path, "-a", "127.0.0.1", "-p", str(port)]
+    if os.path.isdir(os.path.join(tree, "zonebus", "workers")):  # one process (the default is one per core)
+        cmd += ["--workers", "1"]
     proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline:

@@ -356,6 +356,14 @@ def main(argv: list[str] | None = None) -> int:
                 if args.fanout:
                     for size in sizes:
                         fan[label, size] = fanout_rate(server.port, args.fanout, size, fmsgs, args.timeout)
+        one_core: dict[tuple[int, int], float | None] = {}
+        wmax = max((w for _, impl, w in runs if impl == "zonebus"), default=1)
+        if "nats" in impls and wmax > 1 and 1 in [w for _, impl, w in runs if impl == "zonebus"]:
+            # what a second core brings nats-server: the same runs with its Go runtime on one core
+            with ServerProcess("nats", CONFIG, env={"GOMAXPROCS": "1"}) as server:
+                for size in sizes:
+                    for k in pairs:
+                        one_core[k, size] = pairs_rate(server.port, k, size, msgs, args.timeout)
         print(f"\n{msgs:,} messages per pair; msgs/s delivered in total, each pair on its own subject\n")
         print(f"| pairs | payload | {' | '.join(f'{x} msgs/s' for x in labels)} | "
               f"{' | '.join(f'{z}/nats' for z in zlabels)} |")
@@ -373,6 +381,17 @@ def main(argv: list[str] | None = None) -> int:
             for size in sizes:
                 print(f"| {size} B | "
                       f"{' | '.join(ratio(rates[x, top, size], rates[x, min(pairs), size]) for x in labels)} |")
+        if one_core:
+            zw = f"zonebus w{wmax}"
+            print(f"\nwhat more cores bring (rate with them / rate with one): nats-server on all cores against"
+                  f" GOMAXPROCS=1 (nats 1 core), {zw} against one worker\n")
+            print(f"| pairs | payload | nats 1 core msgs/s | nats gain | {zw} gain |")
+            print("|---:|---:|---:|---:|---:|")
+            for size in sizes:
+                for k in pairs:
+                    print(f"| {k} | {size} B | {ct.fmt_rate(one_core[k, size])} | "
+                          f"{ratio(rates.get(('nats', k, size)), one_core[k, size])} | "
+                          f"{ratio(rates.get((zw, k, size)), rates.get(('zonebus', k, size)))} |")
         if args.fanout:
             print(f"\nfan-out 1 -> {args.fanout}: {fmsgs:,} messages published to one subject, "
                   f"msgs/s delivered in total ({args.fanout} x published)\n")

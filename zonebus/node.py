@@ -272,6 +272,7 @@ class Node:
         """SIGHUP: re-read the config file and apply what may change at run time (tags,
         `cluster.prefer_matching_tags`) without dropping connections."""
         from zonebus.config import ConfigError, load_config
+        from zonebus.server.flags import workers_conflict
 
         server = self.server
         path = server.opts.config_file
@@ -282,6 +283,11 @@ class Node:
             new = load_config(path)
         except ConfigError as exc:
             server.log(f"reload failed: {exc}")
+            return
+        new.workers = server.opts.workers  # (set at start: the worker processes are running)
+        conflict = workers_conflict(new)  # e.g. durable queue groups added to a server of several processes
+        if conflict:
+            server.log(f"reload failed: {conflict}")
             return
         server.opts.server_tags = new.server_tags
         for js in self.account_js:  # stream placement by tags sees the new ones (the replicated peer tables)
@@ -306,13 +312,8 @@ class Node:
 
 
 async def run(opts: ServerOptions) -> None:
-    """Run one node until SIGTERM/SIGINT (or the end of lame duck mode, SIGUSR2); SIGHUP reloads. With
-    `workers` above 1 this process supervises that many worker processes instead (zonebus.workers)."""
-    if opts.workers > 1:
-        from zonebus.workers.supervisor import supervise
-
-        await supervise(opts)
-        return
+    """Run one node until SIGTERM/SIGINT (or the end of lame duck mode, SIGUSR2); SIGHUP reloads. (With
+    `workers` above 1, `zonebus server` runs a supervisor of worker processes instead, see zonebus.cli.main.)"""
     node = Node(opts)
     server = node.server
     await node.start()

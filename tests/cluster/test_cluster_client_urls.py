@@ -45,3 +45,40 @@ async def test_a_joining_server_is_announced_to_connected_clients(impl: str) -> 
         await nc.close()
     finally:
         await asyncio.to_thread(stop_all, servers)
+
+
+@pytest.mark.timeout(60)
+async def test_no_asynchronous_info_before_the_first_pong(impl: str) -> None:
+    """A client that sent CONNECT but no PING yet gets no asynchronous INFO when a server joins (nats-server's
+    firstPongSent: a client reads the line after its first PING as the PONG); its first PING gets the PONG,
+    then the INFO it was owed, naming the new server. One that had its PONG gets the INFO at once."""
+    rp = [free_port() for _ in range(3)]
+    servers = [ServerProcess(impl, cluster_config(f"f{i}", rp[i], [rp[0]]), http_port=free_port())
+               for i in range(3)]
+    await asyncio.to_thread(start_parallel, servers[:2])
+    try:
+        await asyncio.to_thread(wait_for_mesh, servers[:2])
+        early_r, early_w = await asyncio.open_connection("127.0.0.1", servers[0].port)
+        ponged_r, ponged_w = await asyncio.open_connection("127.0.0.1", servers[0].port)
+        for r in (early_r, ponged_r):
+            assert (await asyncio.wait_for(r.readline(), 5)).startswith(b"INFO ")
+        connect = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1}\r\n'
+        early_w.write(connect)
+        ponged_w.write(connect + b"PING\r\n")
+        assert await asyncio.wait_for(ponged_r.readline(), 5) == b"PONG\r\n"
+        await asyncio.to_thread(servers[2].start)
+        await asyncio.to_thread(wait_for_mesh, servers)
+        new_url = f"127.0.0.1:{servers[2].port}".encode()
+        while True:  # the client past its PONG hears of the new server
+            line = await asyncio.wait_for(ponged_r.readline(), 10)
+            assert line.startswith(b"INFO "), line
+            if new_url in line:
+                break
+        early_w.write(b"PING\r\n")
+        assert await asyncio.wait_for(early_r.readline(), 5) == b"PONG\r\n"  # nothing before the PONG
+        info = await asyncio.wait_for(early_r.readline(), 5)
+        assert info.startswith(b"INFO ") and new_url in info, info
+        for w in (early_w, ponged_w):
+            w.close()
+    finally:
+        await asyncio.to_thread(stop_all, servers)

@@ -119,3 +119,46 @@ async def test_uneven_placement_weighted_by_member_count(impl, seed_cluster):
     counts = await _split(seed_cluster, f"uneven.{impl}", placement, publisher=0, n=n)
     on_s1 = counts.get("s1.a", 0) + counts.get("s1.b", 0) + counts.get("s1.c", 0)
     assert lo <= on_s1 <= hi, f"s1's share out of [{lo}, {hi}] of {n}: {counts}"
+
+
+def _route_msgs(server, key: str) -> int:
+    return sum(r[key] for r in server.http_get("/routez")["routes"])
+
+
+async def test_burst_of_one_line_counted_and_in_order(impl, seed_cluster):
+    """A publisher's burst with one PUB line (sent in one write, so it crosses the route as a run of RMSGs
+    with one line): the remote subscriber gets every message in order, and the route's in_msgs/out_msgs
+    grow by the burst on both ends."""
+    s = seed_cluster
+    subject, n = f"burst.{impl}", 3000
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    async def on_msg(msg) -> None:
+        got.append(msg.data)
+        if len(got) == n:
+            done.set()
+
+    sub = await connect(s[1])
+    try:
+        await sub.subscribe(subject, cb=on_msg)
+        await sub.flush()
+        await wait_interest(s[0], subject, peers=[s[1]])
+        in_before, out_before = _route_msgs(s[1], "in_msgs"), _route_msgs(s[0], "out_msgs")
+        burst = b"".join(b"PUB %s 8\r\n%08d\r\n" % (subject.encode(), i) for i in range(n))
+        reader, writer = await asyncio.open_connection("127.0.0.1", s[0].port)
+        await reader.readline()  # INFO
+        writer.write(b'CONNECT {"verbose":false}\r\n' + burst + b"PING\r\n")
+        assert await asyncio.wait_for(reader.readline(), 10) == b"PONG\r\n"
+        writer.close()
+        await asyncio.wait_for(done.wait(), 20)
+        assert got == [b"%08d" % i for i in range(n)]
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:  # (the counters are read over HTTP, apart from the messages)
+            grown = (_route_msgs(s[1], "in_msgs") - in_before, _route_msgs(s[0], "out_msgs") - out_before)
+            if grown == (n, n) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert grown == (n, n)
+    finally:
+        await sub.close()

@@ -287,3 +287,47 @@ async def test_clients_are_spread_and_a_publisher_moves_to_its_subscriber() -> N
     finally:
         await close_all(clients)
         server.stop()
+
+
+def test_default_is_one_worker_per_core_and_one_with_durable_queue_groups(tmp_path) -> None:
+    """Neither config nor flag says `workers`: one per core this process may run on; a config with a block
+    only one process can serve yet runs as one process; `--workers 1` keeps one; a reload that adds such a
+    block to a server of several processes fails (and the server keeps serving)."""
+    from zonebus.server.flags import parse_server_args
+
+    cores = len(os.sched_getaffinity(0))
+    assert parse_server_args([])[0].workers == cores
+    assert parse_server_args(["--workers", "1"])[0].workers == 1
+    conf = tmp_path / "q.conf"
+    conf.write_text('queue_groups { w: { subjects: ["orders.>"] } }\n')
+    assert parse_server_args(["-c", str(conf)])[0].workers == 1
+    conf.write_text(f'jetstream {{ shared_store: "file://{tmp_path}/shared", zone_router: true }}\n')
+    assert parse_server_args(["-c", str(conf)])[0].workers == 1
+    conf.write_text("jetstream { }\n")
+    assert parse_server_args(["-c", str(conf)])[0].workers == cores
+
+
+async def test_default_server_runs_a_worker_per_core(tmp_path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: the default is one process")
+    conf_text = "server_name: dflt\n"
+    with ServerProcess("zonebus", conf_text, http_port=free_port(), workers=0) as server:
+        assert len(server.http_get("/varz")["workers"]) == cores
+        assert len(server.worker_pids()) == cores
+        nc = await connect(server.url)
+        try:
+            sub = await nc.subscribe("d.x")
+            await synced(nc)
+            await nc.publish("d.x", b"1")
+            assert (await sub.next_msg(timeout=5)).data == b"1"
+        finally:
+            await nc.close()
+        # a reload that adds durable queue groups is refused: they need one process
+        (server.workdir / "server.conf").write_text(conf_text + 'queue_groups { w: { subjects: ["o.>"] } }\n')
+        os.kill(server.proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while server.log().count("reload failed: workers: ") < cores and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert server.log().count(f"reload failed: workers: {cores} cannot run with queue_groups {{}} yet") == cores
+        assert server.proc.poll() is None

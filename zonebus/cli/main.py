@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from zonebus import version_text
+
+if TYPE_CHECKING:
+    from zonebus.server.options import ServerOptions
 
 USAGE = """usage: zonebus <command> [options]
 
@@ -51,6 +55,19 @@ def _quiet_stdout() -> None:
         pass
 
 
+async def _serve(opts: ServerOptions) -> None:
+    """`zonebus server` once its options are read: with `workers` above 1, a supervisor of that many worker
+    processes (zonebus.workers), which imports no node: it only starts and watches them; else one node."""
+    if opts.workers > 1:
+        from zonebus.workers.supervisor import supervise
+
+        await supervise(opts)
+        return
+    from zonebus.node import run
+
+    await run(opts)
+
+
 def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -60,10 +77,9 @@ def _dispatch(argv: list[str]) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "server":
-        from zonebus.node import run
         from zonebus.server.main import run_server_cli
 
-        return run_server_cli(rest, run)
+        return run_server_cli(rest, _serve)
     if cmd == "demo":
         from zonebus.cli.demo import run_demo_cli
 

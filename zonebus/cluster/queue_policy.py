@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 LOCAL, MATCHING, OTHER = 0, 1, 2
+_WEIGHT = attrgetter("weight")
 
 
-def weighted_choice(members: Sequence[Any], rng: random.Random) -> Any:
-    """Pick a member with probability proportional to its `weight`."""
+def weighted_choice(members: Sequence[Any], rng: random.Random,
+                    weight_of: Callable[[Any], int] | None = None) -> Any:
+    """Pick a member with probability proportional to its `weight` (or to `weight_of(member)`)."""
     if len(members) == 1:
         return members[0]
-    total = 0
+    weight = _WEIGHT if weight_of is None else weight_of
+    x = rng.random() * sum(map(weight, members))
     for m in members:
-        total += m.weight
-    x = rng.random() * total
-    for m in members:
-        x -= m.weight
+        x -= weight(m)
         if x < 0:
             return m
     return members[-1]

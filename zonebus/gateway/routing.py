@@ -58,7 +58,8 @@ class GatewayRouting:
             if not r.psubs and not subject.startswith(INTERNAL_PREFIX) and acc is None:
                 self.no_interest(src, subject)  # (other accounts are interest-only: nothing to answer)
             return delivered
-        delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, None, acc) if r else False
+        # (`queues`: what another worker process of this server named, zonebus.workers; a client names none)
+        delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) if r else False
         if subject.startswith(GR_PREFIX):
             return self._reply_home(src, subject, reply, hdr_len, data, acc) or delivered
         sent = False

@@ -45,7 +45,7 @@ from zonebus.protocol.route_parser import (
     msg_line,
 )
 from zonebus.server.accounts import ledger_key
-from zonebus.server.connection import ACCOUNT, Connection
+from zonebus.server.connection import ACCOUNT, Connection, deliver_run
 from zonebus.server.listening import naming
 from zonebus.server.options import TLSOptions, advertised_host
 from zonebus.subjects.sublist import Subscription
@@ -181,8 +181,18 @@ class LinkConnection(Connection, asyncio.Protocol):
             return
         ops, error = self.parser.feed(data)
         server = self.server
+        run_hdr = None  # RMSGs right behind one replayed along its memo, with its very line: replayed together
+        run: list[bytes] = []
         for op in ops:
             code = op[0]
+            if run_hdr is not None:
+                if code == RMSG and op[1] is run_hdr:
+                    run.append(op[2])
+                    continue
+                if run:
+                    self._replay_run(run_hdr, run)
+                    run = []
+                run_hdr = None
             if code == RMSG:
                 if not self.msgs_in:
                     continue
@@ -205,6 +215,7 @@ class LinkConnection(Connection, asyncio.Protocol):
                         else self._memo_miss(hdr)
                     if entries is not None:
                         replay(server, entries, hdr.subject, hdr.size, payload)
+                        run_hdr = hdr
                         continue
                 server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or ())
             elif code in _INTEREST:
@@ -234,6 +245,8 @@ class LinkConnection(Connection, asyncio.Protocol):
                 self.on_error(op[1].decode(errors="replace"))
             if self.closed:
                 return
+        if run:
+            self._replay_run(run_hdr, run)
         self.last_activity = time.time()
         if ops and self.msgs_in:
             server.producing(self, len(data))  # messages come in here: stall this link if a receiver backs up
@@ -248,6 +261,22 @@ class LinkConnection(Connection, asyncio.Protocol):
         if acc is not None:
             self.server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or (),
                                     account=acc)
+
+    def _replay_run(self, hdr: MsgHeader, run: list[bytes]) -> None:
+        """RMSGs that followed one replayed along the memo of their line `hdr`: counted and replayed at once."""
+        server = self.server
+        k = len(run)
+        self.in_msgs += k
+        self.in_bytes += k * hdr.size
+        if self.ledger_in is not None:
+            for _ in range(k):
+                server.ledger_count(self.ledger_in, hdr.subject, hdr.size + len(hdr.subject) + 16)
+        entries = self._memos[hdr][1]
+        deliver_run(entries, hdr.size, run, server.mark_dirty)
+        for conn, line, _ in entries:
+            if conn.ledger_out is not None:
+                for _ in range(k):
+                    server.ledger_count(conn.ledger_out, hdr.subject, len(line) + hdr.size + 2)
 
     def _memo_miss(self, hdr: MsgHeader) -> list[tuple] | None:
         if len(self._memos) >= self.MEMO_MAX:

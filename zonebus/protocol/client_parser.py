@@ -25,7 +25,7 @@ class PubHeader:
     with this exact line go (valid while the sublist generation equals `gen`); `ledger_n` counts the
     messages that took that shortcut since the ledger last settled them."""
 
-    __slots__ = ("subject", "reply", "hdr_len", "size", "gen", "memo", "qmemo", "ledger_n")
+    __slots__ = ("subject", "reply", "hdr_len", "size", "gen", "memo", "qmemo", "ledger_n", "again")
 
     def __init__(self, subject: bytes, reply: bytes | None, hdr_len: int, size: int) -> None:
         self.subject = subject
@@ -36,6 +36,7 @@ class PubHeader:
         self.memo: list | None = None
         self.qmemo: list | None = None  # queue groups (lists of memo entries), one member drawn per message
         self.ledger_n = 0  # fast-path messages not yet counted in the ledger (see server/ledger_hooks.py)
+        self.again: bytes | None = None  # set by the parser once the line is cached (frames.py)
 
 
 class ClientParser(FrameParser):

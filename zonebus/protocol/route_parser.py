@@ -27,7 +27,7 @@ _SIMPLE = {b"PING": (PING,), b"PONG": (PONG,), b"+OK": (OK,)}
 
 
 class MsgHeader:
-    __slots__ = ("account", "subject", "reply", "queues", "hdr_len", "size")
+    __slots__ = ("account", "subject", "reply", "queues", "hdr_len", "size", "again")
 
     def __init__(self, account: bytes, subject: bytes, reply: bytes | None, queues: list[bytes] | None,
                  hdr_len: int, size: int) -> None:
@@ -37,6 +37,7 @@ class MsgHeader:
         self.queues = queues
         self.hdr_len = hdr_len
         self.size = size
+        self.again: bytes | None = None  # set by the parser once the line is cached (frames.py)
 
 
 def parse_msg_args(args: list[bytes], with_headers: bool) -> MsgHeader:

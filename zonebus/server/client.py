@@ -29,7 +29,7 @@ from zonebus.protocol.client_parser import (
 )
 from zonebus.protocol.errors import ProtocolError, malformed
 from zonebus.server.auth import ClientPermissions, pub_violation, sub_violation
-from zonebus.server.connection import CLIENT, Connection
+from zonebus.server.connection import CLIENT, Connection, deliver_run
 from zonebus.subjects.sublist import Subscription
 from zonebus.subjects.validate import is_valid_publish_subject, is_valid_subject
 
@@ -107,7 +107,8 @@ class ClientConnection(Connection, asyncio.Protocol):
     kind = CLIENT
     __slots__ = ("parser", "subs", "connected", "verbose", "pedantic", "echo", "headers", "no_responders",
                  "protocol", "name", "lang", "version", "user", "perms", "auth_user", "nonce", "connect_opts",
-                 "pings_out", "rtt", "_ping_sent", "ledger_hdrs", "_timers", "peercert", "info_sent")
+                 "pings_out", "rtt", "_ping_sent", "ledger_hdrs", "_timers", "peercert", "info_sent", "pong_sent",
+                 "info_due")
 
     def __init__(self, server: Server) -> None:
         super().__init__(server)
@@ -136,6 +137,10 @@ class ClientConnection(Connection, asyncio.Protocol):
         self._timers: list[asyncio.TimerHandle] = []
         self.peercert: dict | None = None  # the client's certificate (tls verify_and_map), see server/tls.py
         self.info_sent = False  # the TLS listener wrote INFO in plain text before the handshake (server/tls.py)
+        # nats-server's firstPongSent: no async INFO before the first PONG, which a client reads as the line right
+        # after its first PING (nats-py's connect is stuck for good otherwise); one that came due goes after it
+        self.pong_sent = False
+        self.info_due = False
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -180,8 +185,20 @@ class ClientConnection(Connection, asyncio.Protocol):
         sublist = self.account.sublist
         mark_dirty = server.mark_dirty
         rnd = server.random.random
+        # messages right behind one that took the fast path, with its very line (`run_hdr`): nothing they could
+        # change in between, so they go the same way, delivered together by _deliver_run (before any other op)
+        run_hdr: PubHeader | None = None
+        run: list[bytes] = []
         for op in ops:
             code = op[0]
+            if run_hdr is not None:
+                if code == PUB and op[1] is run_hdr:
+                    run.append(op[2])
+                    continue
+                if run:
+                    self._deliver_run(run_hdr, run)
+                    run = []
+                run_hdr = None
             if code == PUB and self.connected:
                 _, hdr, data = op
                 self.in_msgs += 1
@@ -223,6 +240,8 @@ class ClientConnection(Connection, asyncio.Protocol):
                             if not conn.dirty:
                                 conn.dirty = True
                                 mark_dirty(conn)
+                    elif perms is None:  # (a permission check and a queue member draw are per message)
+                        run_hdr = hdr
                     continue
                 if hdr.hdr_len >= 0 and not self.headers:
                     self.protocol_error(malformed())
@@ -249,7 +268,7 @@ class ClientConnection(Connection, asyncio.Protocol):
                 return
             elif code == PING:
                 if server.pong_gate is None or not server.pong_gate(self):  # see hooks.py
-                    self.send(_PONG)
+                    self.send_pong()
             elif code == PONG:
                 self.pings_out = 0
                 if self._ping_sent:
@@ -269,7 +288,37 @@ class ClientConnection(Connection, asyncio.Protocol):
                 return
             if self.closed:
                 return
+        if run:
+            self._deliver_run(run_hdr, run)
         self.last_activity = time.time()
+
+    def _deliver_run(self, hdr: PubHeader, run: list[bytes]) -> None:
+        """The fast path of messages (`run`, payloads with CRLF) that followed one with the same line `hdr`:
+        counted, then queued to the subscribers in `hdr.memo` at once."""
+        k = len(run)
+        self.in_msgs += k
+        self.in_bytes += k * hdr.size
+        if self.ledger_hdrs is not None:
+            if not hdr.ledger_n:
+                self.ledger_hdrs.append(hdr)
+            hdr.ledger_n += k
+        deliver_run(hdr.memo or [], hdr.size, run, self.server.mark_dirty)  # (set: it followed the fast path)
+
+    def send_pong(self) -> None:
+        """A PONG (a held one too, see hooks.py `pong_gate`); after the first, the async INFO it held back."""
+        self.send(_PONG)
+        if not self.pong_sent:
+            self.pong_sent = True
+            if self.info_due:
+                self.info_due = False
+                self.send(self.server.client_info(self))
+
+    def info_changed(self) -> None:
+        """The cluster's client URLs changed: an async INFO now, or after the first PONG (`pong_sent`)."""
+        if self.pong_sent:
+            self.send(self.server.client_info(self))
+        else:
+            self.info_due = True
 
     # -- ops ---------------------------------------------------------------------------------------
     def _connect(self, raw: bytes) -> bool:

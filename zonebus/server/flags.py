@@ -18,6 +18,7 @@ A bad flag prints `zonebus server: <message>` to stderr and raises SystemExit(2)
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ Server Options:
     -t                               Test configuration and exit
     -sl,--signal <signal>[=<pid>]    Send signal to a running server ({", ".join(SIGNALS)})
         --tags <tag1,tag2>           Server tags (zonebus; e.g. az:us-east-1a)
-        --workers <n>                Processes serving clients on one port (zonebus; default: 1)
+        --workers <n>                Processes serving clients on one port (zonebus; default: one per core)
 
 Logging Options:
     -l, --log <file>                 File to redirect log output
@@ -355,16 +356,28 @@ def parse_server_args(argv: list[str]) -> tuple[ServerOptions, bool]:
     conflict = workers_conflict(opts)
     if conflict:
         raise _fail(conflict, code=1)
+    if not opts.workers:
+        opts.workers = default_workers(opts)
     return opts, test
+
+
+def default_workers(opts: ServerOptions) -> int:
+    """`workers` when neither the config nor a flag says: one per core this process may run on, or 1 with
+    a block that several processes cannot serve yet (durable queue groups, the zone router)."""
+    if _single_only(opts):
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cores, MAX_WORKERS))
+
+
+def _single_only(opts: ServerOptions) -> str:
+    """The first block of `opts` that only one process can serve ("" when none)."""
+    blocks = (("queue_groups {}", opts.queue_groups), ("jetstream { zone_router }", opts.jetstream.zone_router))
+    return next((name for name, present in blocks if present), "")
 
 
 def workers_conflict(opts: ServerOptions) -> str:
     """Why `workers` above 1 cannot run with these options ("" when it can): what must be single in a server
     of several processes and is not shared between them yet (durable queue groups, the zone router)."""
-    if opts.workers <= 1:
-        return ""
-    blocks = (("queue_groups {}", opts.queue_groups), ("jetstream { zone_router }", opts.jetstream.zone_router))
-    for name, present in blocks:
-        if present:
-            return f"workers: {opts.workers} cannot run with {name} yet; use workers: 1 (--workers 1)"
-    return ""
+    name = _single_only(opts) if opts.workers > 1 else ""
+    return f"workers: {opts.workers} cannot run with {name} yet; use workers: 1 (--workers 1)" if name else ""

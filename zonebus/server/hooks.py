@@ -16,6 +16,7 @@ through the attributes below. The core calls them; it never imports them.
 | `queue_picker` | `QueuePicker` or None | a queue group needs a member (the cluster's routing policy) |
 | `connect_urls` | `() -> list[str]` or None | a client's INFO is built (`connect_urls` for failover) |
 | `client_urls_changed()` | method | an extension tells the core that `connect_urls` changed |
+| `url_watchers` | list of `() -> None` | `client_urls_changed()` told this process's clients |
 | `links` | `{cid: Connection}` | extensions register their server-to-server connections (stats, ledger) |
 | `info_extras` | dict | fields extensions add to the client INFO (e.g. `jetstream: true`) |
 | `varz_sections` | `{name: () -> dict}` | `/varz` is built: each adds a section |
@@ -27,7 +28,8 @@ through the attributes below. The core calls them; it never imports them.
 
 (*) zonebus.workers: refused over a `max_connections` counted across the worker processes, or handed to
 another process (the hook then marked the connection closed). (**) zonebus.workers: once the other worker
-processes have confirmed this one's interest.
+processes have confirmed this one's interest; the gate sends it with `conn.send_pong()` (a client's first
+PONG lets the async INFO held back until then follow it).
 
 A connection of an extension's kind (`kind` not CLIENT/INTERNAL) implements `forward(...)` (send a message
 as RMSG) and `unregister()` (called once when it closes); `memo_sub` stands in for a subscription in

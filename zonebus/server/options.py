@@ -256,7 +256,9 @@ class ServerOptions:
     jetstream: JetStreamOptions = field(default_factory=JetStreamOptions)
     ledger: LedgerOptions = field(default_factory=LedgerOptions)
     queue_groups: dict[str, QueueGroupOptions] = field(default_factory=dict)  # zonebus.queue
-    workers: int = 1  # processes serving clients on one port (zonebus.workers); 1 = this process alone
+    # processes serving clients on one port (zonebus.workers); 1 = this process alone; 0 = not set, which
+    # `zonebus server` makes one per core (zonebus.server.flags.default_workers)
+    workers: int = 0
 
     @property
     def auth_required(self) -> bool:

@@ -39,17 +39,12 @@ from zonebus.server.hooks import (
     PublishInterceptor,
     QueuePicker,
 )
+from zonebus.server.identity import new_server_id
 from zonebus.server.listening import naming, reuse_port
 from zonebus.server.options import ServerOptions
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
-_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
 EARLY_FLUSH = 512 * 1024
-
-
-def new_server_id() -> str:
-    """A 56-character id shaped like nats-server's (an nkey public key starting with N)."""
-    return "N" + "".join(random.choice(_B32) for _ in range(55))
 
 
 class Server:
@@ -94,6 +89,7 @@ class Server:
         self.varz_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self.pages: dict[str, PageBuilder] = {}
         self.reload_hooks: list[Callable[[ServerOptions], None]] = []
+        self.url_watchers: list[Callable[[], None]] = []  # told after client_urls_changed (hooks.py)
         self.publish_interceptor: PublishInterceptor | None = None
         self.pong_gate: Callable[[ClientConnection], bool] | None = None  # e.g. zonebus.workers: PONG when synced
         self.admission: Callable[[ClientConnection], bool] | None = None  # zonebus.workers: False = not here
@@ -276,7 +272,9 @@ class Server:
         does, so that they can fail over to any server of the cluster."""
         for conn in self.clients.values():
             if conn.connected and conn.protocol >= 1 and not conn.closed:
-                conn.send(self.client_info(conn))
+                conn.info_changed()  # (after the client's first PONG, as nats-server)
+        for watcher in self.url_watchers:
+            watcher()
 
     def _build_info(self) -> dict[str, Any]:
         opts = self.opts

@@ -4,17 +4,20 @@
 its client port answers with INFO (and its monitoring port, when set), and stops it on exit. Tests and bench
 scripts share this so that the same scenario runs against both implementations.
 
-zonebus runs as `workers` processes (`--workers N`, zonebus.workers) when a test asks for it, or for every
-server when `ZONEBUS_TEST_WORKERS=N` is set (e.g. to run the core differential suites with 2 workers); a
-config with a block workers cannot serve yet (durable `queue_groups`, the `zone_router`) keeps one process.
+zonebus runs as one process (`--workers 1`, though the server's default is one worker per core) unless a test
+asks for `workers` processes (zonebus.workers; `workers=0`: the server's default), or for every server when
+`ZONEBUS_TEST_WORKERS=N` is set (e.g. to run the core differential suites with 2 workers); a config with a
+block workers cannot serve yet (durable `queue_groups`, the `zone_router`) keeps one process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import random
+import select
 import shutil
 import signal
 import socket
@@ -104,6 +107,29 @@ def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = No
     raise TimeoutError(f"server on port {port} did not send INFO: {last}")
 
 
+def _pidfds(pids: list[int]) -> dict[int, int]:
+    """pid -> a pidfd for it (Linux 5.3+); none for a process already gone or where pidfds do not exist. A pidfd
+    names that very process (never a later one with the same pid) and reads ready once all its threads exited."""
+    fds = {}
+    for pid in pids:
+        with contextlib.suppress(OSError, AttributeError):
+            fds[pid] = os.pidfd_open(pid)
+    return fds
+
+
+def _wait_exited(fds: dict[int, int], timeout: float) -> list[int]:
+    """Wait until every pidfd's process has exited; the pids still running after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    left = dict(fds)
+    while left:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _, _ = select.select(list(left.values()), [], [], remaining)
+        left = {pid: fd for pid, fd in left.items() if fd not in ready}
+    return sorted(left)
+
+
 @dataclass
 class ServerProcess:
     """One server process (nats-server or zonebus) started from a config text."""
@@ -117,11 +143,13 @@ class ServerProcess:
     env: dict[str, str] | None = None
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
-    workers: int | None = None  # zonebus worker processes; None: ZONEBUS_TEST_WORKERS, else 1
+    workers: int | None = None  # zonebus worker processes; None: ZONEBUS_TEST_WORKERS, else 1; 0: no flag
 
     def worker_count(self) -> int:
         if self.impl != "zonebus":
             return 1
+        if self.workers == 0:  # the server's own default (zonebus.server.flags.default_workers)
+            return len(os.sched_getaffinity(0))
         if self.workers is not None:
             return self.workers
         text = self.config.lower()
@@ -140,7 +168,7 @@ class ServerProcess:
         args = base + ["-c", str(conf_path), "-a", "127.0.0.1", "-p", str(self.port)]
         if self.http_port:
             args += ["-m", str(self.http_port)]
-        if self.worker_count() > 1:
+        if self.impl == "zonebus" and self.workers != 0:  # (1 unless asked: the server's default is one per core)
             args += ["--workers", str(self.worker_count())]
         return args + self.extra_args
 
@@ -211,11 +239,29 @@ class ServerProcess:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash would."""
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL, as a crash would: when this returns, the server is gone, its sockets closed.
+
+        With workers, the supervisor is killed and its workers die with it (PR_SET_PDEATHSIG, sent as the
+        supervisor exits); but then they have only been *sent* SIGKILL when the supervisor is reaped, and
+        their sockets (routes, clients) close a few milliseconds later, once all their threads are gone. So
+        this also waits for every worker to have exited (its pidfd, not /proc's state: a thread group leader
+        shows as a zombie while its other threads still run), as reaping a one-process server does. A worker
+        that outlives its supervisor is a bug: it is killed here and reported."""
         if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+            workers = _pidfds(self.worker_pids() if self.worker_count() > 1 else [])
+            try:
+                self.proc.kill()
+                self.proc.wait(timeout)
+                alive = _wait_exited(workers, timeout)
+                for pid in alive:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(workers[pid], signal.SIGKILL)
+            finally:
+                for fd in workers.values():
+                    os.close(fd)
+            if alive:
+                raise RuntimeError(f"worker(s) {alive} outlived their supervisor's SIGKILL by {timeout:.0f} s")
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.proc and self.proc.poll() is None:

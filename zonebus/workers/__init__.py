@@ -37,6 +37,10 @@ class WorkerSpec:
     def ready_path(self, index: int) -> Path:
         return Path(self.directory) / f"ready.{index}"
 
+    def failed_path(self, index: int) -> Path:
+        """Where a worker that cannot start leaves why (one line), for its supervisor to say."""
+        return Path(self.directory) / f"failed.{index}"
+
     def save(self) -> None:
         body = {k: v for k, v in asdict(self).items() if k != "index"}
         (Path(self.directory) / SPEC_FILE).write_text(json.dumps(body))

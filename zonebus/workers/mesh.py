@@ -14,6 +14,8 @@ client sent before its PING, and a client that subscribed (or published) and flu
 publisher (or subscriber) on any worker sees it. So while an interest change of this worker, or a message it
 forwarded, has not been confirmed by a peer (`wsync`: an ask the peer answers once it has read everything
 sent before it), the PONGs this worker owes are held (`pong_gate`) and sent once every live peer confirmed.
+A held PONG goes out with `send_pong()`: a client's first one lets the async INFO (the cluster's client
+URLs) held back until then follow it, as nats-server does (nats-py's connect reads the line after its PING).
 A worker starts serving clients only after a first such exchange with every worker that is up.
 Owned by the event loop thread.
 """
@@ -28,6 +30,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from zonebus.cluster.queue_policy import weighted_choice
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels
 from zonebus.link.interest import InterestCounts
@@ -350,23 +353,11 @@ class LocalMesh:
         if len(group) <= 1:
             return group[0] if group else None
         if self.prefer_local:  # prefer_matching_tags: the members of any worker before those on other servers
-            here = [(s, s.weight - s.conn.remote_of.get(s, 0) if s.conn.kind == WORKER else s.weight) for s in group]
-            total = sum(w for _, w in here)
-            if total <= 0:  # none here: the relaying worker picks among the other servers' members
-                return next((s for s, _ in here if s.conn.kind == WORKER), None)
-            x = self.server.random.random() * total
-            for sub, w in here:
-                x -= w
-                if x < 0:
-                    return sub
-            return here[-1][0]
-        total = sum(s.weight for s in group)
-        x = self.server.random.random() * total
-        for sub in group:
-            x -= sub.weight
-            if x < 0:
-                return sub
-        return group[-1]
+            here = [s for s in group if _members_here(s) > 0]
+            if not here:  # none here: the relaying worker picks among the other servers' members
+                return next((s for s in group if s.conn.kind == WORKER), None)
+            return weighted_choice(here, self.server.random, _members_here)
+        return weighted_choice(group, self.server.random)
 
     # -- PONGs held until the peers have this worker's interest ------------------------------------------
     def pong_gate(self, conn: ClientConnection) -> bool:
@@ -385,6 +376,11 @@ class LocalMesh:
         if self._hold_timer is None:
             self._hold_timer = self.server.loop.call_later(HOLD_MAX, self._hold_expired)
         return True
+
+    @staticmethod
+    def _pong(conn: ClientConnection) -> None:
+        if not conn.closed:
+            conn.send_pong()
 
     def _ask(self, link: LocalLink) -> None:
         link.ask_n += 1
@@ -418,9 +414,7 @@ class LocalMesh:
     def _release(self, force: bool = False) -> None:
         held = self._held
         while held and (force or self._satisfied(held[0][1])):
-            conn = held.popleft()[0]
-            if not conn.closed:
-                conn.send(b"PONG\r\n")
+            self._pong(held.popleft()[0])
         if not held and self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
@@ -435,9 +429,13 @@ class LocalMesh:
             self.server.log(f"worker {self.index}: worker(s) {late} did not confirm in {HOLD_MAX:.0f}s; "
                             "PONGs sent anyway", "WRN")
             while held and now - held[0][2] >= HOLD_MAX:
-                conn = held.popleft()[0]
-                if not conn.closed:
-                    conn.send(b"PONG\r\n")
+                self._pong(held.popleft()[0])
         if held:
             self._hold_timer = self.server.loop.call_later(max(0.01, HOLD_MAX - (now - held[0][2])),
                                                            self._hold_expired)
+
+
+def _members_here(sub: Subscription) -> int:
+    """The members of this server a queue entry stands for: a local link's weight less the part that stands
+    for other servers (told by the relaying worker, `wremote`)."""
+    return sub.weight - sub.conn.remote_of.get(sub, 0) if sub.conn.kind == WORKER else sub.weight

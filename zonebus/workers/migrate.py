@@ -39,7 +39,8 @@ CHANNEL = "wmove"
 _WIRE = CHANNEL.encode()
 CHECK_EVERY = 0.05
 MIN_MSGS = 500
-_FLAGS = ("verbose", "pedantic", "echo", "headers", "no_responders", "protocol", "name", "lang", "version", "user")
+_FLAGS = ("verbose", "pedantic", "echo", "headers", "no_responders", "protocol", "name", "lang", "version", "user",
+          "pong_sent")
 
 
 class _Adopted(ClientConnection):

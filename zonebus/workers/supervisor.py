@@ -28,6 +28,7 @@ import tempfile
 import time
 from dataclasses import replace
 
+from zonebus.server.identity import new_server_id
 from zonebus.server.listening import ListenError, naming
 from zonebus.server.options import ServerOptions
 from zonebus.workers import OPTIONS_FILE, WorkerSpec, counts
@@ -58,8 +59,6 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 class Supervisor:
     def __init__(self, opts: ServerOptions) -> None:
-        from zonebus.server.server import new_server_id
-
         self.opts = opts
         self.count = opts.workers
         self.dir = tempfile.mkdtemp(prefix="zonebus-workers-")  # mode 0700
@@ -124,7 +123,9 @@ class Supervisor:
             if ready.exists():
                 ever_ready = True
             if not ever_ready:
-                self.failure = f"worker {i} exited with code {code} before it could serve (see its error above)"
+                failed = self.spec.failed_path(i)
+                self.failure = failed.read_text() if failed.exists() else \
+                    f"worker {i} exited with code {code} before it could serve (see its error above)"
                 self.done.set()
                 return
             if self.lame_duck:

@@ -17,6 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
+from zonebus.server.main import prepare_runtime
 from zonebus.server.options import ServerOptions
 from zonebus.workers import OPTIONS_FILE, WorkerSpec
 
@@ -100,13 +101,7 @@ def _relay(server, node, mesh) -> None:  # type: ignore[no-untyped-def]
     mesh.relay = True
     if node.gateway is not None:
         mesh.relay_everything(list(server.accounts.by_name))
-    told = server.client_urls_changed
-
-    def urls_changed() -> None:
-        told()
-        mesh.urls_changed()
-
-    server.client_urls_changed = urls_changed
+    server.url_watchers.append(mesh.urls_changed)
 
 
 def _watch_parent(server, parent: int) -> None:  # type: ignore[no-untyped-def]
@@ -142,16 +137,12 @@ def main(argv: list[str]) -> int:
     spec = WorkerSpec.load(directory, index)
     with open(Path(directory) / OPTIONS_FILE, "rb") as f:
         opts: ServerOptions = pickle.load(f)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    prepare_runtime()
     try:
         asyncio.run(run_worker(opts, spec))
     except OSError as exc:
         print(f"zonebus server: worker {index}: {exc}", file=sys.stderr)
+        spec.failed_path(index).write_text(str(exc))  # the supervisor's last word (a port in use, ...)
         return 1
     return 0
 
