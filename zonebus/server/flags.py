@@ -19,6 +19,7 @@ A bad flag prints `zonebus server: <message>` to stderr and raises SystemExit(2)
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -363,8 +364,9 @@ def parse_server_args(argv: list[str]) -> tuple[ServerOptions, bool]:
 
 def default_workers(opts: ServerOptions) -> int:
     """`workers` when neither the config nor a flag says: one per core this process may run on, or 1 with
-    a block that several processes cannot serve yet (durable queue groups, the zone router)."""
-    if _single_only(opts):
+    a block that several processes cannot serve yet (durable queue groups, the zone router) or on a platform
+    without SO_REUSEPORT (the workers share the client port with it)."""
+    if _single_only(opts) or not hasattr(socket, "SO_REUSEPORT"):
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cores, MAX_WORKERS))
