@@ -29,7 +29,7 @@ import asyncio
 import os
 import signal
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from zonebus.server.options import ServerOptions
@@ -95,6 +95,7 @@ class Node:
         self.routed: RoutedDeliveries | None = None
         self._jsz: JetStreamMonitor | None = None
         self.queues: QueueService | None = None
+        self.queues_wired: Callable[[QueueService], None] | None = None  # e.g. a worker joins it to its mesh
         self.zone_router: ZoneRouter | None = None
         if opts.cluster.port or opts.cluster.routes:
             self._wire_cluster()
@@ -210,6 +211,8 @@ class Node:
         server.add_extension(queues)
         server.interest_watchers.append(queues)
         server.reload_hooks.append(queues.reloaded)
+        if self.queues_wired is not None:
+            self.queues_wired(queues)
         return queues
 
     def _queue_groups_reloaded(self, opts: ServerOptions) -> None:

@@ -4,7 +4,8 @@ RobustMQ's push manager (seed 003) with zone preference: the loop reads from the
 (bounded by count and bytes), wakes when a message is stored and otherwise polls every POLL seconds, and picks
 for each message a member on the server that stored it > a member on a server of the same zone > any other,
 at random (by member count) within a tier. Local members are written to directly; remote ones get the message
-over the `qgroup` channel (`wire`), whose server reports back. `ack: none`: done once written to a member;
+over the `qgroup` channel (`wire`), whose server reports back; so are members of the other worker processes
+of this server (a local link's entry, weighted by its member count). `ack: none`: done once written to a member;
 `ack: explicit`: done when acked, else sent again after `ack_wait` or when its member goes, up to
 `max_deliver`. Done messages leave the log, so its first sequence is the committed offset (at least once).
 Each push is counted in the traffic ledger (when on) as a `delivery` hop from the zone where the message was
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.cluster.queue_policy import weighted_choice
 from zonebus.queue.log import GroupLog
 from zonebus.queue.model import Record, ack_subject
-from zonebus.server.connection import CLIENT, ROUTE
+from zonebus.server.connection import CLIENT, ROUTE, WORKER
 from zonebus.server.options import QueueGroupOptions
 
 if TYPE_CHECKING:
@@ -203,6 +204,8 @@ class Dispatcher:
                 where, zone = me, my_zone
             elif conn.kind == ROUTE and not conn.closed and conn.remote_name:
                 where, zone = conn.remote_name, getattr(conn, "zone", "")
+            elif conn.kind == WORKER and not conn.closed and conn.remote_name:  # another worker of this server
+                where, zone = me, my_zone
             else:
                 continue
             tier = 0 if where == rec.origin else 1 if zone and zone == rec.zone else 2
@@ -213,6 +216,8 @@ class Dispatcher:
                 conn = sub.conn
                 if conn.kind == CLIENT:
                     return sub, "", my_zone
+                if conn.kind == WORKER:
+                    return sub, conn.remote_name, my_zone
                 return sub, conn.remote_name, getattr(conn, "zone", "")
         return None
 

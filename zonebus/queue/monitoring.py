@@ -22,6 +22,10 @@ def members(svc: QueueService, group: str) -> list[dict[str, Any]]:
     queue = group.encode()
     local = sum(1 for c in server.clients.values() for s in c.subs.values()
                 if s.queue == queue and c.kind == CLIENT and not c.closed)
+    if svc.mesh is not None:  # the members of this server's other workers (each local link's entry)
+        for conn in svc.mesh.hub.links.values():
+            if not conn.closed:
+                local += sum(s.weight for (_subj, q), s in getattr(conn, "remote_subs", {}).items() if q == queue)
     out = []
     if local:
         out.append({"server": server.name, "zone": server.zone, "members": local})

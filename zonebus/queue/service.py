@@ -8,28 +8,41 @@ primary per group (`queue_primary` / `queue_set`, moved by the meta leader when 
 other servers forward what they capture to it, keeping each message until the primary confirms it is stored
 (then the publisher gets its PubAck). The log lives on the shared store's directory when there is a
 `file://` shared store, so a new primary continues where the old one stopped.
+
+A server of several worker processes (`attach_workers`, zonebus.workers) has one service per worker, joined by
+the same channel over the local links: worker 0 (which holds the routes, the meta group and JetStream) is the
+primary, or the server's way to the primary, and the others forward what they capture to it as a server of a
+cluster does. Its dispatchers push to members of any worker (a local link's entry stands for that worker's
+members); a delivery for this server that comes from another server's primary is passed on by worker 0 to
+the worker whose member it picks. A forwarded publish carries its origin's incarnation and id, so a resend
+that crosses the primary's confirmation is stored once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import tempfile
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from zonebus.cluster.queue_policy import weighted_choice
 from zonebus.meta import server_hash
 from zonebus.queue import wire
 from zonebus.queue.dispatcher import Dispatcher
 from zonebus.queue.intercept import Interceptor
 from zonebus.queue.log import GroupLog
 from zonebus.queue.model import durable_groups, parse_ack_subject, pub_ack, stream_name
-from zonebus.server.connection import CLIENT
+from zonebus.server.connection import CLIENT, WORKER
 from zonebus.server.internal import InternalClient
 from zonebus.server.options import QueueGroupOptions, ServerOptions
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
+    from zonebus.link import LinkChannels
+    from zonebus.link.channels import Channel
     from zonebus.server.server import Server
     from zonebus.subjects.sublist import Subscription
 
@@ -37,13 +50,17 @@ TICK = 0.25
 RESEND_AFTER = 1.0  # a forwarded publish not confirmed by then is sent again (to the current primary)
 ELECT_EVERY = 1.0
 PROPOSE_TIMEOUT = 4.0
+SEEN_MAX = 100_000  # forwarded publishes remembered by (peer, incarnation, id), so that a resend is stored once
 
 
 class _Pending:
-    __slots__ = ("group", "subject", "reply", "hdr_len", "data", "sent")
+    __slots__ = ("group", "subject", "reply", "hdr_len", "data", "sent", "origin", "zone", "back")
 
-    def __init__(self, group: str, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
+    def __init__(self, group: str, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                 origin: str = "", zone: str = "", back: tuple[str, Any] | None = None) -> None:
         self.group, self.subject, self.reply, self.hdr_len, self.data = group, subject, reply, hdr_len, data
+        self.origin, self.zone = origin, zone
+        self.back = back  # (worker, dedup key): a worker's publish passed on by worker 0, confirmed to it
         self.sent = 0.0
 
 
@@ -67,6 +84,25 @@ class QueueService:
         self._meta_hooked = False
         self.channel = cluster.channels.register(wire.CHANNEL, self._frame, self._peer_up, self._peer_down) \
             if cluster is not None else None
+        self.mesh: Channel | None = None  # the same channel between the worker processes of this server
+        self.worker = -1  # this process's worker index (-1: not one of several)
+        self.workers: set[str] = set()  # the workers' names on the mesh
+        self.incarnation = random.getrandbits(62)
+        self._seen: OrderedDict[tuple[str, int, int], int] = OrderedDict()  # forwarded -> seq (0: on its way)
+        self.relays: dict[tuple[str, int], str] = {}  # (group, seq) passed on to a worker -> primary server
+
+    def attach_workers(self, channels: LinkChannels, index: int, count: int) -> None:
+        """This server runs as `count` worker processes, this one is `index`: worker 0 is the groups' primary
+        (or the way to it), the others forward to it over the local links' `channels`."""
+        self.worker = index
+        self.workers = {f"w{j}" for j in range(count)}
+        self.mesh = channels.register(wire.CHANNEL, lambda peer, payload: self._frame(peer, payload, True),
+                                      self._peer_up, self._peer_down)
+
+    def _send(self, peer: str, frame: bytes) -> bool:
+        """One frame to a peer server, or to a worker of this server."""
+        chan = self.mesh if peer in self.workers else self.channel
+        return chan is not None and chan.send(peer, frame)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -111,6 +147,8 @@ class QueueService:
         return self.meta_source() if self.meta_source is not None else None
 
     def primary_of(self, group: str) -> str | None:
+        if self.worker > 0:
+            return "w0"  # the primary, or the way to it
         if self.meta_source is None:
             return self.server.name
         meta = self._meta()
@@ -208,7 +246,7 @@ class QueueService:
     # -- capture -------------------------------------------------------------------------------------
     def _captured(self, group: QueueGroupOptions, subject: bytes, reply: bytes | None, hdr_len: int,
                   data: bytes) -> None:
-        p = _Pending(group.name, subject, reply, hdr_len, data)
+        p = _Pending(group.name, subject, reply, hdr_len, data, self.server.name, self.server.zone)
         if group.name in self.dispatchers:
             self._store_here(p)
             return
@@ -220,9 +258,23 @@ class QueueService:
         d = self.dispatchers[p.group]
         hdrs = p.data[: p.hdr_len] if p.hdr_len >= 0 else None
         seq = d.append(p.subject.decode(errors="replace"), hdrs, p.data[max(p.hdr_len, 0) : -2],
-                       self.server.name, self.server.zone)
-        if p.reply:
+                       p.origin or self.server.name, p.zone)
+        self._confirm(p, seq)
+
+    def _confirm(self, p: _Pending, seq: int) -> None:
+        """`p` is stored as `seq`: its publisher gets the PubAck (or the worker that forwarded it is told)."""
+        if p.back is not None:
+            worker, key = p.back
+            self._remember(key, seq)
+            if self.mesh is not None:
+                self.mesh.send(worker, wire.frame({"t": "stored", "g": p.group, "id": key[2], "seq": seq}))
+        elif p.reply:
             self._send_later(p.reply.decode(), pub_ack(p.group, seq))
+
+    def _remember(self, key: tuple[str, int, int], seq: int) -> None:
+        self._seen[key] = seq
+        while len(self._seen) > SEEN_MAX:
+            self._seen.popitem(last=False)
 
     def _send_later(self, subject: str, body: bytes) -> None:
         """Publish from a fresh loop turn (never from inside the core's routing of another message)."""
@@ -231,23 +283,21 @@ class QueueService:
     def _forward(self, pid: int, p: _Pending) -> None:
         primary = self.primary_of(p.group)
         p.sent = time.monotonic()
-        if primary is None or self.channel is None or primary == self.server.name:
+        if primary is None or primary == self.server.name:
             return
         head = {"t": "pub", "g": p.group, "id": pid, "s": p.subject.decode(errors="replace"), "h": p.hdr_len,
-                "o": self.server.name, "z": self.server.zone}
+                "o": p.origin or self.server.name, "z": p.zone, "i": self.incarnation}
         frame = wire.frame(head, p.data[:-2])
-        if self.channel.send(primary, frame):
+        if self._send(primary, frame):
             self.forwarded += 1
             self._count_hop(p.subject, p.group, "to_primary", primary, frame)
 
     # -- the channel ---------------------------------------------------------------------------------
     def _send_remote(self, server: str, group: str, seq: int, subject: bytes, reply: str | None,
                      hdr_len: int, data: bytes) -> bool:
-        if self.channel is None:
-            return False
         head = {"t": "dlv", "g": group, "seq": seq, "s": subject.decode(errors="replace"), "r": reply, "h": hdr_len}
         frame = wire.frame(head, data)
-        if not self.channel.send(server, frame):
+        if not self._send(server, frame):
             return False
         self._count_hop(subject, group, "to_member_server", server, frame)
         return True
@@ -255,31 +305,29 @@ class QueueService:
     def _count_hop(self, subject: bytes, group: str, hop: str, peer: str, frame: bytes) -> None:
         """A frame to `peer` in the traffic ledger's durable queue rows (its LMSG bytes, as on the route)."""
         ledger = self.server.ledger
-        if ledger is None or self.channel is None:
+        if ledger is None or self.channel is None or peer in self.workers:  # local links: no traffic
             return
         conn = self.channel.hub.links.get(peer)
         zone = getattr(conn, "zone", "") if conn is not None else ""
         nbytes = len(frame) + len(wire.CHANNEL) + len(str(len(frame))) + 9  # "LMSG <ch> <n>\r\n" ... "\r\n"
         ledger.durable_hop(subject, group, hop, self.server.zone, zone, nbytes)
 
-    def _frame(self, peer: str, payload: bytes) -> None:
+    def _frame(self, peer: str, payload: bytes, mesh: bool = False) -> None:
         head, body = wire.parse(payload)
         kind, group = head.get("t"), str(head.get("g", ""))
         if kind == "pub":
-            d = self.dispatchers.get(group)
-            if d is None:
-                return  # not (or no longer) primary: the origin sends it again to the one named next
-            hdr_len = int(head["h"])
-            seq = d.append(str(head["s"]), body[:hdr_len] if hdr_len >= 0 else None, body[max(hdr_len, 0):],
-                           str(head.get("o", peer)), str(head.get("z", "")))
-            self.channel.send(peer, wire.frame({"t": "stored", "g": group, "id": head["id"], "seq": seq}))
+            self._pub(peer, head, body, mesh)
         elif kind == "stored":
             p = self.pending.pop(int(head["id"]), None)
-            if p is not None and p.reply:
-                self._send_later(p.reply.decode(), pub_ack(p.group, int(head["seq"])))
+            if p is not None:
+                self._confirm(p, int(head["seq"]))
         elif kind == "dlv":
-            self._deliver_remote(peer, head, body)
+            self._deliver_remote(peer, head, body, mesh)
         elif kind == "dlvd":
+            primary = self.relays.pop((group, int(head["seq"])), None) if mesh else None
+            if primary is not None:  # a delivery from another server's primary, written on a worker
+                self._send(primary, payload)
+                return
             d = self.dispatchers.get(group)
             if d is not None:
                 d.remote_report(int(head["seq"]), bool(head.get("ok")), wire.member_key(head.get("m")))
@@ -287,15 +335,55 @@ class QueueService:
             d = self.dispatchers.get(group)
             if d is not None:
                 d.member_gone(peer, wire.member_key(head.get("m")))
+            elif mesh and self.worker == 0:
+                primary = self.primary_of(group)
+                if primary is not None and primary != self.server.name:
+                    self._send(primary, payload)  # a worker's member of a group led by another server
 
-    def _deliver_remote(self, primary: str, head: dict[str, Any], data: bytes) -> None:
-        """The primary chose a member of this server: write the message to one of them."""
+    def _pub(self, peer: str, head: dict[str, Any], body: bytes, mesh: bool) -> None:
+        """A publish captured by `peer` (a server, or a worker of this one) to store here."""
+        group = str(head.get("g", ""))
+        key = (peer, int(head.get("i", 0)), int(head["id"]))
+        seen = self._seen.get(key) if "i" in head else None
+        if seen is not None:  # sent again before our confirmation reached it
+            if seen:
+                self._send(peer, wire.frame({"t": "stored", "g": group, "id": head["id"], "seq": seen}))
+            return
+        d = self.dispatchers.get(group)
+        hdr_len = int(head["h"])
+        origin, zone = str(head.get("o", peer)), str(head.get("z", ""))
+        if d is None:
+            if mesh and self.worker == 0 and group in self.specs:  # on to the primary, confirmed back
+                p = _Pending(group, str(head["s"]).encode(), None, hdr_len, body + b"\r\n", origin, zone,
+                             (peer, key))
+                self._remember(key, 0)
+                self._next_id += 1
+                self.pending[self._next_id] = p
+                self._forward(self._next_id, p)
+            return  # not (or no longer) primary: the origin sends it again to the one named next
+        seq = d.append(str(head["s"]), body[:hdr_len] if hdr_len >= 0 else None, body[max(hdr_len, 0):],
+                       origin, zone)
+        if "i" in head:
+            self._remember(key, seq)
+        self._send(peer, wire.frame({"t": "stored", "g": group, "id": head["id"], "seq": seq}))
+
+    def _deliver_remote(self, primary: str, head: dict[str, Any], data: bytes, mesh: bool = False) -> None:
+        """The primary chose a member of this server: write the message to one of them (worker 0 of several
+        may pass it on to another worker, whose member then reports back through it)."""
         group, seq = str(head["g"]), int(head["seq"])
         subject = str(head["s"]).encode()
         queue = group.encode()
         r = self.server.sublist.match(subject)
         members = [s for g in r.qsubs if g and g[0].queue == queue for s in g
                    if s.conn.kind == CLIENT and not s.conn.closed]
+        if not mesh and self.mesh is not None:
+            others = [s for g in r.qsubs if g and g[0].queue == queue for s in g
+                      if s.conn.kind == WORKER and not s.conn.closed and s.conn.remote_name in self.workers]
+            if others:
+                sub = weighted_choice(members + others, self.server.random)
+                if sub.conn.kind == WORKER and self.mesh.send(sub.conn.remote_name, wire.frame(head, data)):
+                    self.relays[(group, seq)] = primary
+                    return
         reply = head.get("r")
         ok = bool(members)
         m = None
@@ -305,7 +393,7 @@ class QueueService:
             m = [sub.conn.cid, sub.sid.decode()]
             if reply:
                 self.tracks.setdefault((sub.conn.cid, sub.sid), set()).add((primary, group))
-        self.channel.send(primary, wire.frame({"t": "dlvd", "g": group, "seq": seq, "ok": ok, "m": m}))
+        self._send(primary, wire.frame({"t": "dlvd", "g": group, "seq": seq, "ok": ok, "m": m}))
 
     def _peer_up(self, peer: str) -> None:
         for pid, p in self.pending.items():
@@ -340,5 +428,4 @@ class QueueService:
         if d is not None:
             d.member_gone("", key)
         for primary, group in self.tracks.pop(key, ()):
-            if self.channel is not None:
-                self.channel.send(primary, wire.frame({"t": "gone", "g": group, "m": [key[0], key[1].decode()]}))
+            self._send(primary, wire.frame({"t": "gone", "g": group, "m": [key[0], key[1].decode()]}))

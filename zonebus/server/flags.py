@@ -374,12 +374,12 @@ def default_workers(opts: ServerOptions) -> int:
 
 def _single_only(opts: ServerOptions) -> str:
     """The first block of `opts` that only one process can serve ("" when none)."""
-    blocks = (("queue_groups {}", opts.queue_groups), ("jetstream { zone_router }", opts.jetstream.zone_router))
+    blocks = (("jetstream { zone_router }", opts.jetstream.zone_router),)
     return next((name for name, present in blocks if present), "")
 
 
 def workers_conflict(opts: ServerOptions) -> str:
     """Why `workers` above 1 cannot run with these options ("" when it can): what must be single in a server
-    of several processes and is not shared between them yet (durable queue groups, the zone router)."""
+    of several processes and is not shared between them yet (the zone router)."""
     name = _single_only(opts) if opts.workers > 1 else ""
     return f"workers: {opts.workers} cannot run with {name} yet; use workers: 1 (--workers 1)" if name else ""

@@ -7,7 +7,7 @@ scripts share this so that the same scenario runs against both implementations.
 zonebus runs as one process (`--workers 1`, though the server's default is one worker per core) unless a test
 asks for `workers` processes (zonebus.workers; `workers=0`: the server's default), or for every server when
 `ZONEBUS_TEST_WORKERS=N` is set (e.g. to run the core differential suites with 2 workers); a config with a
-block workers cannot serve yet (durable `queue_groups`, the `zone_router`) keeps one process.
+block workers cannot serve yet (the `zone_router`) keeps one process.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 IMPLEMENTATIONS = ("nats", "zonebus")
 WORKERS_ENV = "ZONEBUS_TEST_WORKERS"
-_NOT_WITH_WORKERS = ("queue_groups", "zone_router")
+_NOT_WITH_WORKERS = ("zone_router",)
 
 
 _handed_out: set[int] = set()

@@ -4,7 +4,8 @@ It reads the server's options from the supervisor's directory, builds an ordinar
 with the shared server id and name, joins the local mesh before it takes clients (`mesh.py`), and then
 serves the shared client port until SIGTERM/SIGINT (SIGHUP reloads, SIGUSR2 enters lame duck mode, as a
 lone server). Worker 0 also runs the monitoring port (with `/varz` and `/connz` of all workers) and
-JetStream; the others announce JetStream in their INFO and reach it over the local links.
+JetStream; the others announce JetStream in their INFO and reach it over the local links. Durable queue
+groups: worker 0 is their primary, the others forward to it over the local links (zonebus.queue.service).
 A worker whose parent is gone stops by itself.
 """
 
@@ -59,6 +60,9 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
         _relay(server, node, mesh)
     else:
         server.connect_urls = lambda: mesh.urls
+    if node.queues is not None:  # durable queue groups: worker 0 is their primary (or the way to it)
+        node.queues.attach_workers(mesh.channels, spec.index, spec.count)
+    node.queues_wired = lambda queues: queues.attach_workers(mesh.channels, spec.index, spec.count)  # (SIGHUP)
     stats = WorkerStats(server, mesh)
     if first:
         stats.serve_pages()
