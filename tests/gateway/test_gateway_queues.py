@@ -84,6 +84,10 @@ async def test_queue_local_then_nearest_cluster_then_failover(impl, slow_sc):
         for remote in ("B", "C"):
             await in_thread(wait_remote_interest, a1s, remote, tally.subject, "q")
             await in_thread(wait_remote_interest, a1s, remote, tally.barrier_subject)
+        # whichever server of a cluster gets a message (a route's, or a gateway's into C) knows its peers' receivers
+        for here, peer in (("A1", "A2"), ("C1", "C2"), ("C2", "C1")):
+            await in_thread(wait_for_route_interest, sc.server(here), tally.barrier_subject, peers={peer})
+            await in_thread(wait_for_route_interest, sc.server(here), tally.subject, "q", peers={peer})
 
         # 1. a member in the publisher's cluster (on its route peer): nothing leaves cluster A
         await tally.publish(a1, range(0, 100))

@@ -25,6 +25,7 @@ class Tally:
         self._barriers: Counter[str] = Counter()
         self._token = 0
         self._changed = asyncio.Event()
+        self._reached: dict[str, set[int]] = defaultdict(set)  # barrier token -> receiver connections
 
     @property
     def barrier_subject(self) -> str:
@@ -53,6 +54,7 @@ class Tally:
 
         async def on_barrier(msg) -> None:
             self._barriers[msg.data.decode()] += 1
+            self._reached[msg.data.decode()].add(id(nc))
             self._changed.set()
 
         await nc.subscribe(self.barrier_subject, cb=on_barrier)
@@ -73,8 +75,10 @@ class Tally:
         while self._barriers[token] < len(self._watched):
             left = deadline - time.monotonic()
             if left <= 0:
+                missing = [nc._server_info.get("server_name") for key, nc in self._watched.items()
+                           if key not in self._reached[token]]
                 raise TimeoutError(f"barrier {token} reached {self._barriers[token]} of {len(self._watched)} "
-                                   "receiver connections")
+                                   f"receiver connections; not those on {missing}")
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
