@@ -2,8 +2,9 @@
 
 The kernel puts each new connection on a worker at random, so a publisher and its subscriber are on two
 workers as often as not, and every message then costs both workers a turn (read, forward; read, deliver):
-two pairs split that way keep two cores as busy as one worker would be. So every `CHECK_EVERY` seconds a
-worker looks at its clients that publish (at least `MIN_MSGS` since the last look), have no subscriptions,
+two pairs split that way keep two cores as busy as one worker would be, and each round trip crosses a local
+link (twice a single process's latency). So every `CHECK_EVERY` seconds a worker looks at its clients that
+published since the last look (and at least `MIN_MSGS` in all, whatever their rate), have no subscriptions,
 and whose publishes (the parser's remembered PUB lines, with their delivery lists of this sublist
 generation) all go to exactly one local link and nowhere else; such a client is handed over to that worker:
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 CHANNEL = "wmove"
 _WIRE = CHANNEL.encode()
 CHECK_EVERY = 0.05
-MIN_MSGS = 500
+MIN_MSGS = 100  # published in all before a client may move (a rate of 1,000/s moves it within 0.1 s)
 _FLAGS = ("verbose", "pedantic", "echo", "headers", "no_responders", "protocol", "name", "lang", "version", "user",
           "pong_sent")
 
@@ -112,7 +113,7 @@ class Migrator:
         for conn in list(server.clients.values()):
             n = conn.in_msgs
             self._seen[conn.cid] = n
-            if n - seen.get(conn.cid, 0) < MIN_MSGS or conn.subs or not conn.connected or conn.closed \
+            if n == seen.get(conn.cid, 0) or n < MIN_MSGS or conn.subs or not conn.connected or conn.closed \
                     or (isinstance(conn, _Adopted) and not conn.fresh):  # a client moves once
                 continue
             link = self._target(conn)
