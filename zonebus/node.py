@@ -185,7 +185,9 @@ class Node:
     def _wire_zone_router(self) -> None:
         """`jetstream { zone_router: true }` (zonebus.zonerouter): zone-local connect_urls, client publishes to
         streams led in other zones through this zone's proxy and the shared store, `zone_router` in /jsz and
-        client zones in /connz."""
+        client zones in /connz. (With worker processes, zonebus.workers, this is worker 0, which holds the
+        cluster: the other workers' clients reach the router over the local links, and worker 0's `/connz`
+        of all workers marks each worker's clients.)"""
         server = self.server
         if self.clustered_js is None or self.cluster is None:
             server.log("zone router: needs a cluster with JetStream; ignored on a lone server", "WRN")
@@ -275,7 +277,6 @@ class Node:
         """SIGHUP: re-read the config file and apply what may change at run time (tags,
         `cluster.prefer_matching_tags`) without dropping connections."""
         from zonebus.config import ConfigError, load_config
-        from zonebus.server.flags import workers_conflict
 
         server = self.server
         path = server.opts.config_file
@@ -286,11 +287,6 @@ class Node:
             new = load_config(path)
         except ConfigError as exc:
             server.log(f"reload failed: {exc}")
-            return
-        new.workers = server.opts.workers  # (set at start: the worker processes are running)
-        conflict = workers_conflict(new)  # e.g. durable queue groups added to a server of several processes
-        if conflict:
-            server.log(f"reload failed: {conflict}")
             return
         server.opts.server_tags = new.server_tags
         for js in self.account_js:  # stream placement by tags sees the new ones (the replicated peer tables)

@@ -244,14 +244,15 @@ async def test_killed_worker_restarts_and_only_its_clients_reconnect(workers: in
         server.stop()
 
 
-def test_workers_with_the_zone_router_are_refused_with_a_clear_error(tmp_path) -> None:
+def test_workers_config_check_accepts_every_block(tmp_path) -> None:
+    """`-t`: several workers run with any block (the zone router and durable queue groups included); `workers`
+    must be at least 1."""
     conf = tmp_path / "s.conf"
     conf.write_text(f'workers: 2\njetstream {{ shared_store: "file://{tmp_path}/shared", zone_router: true }}\n')
     run = subprocess.run([sys.executable, "-m", "zonebus", "server", "-t", "-c", str(conf)], capture_output=True,
                          text=True, timeout=30)
-    assert run.returncode == 1
-    assert "workers: 2 cannot run with jetstream { zone_router } yet" in run.stderr, run.stderr
-    conf.write_text('workers: 2\nqueue_groups { w: { subjects: ["orders.>"] } }\n')  # durable groups: fine
+    assert run.returncode == 0, run.stderr
+    conf.write_text('workers: 2\nqueue_groups { w: { subjects: ["orders.>"] } }\n')
     run = subprocess.run([sys.executable, "-m", "zonebus", "server", "-t", "-c", str(conf)], capture_output=True,
                          text=True, timeout=30)
     assert run.returncode == 0, run.stderr
@@ -293,10 +294,9 @@ async def test_clients_are_spread_and_a_publisher_moves_to_its_subscriber() -> N
         server.stop()
 
 
-def test_default_is_one_worker_per_core_and_one_with_the_zone_router(tmp_path) -> None:
-    """Neither config nor flag says `workers`: one per core this process may run on; a config with a block
-    only one process can serve yet runs as one process; `--workers 1` keeps one; a reload that adds such a
-    block to a server of several processes fails (and the server keeps serving)."""
+def test_default_is_one_worker_per_core_with_any_config(tmp_path) -> None:
+    """Neither config nor flag says `workers`: one per core this process may run on, whatever the config
+    (durable queue groups, the zone router); `--workers 1` keeps one."""
     from zonebus.server.flags import parse_server_args
 
     cores = len(os.sched_getaffinity(0))
@@ -306,12 +306,13 @@ def test_default_is_one_worker_per_core_and_one_with_the_zone_router(tmp_path) -
     conf.write_text('queue_groups { w: { subjects: ["orders.>"] } }\n')  # durable queue groups: any number
     assert parse_server_args(["-c", str(conf)])[0].workers == cores
     conf.write_text(f'jetstream {{ shared_store: "file://{tmp_path}/shared", zone_router: true }}\n')
-    assert parse_server_args(["-c", str(conf)])[0].workers == 1
+    assert parse_server_args(["-c", str(conf)])[0].workers == cores
+    assert parse_server_args(["-c", str(conf), "--workers", "1"])[0].workers == 1
     conf.write_text("jetstream { }\n")
     assert parse_server_args(["-c", str(conf)])[0].workers == cores
 
 
-async def test_default_server_runs_a_worker_per_core(tmp_path) -> None:
+async def test_default_server_runs_a_worker_per_core() -> None:
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
         pytest.skip("one core: the default is one process")
@@ -327,14 +328,12 @@ async def test_default_server_runs_a_worker_per_core(tmp_path) -> None:
             assert (await sub.next_msg(timeout=5)).data == b"1"
         finally:
             await nc.close()
-        # a reload that adds the zone router is refused: it needs one process
-        shared = f"file://{tmp_path}/shared"
-        (server.workdir / "server.conf").write_text(conf_text + f'jetstream {{ shared_store: "{shared}", '
-                                                    'zone_router: true }\n')
+        # a reload (SIGHUP) reaches every worker, which applies it
+        (server.workdir / "server.conf").write_text(conf_text + 'server_tags: ["az:z9"]\n')
         os.kill(server.proc.pid, signal.SIGHUP)
         deadline = time.monotonic() + 10
-        while server.log().count("reload failed: workers: ") < cores and time.monotonic() < deadline:
+        while server.log().count("tags=['az:z9']") < cores and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        assert server.log().count(f"reload failed: workers: {cores} cannot run with jetstream {{ zone_router }} yet") \
-            == cores
+        assert server.log().count("tags=['az:z9']") == cores, server.log()
+        assert "reload failed" not in server.log()
         assert server.proc.poll() is None

@@ -354,32 +354,16 @@ def parse_server_args(argv: list[str]) -> tuple[ServerOptions, bool]:
         else:
             flag.apply(opts, value)
     tls.apply(opts)
-    conflict = workers_conflict(opts)
-    if conflict:
-        raise _fail(conflict, code=1)
     if not opts.workers:
-        opts.workers = default_workers(opts)
+        opts.workers = default_workers()
     return opts, test
 
 
-def default_workers(opts: ServerOptions) -> int:
-    """`workers` when neither the config nor a flag says: one per core this process may run on, or 1 with
-    a block that several processes cannot serve yet (durable queue groups, the zone router) or on a platform
-    without SO_REUSEPORT (the workers share the client port with it)."""
-    if _single_only(opts) or not hasattr(socket, "SO_REUSEPORT"):
+def default_workers() -> int:
+    """`workers` when neither the config nor a flag says: one per core this process may run on, whatever
+    the config (every block works with several processes), or 1 on a platform without SO_REUSEPORT (the
+    workers share the client port with it)."""
+    if not hasattr(socket, "SO_REUSEPORT"):
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cores, MAX_WORKERS))
-
-
-def _single_only(opts: ServerOptions) -> str:
-    """The first block of `opts` that only one process can serve ("" when none)."""
-    blocks = (("jetstream { zone_router }", opts.jetstream.zone_router),)
-    return next((name for name, present in blocks if present), "")
-
-
-def workers_conflict(opts: ServerOptions) -> str:
-    """Why `workers` above 1 cannot run with these options ("" when it can): what must be single in a server
-    of several processes and is not shared between them yet (the zone router)."""
-    name = _single_only(opts) if opts.workers > 1 else ""
-    return f"workers: {opts.workers} cannot run with {name} yet; use workers: 1 (--workers 1)" if name else ""

@@ -6,8 +6,7 @@ scripts share this so that the same scenario runs against both implementations.
 
 zonebus runs as one process (`--workers 1`, though the server's default is one worker per core) unless a test
 asks for `workers` processes (zonebus.workers; `workers=0`: the server's default), or for every server when
-`ZONEBUS_TEST_WORKERS=N` is set (e.g. to run the core differential suites with 2 workers); a config with a
-block workers cannot serve yet (the `zone_router`) keeps one process.
+`ZONEBUS_TEST_WORKERS=N` is set (e.g. to run the core differential suites with 2 workers).
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from pathlib import Path
 
 IMPLEMENTATIONS = ("nats", "zonebus")
 WORKERS_ENV = "ZONEBUS_TEST_WORKERS"
-_NOT_WITH_WORKERS = ("zone_router",)
 
 
 _handed_out: set[int] = set()
@@ -152,9 +150,6 @@ class ServerProcess:
             return len(os.sched_getaffinity(0))
         if self.workers is not None:
             return self.workers
-        text = self.config.lower()
-        if any(block in text for block in _NOT_WITH_WORKERS):
-            return 1
         env = (self.env or {}).get(WORKERS_ENV) or os.environ.get(WORKERS_ENV, "")
         return int(env) if env.isdigit() and int(env) > 0 else 1
 

@@ -4,7 +4,7 @@ A file of N 64-bit slots in the supervisor's directory, mapped by every worker: 
 of clients into slot i whenever it changes (the server's `clients` registry is a dict that tells it), and
 reads the other slots when it admits a client (`Server.admission`, see migrate.py). Two workers that admit their
 last client at the same instant may together pass the limit by one each. The supervisor zeroes the slot of
-a worker that died.
+a worker that died. `watchers` hear of each client that comes or goes (e.g. stats.ZoneCounts).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class SharedCounts:
         self.count = count
         with open(os.path.join(directory, FILE), "r+b") as f:
             self.map = mmap.mmap(f.fileno(), _SLOT.size * count)
+        self.watchers: list[Callable[[int, Any], None]] = []  # (cid, the client, or None when it left)
 
     def start(self) -> None:
         server = self.server
@@ -48,6 +50,11 @@ class SharedCounts:
 
     def write(self, n: int) -> None:
         _SLOT.pack_into(self.map, self.index * _SLOT.size, n)
+
+    def changed(self, n: int, cid: Any, conn: Any) -> None:
+        self.write(n)
+        for watcher in self.watchers:
+            watcher(cid, conn)
 
     def slots(self) -> list[int]:
         """Every worker's clients (this one's included)."""
@@ -63,13 +70,13 @@ class _Counted(dict):
 
     def __setitem__(self, key: Any, value: Any) -> None:
         super().__setitem__(key, value)
-        self.counts.write(len(self))
+        self.counts.changed(len(self), key, value)
 
     def __delitem__(self, key: Any) -> None:
         super().__delitem__(key)
-        self.counts.write(len(self))
+        self.counts.changed(len(self), key, None)
 
     def pop(self, key: Any, *default: Any) -> Any:
         value = super().pop(key, *default)
-        self.counts.write(len(self))
+        self.counts.changed(len(self), key, None)
         return value

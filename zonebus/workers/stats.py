@@ -7,9 +7,16 @@ a worker that is restarting is left out) and builds the page:
   messages and bytes in and out (clients' and all), subscriptions (each worker's own, not the other workers'
   interest it holds), slow consumers, stale connections, memory and CPU; and a `workers` list with each
   worker's index, pid and figures (zonebus's own section).
-- `/connz`: every worker's client connections, by client id (worker i hands out ids from i * 2^32 + 1).
+- `/connz`: every worker's client connections, by client id (worker i hands out ids from i * 2^32 + 1);
+  with the zone router (which runs on worker 0), each worker marks its own clients' zones (`zones`).
 A worker's answer is built when its frame is read, after everything its clients sent before, so a page asked
 for after a flush counts what was flushed.
+
+`ZoneCounts` (zone router only): each other worker tells worker 0 how many of its clients are outside the
+server's zone whenever that changes (a client arrived, left, or sent its first PING, after its CONNECT named
+it), on the `wzones` channel; such a frame counts as a message of the local link, so the client's PONG
+waits until worker 0 has it (`pong_gate`): `/jsz`'s `clients_outside_zone` is the whole server's once a
+client's connect returned.
 Owned by the event loop thread.
 """
 
@@ -22,10 +29,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from zonebus.server.client import ClientConnection
     from zonebus.server.server import Server
     from zonebus.workers.mesh import LocalMesh
+    from zonebus.zonerouter.clientzones import ClientZones
 
 CHANNEL = "wstats"
+ZONES = "wzones"
 ASK_TIMEOUT = 2.0
 CID_BLOCK = 1 << 32  # client ids of worker i start above i * CID_BLOCK
 SUMMED = ("connections", "total_connections", "in_msgs", "in_bytes", "out_msgs", "out_bytes", "in_client_msgs",
@@ -41,6 +51,7 @@ class WorkerStats:
         self._next = 0
         self._pending: dict[int, tuple[asyncio.Future, dict[str, Any]]] = {}
         self.migrator: Any = None  # zonebus.workers.migrate.Migrator, for its counts
+        self.zones: ClientZones | None = None  # the zone router's client zones, marked in `/connz`
 
     def serve_pages(self) -> None:
         """Worker 0: `/varz` and `/connz` of the whole server."""
@@ -53,7 +64,8 @@ class WorkerStats:
 
         server = self.server
         if page == "connz":
-            return connz(server, bool(args.get("subs")), bool(args.get("auth")))
+            built = connz(server, bool(args.get("subs")), bool(args.get("auth")))
+            return self.zones.annotate(built) if self.zones is not None else built
         v = varz(server)
         out = {key: v.get(key, 0) for key in SUMMED}
         out["subscriptions"] -= self.mesh.remote_subscriptions()
@@ -136,3 +148,64 @@ class WorkerStats:
         page["connections"] = conns
         page["num_connections"] = page["total"] = len(conns)
         return page
+
+
+class ZoneCounts:
+    """Clients outside the server's zone on every worker (the zone router's `clients_outside_zone`): the
+    other workers count theirs and tell worker 0 (`elsewhere` sums what they told)."""
+
+    def __init__(self, mesh: LocalMesh, zones: ClientZones) -> None:
+        self.mesh = mesh
+        self.zones = zones
+        self.outside: set[int] = set()  # this worker's clients outside the zone, by client id
+        self.pinged: set[int] = set()  # clients looked at since their first PING here (their CONNECT is read)
+        self.told = -1  # the count worker 0 has
+        self.others: dict[str, int] = {}  # worker 0: each other worker's count
+        self.channel = mesh.channels.register(ZONES, self._on_frame, self._peer_up, self._peer_down)
+        self._gate = mesh.pong_gate
+
+    def elsewhere(self) -> int:
+        return sum(self.others.values())
+
+    # -- the other workers: counting their own clients ---------------------------------------------------
+    def client_changed(self, cid: int, conn: ClientConnection | None) -> None:
+        """A SharedCounts watcher: a client arrived (a moved one has its name already) or left."""
+        if conn is None:
+            self.pinged.discard(cid)
+            self.outside.discard(cid)
+        else:
+            self._look(conn)
+        self._tell()
+
+    def pong_gate(self, conn: ClientConnection) -> bool:
+        """The server's `pong_gate`: at a client's first PING (after its CONNECT) its zone is known; a count
+        told here goes out before the mesh decides whether the PONG waits for worker 0."""
+        if conn.cid not in self.pinged:
+            self.pinged.add(conn.cid)
+            self._look(conn)
+            self._tell()
+        return self._gate(conn)
+
+    def _look(self, conn: ClientConnection) -> None:
+        if self.zones.outside(conn):
+            self.outside.add(conn.cid)
+        else:
+            self.outside.discard(conn.cid)
+
+    def _tell(self) -> None:
+        n = len(self.outside)
+        if n != self.told and self.channel.send("w0", b"%d" % n):
+            self.told = n
+
+    def _peer_up(self, peer: str) -> None:
+        if peer == "w0":
+            self.told = -1  # (worker 0 may have restarted)
+            self._tell()
+
+    # -- worker 0 ----------------------------------------------------------------------------------------
+    def _on_frame(self, peer: str, payload: bytes) -> None:
+        if payload.isdigit():
+            self.others[peer] = int(payload)
+
+    def _peer_down(self, peer: str) -> None:
+        self.others.pop(peer, None)

@@ -6,6 +6,10 @@ serves the shared client port until SIGTERM/SIGINT (SIGHUP reloads, SIGUSR2 ente
 lone server). Worker 0 also runs the monitoring port (with `/varz` and `/connz` of all workers) and
 JetStream; the others announce JetStream in their INFO and reach it over the local links. Durable queue
 groups: worker 0 is their primary, the others forward to it over the local links (zonebus.queue.service).
+The zone router (`jetstream { zone_router }`) runs on worker 0, with the cluster and its meta group: what
+the other workers' clients publish, pull, ack or get directly reaches it over the local links as their
+interest leads it there (zonebus.zonerouter.forwarder), the zone-local client URLs reach every worker as
+the cluster's URLs do, and each worker marks its own clients' zones (`/connz`, stats.ZoneCounts).
 A worker whose parent is gone stops by itself.
 """
 
@@ -36,6 +40,7 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
 
     first = spec.index == 0
     js = opts.jetstream.enabled
+    zoned = js and opts.jetstream.zone_router and bool(opts.cluster.port or opts.cluster.routes)  # (see node.py)
     if not first:  # single things live in worker 0: monitoring, JetStream, the routes and the gateways
         opts.http_port = opts.https_port = 0
         opts.jetstream.enabled = False
@@ -76,6 +81,8 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
             server.info_extras["jetstream"] = True
     counts = SharedCounts(server, spec.directory, spec.index, spec.count)  # one max_connections
     counts.start()
+    if zoned:
+        _client_zones(node, mesh, stats, counts, first)
     await mesh.start(MESH_WAIT)
     migrator = Migrator(server, mesh, counts)  # balanced clients; publishers join their subscribers
     migrator.start()
@@ -106,6 +113,23 @@ def _relay(server, node, mesh) -> None:  # type: ignore[no-untyped-def]
     if node.gateway is not None:
         mesh.relay_everything(list(server.accounts.by_name))
     server.url_watchers.append(mesh.urls_changed)
+
+
+def _client_zones(node, mesh, stats, counts, first: bool) -> None:  # type: ignore[no-untyped-def]
+    """The zone router is on (worker 0 runs it): every worker marks its clients' zones in `/connz`, and the
+    others tell worker 0 how many of theirs are outside the zone (its `/jsz` counts the whole server's)."""
+    from zonebus.workers.stats import ZoneCounts
+    from zonebus.zonerouter.clientzones import ClientZones
+
+    router = node.zone_router
+    zones = router.zones if router is not None else ClientZones(node.server)
+    stats.zones = zones
+    tally = ZoneCounts(mesh, zones)
+    if first:
+        zones.elsewhere = tally.elsewhere
+    else:
+        counts.watchers.append(tally.client_changed)
+        node.server.pong_gate = tally.pong_gate
 
 
 def _watch_parent(server, parent: int) -> None:  # type: ignore[no-untyped-def]

@@ -5,11 +5,15 @@ A client's zone comes from `az=<zone>` in its connection name or the ledger's CI
 on, `/connz` shows every client's `zone` and `zone_known`, and `outside_zone: true` for a client that stated a
 zone other than its server's: it is served all the same (the ledger records it with its own zone, so its
 rows show `peer_zone != server_zone`).
+
+A server of several worker processes (zonebus.workers) has the router on worker 0 only: every worker marks
+its own clients in its part of `/connz` (`annotate`, asked by worker 0's page of all workers), and tells
+worker 0 how many of its clients are outside the zone (`elsewhere`: the `/jsz` count covers every worker).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from zonebus.ledger.zones import ClientZoneResolver
@@ -24,6 +28,7 @@ class ClientZones:
         self.server = server
         opts = server.opts.ledger
         self.resolver = ClientZoneResolver(server.zone, opts.client_zones, opts.zone_tag_prefix)
+        self.elsewhere: Callable[[], int] | None = None  # clients outside the zone on the other workers
 
     def zone_of(self, conn: Any) -> tuple[str, bool]:
         """(zone, known) of a client connection; the ledger's answer when it resolved one."""
@@ -36,7 +41,10 @@ class ClientZones:
         return known and bool(self.server.zone) and zone != self.server.zone
 
     def connz_page(self, query: Mapping[str, str]) -> dict[str, Any]:
-        page = connz(self.server, query_flag(query, "subs"), query_flag(query, "auth"))
+        return self.annotate(connz(self.server, query_flag(query, "subs"), query_flag(query, "auth")))
+
+    def annotate(self, page: dict[str, Any]) -> dict[str, Any]:
+        """A `/connz` page of this process: its clients' `zone`, `zone_known` and `outside_zone`."""
         for entry in page["connections"]:
             conn = self.server.clients.get(entry["cid"])
             if conn is None:
@@ -48,4 +56,8 @@ class ClientZones:
         return page
 
     def outside_count(self) -> int:
+        """Clients outside the zone: this process's, and those of the server's other workers."""
+        return self.outside_here() + (self.elsewhere() if self.elsewhere is not None else 0)
+
+    def outside_here(self) -> int:
         return sum(1 for c in list(self.server.clients.values()) if self.outside(c))

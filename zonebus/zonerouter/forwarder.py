@@ -3,17 +3,21 @@
 The core calls `process_msg` for every message that did not come over a route. For a client's message on a
 subject of a stream whose leader is in another zone, the router takes the message (it goes to this zone's
 proxy for that leader) and the route to the leader is left out of the delivery; every other subscriber gets
-the message as before. A client's ack (`$JS.ACK.<stream>...`) of a stream led in another zone goes to the
-proxy too, which sends the leader ranges of acks. Everything else goes to the forwarder that was installed
-before (gateways) or to the core's own cluster delivery. Such subjects are kept off the clients' fast path
-(`memo_entries`).
+the message as before. A message from a local link (`WORKER`: another worker process of this server,
+zonebus.workers) is a client's message of this server: the other workers run no router, and what their
+clients publish or ack reaches worker 0's router that way (pull requests and direct gets reach it as API
+requests, `$JS.API.>` being worker 0's interest); PubAcks and deliveries go to the client's inbox, which
+worker 0 knows as that worker's interest. A client's ack (`$JS.ACK.<stream>...`) of a stream led in
+another zone goes to the proxy too, which sends the leader ranges of acks. Everything else goes to the
+forwarder that was installed before (gateways) or to the core's own cluster delivery. Such subjects are kept
+off the clients' fast path (`memo_entries`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zonebus.server.connection import CLIENT, ROUTE
+from zonebus.server.connection import CLIENT, ROUTE, WORKER
 from zonebus.subjects.sublist import MatchResult
 
 if TYPE_CHECKING:
@@ -21,6 +25,9 @@ if TYPE_CHECKING:
     from zonebus.server.hooks import Forwarder
     from zonebus.server.server import Server
     from zonebus.zonerouter.router import ZoneRouter
+
+
+_CLIENTS = (CLIENT, WORKER)  # what clients of this server publish: here, or on another worker process
 
 
 class RouterForwarder:
@@ -32,7 +39,7 @@ class RouterForwarder:
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: Any, r: MatchResult) -> bool:
         taken = False
-        if src.kind == CLIENT:
+        if src.kind in _CLIENTS:
             if subject.startswith(b"$JS.ACK."):
                 target = self.router.ack_target(subject) if not data.startswith(b"+NXT", max(hdr_len, 0)) \
                     else None
