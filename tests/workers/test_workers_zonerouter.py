@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import nats
 import pytest
@@ -24,6 +26,9 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from zonebus.testing.byteproxy import ProxyProcess
 from zonebus.testing.jsapi import api
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zonerouter"))
+from zrkit import router_info, wait_for  # noqa: E402  (the zone router tests' helpers)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,25 +79,6 @@ def zoned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zoned]:
     z = Zoned(servers, bp)
     yield z
     z.stop()
-
-
-def router_info(server: ServerProcess) -> dict:
-    return server.http_get("/jsz").get("zone_router", {})
-
-
-async def wait_for(check: Callable[[], object], what: str, timeout: float = 30.0) -> object:
-    """Poll `check` (in a thread: it may do blocking HTTP) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = await asyncio.to_thread(check)
-        except OSError as exc:
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"{what} not reached; last: {last!r}")
 
 
 def full_view(zoned: Zoned) -> Callable[[], bool]:
@@ -170,7 +156,7 @@ def proxied(zoned: Zoned, key: str = "msgs") -> int:
 
 async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned), "the full mapping on every server")
+    await wait_for(full_view(zoned), 30.0, "the full mapping on every server")
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
@@ -244,7 +230,7 @@ async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned)
 
 async def test_direct_get_from_worker_1(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned), "the full mapping on every server")
+    await wait_for(full_view(zoned), 30.0, "the full mapping on every server")
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
@@ -307,7 +293,7 @@ def _infos(port: int, want: int) -> dict[int, dict]:
 
 async def test_zone_local_urls_and_client_zones_on_every_worker(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned), "the full mapping on every server")
+    await wait_for(full_view(zoned), 30.0, "the full mapping on every server")
     for w, info in (await asyncio.to_thread(_infos, s["a1"].port, WORKERS)).items():
         assert info.get("connect_urls") == [f"127.0.0.1:{s['a2'].port}"], w  # a2 only: same zone
     for w, info in (await asyncio.to_thread(_infos, s["b1"].port, WORKERS)).items():
@@ -327,7 +313,7 @@ async def test_zone_local_urls_and_client_zones_on_every_worker(zoned: Zoned) ->
         assert router_info(s["a1"])["clients_outside_zone"] == 2  # worker 1's too
         await close_all(outside)
         outside = []
-        await wait_for(lambda: router_info(s["a1"])["clients_outside_zone"] == 0, "outside clients gone")
+        await wait_for(lambda: router_info(s["a1"])["clients_outside_zone"] == 0, 30.0, "outside clients gone")
     finally:
         await close_all(inside + outside)
 
@@ -348,7 +334,7 @@ async def test_kill_9_of_the_proxys_worker_0_loses_nothing_acknowledged(zoned: Z
     import signal
 
     s = zoned.servers
-    await wait_for(full_view(zoned), "the full mapping on every server")
+    await wait_for(full_view(zoned), 30.0, "the full mapping on every server")
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
@@ -381,7 +367,7 @@ async def test_kill_9_of_the_proxys_worker_0_loses_nothing_acknowledged(zoned: Z
         assert retries > 0 and pub.is_connected  # worker 1's client noticed only errors to retry
         assert seqs == sorted(set(seqs))
         assert server.http_get("/varz")["workers"][0]["pid"] != victim
-        await wait_for(full_view(zoned), "the full mapping again")
+        await wait_for(full_view(zoned), 30.0, "the full mapping again")
         psub = await admin.jetstream(timeout=10).pull_subscribe("wkl.x", durable="rd", stream="WKL")
         seen: list[int] = []
         while len(seen) < len(acked):
