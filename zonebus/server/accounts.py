@@ -21,7 +21,6 @@ Owned by the event loop thread.
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import TYPE_CHECKING
 
@@ -283,6 +282,8 @@ class Accounts:
     def response_subscription(self, exporter: Account) -> None:
         if exporter._response_sub is not None:
             return
+        import secrets  # (on demand: only service exports with replies need it)
+
         exporter.response_prefix = b"_R_." + secrets.token_hex(3).encode() + b"."
         sub = Subscription(exporter.conn, exporter.response_prefix + b">", None, b"r")
         exporter._response_sub = sub
@@ -325,6 +326,8 @@ class Accounts:
         exporter = imp.exporter
         mapped_reply = None
         if reply:
+            import secrets
+
             exporter._next_response += 1
             mapped_reply = exporter.response_prefix + secrets.token_urlsafe(6).encode() + b"%d" % (
                 exporter._next_response)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import secrets
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -72,6 +71,8 @@ class SystemAccount:
         return bool(self.account.sublist.match(subject.encode()))
 
     def _event(self) -> dict[str, Any]:
+        import secrets  # (on demand: a server that never sends a system event needs no OpenSSL hashes)
+
         return {"id": secrets.token_urlsafe(16), "timestamp": rfc3339(time.time()), "server": self._server()}
 
     def _server(self) -> dict[str, Any]:
