@@ -15,6 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import nats
 import pytest
@@ -160,8 +161,23 @@ async def test_request_reply_and_no_responders(server: ServerProcess) -> None:
         await close_all(clients)
 
 
+def test_the_supervisor_is_a_small_interpreter_with_the_same_pid(server: ServerProcess) -> None:
+    """The process that read the options became the supervisor (exec): same pid, no asyncio or uvloop
+    loaded (/proc/<pid>/maps), and the parent of every worker."""
+    pid = server.proc.pid
+    assert b"zonebus.workers.supervisor" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "_asyncio" not in maps and "uvloop" not in maps
+    for worker in server.http_get("/varz")["workers"]:
+        status = Path(f"/proc/{worker['pid']}/status").read_text()
+        assert f"PPid:\t{pid}\n" in status
+
+
 async def test_varz_sums_the_workers(server: ServerProcess) -> None:
-    before = server.http_get("/varz")
+    deadline = time.monotonic() + 10  # the clients of the tests before are gone, with their subscriptions
+    while (before := server.http_get("/varz"))["connections"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert before["connections"] == 0
     clients = await spread_clients(server)
     try:
         got = asyncio.Event()
