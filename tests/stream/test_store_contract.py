@@ -266,7 +266,8 @@ def test_filestore_index_and_scan_recover_the_same(tmp_path):
     assert crashed.state().msgs == before.msgs
     crashed.close()
     for p in d.glob("*.idx"):
-        p.write_bytes(p.read_bytes()[:-1] + b"\x00")  # corrupt every index: recovery scans instead
+        raw = p.read_bytes()  # corrupt every index (flip its last byte: writing 0 changed nothing when it was 0)
+        p.write_bytes(raw[:-1] + bytes([raw[-1] ^ 0xFF]))  # recovery scans instead
     scanned = FileStore(d, segment_bytes=400)
     assert scanned.indexed_segments == 0
     assert scanned.state().msgs == before.msgs and scanned.load(62).data == b"tail"
