@@ -38,8 +38,8 @@ def test_predicted_saving_matches_the_measured_one(spark, run_cli, tmp_path: Pat
     assert measured > 0
     assert predicted == pytest.approx(measured, rel=0.05), (predicted, measured)
     assert prefer["saving_is_significant"]
-    # The stock run's own estimate is its measured bill, up to sampling noise.
-    assert not stock["saving_is_significant"]
+    # The stock run's own estimate is its measured bill, up to sampling noise. (Not `saving_is_significant`
+    # == False: a saving of 0 still passes the report's 2-sigma bar in ~2% of runs, by chance alone.)
     assert abs(stock["saved_usd"]) <= 5 * stock["saved_noise_usd"]
     # Both runs carried the same traffic, counted the same way.
     for s in (stock, prefer):
