@@ -15,7 +15,7 @@ import asyncio
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import nats
@@ -23,12 +23,16 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from zonebus.testing.byteproxy import ProxyProcess
-from zonebus.testing.jsapi import api
-from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zonerouter"))
-from zrkit import router_info, wait_for  # noqa: E402  (the zone router tests' helpers)
+from zrkit import (  # noqa: E402  (the zone router tests' helpers)
+    Zoned,
+    full_view,
+    publish_numbered,
+    router_info,
+    start_zoned,
+    stream_in_z2,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,49 +44,11 @@ PER_CLIENT = 150
 IN_FLIGHT = 50
 
 
-class Zoned:
-    def __init__(self, servers: dict[str, ServerProcess], proxy: ProxyProcess) -> None:
-        self.servers = servers
-        self.proxy = proxy
-        self.zones = dict(LAYOUT)
-
-    def cross_zone_bytes(self) -> int:
-        return sum(n for (a, b), n in self.proxy.counts().items()
-                   if a in self.zones and b in self.zones and self.zones[a] != self.zones[b])
-
-    def stop(self) -> None:
-        for s in self.servers.values():
-            s.stop()
-        self.proxy.stop()
-
-
 @pytest.fixture(scope="module")
 def zoned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zoned]:
-    tmp = tmp_path_factory.mktemp("wzr")
-    ports = {name: free_port() for name, _ in LAYOUT}
-    bp = ProxyProcess()
-    servers = {}
-    for name, zone in LAYOUT:
-        urls = [f"nats-route://127.0.0.1:{bp.add(name, other, ports[other])}" for other, _ in LAYOUT if other != name]
-        js = (f'jetstream {{ store_dir: "{tmp}/{name}", shared_store: "file://{tmp}/shared", '
-              'failover_timeout: "2s", zone_router: true }')
-        conf = cluster_config(name, ports[name], tags=[f"az:{zone}"], route_urls=urls,
-                              cluster_extra="no_advertise: true", extra=js)
-        (tmp / f"work-{name}").mkdir()
-        servers[name] = ServerProcess("zonebus", conf, http_port=free_port(), workdir=tmp / f"work-{name}",
-                                      workers=WORKERS)
-    try:
-        start_parallel(list(servers.values()), timeout=60)
-    except Exception:
-        bp.stop()
-        raise
-    z = Zoned(servers, bp)
+    z = start_zoned(tmp_path_factory.mktemp("wzr"), LAYOUT, proxy=True, workers=WORKERS, start_timeout=60)
     yield z
     z.stop()
-
-
-def full_view(zoned: Zoned) -> Callable[[], bool]:
-    return lambda: all(router_info(s).get("zones") == FULL for s in zoned.servers.values())
 
 
 def worker_of(nc: Client) -> int:
@@ -112,19 +78,6 @@ async def close_all(clients: list[Client]) -> None:
         await nc.close()
 
 
-async def stream_in_z2(nc: Client, name: str, subjects: list[str]) -> None:
-    """A file stream placed in z2 (led by b1), retrying while the cluster is still forming."""
-    resp: dict = {}
-    for _ in range(100):
-        resp = await api(nc, f"$JS.API.STREAM.CREATE.{name}", {
-            "name": name, "subjects": subjects, "storage": "file", "placement": {"tags": ["az:z2"]}})
-        if "error" not in resp:
-            assert resp["cluster"]["leader"] == "b1", resp
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"stream not created: {resp}")
-
-
 async def until_acked(nc: Client, subject: str) -> None:
     """Publish to `subject` until a PubAck comes: the stream's interest has reached this client's worker."""
     js = nc.jetstream(timeout=5)
@@ -138,29 +91,17 @@ async def until_acked(nc: Client, subject: str) -> None:
             await asyncio.sleep(0.1)
 
 
-async def publish_all(nc: Client, who: str, n: int) -> list[int]:
-    js = nc.jetstream(timeout=10)
-    seqs: list[int] = []
-    for start in range(0, n, IN_FLIGHT):
-        body = [f"{who}:{i}:".encode().ljust(PAYLOAD, b".") for i in range(start, min(n, start + IN_FLIGHT))]
-        acks = await asyncio.gather(*(js.publish(f"wzr.{who}", b) for b in body))
-        for ack in acks:
-            assert ack.stream == "WZR" and not ack.duplicate
-            seqs.append(ack.seq)
-    return seqs
-
-
 def proxied(zoned: Zoned, key: str = "msgs") -> int:
     return sum(router_info(zoned.servers[n]).get("proxy", {}).get(key, 0) for n in ("a1", "a2"))
 
 
 async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned), 30.0, "the full mapping on every server")
+    await wait_for(full_view(zoned, FULL), 30.0, "the full mapping on every server")
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
-        await stream_in_z2(admin, "WZR", ["wzr.>"])
+        await stream_in_z2(admin, "WZR", ["wzr.>"], attempts=100)
         on_a1 = await on_each_worker(s["a1"].url)
         on_a2 = await on_each_worker(s["a2"].url)
         publishers = {"a1w0": on_a1[0], "a1w1": on_a1[1], "a2w0": on_a2[0], "a2w1": on_a2[1]}
@@ -172,7 +113,8 @@ async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned)
         msgs_before = proxied(zoned)
         leader_before = router_info(s["b1"])["leader"]["msgs"]
 
-        results = await asyncio.gather(*(publish_all(nc, who, PER_CLIENT) for who, nc in publishers.items()))
+        results = await asyncio.gather(*(publish_numbered(nc, f"wzr.{who}", "WZR", who, PER_CLIENT, PAYLOAD,
+                                                          IN_FLIGHT) for who, nc in publishers.items()))
         crossed = zoned.cross_zone_bytes()
         total = len(publishers) * PER_CLIENT
         seqs = sorted(q for r in results for q in r)
@@ -230,18 +172,11 @@ async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned)
 
 async def test_direct_get_from_worker_1(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned), 30.0, "the full mapping on every server")
+    await wait_for(full_view(zoned, FULL), 30.0, "the full mapping on every server")
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
-        for _ in range(100):
-            resp = await api(admin, "$JS.API.STREAM.CREATE.WDG", {
-                "name": "WDG", "subjects": ["wdg.>"], "storage": "file", "allow_direct": True,
-                "placement": {"tags": ["az:z2"]}})
-            if "error" not in resp:
-                break
-            await asyncio.sleep(0.2)
-        assert "error" not in resp, resp
+        await stream_in_z2(admin, "WDG", ["wdg.>"], attempts=100, allow_direct=True)
         js = admin.jetstream(timeout=10)
         for i in range(3):
             await js.publish(f"wdg.{i}", b"v%d" % i)
@@ -293,7 +228,7 @@ def _infos(port: int, want: int) -> dict[int, dict]:
 
 async def test_zone_local_urls_and_client_zones_on_every_worker(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned), 30.0, "the full mapping on every server")
+    await wait_for(full_view(zoned, FULL), 30.0, "the full mapping on every server")
     for w, info in (await asyncio.to_thread(_infos, s["a1"].port, WORKERS)).items():
         assert info.get("connect_urls") == [f"127.0.0.1:{s['a2'].port}"], w  # a2 only: same zone
     for w, info in (await asyncio.to_thread(_infos, s["b1"].port, WORKERS)).items():
@@ -334,11 +269,11 @@ async def test_kill_9_of_the_proxys_worker_0_loses_nothing_acknowledged(zoned: Z
     import signal
 
     s = zoned.servers
-    await wait_for(full_view(zoned), 30.0, "the full mapping on every server")
+    await wait_for(full_view(zoned, FULL), 30.0, "the full mapping on every server")
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
-        await stream_in_z2(admin, "WKL", ["wkl.>"])
+        await stream_in_z2(admin, "WKL", ["wkl.>"], attempts=100)
         proxy = router_info(s["a1"])["proxies"]["z1"]["b1"]
         server = s[proxy]
         clients = await on_each_worker(server.url)
@@ -367,7 +302,7 @@ async def test_kill_9_of_the_proxys_worker_0_loses_nothing_acknowledged(zoned: Z
         assert retries > 0 and pub.is_connected  # worker 1's client noticed only errors to retry
         assert seqs == sorted(set(seqs))
         assert server.http_get("/varz")["workers"][0]["pid"] != victim
-        await wait_for(full_view(zoned), 30.0, "the full mapping again")
+        await wait_for(full_view(zoned, FULL), 30.0, "the full mapping again")
         psub = await admin.jetstream(timeout=10).pull_subscribe("wkl.x", durable="rd", stream="WKL")
         seen: list[int] = []
         while len(seen) < len(acked):

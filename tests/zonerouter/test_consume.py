@@ -11,7 +11,7 @@ import asyncio
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import FULL, LAYOUT, api, full_view, router_info, start_zoned, stream_in_z2, wait_for
+from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned, stream_in_z2, wait_for
 
 PAYLOAD = 1024
 N = 1500
@@ -153,13 +153,7 @@ async def test_direct_get_answered_by_the_proxy_like_the_leader(zoned) -> None:
     nc = await nats.connect(s["b1"].url)
     far = await nats.connect(s["a2"].url)
     try:
-        for _ in range(50):
-            resp = await api(nc, "$JS.API.STREAM.CREATE.DG", {
-                "name": "DG", "subjects": ["dg.>"], "storage": "file", "allow_direct": True,
-                "placement": {"tags": ["az:z2"]}})
-            if "error" not in resp:
-                break
-            await asyncio.sleep(0.2)
+        await stream_in_z2(nc, "DG", ["dg.>"], allow_direct=True)
         js = nc.jetstream(timeout=10)
         for i, subj in enumerate(["dg.a", "dg.b", "dg.a", "dg.c"]):
             await js.publish(subj, f"v{i}".encode(), headers={"K": str(i)})

@@ -11,7 +11,7 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError
-from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned, stream_in_z2, wait_for
+from zrkit import FULL, LAYOUT, full_view, publish_numbered, router_info, start_zoned, stream_in_z2, wait_for
 
 PAYLOAD = 1024
 PER_PUBLISHER = 600
@@ -27,18 +27,10 @@ def zoned(tmp_path_factory: pytest.TempPathFactory):
 
 async def _publisher(url: str, who: str, n: int) -> list[int]:
     nc = await nats.connect(url, name=f"pub-{who}")
-    js = nc.jetstream(timeout=10)
-    seqs: list[int] = []
     try:
-        for start in range(0, n, IN_FLIGHT):
-            body = [f"{who}:{i}:".encode().ljust(PAYLOAD, b".") for i in range(start, min(n, start + IN_FLIGHT))]
-            acks = await asyncio.gather(*(js.publish(f"ord.{who}", b) for b in body))
-            for ack in acks:
-                assert ack.stream == "ORD" and not ack.duplicate
-                seqs.append(ack.seq)
+        return await publish_numbered(nc, f"ord.{who}", "ORD", who, n, PAYLOAD, IN_FLIGHT)
     finally:
         await nc.close()
-    return seqs
 
 
 @pytest.mark.timeout(90)

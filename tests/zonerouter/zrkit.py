@@ -49,9 +49,11 @@ class Zoned:
 
 
 def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, failover: str = "2s",
-                js_extra: str = "", shared: str = "", env: dict[str, str] | None = None) -> Zoned:
+                js_extra: str = "", shared: str = "", env: dict[str, str] | None = None,
+                workers: int | None = None, start_timeout: float = 40) -> Zoned:
     """`shared`: the shared store's URL (default: a `shared` folder in `tmp`); `js_extra`: more `jetstream`
-    options; `env`: the servers' extra environment (S3 credentials)."""
+    options; `env`: the servers' extra environment (S3 credentials); `workers`: worker processes per server
+    (zonebus.testing.processes' default when None)."""
     ports = {name: free_port() for name, _ in layout}
     bp = ProxyProcess() if proxy else None
     servers = {}
@@ -67,9 +69,10 @@ def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, f
         conf = cluster_config(name, ports[name], tags=[f"az:{zone}"], route_urls=urls,
                               cluster_extra="no_advertise: true", extra=js)
         (tmp / f"work-{name}").mkdir(exist_ok=True)
-        servers[name] = ServerProcess("zonebus", conf, http_port=free_port(), workdir=tmp / f"work-{name}", env=env)
+        servers[name] = ServerProcess("zonebus", conf, http_port=free_port(), workdir=tmp / f"work-{name}", env=env,
+                                      workers=workers)
     try:
-        start_parallel(list(servers.values()), timeout=40)
+        start_parallel(list(servers.values()), timeout=start_timeout)
     except Exception:
         if bp:
             bp.stop()
@@ -152,15 +155,32 @@ LAYOUT = [("a1", "z1"), ("a2", "z1"), ("b1", "z2"), ("c1", "z3")]
 FULL = {"z1": ["a1", "a2"], "z2": ["b1"], "z3": ["c1"]}
 
 
-async def stream_in_z2(nc: nats.NATS, name: str, subjects: list[str], replicas: int = 1) -> dict:
-    """Create a file stream placed in z2 (led by b1), retrying while the cluster is still forming."""
+async def stream_in_z2(nc: nats.NATS, name: str, subjects: list[str], replicas: int = 1, attempts: int = 50,
+                       **config: object) -> dict:
+    """Create a file stream placed in z2 (led by b1), retrying while the cluster is still forming; `config`:
+    more of the stream's configuration (e.g. allow_direct=True)."""
     resp: dict = {}
-    for _ in range(50):
+    for _ in range(attempts):
         resp = await api(nc, f"$JS.API.STREAM.CREATE.{name}", {
             "name": name, "subjects": subjects, "storage": "file", "num_replicas": replicas,
-            "placement": {"tags": ["az:z2"]}})
+            "placement": {"tags": ["az:z2"]}, **config})
         if "error" not in resp:
             assert resp["cluster"]["leader"] == "b1", resp
             return resp
         await asyncio.sleep(0.2)
     raise AssertionError(f"stream not created: {resp}")
+
+
+async def publish_numbered(nc: nats.NATS, subject: str, stream: str, who: str, n: int, size: int,
+                           in_flight: int) -> list[int]:
+    """Publish `n` payloads `<who>:<i>:` padded to `size` bytes to `subject`, `in_flight` at a time; each
+    PubAck is from `stream` and no duplicate. Returns the acknowledged sequences, in order."""
+    js = nc.jetstream(timeout=10)
+    seqs: list[int] = []
+    for start in range(0, n, in_flight):
+        body = [f"{who}:{i}:".encode().ljust(size, b".") for i in range(start, min(n, start + in_flight))]
+        acks = await asyncio.gather(*(js.publish(subject, b) for b in body))
+        for ack in acks:
+            assert ack.stream == stream and not ack.duplicate
+            seqs.append(ack.seq)
+    return seqs
