@@ -374,21 +374,20 @@ class QueueService:
         subject = str(head["s"]).encode()
         queue = group.encode()
         r = self.server.sublist.match(subject)
-        members = [s for g in r.qsubs if g and g[0].queue == queue for s in g
-                   if s.conn.kind == CLIENT and not s.conn.closed]
-        if not mesh and self.mesh is not None:
-            others = [s for g in r.qsubs if g and g[0].queue == queue for s in g
-                      if s.conn.kind == WORKER and not s.conn.closed and s.conn.remote_name in self.workers]
-            if others:
-                sub = weighted_choice(members + others, self.server.random)
-                if sub.conn.kind == WORKER and self.mesh.send(sub.conn.remote_name, wire.frame(head, data)):
-                    self.relays[(group, seq)] = primary
-                    return
+        # this process's members, and (unless it came from a worker) each other worker's entry, by its weight
+        members = [s for g in r.qsubs if g and g[0].queue == queue for s in g if not s.conn.closed and (
+            s.conn.kind == CLIENT or (not mesh and s.conn.kind == WORKER and s.conn.remote_name in self.workers))]
+        sub = weighted_choice(members, self.server.random) if members else None
+        if sub is not None and sub.conn.kind == WORKER:
+            if self.mesh is not None and self.mesh.send(sub.conn.remote_name, wire.frame(head, data)):
+                self.relays[(group, seq)] = primary
+                return
+            clients = [s for s in members if s.conn.kind == CLIENT]  # that worker is gone: one of ours
+            sub = clients[self.server.random.randrange(len(clients))] if clients else None
         reply = head.get("r")
-        ok = bool(members)
+        ok = sub is not None
         m = None
-        if members:
-            sub = members[self.server.random.randrange(len(members))]
+        if sub is not None:
             self.server._deliver_one(sub, subject, str(reply).encode() if reply else None, int(head["h"]), data)
             m = [sub.conn.cid, sub.sid.decode()]
             if reply:
