@@ -166,8 +166,9 @@ class Supervisor:
                 self._forward(signal.SIGHUP)
             elif sig == signal.SIGUSR2:
                 self.lame_duck = True
-                self.due.clear()
+                self.due.clear()  # a dead worker is not started again; with none running, nothing is left to wait for
                 self._forward(signal.SIGUSR2)
+                self.done = all(p is None for p in self.procs)
 
     def _forward(self, sig: int) -> None:
         for proc in self.procs:
