@@ -163,7 +163,8 @@ def wait_for_full_mesh(sc: Supercluster, timeout: float = 30.0) -> dict[str, tup
         ok = all(out == names - {n[0]} for n, (out, _) in counts.items())
         return counts if ok and sum(i for _, i in counts.values()) == total_outbound else None
 
-    return wait_until(check, "a full mesh of gateway connections", timeout)  # type: ignore[return-value]
+    return wait_until(check, "a full mesh of gateway connections", timeout,  # type: ignore[return-value]
+                      show=lambda: gateway_counts(sc))
 
 
 def outbound(server: ServerProcess, remote: str) -> dict:
@@ -275,16 +276,28 @@ class DelayProxy:
         up_writer.close()
 
 
+# nats-server tells an inbound gateway only of the clusters it knew when that connection registered, and
+# never again: when A and C dial B's two servers at the same moment, neither B server knows the other
+# cluster yet, and A <-> C never forms (about 1 start in 17 here). That is the reference's race, not the
+# scenario under test, so a nats-server supercluster whose mesh does not form is started once more.
+NATS_MESH_ATTEMPTS = 3
+
+
 def started(impl: str, **kwargs: object) -> Supercluster:
     """A supercluster whose gateway mesh and every cluster's route mesh are complete (stopped again if they
-    do not form): the tests look at routes and gossip as soon as they start."""
-    sc = start_supercluster(impl, **kwargs)
-    try:
-        wait_for_full_mesh(sc)
-        for members in sc.clusters.values():
-            if len(members) > 1:
-                wait_for_mesh(members)
-    except Exception:
-        sc.stop()
-        raise
-    return sc
+    do not form): the tests look at routes and gossip as soon as they start. zonebus gets one attempt."""
+    attempts = NATS_MESH_ATTEMPTS if impl == "nats" else 1
+    while True:
+        attempts -= 1
+        sc = start_supercluster(impl, **kwargs)
+        try:
+            wait_for_full_mesh(sc, timeout=15.0 if attempts else 30.0)
+            for members in sc.clusters.values():
+                if len(members) > 1:
+                    wait_for_mesh(members)
+        except Exception as exc:
+            sc.stop()
+            if not attempts or not isinstance(exc, TimeoutError):
+                raise
+        else:
+            return sc
