@@ -7,6 +7,7 @@ import asyncio
 import nats
 import pytest
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port
 
 VARZ_FIELDS = ["server_id", "server_name", "version", "tags", "connections", "total_connections", "in_msgs",
@@ -43,7 +44,9 @@ async def test_varz_connz_subsz_match_the_traffic(impl: str) -> None:
     server = ServerProcess(impl, CONFIG, http_port=free_port()).start()
     try:
         sub = await _traffic(server.url)
-        varz = await asyncio.to_thread(server.http_get, "/varz")
+        # the publisher closed: once the server has seen it go (nats-server too may still count it)
+        varz = await asyncio.to_thread(wait_until, lambda: (v := server.http_get("/varz"))["connections"] == 1 and v,
+                                       "the publisher's connection to be gone from /varz", 10.0)
         for field in VARZ_FIELDS:
             assert field in varz, f"{impl} /varz lacks {field}"
         assert varz["server_name"] == "mon1"

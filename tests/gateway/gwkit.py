@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import nats
 from nats.aio.client import Client
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
     ServerProcess,
     cluster_config,
@@ -122,24 +122,6 @@ def start_supercluster(impl: str, names: tuple[str, ...] = ("A", "B", "C"), per_
 
 def gatewayz(server: ServerProcess, accs: bool = True) -> dict:
     return server.http_get("/gatewayz?accs=1" if accs else "/gatewayz")
-
-
-def wait_until(check: Callable[[], object], what: str, timeout: float = 20.0, interval: float = 0.05,
-               show: Callable[[], object] | None = None) -> object:
-    """Poll `check()` until it returns something truthy; TimeoutError naming `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            last = check()
-        except (OSError, KeyError, ValueError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out waiting for {what}; last: {last!r}" + (f"; {show()}" if show else ""))
-        time.sleep(interval)
 
 
 def gateway_counts(sc: Supercluster) -> dict[str, tuple[set[str], int]]:

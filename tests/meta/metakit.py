@@ -8,36 +8,18 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import free_port
 
 HARNESS = Path(__file__).with_name("metanode.py")
 REPO = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 
 # Election 1-2 s (the defaults); failover shortened so that tests run in seconds.
 TEST_TIMING = {"failover": 2.0}
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-        except (OSError, ValueError, KeyError) as exc:
-            last_error = exc
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error!r})")
-        time.sleep(interval)
 
 
 @dataclass
@@ -61,7 +43,7 @@ class Node:
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env, cwd=REPO)
-        wait_for(self._answers, 20, f"{self.name}'s control port")
+        wait_until(self._answers, f"{self.name}'s control port", timeout=20)
         return self
 
     def _answers(self) -> bool:
@@ -141,7 +123,7 @@ class MetaCluster:
         return leaders.pop() if len(leaders) == 1 and None not in leaders else None
 
     def wait_leader(self, timeout: float = 10.0, among: list[Node] | None = None) -> str:
-        return wait_for(lambda: self.agreed_leader(among), timeout, "an agreed meta leader")
+        return wait_until(lambda: self.agreed_leader(among), "an agreed meta leader", timeout=timeout)
 
     def wait_same_state(self, timeout: float = 10.0, among: list[Node] | None = None) -> dict[str, Any]:
         def same() -> dict[str, Any] | None:
@@ -149,7 +131,7 @@ class MetaCluster:
             digests = {s["digest"] for s in statuses}
             return statuses[0]["state"] if len(digests) == 1 else None
 
-        return wait_for(same, timeout, "equal meta state on every node")
+        return wait_until(same, "equal meta state on every node", timeout=timeout)
 
     def log(self) -> str:
         return "\n".join(f"==== {n.name}\n{n.log()[-6000:]}" for n in self.nodes.values())

@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from metakit import MetaCluster, wait_for
+from metakit import MetaCluster
+
+from zonebus.testing.polling import wait_until
 
 ZONES = {"a": ["az:z1"], "b": ["az:z2"], "c": ["az:z3"]}
 
@@ -23,7 +25,7 @@ def cluster(tmp_path: Path) -> Iterator[MetaCluster]:
 
 
 def registered(c: MetaCluster, node: str = "a", count: int = 3) -> None:
-    wait_for(lambda: len(c[node].status()["state"]["peers"]) == count, 10, "every server in the peer table")
+    wait_until(lambda: len(c[node].status()["state"]["peers"]) == count, "every server in the peer table", timeout=10)
 
 
 def create(node, name: str, **config) -> dict:
@@ -75,7 +77,8 @@ def test_kill_9_of_the_meta_leader_then_a_new_leader_and_its_streams_move(cluste
 
     killed_at = time.monotonic()
     cluster[leader].kill()
-    new_leader = wait_for(lambda: (lead := cluster.agreed_leader()) != leader and lead, 5, "a new meta leader")
+    new_leader = wait_until(lambda: (lead := cluster.agreed_leader()) != leader and lead, "a new meta leader",
+                            timeout=5)
     elected_after = time.monotonic() - killed_at
     assert new_leader != leader and elected_after < 5, elected_after
     result = create(cluster[new_leader], "AFTER", num_replicas=2)["result"]["stream"]
@@ -85,7 +88,7 @@ def test_kill_9_of_the_meta_leader_then_a_new_leader_and_its_streams_move(cluste
         stream = cluster[new_leader].status()["state"]["streams"]["ON_LEADER"]
         return stream if stream["leader"] != leader else None
 
-    stream = wait_for(moved, 5, "ON_LEADER to leave the killed server")
+    stream = wait_until(moved, "ON_LEADER to leave the killed server", timeout=5)
     moved_after = time.monotonic() - killed_at
     # R1 pinned to the dead zone: no standby, no other server with its tag -> any live one, flagged.
     assert stream["epoch"] == 2 and stream["honoured"] is False and moved_after < 5, moved_after
@@ -106,7 +109,7 @@ def test_two_of_three_killed_the_last_refuses_writes_then_recovers(cluster: Meta
     assert error["description"] == "JetStream system temporarily unavailable"
     assert time.monotonic() - started < 5
     # A leader that lost its majority steps down: nobody leads on the minority side.
-    wait_for(lambda: cluster["a"].status()["leader"] is None, 10, "the lone server to have no leader")
+    wait_until(lambda: cluster["a"].status()["leader"] is None, "the lone server to have no leader", timeout=10)
     assert "error" in create(cluster["a"], "STILL_NOT", num_replicas=1)
 
     cluster.start("b")
@@ -131,8 +134,8 @@ def test_a_restarted_server_catches_up_by_log_and_by_snapshot(tmp_path: Path) ->
         for i in range(60):
             assert "result" in survivor.propose({"op": "route_epoch", "server": "a", "current": i + 1}), i
         create(survivor, "WHILE_DOWN", num_replicas=2, placement={"tags": []})
-        wait_for(lambda: any((tmp_path / n / "meta" / "raft.snapshot").exists() for n in "ab"), 10,
-                 "a snapshot on a server that stayed up")
+        wait_until(lambda: any((tmp_path / n / "meta" / "raft.snapshot").exists() for n in "ab"),
+                   "a snapshot on a server that stayed up", timeout=10)
         c.start("c")
         state = c.wait_same_state(15)
         assert state["route_epochs"]["a"]["current"] == 60 and "WHILE_DOWN" in state["streams"]
@@ -143,8 +146,8 @@ def test_a_restarted_server_catches_up_by_log_and_by_snapshot(tmp_path: Path) ->
             node.kill()
         c.start()
         c.wait_leader(10)
-        assert wait_for(lambda: {n.status()["digest"] for n in c.nodes.values()} == {digest}, 10,
-                        "the state from before the full restart on every server")
+        assert wait_until(lambda: {n.status()["digest"] for n in c.nodes.values()} == {digest},
+                          "the state from before the full restart on every server", timeout=10)
         assert "result" in create(c["b"], "AFTER_RESTART", num_replicas=3)
     finally:
         c.stop()
@@ -172,8 +175,8 @@ def test_a_server_with_a_different_member_list_is_refused(cluster: MetaCluster) 
     cluster.start()
     leader = cluster.wait_leader(10, among=[cluster["a"], cluster["b"]])
     assert leader in ("a", "b")
-    wait_for(lambda: "membership mismatch" in cluster["c"].log() and "membership mismatch" in cluster["a"].log(),
-             10, "the mismatch in both logs")
+    wait_until(lambda: "membership mismatch" in cluster["c"].log() and "membership mismatch" in cluster["a"].log(),
+               "the mismatch in both logs", timeout=10)
     status = cluster["c"].status()
     assert status["leader"] is None and not status["has_quorum"]
     assert any(p["mismatch"] for p in cluster["a"].status()["peers"] if p["name"] == "c")
@@ -189,7 +192,7 @@ def test_idle_cpu_stays_low(cluster: MetaCluster) -> None:
     registered(cluster)
     before = {n.name: n.status()["cpu"] for n in cluster.nodes.values()}
     started = time.monotonic()
-    wait_for(lambda: time.monotonic() - started >= 5, 10, "5 s of idle time", interval=0.5)
+    wait_until(lambda: time.monotonic() - started >= 5, "5 s of idle time", timeout=10, interval=0.5)
     elapsed = time.monotonic() - started
     usage = {n.name: (n.status()["cpu"] - before[n.name]) / elapsed for n in cluster.nodes.values()}
     print("idle CPU per server (fraction of a core):", usage)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import nats
@@ -65,22 +64,6 @@ def http(server: ServerProcess, path: str) -> tuple[int, str, str]:
             return resp.status, resp.headers.get("Content-Type", ""), resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.headers.get("Content-Type", ""), exc.read().decode()
-
-
-def wait_until(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy; its last value (or error) in the failure."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = check()
-            if last:
-                return last
-        except AssertionError as exc:
-            last = exc
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what} not reached in {timeout}s; last: {last!r}")
-        time.sleep(0.05)
 
 
 # -- the scenario of the differential tests ---------------------------------------------------------

@@ -27,8 +27,9 @@ from typing import Any
 import nats
 import pyarrow.dataset as ds
 import pytest
-from monkit import Family, http, parse_exposition, wait_until
+from monkit import Family, http, parse_exposition
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
     ServerProcess,
     cluster_config,
@@ -130,10 +131,10 @@ def zones() -> Iterator[Zones]:
         try:
             for s in servers:
                 wait_until(lambda s=s: len({r["remote_name"] for r in s.http_get("/routez")["routes"]}) == 2,
-                           what="full mesh")
+                           "full mesh", timeout=15)
             asyncio.run(_workload([s.url for s in servers], servers))
             zones = Zones(servers, dirs)
-            wait_until(lambda: _settled(zones), what="route copies a->b and c->b in /metrics")
+            wait_until(lambda: _settled(zones), "route copies a->b and c->b in /metrics", timeout=15)
             yield zones
         finally:
             stop_all(servers)
@@ -212,7 +213,7 @@ def test_metrics_agree_with_the_parquet_ledger(zones: Zones) -> None:
         metric = {k: [int(v[0]), int(v[1])] for k, v in zones.flows().items() if v[0] or v[1]}
         return metric == _parquet_flows(zones.ledger_dirs) and bool(metric)
 
-    wait_until(agree, timeout=20, what="/metrics totals equal to the Parquet ledger's")
+    wait_until(agree, "/metrics totals equal to the Parquet ledger's", timeout=20)
 
 
 # -- the Grafana dashboard ----------------------------------------------------------------------------
@@ -301,17 +302,20 @@ def prometheus(zones: Zones, tmp_path: Path) -> Iterator[str]:
                             stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
+        errors: list[str] = []  # the targets' last scrape errors, for the timeout's message
+
         def all_up() -> bool:
             try:
                 with urllib.request.urlopen(f"{base}/api/v1/targets", timeout=5) as resp:
                     active = json.loads(resp.read())["data"]["activeTargets"]
             except OSError:
-                assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+                assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()  # Prometheus exited: fail now
                 return False  # not listening yet
-            assert all(t["lastError"] == "" for t in active), [t["lastError"] for t in active]
-            return len(active) == 3 and all(t["health"] == "up" for t in active)
+            # a failed scrape is "not yet" (it may pass on the next one); its error is shown if none does
+            errors[:] = [t["lastError"] for t in active]
+            return len(active) == 3 and all(t["health"] == "up" and t["lastError"] == "" for t in active)
 
-        wait_until(all_up, timeout=30, what="Prometheus scraping the three servers")
+        wait_until(all_up, "Prometheus scraping the three servers", timeout=30, show=lambda: f"scrape errors: {errors}")
         yield base
     finally:
         proc.terminate()
@@ -343,7 +347,7 @@ def test_dashboard_renders_against_real_prometheus(zones: Zones, prometheus: str
     asyncio.run(live_traffic())
     rate = 'sum by (src_zone, dst_zone) (rate(zonebus_ledger_cross_zone_bytes_total{src_zone="c",dst_zone="a"}[5s]))'
     wait_until(lambda: any(float(r["value"][1]) > 0 for r in _query(prometheus, rate)["data"]["result"]),
-               timeout=30, what="a non-zero cross-zone rate c->a in Prometheus")
+               "a non-zero cross-zone rate c->a in Prometheus", timeout=30)
     for title, expr in dashboard_queries():
         if title.startswith("variable "):
             metric, label = (x.strip() for x in expr[len("label_values("):-1].split(","))
@@ -353,7 +357,7 @@ def test_dashboard_renders_against_real_prometheus(zones: Zones, prometheus: str
             continue
         promql = _substitute(expr)
         answer = wait_until(lambda e=promql: (a := _query(prometheus, e))["data"]["result"] and a,
-                            timeout=30, what=f"data for panel {title!r}")
+                            f"data for panel {title!r}", timeout=30)
         assert answer["status"] == "success", (title, answer)
     total = _query(prometheus, 'sum by (src_zone, dst_zone, kind) (zonebus_ledger_cross_zone_messages_total)')
     seen = {(r["metric"]["kind"], r["metric"]["src_zone"], r["metric"]["dst_zone"]): float(r["value"][1])

@@ -23,9 +23,9 @@ from monkit import (
     prometheus_client_families,
     shape,
     traffic_scenario,
-    wait_until,
 )
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port
 
 JS = 'jetstream {{ store_dir: "{store}" }}\n'
@@ -71,7 +71,7 @@ def servers() -> Iterator[dict[str, ServerProcess]]:
                     await watcher.close()
 
                 asyncio.run(run())
-                wait_until(lambda s=server: s.http_get("/varz")["connections"] == 0, what=f"{impl} clients gone")
+                wait_until(lambda s=server: s.http_get("/varz")["connections"] == 0, f"{impl} clients gone", timeout=15)
             yield started
         finally:
             for server in started.values():

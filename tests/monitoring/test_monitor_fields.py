@@ -15,8 +15,9 @@ from typing import Any
 
 import nats
 import pytest
-from monkit import GO_DURATION, NATS_UPTIME, RFC3339, http, shape, traffic_scenario, wait_until
+from monkit import GO_DURATION, NATS_UPTIME, RFC3339, http, shape, traffic_scenario
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port, start_cluster, stop_all
 
 IMPLS = ("nats", "zonebus")
@@ -69,7 +70,7 @@ def _collect(impl: str, config: str, with_traffic: bool) -> dict[str, Any]:
             try:
                 watcher = loop.run_until_complete(traffic_scenario(server.url))
                 # the publisher has gone: wait until the server has seen it go
-                wait_until(lambda: server.http_get("/varz")["connections"] == 1, what="publisher closed")
+                wait_until(lambda: server.http_get("/varz")["connections"] == 1, "publisher closed", timeout=15)
                 docs = {page: server.http_get(page) for page in PAGES}
                 docs["errors"] = {q: http(server, q) for q in ("/jsz?streams=abc", "/jsz?limit=x1", "/jsz?accounts=yes",
                                                                "/subsz?subs=detail", "/subsz?subs=1&offset=z")}
@@ -235,7 +236,8 @@ def clusters() -> Iterator[dict[str, list[ServerProcess]]]:
 def test_routez_uptime_idle_last_activity(clusters: dict[str, list[ServerProcess]]) -> None:
     docs = {}
     for impl, (s0, _s1) in clusters.items():
-        docs[impl] = wait_until(lambda s=s0: (d := s.http_get("/routez"))["routes"] and d, what=f"{impl} route")
+        docs[impl] = wait_until(lambda s=s0: (d := s.http_get("/routez"))["routes"] and d, f"{impl} route",
+                                timeout=15)
     compare("/routez", docs["nats"], docs["zonebus"], ROUTEZ_SCOPE)
     for route in docs["zonebus"]["routes"]:
         assert NATS_UPTIME.match(route["uptime"]) and NATS_UPTIME.match(route["idle"]), route
@@ -253,7 +255,7 @@ def test_connz_rtt_is_measured(which: str) -> None:
             try:
                 conn = await asyncio.to_thread(
                     wait_until, lambda: (c := server.http_get("/connz")["connections"]) and c[0]["rtt"] != "0s"
-                    and c[0], 10, "a measured rtt")
+                    and c[0], "a measured rtt", timeout=10)
                 assert GO_DURATION.match(conn["rtt"]), conn["rtt"]
             finally:
                 await nc.close()

@@ -15,10 +15,11 @@ from pathlib import Path
 import nats
 import pytest
 
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "queue"))
-from qkit import await_until, group_info, primary_of, wait_until  # noqa: E402
+from qkit import group_info, primary_of  # noqa: E402
 
 ZONES = ["z0", "z1", "z2"]
 FIRST = 30  # per publisher, while every zone has a member
@@ -53,20 +54,20 @@ async def _workload(servers: list[ServerProcess], primary: ServerProcess) -> dic
         await nc.subscribe("orders.>", "workers", cb=on_msg)
         await nc.flush()
         members.append(nc)
-    await await_until(lambda: _members_seen(primary, 3), 10, "the primary sees a member in each zone")
+    await until(lambda: _members_seen(primary, 3), "the primary sees a member in each zone", timeout=10)
     pubs = [await nats.connect(s.url) for s in servers]
     for zone, nc in zip(ZONES, pubs, strict=True):
         js = nc.jetstream()
         for k in range(FIRST):
             await js.publish(f"orders.{zone}", f"{zone}-{k}".encode())  # PubAck: stored
-    await await_until(lambda: sum(map(len, got.values())) == 3 * FIRST, 15, "the first messages delivered")
+    await until(lambda: sum(map(len, got.values())) == 3 * FIRST, "the first messages delivered", timeout=15)
     first = {z: sorted({m.split("-")[0] for m in msgs}) for z, msgs in got.items()}
     await members[2].close()
-    await await_until(lambda: _members_seen(primary, 2), 10, "the primary sees z2's member gone")
+    await until(lambda: _members_seen(primary, 2), "the primary sees z2's member gone", timeout=10)
     js = pubs[2].jetstream()
     for k in range(LATER):
         await js.publish("orders.z2", f"z2-late{k}".encode())
-    await await_until(lambda: sum(map(len, got.values())) == 3 * FIRST + LATER, 15, "z2's later messages")
+    await until(lambda: sum(map(len, got.values())) == 3 * FIRST + LATER, "z2's later messages", timeout=15)
     for nc in [*members[:2], *pubs]:
         await nc.close()
     return {"first": first}
@@ -76,7 +77,7 @@ async def _workload(servers: list[ServerProcess], primary: ServerProcess) -> dic
 def test_report_counts_durable_deliveries_as_queuez_does(tmp_path: Path, spark, run_cli) -> None:
     servers = _servers(tmp_path)
     try:
-        primary = wait_until(lambda: primary_of(servers), 20, "a primary")
+        primary = wait_until(lambda: primary_of(servers), "a primary", timeout=20)
         seen = asyncio.run(_workload(servers, primary))
         info = group_info(primary)
     finally:

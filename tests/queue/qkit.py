@@ -1,11 +1,9 @@
 """Durable queue group servers for the tests: a lone server, or a 3-zone cluster with clustered JetStream on
-one shared file store (the group's log lives there, so a new primary continues after a kill -9)."""
+one shared file store (the group's log lives there, so a new primary continues after a kill -9). The tests poll
+with `zonebus.testing.polling` (`wait_until`, and `until` in async tests)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
@@ -52,28 +50,6 @@ def primary_of(servers: list[ServerProcess], name: str = "workers") -> ServerPro
         if infos[s.info["server_name"]]["is_primary"] and s.info["server_name"] in named:
             return s
     return None
-
-
-def wait_until(check: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-async def await_until(check: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def members_seen(server: ServerProcess, expected: int, name: str = "workers") -> bool:

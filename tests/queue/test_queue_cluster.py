@@ -7,8 +7,9 @@ import time
 
 import nats
 import pytest
-from qkit import await_until, cluster, group_info, primary_of, wait_until
+from qkit import cluster, group_info, primary_of
 
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import stop_all
 
 pytestmark = pytest.mark.timeout(90)
@@ -39,16 +40,16 @@ def _member_count(server, expected: int) -> bool:
 async def test_zone_preference_no_cross_zone_while_the_zone_has_a_member(tmp_path):
     servers = cluster(tmp_path, ZONES)
     try:
-        primary = wait_until(lambda: primary_of(servers), 20, "a primary")
+        primary = wait_until(lambda: primary_of(servers), "a primary", timeout=20)
         got: dict[str, list[bytes]] = {}
         conns = await _members(servers, 2, got)
-        await await_until(lambda: _member_count(primary, 6), 10, "the primary sees all members")
+        await until(lambda: _member_count(primary, 6), "the primary sees all members", timeout=10)
         pubs = [await nats.connect(s.url) for s in servers]
         for i, nc in enumerate(pubs):
             js = nc.jetstream()
             for k in range(40):
                 await js.publish(f"orders.{ZONES[i]}", f"{ZONES[i]}-{k}".encode())
-        await await_until(lambda: sum(len(v) for v in got.values()) >= 120, 15, "every message delivered")
+        await until(lambda: sum(len(v) for v in got.values()) >= 120, "every message delivered", timeout=15)
         for zone, msgs in got.items():
             assert {m.split(b"-")[0].decode() for m in msgs} == {zone}, f"{zone} got another zone's messages"
         info = group_info(primary)
@@ -59,11 +60,11 @@ async def test_zone_preference_no_cross_zone_while_the_zone_has_a_member(tmp_pat
         # the zone z1 loses its members: its messages go elsewhere rather than wait
         for nc in conns[2:4]:
             await nc.close()
-        await await_until(lambda: _member_count(primary, 4), 10, "z1's members gone")
+        await until(lambda: _member_count(primary, 4), "z1's members gone", timeout=10)
         js = pubs[1].jetstream()
         for k in range(10):
             await js.publish("orders.z1", f"z1-late-{k}".encode())
-        await await_until(lambda: sum(len(v) for v in got.values()) >= 130, 10, "z1's late messages delivered")
+        await until(lambda: sum(len(v) for v in got.values()) >= 130, "z1's late messages delivered", timeout=10)
         assert group_info(primary)["cross_zone_deliveries"] == 10
         for nc in pubs + conns[:2] + conns[4:]:
             await nc.close()
@@ -74,11 +75,11 @@ async def test_zone_preference_no_cross_zone_while_the_zone_has_a_member(tmp_pat
 async def test_primary_failover_after_kill_9_loses_nothing(tmp_path):
     servers = cluster(tmp_path, ZONES, ack="explicit", ack_wait="2s")
     try:
-        primary = wait_until(lambda: primary_of(servers), 20, "a primary")
+        primary = wait_until(lambda: primary_of(servers), "a primary", timeout=20)
         others = [s for s in servers if s is not primary]
         got: dict[str, list[bytes]] = {}
         conns = await _members(others, 1, got, explicit=True)
-        await await_until(lambda: _member_count(primary, 2), 10, "the primary sees the members")
+        await until(lambda: _member_count(primary, 2), "the primary sees the members", timeout=10)
         pubs = [await nats.connect(s.url) for s in others]
         published = []
         for k in range(50):  # before the crash, half with a PubAck, half fire-and-forget
@@ -100,16 +101,16 @@ async def test_primary_failover_after_kill_9_loses_nothing(tmp_path):
             published.append(body)
         for nc in pubs:
             await nc.flush()
-        new = await await_until(lambda: primary_of(others), 15, "a new primary")
+        new = await until(lambda: primary_of(others), "a new primary", timeout=15)
         moved_in = time.monotonic() - t0
         acked = await pubs[0].jetstream().publish("orders.x", b"after", timeout=5)
         assert acked.stream == "QG_workers"
         published.append(b"after")
-        await await_until(lambda: set(published) <= {m for v in got.values() for m in v}, 20,
-                          "every message delivered after the failover")
+        await until(lambda: set(published) <= {m for v in got.values() for m in v},
+                    "every message delivered after the failover", timeout=20)
         assert moved_in < 10
         info = group_info(new)
-        await await_until(lambda: group_info(new)["pending"] == 0, 10, "the new primary's log drained")
+        await until(lambda: group_info(new)["pending"] == 0, "the new primary's log drained", timeout=10)
         assert info["primary"] == new.info["server_name"] != primary.info["server_name"]
         for nc in pubs + conns:
             await nc.close()

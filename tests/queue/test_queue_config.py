@@ -9,9 +9,10 @@ import sys
 
 import nats
 import pytest
-from qkit import await_until, group_info
+from qkit import group_info
 
 from zonebus.config import ConfigError, parse_config_text
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,11 +63,11 @@ async def test_sighup_adds_and_removes_a_group(tmp_path):
 
         conf.write_text(conf.read_text() + group)
         s.signal(signal.SIGHUP)
-        await await_until(lambda: s.http_get("/queuez")["queue_groups"], 10, "group added by SIGHUP")
+        await until(lambda: s.http_get("/queuez")["queue_groups"], "group added by SIGHUP", timeout=10)
         for i in range(5):
             await pub.publish("orders.a", b"kept-%d" % i)
         await pub.flush()
-        await await_until(lambda: group_info(s)["pending"] == 5, 5, "stored while nobody listens")
+        await until(lambda: group_info(s)["pending"] == 5, "stored while nobody listens", timeout=5)
         member = await nats.connect(s.url)
         got: list[bytes] = []
 
@@ -74,16 +75,16 @@ async def test_sighup_adds_and_removes_a_group(tmp_path):
             got.append(m.data)
 
         await member.subscribe("orders.>", "workers", cb=on_member)
-        await await_until(lambda: len(got) == 5, 5, "waiting messages flow to the new member")
+        await until(lambda: len(got) == 5, "waiting messages flow to the new member", timeout=5)
         assert got == [b"kept-%d" % i for i in range(5)]
 
         conf.write_text(conf.read_text().replace(group, ""))
         s.signal(signal.SIGHUP)
-        await await_until(lambda: s.http_get("/queuez")["queue_groups"] == [], 10, "group removed by SIGHUP")
+        await until(lambda: s.http_get("/queuez")["queue_groups"] == [], "group removed by SIGHUP", timeout=10)
         sub = await pub.subscribe("orders.reply")
         await member.flush()
         await pub.publish("orders.b", b"core again", reply="orders.reply")
-        await await_until(lambda: got[-1:] == [b"core again"], 5, "core queue delivery again")
+        await until(lambda: got[-1:] == [b"core again"], "core queue delivery again", timeout=5)
         await sub.unsubscribe()
         await pub.close()
         await member.close()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import nats
 import pytest
-from qkit import await_until, group_info, lone_server
+from qkit import group_info, lone_server
+
+from zonebus.testing.polling import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,7 +30,7 @@ async def test_store_first_and_nothing_lost_while_nobody_listens(tmp_path):
         for i in range(30):
             await pub.publish("orders.fire", b"fire-%d" % i)
         await pub.flush()
-        await await_until(lambda: len(plain) == 61, 5, "plain subscriber gets every message")
+        await until(lambda: len(plain) == 61, "plain subscriber gets every message", timeout=5)
         assert all(m.reply for m in plain[:31]), "plain subscribers keep the publisher's reply"
         info = group_info(s)
         assert info["stored"] == 61 and info["pending"] == 61 and info["delivered"] == 0
@@ -40,10 +42,10 @@ async def test_store_first_and_nothing_lost_while_nobody_listens(tmp_path):
             got.append(m)
 
         await member.subscribe("orders.>", "workers", cb=on_member)
-        await await_until(lambda: len(got) == 61, 10, "the member gets what waited")
+        await until(lambda: len(got) == 61, "the member gets what waited", timeout=10)
         assert {m.data for m in got} == {m.data for m in plain}
         assert not any(m.reply for m in got), "members never see the publisher's reply (ack none)"
-        await await_until(lambda: group_info(s)["pending"] == 0, 5, "log emptied")
+        await until(lambda: group_info(s)["pending"] == 0, "log emptied", timeout=5)
         info = group_info(s)
         assert info["delivered"] == 61 and info["redelivered"] == 0
         # a core queue group on another name is untouched
@@ -55,7 +57,7 @@ async def test_store_first_and_nothing_lost_while_nobody_listens(tmp_path):
         await member.subscribe("orders.>", "others", cb=on_other)
         await member.flush()
         await pub.publish("orders.x", b"live")
-        await await_until(lambda: other == [b"live"] and len(got) == 62, 5, "live delivery")
+        await until(lambda: other == [b"live"] and len(got) == 62, "live delivery", timeout=5)
         await pub.close()
         await member.close()
     finally:
@@ -78,7 +80,7 @@ async def test_explicit_ack_redelivery_nak_term_and_member_gone(tmp_path):
             assert m.metadata.stream == "QG_workers" and m.metadata.num_delivered == 1
 
         await a.subscribe("orders.>", "workers", cb=on_a)
-        await await_until(lambda: len(a_got) == 6, 5, "member A gets all")
+        await until(lambda: len(a_got) == 6, "member A gets all", timeout=5)
         await a.close()
         b_seen: list[tuple[bytes, int]] = []
 
@@ -97,8 +99,8 @@ async def test_explicit_ack_redelivery_nak_term_and_member_gone(tmp_path):
 
         b = await nats.connect(s.url)
         await b.subscribe("orders.>", "workers", cb=on_b)
-        await await_until(lambda: (b"m0", 3) in b_seen and (b"m1", 3) in b_seen, 10, "nak and timeout redeliver")
-        await await_until(lambda: group_info(s)["pending"] == 0, 5, "all acked")
+        await until(lambda: (b"m0", 3) in b_seen and (b"m1", 3) in b_seen, "nak and timeout redeliver", timeout=10)
+        await until(lambda: group_info(s)["pending"] == 0, "all acked", timeout=5)
         info = group_info(s)
         assert info["terminated"] == 1
         assert info["delivered"] == 5

@@ -9,8 +9,9 @@ import time
 
 import nats
 import pytest
-from qkit import await_until, cluster, group_info, primary_of, wait_until
+from qkit import cluster, group_info, primary_of
 
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import stop_all
 
 pytestmark = pytest.mark.timeout(90)
@@ -32,11 +33,11 @@ async def test_restarted_primary_does_not_lead_on_stale_state_and_zones_stay_loc
     servers = cluster(tmp_path, ZONES, ack="explicit", ack_wait="2s")
     conns = []
     try:
-        old = wait_until(lambda: primary_of(servers), 20, "a primary")
+        old = wait_until(lambda: primary_of(servers), "a primary", timeout=20)
         old_name = old.info["server_name"]
         old.kill()
         others = [s for s in servers if s is not old]
-        await await_until(lambda: primary_of(others), 15, "a new primary")
+        await until(lambda: primary_of(others), "a new primary", timeout=15)
         # then the other two die as well, and the former primary comes back first: its persisted meta state
         # still names it primary, but with no meta leader to catch up with it must not run the group (the
         # group moved; leading on stale state puts two writers on the shared log once the others are back)
@@ -50,7 +51,7 @@ async def test_restarted_primary_does_not_lead_on_stale_state_and_zones_stay_loc
         assert not _led_since(old, offset), f"{old_name} ran the group after its restart:\n{old.log()[offset:]}"
         for s in others:
             _restart(s)
-        primary = await await_until(lambda: primary_of(servers), 20, "every server agrees on a primary")
+        primary = await until(lambda: primary_of(servers), "every server agrees on a primary", timeout=20)
         got: dict[str, list[bytes]] = {}
         for i, s in enumerate(servers):
             nc = await nats.connect(s.url, allow_reconnect=False)
@@ -62,8 +63,8 @@ async def test_restarted_primary_does_not_lead_on_stale_state_and_zones_stay_loc
             await nc.subscribe("orders.>", "workers", cb=on_msg)
             await nc.flush()
             conns.append(nc)
-        await await_until(lambda: sum(m["members"] for m in group_info(primary)["members"]) == 3, 10,
-                          "the primary sees a member in each zone")
+        await until(lambda: sum(m["members"] for m in group_info(primary)["members"]) == 3,
+                    "the primary sees a member in each zone", timeout=10)
         before = group_info(primary)["cross_zone_deliveries"]
         for i, s in enumerate(servers):
             nc = await nats.connect(s.url, allow_reconnect=False)
@@ -71,7 +72,7 @@ async def test_restarted_primary_does_not_lead_on_stale_state_and_zones_stay_loc
             js = nc.jetstream()
             for k in range(30):
                 await js.publish(f"orders.{ZONES[i]}", f"{ZONES[i]}-{k}".encode(), timeout=5)
-        await await_until(lambda: sum(len(v) for v in got.values()) >= 90, 15, "every message delivered")
+        await until(lambda: sum(len(v) for v in got.values()) >= 90, "every message delivered", timeout=15)
         for zone, msgs in got.items():
             assert {m.split(b"-")[0].decode() for m in msgs} == {zone}, f"{zone} got another zone's messages"
         assert {m for v in got.values() for m in v} == {f"{z}-{k}".encode() for z in ZONES for k in range(30)}

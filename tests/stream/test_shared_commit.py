@@ -19,6 +19,7 @@ import pytest
 from zonebus.storage import fs
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream.shared import CommitOptions, SharedStorage
+from zonebus.testing.polling import until
 
 LONG = 60.0  # a linger no test waits for: an ack that comes at all was not held for it
 
@@ -38,14 +39,6 @@ class Gated(ObjectStore):
         super().put(key, data)
 
 
-async def wait_until(cond, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.005)
-
-
 def writer(tmp_path: Path, objects: type[ObjectStore] = ObjectStore):
     st = SharedStorage(f"file://{tmp_path}/shared", cache_root=tmp_path / "cache",
                        options=CommitOptions(linger=LONG))
@@ -62,7 +55,7 @@ async def test_idle_stream_does_not_wait_for_linger(tmp_path: Path) -> None:
     for round_ in range(3):  # one message at a time, as a sequential publisher sends them
         seq = s.store("t", None, b"x")[0]
         assert s.ack_when_durable(seq, acked.append)
-        await wait_until(lambda n=round_ + 1: len(acked) == n)
+        await until(lambda n=round_ + 1: len(acked) == n, f"the ack of message {round_ + 1}", timeout=10)
     assert acked == [None, None, None] and s.uploads == 3
     assert not list((tmp_path / "cache" / "S").glob("*.blk"))  # file://: the batch objects are files already
     s.close()
@@ -87,7 +80,7 @@ async def test_records_arriving_during_an_upload_go_out_together_when_it_ends(tm
     await asyncio.sleep(0.05)
     assert acked == {} and s.uploads == 0
     gated.gate.set()
-    await wait_until(lambda: len(acked) == 41)
+    await until(lambda: len(acked) == 41, "acks of all 41 messages", timeout=10)
     assert list(acked) == list(range(1, 42)) and set(acked.values()) == {None}
     assert s.uploads == 2  # batch 2 held all 40, and was not kept open for the linger
     s.close()
@@ -106,8 +99,9 @@ async def test_s3_writer_acks_then_caches_each_batch(tmp_path: Path, moto_s3) ->
     for i in range(3):
         seq = s.store("t", None, f"m{i}".encode())[0]
         assert s.ack_when_durable(seq, acked.append)
-        await wait_until(lambda n=i + 1: len(acked) == n)
-    await wait_until(lambda: len(list((tmp_path / "cache" / "S").glob("*.blk"))) == 3)
+        await until(lambda n=i + 1: len(acked) == n, f"the ack of message {i + 1}", timeout=10)
+    await until(lambda: len(list((tmp_path / "cache" / "S").glob("*.blk"))) == 3, "3 batches in the local cache",
+                timeout=10)
     assert acked == [None, None, None] and s.uploads == 3
     s.close()
     st.shutdown()

@@ -4,7 +4,6 @@ limits act on messages not yet durable, and a restart on an empty store_dir rest
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from js_kit import FakeClient
 
 from zonebus.server.options import JetStreamOptions
 from zonebus.stream.service import JetStreamService
+from zonebus.testing.polling import until
 
 
 async def make_service(tmp_path: Path, local: str) -> tuple[JetStreamService, FakeClient]:
@@ -28,14 +28,6 @@ def api(svc: JetStreamService, subject: str, body: dict | None = None) -> dict:
     resp = svc.api.handle(f"$JS.API.{subject}", json.dumps(body).encode() if body is not None else b"")
     assert resp is not None
     return resp
-
-
-async def wait_until(cond, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.005)
 
 
 def replies(fc: FakeClient, inbox: str) -> list[dict]:
@@ -71,17 +63,17 @@ async def test_replies_and_deliveries_wait_for_durability(tmp_path: Path) -> Non
         stream.on_publish(f"s.{'ab'[i % 2]}", "inbox", None, f"m{i}".encode())
         assert cons.num_pending == cons.stream.store.count(cons.sseq, cons.filters)
     assert replies(fc, "inbox") == []  # nothing is durable yet
-    await wait_until(lambda: len(replies(fc, "inbox")) == 30)
+    await until(lambda: len(replies(fc, "inbox")) == 30, "30 PubAcks", timeout=5)
     assert [r["seq"] for r in replies(fc, "inbox")] == list(range(1, 31))
     assert early == []
     # the per-subject limit removed most messages while they were not durable yet: counts stay exact
     assert stream.store.state().msgs == 4
-    await wait_until(lambda: cons.dseq == 2)
+    await until(lambda: cons.dseq == 2, "2 deliveries to the consumer", timeout=5)
     assert (cons.num_pending, len(cons.pending)) == (0, 2)
     api(svc, "STREAM.CREATE.T", {"name": "T", "subjects": ["t"]})
     svc.streams["T"].on_publish("t", "inbox", b"NATS/1.0\r\nNats-Msg-Id: x\r\n\r\n", b"1")
     svc.streams["T"].on_publish("t", "inbox", b"NATS/1.0\r\nNats-Msg-Id: x\r\n\r\n", b"1")
-    await wait_until(lambda: len(replies(fc, "inbox")) == 32)
+    await until(lambda: len(replies(fc, "inbox")) == 32, "T's 2 PubAcks (the 2nd a duplicate)", timeout=5)
     assert replies(fc, "inbox")[-1] == {"stream": "T", "seq": 1, "duplicate": True}
     await svc.stop()
 

@@ -13,6 +13,7 @@ import pytest
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream import sharedlayout as L
 from zonebus.stream.shared import CommitOptions, Fenced, SharedStorage
+from zonebus.testing.polling import until
 
 
 def storage(tmp_path: Path, cache: str = "cache", **opts) -> SharedStorage:
@@ -168,14 +169,6 @@ class Flaky(ObjectStore):
         super().put(key, data)
 
 
-async def wait_until(cond, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "condition not reached in time"
-        await asyncio.sleep(0.005)
-
-
 @pytest.mark.timeout(30)
 async def test_acks_after_durable_in_order_and_batched(tmp_path: Path) -> None:
     st = storage(tmp_path, linger=0.002)
@@ -196,7 +189,7 @@ async def test_acks_after_durable_in_order_and_batched(tmp_path: Path) -> None:
         assert s.ack_when_durable(seq, on_ack(seq))
         assert s.count(1, None) <= s.durable_seq  # consumers only count durable messages
     assert s.durable_seq == 0 and s.load(200).data == b"m199"  # readable locally before it is durable
-    await wait_until(lambda: len(acks) == 200)
+    await until(lambda: len(acks) == 200, "an ack for each of the 200 messages", timeout=5)
     assert [a[0] for a in acks] == list(range(1, 201))
     assert all(err is None and on_storage for _s, err, on_storage in acks)
     assert visible[0][0] == 1 and visible[-1][1] == 200
@@ -217,16 +210,16 @@ async def test_failed_upload_is_reported_then_retried(tmp_path: Path) -> None:
     results: dict[int, str | None] = {}
     for seq in fill(s, 5):
         s.ack_when_durable(seq, lambda err, seq=seq: results.__setitem__(seq, err))
-    await wait_until(lambda: len(results) == 5)
+    await until(lambda: len(results) == 5, "the first 5 messages durable", timeout=5)
     flaky.fail = True
     for seq in fill(s, 5, start=5):
         s.ack_when_durable(seq, lambda err, seq=seq: results.__setitem__(seq, err))
-    await wait_until(lambda: len(results) == 10)
+    await until(lambda: len(results) == 10, "results for messages 6-10 (their upload fails)", timeout=5)
     assert all(results[i] is None for i in range(1, 6))
     assert all("injected upload failure" in results[i] for i in range(6, 11))
     assert s.durable_seq == 5
     flaky.fail = False  # the retry succeeds: the messages appear (their publishers were told to retry)
-    await wait_until(lambda: s.durable_seq == 10)
+    await until(lambda: s.durable_seq == 10, "the retried upload making all 10 durable", timeout=5)
     s.close()
     view = SharedStorage(f"file://{tmp_path}/shared", create=False).open_view("S")
     assert list(view.index.live_seqs()) == list(range(1, 11))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,13 +57,6 @@ def group_info(server: ServerProcess) -> dict:
     return next(g for g in server.http_get("/queuez")["queue_groups"] if g["name"] == GROUP)
 
 
-async def poll(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 class Members:
     """Queue members that ack what they get and note which member got which message."""
 
@@ -91,7 +84,7 @@ async def test_members_and_publishers_on_two_workers_each_message_once(tmp_path:
         clients = member_ncs + pub_ncs
         members = Members()
         await members.join(member_ncs)
-        await poll(lambda: sum(m["members"] for m in group_info(server)["members"]) == 2, 10, "both members")
+        await until(lambda: sum(m["members"] for m in group_info(server)["members"]) == 2, "both members", timeout=10)
         total = 300
 
         async def publish(nc: Client, start: int) -> list[int]:
@@ -101,7 +94,7 @@ async def test_members_and_publishers_on_two_workers_each_message_once(tmp_path:
         seqs = await asyncio.gather(publish(pub_ncs[0], 0), publish(pub_ncs[1], 1))
         all_seqs = seqs[0] + seqs[1]
         assert len(all_seqs) == total and len(set(all_seqs)) == total  # a PubAck each, each stored once
-        await poll(lambda: sum(members.got.values()) >= total, 20, "every message delivered")
+        await until(lambda: sum(members.got.values()) >= total, "every message delivered", timeout=20)
         info: dict = {}
 
         def settled() -> bool:
@@ -109,7 +102,7 @@ async def test_members_and_publishers_on_two_workers_each_message_once(tmp_path:
             info = group_info(server)
             return info["delivered"] == total and info["pending"] == 0 and info["in_flight"] == 0
 
-        await poll(settled, 20, "every message acked")
+        await until(settled, "every message acked", timeout=20, show=lambda: info)
         assert set(members.got) == {b"%d" % i for i in range(total)}
         assert all(n == 1 for n in members.got.values())  # exactly once: no redelivery
         assert info["stored"] == total and info["redelivered"] == 0 and info["is_primary"]
@@ -131,7 +124,7 @@ async def test_kill_9_of_worker_1_mid_stream_loses_nothing_acknowledged(tmp_path
         clients = member_ncs + pub_ncs
         members = Members()
         await members.join(member_ncs)
-        await poll(lambda: sum(m["members"] for m in group_info(server)["members"]) == 2, 10, "both members")
+        await until(lambda: sum(m["members"] for m in group_info(server)["members"]) == 2, "both members", timeout=10)
         victim = server.http_get("/varz")["workers"][1]["pid"]
         assert victim in server.worker_pids()
         total = 400
@@ -159,10 +152,10 @@ async def test_kill_9_of_worker_1_mid_stream_loses_nothing_acknowledged(tmp_path
         def all_delivered() -> bool:
             return acked <= set(members.got)
 
-        await poll(all_delivered, 30, "every acknowledged message delivered")
+        await until(all_delivered, "every acknowledged message delivered", timeout=30)
         lost = acked - set(members.got)
         assert len(lost) == 0
-        await poll(lambda: group_info(server)["pending"] == 0, 30, "every message acked")
+        await until(lambda: group_info(server)["pending"] == 0, "every message acked", timeout=30)
         w1 = server.http_get("/varz")["workers"][1]
         assert w1["pid"] != victim  # it was killed (and the supervisor started it again)
     finally:

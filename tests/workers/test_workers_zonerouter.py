@@ -23,6 +23,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from zonebus.testing.polling import wait_until
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zonerouter"))
 from zrkit import (  # noqa: E402  (the zone router tests' helpers)
     Zoned,
@@ -31,7 +33,6 @@ from zrkit import (  # noqa: E402  (the zone router tests' helpers)
     router_info,
     start_zoned,
     stream_in_z2,
-    wait_for,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -97,7 +98,7 @@ def proxied(zoned: Zoned, key: str = "msgs") -> int:
 
 async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), 30.0, "the full mapping on every server")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping on every server", timeout=30.0)
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
@@ -172,7 +173,7 @@ async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned)
 
 async def test_direct_get_from_worker_1(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), 30.0, "the full mapping on every server")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping on every server", timeout=30.0)
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
@@ -228,7 +229,7 @@ def _infos(port: int, want: int) -> dict[int, dict]:
 
 async def test_zone_local_urls_and_client_zones_on_every_worker(zoned: Zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), 30.0, "the full mapping on every server")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping on every server", timeout=30.0)
     for w, info in (await asyncio.to_thread(_infos, s["a1"].port, WORKERS)).items():
         assert info.get("connect_urls") == [f"127.0.0.1:{s['a2'].port}"], w  # a2 only: same zone
     for w, info in (await asyncio.to_thread(_infos, s["b1"].port, WORKERS)).items():
@@ -248,7 +249,8 @@ async def test_zone_local_urls_and_client_zones_on_every_worker(zoned: Zoned) ->
         assert router_info(s["a1"])["clients_outside_zone"] == 2  # worker 1's too
         await close_all(outside)
         outside = []
-        await wait_for(lambda: router_info(s["a1"])["clients_outside_zone"] == 0, 30.0, "outside clients gone")
+        await asyncio.to_thread(wait_until, lambda: router_info(s["a1"])["clients_outside_zone"] == 0,
+                                "outside clients gone", timeout=30.0)
     finally:
         await close_all(inside + outside)
 
@@ -269,7 +271,7 @@ async def test_kill_9_of_the_proxys_worker_0_loses_nothing_acknowledged(zoned: Z
     import signal
 
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), 30.0, "the full mapping on every server")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping on every server", timeout=30.0)
     admin = await nats.connect(s["b1"].url)
     clients: list[Client] = []
     try:
@@ -302,7 +304,7 @@ async def test_kill_9_of_the_proxys_worker_0_loses_nothing_acknowledged(zoned: Z
         assert retries > 0 and pub.is_connected  # worker 1's client noticed only errors to retry
         assert seqs == sorted(set(seqs))
         assert server.http_get("/varz")["workers"][0]["pid"] != victim
-        await wait_for(full_view(zoned, FULL), 30.0, "the full mapping again")
+        await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping again", timeout=30.0)
         psub = await admin.jetstream(timeout=10).pull_subscribe("wkl.x", durable="rd", stream="WKL")
         seen: list[int] = []
         while len(seen) < len(acked):

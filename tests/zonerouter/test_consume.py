@@ -11,7 +11,9 @@ import asyncio
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned, stream_in_z2, wait_for
+from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned, stream_in_z2
+
+from zonebus.testing.polling import wait_until
 
 PAYLOAD = 1024
 N = 1500
@@ -59,7 +61,7 @@ async def _consume_all(url: str, durable: str, n: int, ack: bool) -> list[int]:
 @pytest.mark.timeout(90)
 async def test_pull_consumers_in_other_zones_read_through_their_proxy(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
     nc = await nats.connect(s["b1"].url)
     try:
         await stream_in_z2(nc, "CON", ["con.>"])
@@ -95,7 +97,7 @@ async def test_pull_consumers_in_other_zones_read_through_their_proxy(zoned) -> 
 @pytest.mark.timeout(60)
 async def test_redelivery_nak_and_term_through_the_proxy(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
     nc = await nats.connect(s["b1"].url)
     sub = await nats.connect(s["c1"].url)
     try:
@@ -149,7 +151,7 @@ async def _direct(nc: nats.NATS, subject: str, body: bytes) -> list[tuple[dict, 
 @pytest.mark.timeout(60)
 async def test_direct_get_answered_by_the_proxy_like_the_leader(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
     nc = await nats.connect(s["b1"].url)
     far = await nats.connect(s["a2"].url)
     try:

@@ -11,7 +11,9 @@ import time
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import FULL, LAYOUT, Publisher, full_view, router_info, start_zoned, stream_in_z2, wait_for
+from zrkit import FULL, LAYOUT, Publisher, full_view, router_info, start_zoned, stream_in_z2
+
+from zonebus.testing.polling import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +26,15 @@ def zoned(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.timeout(90)
 async def test_kill_proxy_then_three_epochs_leave_no_orphans(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
     nc = await nats.connect(s["b1"].url)
     try:
         await stream_in_z2(nc, "EP", ["ep.>"])
     finally:
         await nc.close()
-    epochs = await wait_for(lambda: (e := router_info(s["c1"]).get("epochs", {})).get("current", 0) >= 2 and e,
-                            what="route epochs advancing")
+    epochs = await asyncio.to_thread(
+        wait_until, lambda: (e := router_info(s["c1"]).get("epochs", {})).get("current", 0) >= 2 and e,
+        "route epochs advancing")
     assert epochs["fenced"] == max(epochs["current"] - 2, 0)
     proxy = router_info(s["a1"])["proxies"]["z1"]["b1"]
     home = "a2" if proxy == "a1" else "a1"
@@ -42,7 +45,8 @@ async def test_kill_proxy_then_three_epochs_leave_no_orphans(zoned) -> None:
     try:
         await pub.wait_acked(150)
         s[proxy].kill()  # mid-stream: its hand-offs and batches in flight are never answered
-        await wait_for(full_view(zoned, {"z1": [home], "z2": ["b1"], "z3": ["c1"]}), what="the proxy left out")
+        await asyncio.to_thread(wait_until, full_view(zoned, {"z1": [home], "z2": ["b1"], "z3": ["c1"]}),
+                                "the proxy left out")
         at_kill = router_info(s["c1"])["epochs"]["current"]
         n = len(pub.acked)
         await pub.wait_acked(n + 150)  # the surviving server of z1 proxies now
@@ -58,7 +62,7 @@ async def test_kill_proxy_then_three_epochs_leave_no_orphans(zoned) -> None:
         if e["current"] < at_kill + 3 or e["committed"] < at_kill:
             return None
         return e if victim not in zoned.channels() else None
-    e = await wait_for(settled, timeout=30, what="the dead proxy's channel trimmed")
+    e = await asyncio.to_thread(wait_until, settled, "the dead proxy's channel trimmed", timeout=30)
     for path in zoned.channel_batches():
         assert int(path.parent.name) > e["committed"], path
     assert sum(router_info(s[n])["epochs"]["removed_channels"] for n in (home, "b1", "c1")) >= 1

@@ -10,8 +10,9 @@ import time
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import Publisher, full_view, router_info, start_zoned, wait_for
+from zrkit import Publisher, full_view, router_info, start_zoned
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess
 
 LAYOUT = [("a1", "z1"), ("a2", "z1"), ("b1", "z2"), ("b2", "z2"), ("c1", "z3")]
@@ -33,7 +34,7 @@ def _restart(s: ServerProcess) -> None:
 @pytest.mark.timeout(90)
 async def test_kill_proxy_then_leader_mid_stream(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
     nc = await nats.connect(s["b1"].url)
     try:
         resp = await nc.request("$JS.API.STREAM.CREATE.FAIL", (

@@ -3,12 +3,14 @@ connect_urls, client zones in /connz, and the mapping changing as a server leave
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import nats
 import pytest
-from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned, wait_for
+from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import wait_for_info
 
 
@@ -37,7 +39,7 @@ def _check_mapping(info: dict, zones: dict[str, list[str]]) -> None:
 @pytest.mark.timeout(60)
 async def test_mapping_connect_urls_and_client_zones(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping on every server")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping on every server")
     infos = {name: router_info(p) for name, p in s.items()}
     for name, info in infos.items():
         _check_mapping(info, FULL)
@@ -66,11 +68,11 @@ async def test_mapping_connect_urls_and_client_zones(zoned) -> None:
 @pytest.mark.timeout(60)
 async def test_mapping_follows_a_server_leaving_and_joining(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
     before = router_info(s["b1"])["mapping_changes"]
     s["a2"].kill()
     gone = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}
-    await wait_for(full_view(zoned, gone), what="a2 left out")
+    await asyncio.to_thread(wait_until, full_view(zoned, gone), "a2 left out")
     for name in ("a1", "b1", "c1"):
         info = router_info(s[name])
         assert info["left_out"] == {"a2": "fenced"}
@@ -80,7 +82,7 @@ async def test_mapping_follows_a_server_leaving_and_joining(zoned) -> None:
     assert "connect_urls" not in _first_info(s["a1"].port)
     s["a2"].proc = None
     s["a2"].start()
-    await wait_for(full_view(zoned, FULL), what="a2 back in the mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "a2 back in the mapping")
     info = router_info(s["b1"])
     _check_mapping(info, FULL)
     assert info["left_out"] == {} and info["mapping_changes"] >= before + 2

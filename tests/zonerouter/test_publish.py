@@ -11,7 +11,9 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError
-from zrkit import FULL, LAYOUT, full_view, publish_numbered, router_info, start_zoned, stream_in_z2, wait_for
+from zrkit import FULL, LAYOUT, full_view, publish_numbered, router_info, start_zoned, stream_in_z2
+
+from zonebus.testing.polling import wait_until
 
 PAYLOAD = 1024
 PER_PUBLISHER = 600
@@ -36,7 +38,7 @@ async def _publisher(url: str, who: str, n: int) -> list[int]:
 @pytest.mark.timeout(90)
 async def test_publish_from_every_zone(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
     nc = await nats.connect(s["b1"].url)
     try:
         await stream_in_z2(nc, "ORD", ["ord.>"])
@@ -69,7 +71,7 @@ async def test_publish_from_every_zone(zoned) -> None:
         for w, idx in got.items():
             assert idx == list(range(PER_PUBLISHER)), w
         # the leader appended every batch to the stream: the proxies trim their channels
-        await wait_for(lambda: not zoned.channel_batches(), what="router channels trimmed")
+        await asyncio.to_thread(wait_until, lambda: not zoned.channel_batches(), "router channels trimmed")
         assert router_info(s["a1"])["channel"]["deletes"] + router_info(s["a2"])["channel"]["deletes"] > 0
     finally:
         await nc.close()
@@ -78,7 +80,7 @@ async def test_publish_from_every_zone(zoned) -> None:
 @pytest.mark.timeout(60)
 async def test_dedupe_and_expected_last_sequence_through_the_router(zoned) -> None:
     s = zoned.servers
-    await wait_for(full_view(zoned, FULL), what="the full mapping")
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
     nc = await nats.connect(s["b1"].url)
     pub = await nats.connect(s["c1"].url)
     try:

@@ -10,7 +10,9 @@ import asyncio
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import api, full_view, router_info, start_zoned, wait_for
+from zrkit import api, full_view, router_info, start_zoned
+
+from zonebus.testing.polling import wait_until
 
 LAYOUT = [("a1", "z1"), ("b1", "z2"), ("c1", "z3")]
 FULL = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}
@@ -37,7 +39,7 @@ async def test_router_on_s3(tmp_path, moto_s3) -> None:
     zoned = start_zoned(tmp_path, LAYOUT, shared=url, js_extra=extra, env=moto_s3.env(endpoint=False))
     try:
         s = zoned.servers
-        await wait_for(full_view(zoned, FULL), what="the full mapping")
+        await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
         nc = await nats.connect(s["b1"].url)
         try:
             for _ in range(50):
@@ -77,6 +79,7 @@ async def test_router_on_s3(tmp_path, moto_s3) -> None:
             left = [k for k in moto_s3.keys("zb/zonerouter/channels/") if k.endswith(".zrb")
                     and int(k.split("/")[-2]) <= e["committed"]]
             return None if left else e
-        await wait_for(trimmed, timeout=30, what="channel objects of committed epochs deleted from the bucket")
+        await asyncio.to_thread(wait_until, trimmed, "channel objects of committed epochs deleted from the bucket",
+                                timeout=30)
     finally:
         zoned.stop()

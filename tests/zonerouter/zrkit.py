@@ -3,6 +3,9 @@
 `start_zoned(tmp, layout)` starts one server per (name, zone) of `layout` (e.g. a1/a2 in z1, b1 in z2, c1 in
 z3), every route listed and, with `proxy`, every route through a byte-counting proxy process
 (`zonebus.testing.byteproxy`), so that the bytes between any two servers are counted on the wire.
+
+The tests wait with `zonebus.testing.polling.wait_until`, run in a thread (`asyncio.to_thread`) since the checks
+(`full_view`, `router_info`) do blocking HTTP.
 """
 
 from __future__ import annotations
@@ -121,21 +124,6 @@ class Publisher:
 
 def router_info(server: ServerProcess) -> dict:
     return server.http_get("/jsz").get("zone_router", {})
-
-
-async def wait_for(check: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> object:
-    """Poll `check` (in a thread: it may do blocking HTTP) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = await asyncio.to_thread(check)
-        except OSError as exc:
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"{what} not reached; last: {last!r}")
 
 
 def full_view(zoned: Zoned, expect_zones: dict[str, list[str]]) -> Callable[[], bool]:
