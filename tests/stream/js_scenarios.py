@@ -35,6 +35,16 @@ class Probe:
             err["description"] = "invalid JSON: <syntax>"
         return doc
 
+    async def pending_at_least(self, stream: str, consumer: str, n: int, timeout: float = 5.0) -> None:
+        """Wait (unrecorded) until the consumer counts `n` pending messages. nats-server tells its consumers of
+        a new message asynchronously, and a no_wait pull that comes before that gets "404 No Messages" (2 in
+        150 tries right behind a PubAck; 0 in 300 after this wait); zonebus counts it before the PubAck."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while (await self.api(f"CONSUMER.INFO.{stream}.{consumer}")).get("num_pending", 0) < n:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{consumer} on {stream}: fewer than {n} pending after {timeout} s")
+            await asyncio.sleep(0.01)
+
     async def call(self, subject: str, body: Any = None, keep: tuple[str, ...] | None = None) -> dict:
         """API request whose (normalised, optionally reduced) reply is recorded."""
         doc = await self.api(subject, body)
@@ -200,9 +210,8 @@ async def purge(p: Probe) -> None:
     await p.call(f"STREAM.INFO.{s}")
     await p.call(f"CONSUMER.INFO.{s}.D", keep=("num_pending", "delivered", "ack_floor", "num_ack_pending"))
     await p.pub(f"pu{t}.a", b"new")
-    # a waiting pull, not no_wait: nats-server tells a consumer of a new message asynchronously, and a no_wait
-    # pull right behind the PubAck got "404 No Messages" there once in CI
-    await p.pull(s, "D", {"batch": 1, "expires": 1_500_000_000}, 1, final=False)
+    await p.pending_at_least(s, "D", 1)
+    await p.pull(s, "D", {"batch": 5, "no_wait": True}, 1)
     await p.api(f"STREAM.DELETE.{s}")
 
 
@@ -364,6 +373,7 @@ async def deliver_policies(p: Probe) -> None:
         await p.call(f"CONSUMER.DURABLE.CREATE.{s}.{name}", {"stream_name": s, "config": cfg},
                      keep=("num_pending", "delivered", "ack_floor"))
     await p.pub(f"{f}.b", b"after")
+    await p.pending_at_least(s, "N", 1)  # (the one with nothing pending before)
     for name in cases:
         await p.pull(s, name, {"batch": 10, "no_wait": True}, 10, wait=1.0)
     await p.api(f"STREAM.DELETE.{s}")
@@ -387,6 +397,7 @@ async def pull_status(p: Probe) -> None:
     await p.pull(s, "D", b"1", 1, final=False)
     await p.pull(s, "D", {"batch": 3, "expires": 300_000_000}, 0)
     await p.pub(f"{f}.a", b"third")
+    await p.pending_at_least(s, "D", 1)
     await p.pull(s, "D", {"batch": 3, "no_wait": True, "expires": 500_000_000}, 1)
     await p.call(f"CONSUMER.INFO.{s}.D", keep=("num_pending", "num_ack_pending", "delivered", "num_waiting"))
     # a waiting request hears 409 when its consumer is deleted
