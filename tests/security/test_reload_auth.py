@@ -64,6 +64,10 @@ def test_reload_users_and_permissions(impl: str, server_factory, server_pool) ->
     got = conversation(server_factory(BEFORE))
     if impl == "nats":
         return
-    ref = conversation(server_pool.start("nats", BEFORE))
+    reference = server_pool.start("nats", BEFORE)  # (not the pool's: the caller stops it)
+    try:
+        ref = conversation(reference)
+    finally:
+        reference.stop()
     report = "\n".join(f"{'  ' if a == b else '!!'} nats: {a}\n   zonebus: {b}" for a, b in zip(ref, got, strict=False))
     assert got == ref, report
