@@ -14,6 +14,8 @@ from typing import Any
 import nats
 from js_kit import normalize
 
+from zonebus.testing.polling import until
+
 API = "$JS.API"
 
 
@@ -39,11 +41,10 @@ class Probe:
         """Wait (unrecorded) until the consumer counts `n` pending messages. nats-server tells its consumers of
         a new message asynchronously, and a no_wait pull that comes before that gets "404 No Messages" (2 in
         150 tries right behind a PubAck; 0 in 300 after this wait); zonebus counts it before the PubAck."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while (await self.api(f"CONSUMER.INFO.{stream}.{consumer}")).get("num_pending", 0) < n:
-            if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"{consumer} on {stream}: fewer than {n} pending after {timeout} s")
-            await asyncio.sleep(0.01)
+        async def counted() -> bool:
+            return (await self.api(f"CONSUMER.INFO.{stream}.{consumer}")).get("num_pending", 0) >= n
+
+        await until(counted, f"{consumer} on {stream} to count {n} pending", timeout)
 
     async def call(self, subject: str, body: Any = None, keep: tuple[str, ...] | None = None) -> dict:
         """API request whose (normalised, optionally reduced) reply is recorded."""
