@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from zonebus.pipeline.errors import PipelineInputError, PipelineOptionError
+from zonebus.prices import TRANSFER_DIR
 
-PRICES_DIR = Path(__file__).parent / "prices"
+PRICES_DIR = TRANSFER_DIR
 DEFAULT_PRICES = "aws"
 KNOWN_KEYS = frozenset(
     {"cross_zone_per_gb_each_side", "sides_charged", "bytes_per_gb", "currency", "provider", "description"}

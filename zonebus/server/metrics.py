@@ -15,7 +15,7 @@ registered, read by nats-server's field names), so the two never disagree.
 zonebus's own series, `zonebus_ledger_*`, are counters of what the traffic ledger counted, each crossing
 once across a cluster (a server-to-server copy on its sender, client traffic on the client's server):
 bytes and message transfers by zone pair and link kind, the cross-zone part of them, its estimated cost in
-dollars under each built-in price list (`zonebus/pipeline/prices/*.json`, read as plain JSON), and queue
+dollars under each built-in price list (`zonebus/prices/transfer/*.json`, read as plain JSON), and queue
 routing decisions by publisher zone and chosen zone. They move once per ledger interval (the handover, see
 `zonebus.server.ledger_hooks`), never on the message path.
 """
@@ -30,13 +30,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zonebus.prices import TRANSFER_DIR
 from zonebus.server.monitor import connz, subsz, varz
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PRICES_DIR = Path(__file__).resolve().parent.parent / "pipeline" / "prices"
+PRICES_DIR = TRANSFER_DIR
 
 # the exporter's generic collector: fields it never exports, and the string fields it exports
 SKIP_FQN = frozenset({"leaf", "trusted_operators_claim", "cluster_tls_timeout", "cluster_cluster_port",

@@ -1,0 +1,134 @@
+"""Price lists, a leaf data module: cross-zone transfer (`transfer/*.json`) and storage (`storage/*.json`).
+
+Both the server (`/metrics`, `/jsz`) and the cost pipeline read prices here; nothing here imports the rest of
+zonebus. A transfer list prices a byte crossing a zone boundary (see `zonebus.pipeline.prices` for its keys);
+a storage list prices a store's requests by kind, its per-GB upload and retrieval charges, and the bytes it
+keeps (GB-month):
+
+    name, provider, description, source, currency     text; `source` names the provider's price page
+    requests_per_1000    {"PUT", "COPY", "LIST", "GET", "HEAD", "DELETE"} -> dollars per 1,000 requests
+    upload_per_gb        dollars per GB written (S3 Express, EFS), retrieval_per_gb: per GB read
+    storage_per_gb_month dollars per GB kept for a month
+    bytes_per_gb         1e9 (GB) or 1073741824 (GiB)
+
+`storage_prices("s3-standard")` loads a built-in list (or a JSON file by path); `StoragePrices.bill(...)`
+prices counted requests and bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TRANSFER_DIR = HERE / "transfer"
+STORAGE_DIR = HERE / "storage"
+REQUEST_KINDS = ("PUT", "COPY", "LIST", "GET", "HEAD", "DELETE")
+DEFAULT_STORAGE = "s3-standard"
+SECONDS_PER_MONTH = 30 * 86400  # AWS bills GB-months over the hours of the month; 30 days as the unit
+
+
+class PriceListError(ValueError):
+    """A price list that is missing, not JSON, or has a key of the wrong kind (the message names it)."""
+
+
+@dataclass(frozen=True)
+class StoragePrices:
+    name: str
+    requests_per_1000: Mapping[str, float] = field(default_factory=dict)
+    upload_per_gb: float = 0.0
+    retrieval_per_gb: float = 0.0
+    storage_per_gb_month: float = 0.0
+    bytes_per_gb: float = 1e9
+    provider: str = ""
+    description: str = ""
+    source: str = ""
+    currency: str = "USD"
+
+    def per_request(self, kind: str) -> float:
+        return self.requests_per_1000.get(kind, 0.0) / 1000.0
+
+    def request_cost(self, counts: Mapping[str, float]) -> float:
+        """Dollars for `counts` (kind -> requests)."""
+        return sum(n * self.per_request(kind) for kind, n in counts.items())
+
+    def transfer_cost(self, put_bytes: float, get_bytes: float) -> float:
+        """Per-GB upload and retrieval charges (zero for S3 Standard)."""
+        return (put_bytes * self.upload_per_gb + get_bytes * self.retrieval_per_gb) / self.bytes_per_gb
+
+    def storage_cost(self, byte_seconds: float) -> float:
+        """Dollars for keeping bytes over time: `byte_seconds` is the sum of bytes x seconds kept."""
+        return byte_seconds / SECONDS_PER_MONTH * self.storage_per_gb_month / self.bytes_per_gb
+
+    def bill(self, counts: Mapping[str, float], put_bytes: float = 0.0, get_bytes: float = 0.0,
+             byte_seconds: float = 0.0) -> dict[str, float]:
+        """{"requests", "transfer", "storage", "total"} in dollars."""
+        out = {"requests": self.request_cost(counts), "transfer": self.transfer_cost(put_bytes, get_bytes),
+               "storage": self.storage_cost(byte_seconds)}
+        out["total"] = sum(out.values())
+        return out
+
+
+def storage_names() -> list[str]:
+    return sorted(p.stem for p in STORAGE_DIR.glob("*.json"))
+
+
+def transfer_names() -> list[str]:
+    return sorted(p.stem for p in TRANSFER_DIR.glob("*.json"))
+
+
+def _read(spec: str, folder: Path, names: list[str], what: str) -> tuple[dict, str]:
+    path = Path(spec)
+    if not path.exists() and "/" not in spec and not spec.endswith(".json"):
+        path = folder / f"{spec}.json"
+        if not path.exists():
+            raise PriceListError(f"{spec!r} is neither a file nor a built-in {what} price list ({', '.join(names)})")
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise PriceListError(f"{what} price list {str(path)!r}: {exc}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PriceListError(f"{what} price list {str(path)!r}: not valid JSON: {exc}")
+    if not isinstance(doc, dict):
+        raise PriceListError(f"{what} price list {str(path)!r}: expected a JSON object")
+    return doc, str(path)
+
+
+def _number(doc: dict, key: str, where: str, default: float = 0.0) -> float:
+    v = doc.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise PriceListError(f"storage price list {where!r}: {key!r} must be a number >= 0, got {v!r}")
+    return float(v)
+
+
+STORAGE_KEYS = frozenset({"name", "provider", "description", "source", "currency", "requests_per_1000",
+                          "upload_per_gb", "retrieval_per_gb", "storage_per_gb_month", "bytes_per_gb"})
+
+
+def storage_prices(spec: str = DEFAULT_STORAGE) -> StoragePrices:
+    """A storage price list: a built-in name (`s3-standard`, `s3-express`, ...) or a JSON file's path."""
+    doc, where = _read(spec, STORAGE_DIR, storage_names(), "storage")
+    unknown = sorted(set(doc) - STORAGE_KEYS)
+    if unknown:
+        raise PriceListError(f"storage price list {where!r}: unknown key {unknown[0]!r}; known keys: "
+                             f"{', '.join(sorted(STORAGE_KEYS))}")
+    reqs = doc.get("requests_per_1000", {})
+    if not isinstance(reqs, dict) or any(k not in REQUEST_KINDS for k in reqs):
+        raise PriceListError(f"storage price list {where!r}: 'requests_per_1000' maps request kinds "
+                             f"({', '.join(REQUEST_KINDS)}) to dollars")
+    per_1000 = {k: _number(reqs, k, where) for k in reqs}
+    texts = {k: str(doc.get(k, "")) for k in ("provider", "description", "source")}
+    return StoragePrices(name=str(doc.get("name") or Path(where).stem), requests_per_1000=per_1000,
+                         upload_per_gb=_number(doc, "upload_per_gb", where),
+                         retrieval_per_gb=_number(doc, "retrieval_per_gb", where),
+                         storage_per_gb_month=_number(doc, "storage_per_gb_month", where),
+                         bytes_per_gb=_number(doc, "bytes_per_gb", where, 1e9) or 1e9,
+                         currency=str(doc.get("currency", "USD")), **texts)
+
+
+def transfer_doc(spec: str) -> tuple[dict, str]:
+    """A transfer price list's raw JSON and its path (parsed and checked by `zonebus.pipeline.prices`)."""
+    return _read(spec, TRANSFER_DIR, transfer_names(), "transfer")
