@@ -27,7 +27,6 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zonebus.prices import TRANSFER_DIR
