@@ -32,11 +32,11 @@ class Gated(ObjectStore):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> None:
         if "/log/" in key:
             self.entered.set()
             assert self.gate.wait(20)
-        super().put(key, data)
+        super().put(key, data, if_absent)
 
 
 def writer(tmp_path: Path, objects: type[ObjectStore] = ObjectStore):

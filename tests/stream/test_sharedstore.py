@@ -163,10 +163,10 @@ class Flaky(ObjectStore):
 
     fail = False
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> None:
         if self.fail and "/log/" in key:
             raise OSError("injected upload failure")
-        super().put(key, data)
+        super().put(key, data, if_absent)
 
 
 @pytest.mark.timeout(30)

@@ -477,6 +477,12 @@ def _router_linger(v: Value) -> float:
     return seconds
 
 
+def _router_path(opts: JetStreamOptions, v: Value, errors: _Errors) -> None:
+    if v.kind != "string" or v.value not in ("auto", "storage", "link"):
+        raise BadValue(f"expected auto, storage or link, got {show(v)}", v)
+    opts.zone_router_path = v.value
+
+
 def _router_epoch(v: Value) -> float:
     seconds = get_duration(v)
     if not 0.1 <= seconds <= 3600:
@@ -499,11 +505,14 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "shared_store_linger": _setter("shared_store_linger", get_duration),
     "shared_store_batch": _positive_size("shared_store_batch"),
     "shared_store_inflight": _int("shared_store_inflight", 1, 1024),
+    "shared_store_latency_budget": _setter("shared_store_latency_budget", get_duration),
+    "zone_router_latency_budget": _setter("shared_store_latency_budget", get_duration),
     "s3": _s3,
     "failover_timeout": _setter("failover_timeout", get_duration),
     "zone_router": _bool("zone_router"),
     "zone_router_linger": _setter("zone_router_linger", _router_linger),
     "zone_router_batch": _positive_size("zone_router_batch"),
+    "zone_router_path": _router_path,
     "zone_router_epoch": _setter("zone_router_epoch", _router_epoch),
 }
 

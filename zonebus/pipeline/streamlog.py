@@ -246,10 +246,7 @@ class StreamLog:
 
     def _summarize(self, be: tuple[int, int]) -> BatchSummary:
         batch, epoch = be
-        path = self.objects.path(self._key(batch, epoch))
-        with self.objects.fs.open_input_file(path) as f:
-            size = f.size()
-            prefix = f.read_at(min(PREFIX_BYTES, size), 0)
+        prefix, size = self.objects.get_range(self._key(batch, epoch), 0, PREFIX_BYTES)
         summary = summarize_prefix(batch, epoch, size, prefix)
         if summary is None:
             summary = summarize_whole(batch, epoch, self.objects.get(self._key(batch, epoch)))

@@ -94,12 +94,15 @@ class JetStreamOptions:
     shared_store_linger: float = 0.001  # group commit: while uploads run, seconds a batch waits for one to end
     shared_store_batch: int = 1024 * 1024  # bytes at which a batch is written at once
     shared_store_inflight: int = 4  # batch uploads in flight per stream
+    # s3:// (billed per request): a batch fills so that its PubAcks come within this at p99 (0: as file://)
+    shared_store_latency_budget: float = 0.25
     s3_endpoint: str = ""  # `s3 { endpoint }`; else AWS_ENDPOINT_URL
     s3_region: str = ""  # `s3 { region }`; else AWS_REGION / AWS_DEFAULT_REGION
     failover_timeout: float = 3.0  # clustered: a server unreachable this long loses its streams to another
     # zone router (zonebus.zonerouter): clients stay in their zone, payloads cross zones through the shared store
     zone_router: bool = False
     zone_router_linger: float = 0.001  # seconds a router batch waits for more publishes (at most 1 ms)
+    zone_router_path: str = "auto"  # auto (the cheaper at the price lists), storage, link: how batches cross
     zone_router_batch: int = 256 * 1024  # bytes at which a router batch is written at once
     zone_router_epoch: float = 10.0  # seconds between route epochs (channel objects are trimmed by epoch)
 

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_FLUSH_DELAY = 0.05
+SHARED_STATE_FLUSH_DELAY = 1.0  # a consumer's state on a shared store: one PUT a second at most, not one per ack
 HOUSEKEEPING_INTERVAL = 0.5
 
 
@@ -276,8 +277,10 @@ class JetStreamService:
     # -- shared store --------------------------------------------------------------------------------
     def _start_shared(self, cache_root: Path) -> None:
         o = self.opts
+        billed = o.shared_store.startswith("s3://")  # each request costs: batches fill for the latency budget
         options = CommitOptions(linger=o.shared_store_linger, batch_bytes=o.shared_store_batch,
-                                inflight=o.shared_store_inflight)
+                                inflight=o.shared_store_inflight,
+                                latency_budget=o.shared_store_latency_budget if billed else 0.0)
         # Blocking, like the local recovery above: no client is served before every stream is back (the
         # listener is open already, but its connections are not set up while the loop is busy here).
         # another account's streams are under `<shared_store>/accounts/<account>` (the same layout inside)
@@ -490,9 +493,13 @@ class JetStreamService:
             _write_json(d / "state.json", cons.state_dict())
 
     def schedule_state_flush(self, cons: Consumer) -> None:
+        """Write the consumer's state soon: 50 ms on a local disk; on a shared store within a second (each
+        write is a billed request; acks a crash loses come back as redeliveries, never as losses). A release,
+        a stepdown or a stop writes what is pending at once."""
         self._dirty.add(cons)
         if self._flush_handle is None and self.loop is not None:
-            self._flush_handle = self.loop.call_later(STATE_FLUSH_DELAY, self._flush_states)
+            delay = SHARED_STATE_FLUSH_DELAY if self._shared_of(cons.stream) is not None else STATE_FLUSH_DELAY
+            self._flush_handle = self.loop.call_later(delay, self._flush_states)
 
     def _flush_states(self) -> None:
         self._flush_handle = None

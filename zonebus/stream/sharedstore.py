@@ -7,10 +7,16 @@ MSG/DEL/MARK record goes into the open batch (an in-memory object in the file st
 a worker thread uploads sealed batches (at most `inflight` at once). Group commit is adaptive: a batch opened
 while no upload is in flight is sealed at the end of the loop turn (an idle stream acknowledges at once); one
 opened while uploads run keeps filling until one of them completes or `linger` seconds have passed (then it
-gets its own upload if a slot is free), so a busy stream writes fewer, bigger batches. `batch_bytes` seals a
-batch at once. A worker PUTs the object, then lists `epochs/`: a claim above our epoch means another
-writer took over, and nothing more is acknowledged (fencing; see the layout doc for why this ordering makes
-every acknowledged batch part of the new writer's chain). Batches are released strictly in batch order: the
+gets its own upload if a slot is free), so a busy stream writes fewer, bigger batches. With a
+`latency_budget` (a store that bills each request) every batch instead fills for the budget less the p99 of
+the last PUTs' durations (`PutTimes`), so a stream writes a few objects a second at any rate and its acks
+still come within the budget. `batch_bytes` seals a
+batch at once. A worker PUTs the object create-only (`If-None-Match: *` on S3, `link(2)` on a file system): no
+LIST per upload. A new writer fences the one before it at takeover by writing an empty batch, create-only,
+into that writer's next slot (`log/<next>.<its epoch>.blk`); the old writer's own PUT of that slot then
+fails, it finds bytes that are not its batch, and nothing more is acknowledged, since batches are released
+strictly in order (see the layout doc for why every acknowledged batch is part of the new writer's chain). A
+retried PUT that finds its own earlier attempt stored counts as done. Batches are released strictly in batch order: the
 store advances `durable_seq`, calls `on_visible(first, last)` (the stream announces the messages to its
 consumers only then) and the waiters registered with `ack_when_durable` (the PubAcks). On an s3:// store the
 worker copies a batch into the local cache directory after it told the loop that the batch is durable; on a
@@ -42,7 +48,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
 
-from zonebus.storage.fs import ObjectStore
+from zonebus.storage.fs import ObjectExists, ObjectStore
 from zonebus.stream import sharedlayout as L
 from zonebus.stream.filestore import encode_into
 from zonebus.stream.shareddocs import DocQueue
@@ -57,10 +63,34 @@ DurableCallback = Callable[[str | None], None]  # None: durable; else the error 
 @dataclass
 class CommitOptions:
     linger: float = 0.001  # while uploads run, seconds a batch waits for one to complete (0: end of loop turn)
+    # > 0: every batch lingers so that an ack comes within this many seconds at p99 (budget - measured PUT p99),
+    # for stores that bill each request (s3://): fewer, larger objects instead of one as soon as a slot is free
+    latency_budget: float = 0.0
     batch_bytes: int = 1024 * 1024  # a batch is sealed at this size
     inflight: int = 4  # uploads in flight at once
     backlog_bytes: int = 64 * 1024 * 1024  # unreleased bytes above which publishes are refused
     close_timeout: float = 10.0
+
+
+class PutTimes:
+    """The durations of the last PUTs of batches, for the latency budget's linger."""
+
+    def __init__(self, keep: int = 200, guess: float = 0.1) -> None:
+        self.times: deque[float] = deque(maxlen=keep)
+        self.guess = guess
+
+    def add(self, seconds: float) -> None:
+        self.times.append(seconds)
+
+    def p99(self) -> float:
+        if len(self.times) < 5:
+            return self.guess
+        ordered = sorted(self.times)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+    def linger(self, budget: float) -> float:
+        """How long a batch may fill so that its ack comes within `budget` (a tenth kept for the loop)."""
+        return max(budget * 0.9 - self.p99(), 0.001)
 
 
 class Fenced(Exception):
@@ -117,6 +147,7 @@ class SharedStore(SharedView):
         self.docs = DocQueue(objects, self.prefix, epoch, self._run_job, lambda: bool(self.fenced))
         self._last_base_move = time.monotonic()
         self.uploads = 0
+        self.put_times = PutTimes()
         self._takeover()
 
     # -- takeover ------------------------------------------------------------------------------------
@@ -136,6 +167,13 @@ class SharedStore(SharedView):
         self.objects.put(self._epochs_key("claim"), json.dumps(info).encode())
         self._check_fence()
         chain = self.reload(settled_only=False)
+        for _ in range(self.FENCE_ATTEMPTS):
+            if not chain.top_epoch or self._fence_previous(chain.top_epoch):
+                break
+            chain = self.reload(settled_only=False)  # the writer before us stored its next batch: take it in
+        else:
+            raise Fenced(f"stream {self.stream}: the writer of epoch {chain.top_epoch} kept writing; takeover "
+                         f"by epoch {self.epoch} gave up")
         seal = dict(info, prev=chain.top_epoch, start_batch=self.next_batch, next_seq=self.index.last_seq + 1)
         self.objects.put(self._epochs_key("seal"), json.dumps(seal).encode())
         self._check_fence()
@@ -144,6 +182,18 @@ class SharedStore(SharedView):
         self.durable_batch = self.next_batch - 1
         self._clear_leftovers(chain.start)
         self.prune_cache()
+
+    FENCE_ATTEMPTS = 100
+
+    def _fence_previous(self, epoch: int) -> bool:
+        """Write an empty batch of writer `epoch` into the slot after the chain, create-only, so that writer
+        can store (and acknowledge) nothing from there on; False when it stored that slot first."""
+        empty = L.batch_header(epoch, self.next_batch, self.index.last_seq + 1, self.index.last_seq, 0)
+        try:
+            self.objects.put(self._key(self.next_batch, epoch), empty, if_absent=True)
+        except ObjectExists:
+            return False
+        return True
 
     def _check_fence(self) -> None:
         top = self._max_claim()
@@ -199,7 +249,10 @@ class SharedStore(SharedView):
             self.batch_first[num] = b.first_seq
             self.live.setdefault(num, 0)
             if self.loop is not None:
-                if self.opts.linger > 0 and self._flight:  # busy: sealed when an upload completes, or after linger
+                if self.opts.latency_budget > 0:  # fill for what the budget leaves after a PUT
+                    self._linger_handle = self.loop.call_later(self.put_times.linger(self.opts.latency_budget),
+                                                               self._linger_done)
+                elif self.opts.linger > 0 and self._flight:  # busy: sealed when an upload completes, or after linger
                     self._linger_handle = self.loop.call_later(self.opts.linger, self._linger_done)
                 else:  # idle: sealed at the end of this loop turn
                     self._linger_handle = self.loop.call_soon(self._linger_done)  # type: ignore[assignment]
@@ -337,9 +390,20 @@ class SharedStore(SharedView):
         """Worker thread: PUT the batch, then make sure nobody took over meanwhile; tell the loop (the PubAcks
         need nothing more), then (s3://) copy the batch into the cache directory."""
         assert b.data is not None
-        self.objects.put(self._key(b.num, self.epoch), b.data)
+        key = self._key(b.num, self.epoch)
+        started = time.monotonic()
+        try:
+            self.objects.put(key, b.data, if_absent=True)
+            self.put_times.add(time.monotonic() - started)
+        except ObjectExists:
+            try:
+                stored = self.objects.get(key)
+            except FileNotFoundError:  # a new writer's base move removed it: it owns the stream
+                stored = b""
+            if stored != b.data:  # a new writer fenced this slot (else: our own earlier attempt landed)
+                raise Fenced(f"stream {self.stream}: taken over by epoch {self._max_claim()} (this writer has "
+                             f"epoch {self.epoch}; its batch {b.num} was fenced)")
         self.uploads += 1
-        self._check_fence()
         path = self._cache_path(b.num, self.epoch) if not self.objects.local else None
         if path is None:
             return  # the future's callback tells the loop
@@ -380,7 +444,8 @@ class SharedStore(SharedView):
         if self._failing and not any(x.state == "queued" and x.attempts for x in self._unreleased):
             self._failing = False
             log.info("shared store %s: uploads succeed again", self.stream)
-        if self._open is not None and self._open.nrec and self.loop is not None and not self.fenced:
+        if (self._open is not None and self._open.nrec and self.loop is not None and not self.fenced
+                and self.opts.latency_budget <= 0):
             self._seal()  # it filled while that upload ran: its turn now (adaptive group commit)
         self._pump()
         self._maybe_move_base()

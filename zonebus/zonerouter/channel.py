@@ -56,7 +56,7 @@ class RouterChannel:
         try:
             self.store.put(key, data)
         except FileNotFoundError:  # the epoch folder was trimmed under us (only on a file system): once more
-            self.store._made_dirs.clear()
+            self.store.forget_dirs()
             self.store.put(key, data)
         self.puts += 1
         self.put_bytes += len(data)

@@ -1,11 +1,11 @@
 """The leader side of the publish path: resolve link records through the proxies' channels and append.
 
-For each link record the leader reads the batch object from shared storage (reads are started at once, so
-several are in flight), then, strictly in the order the records arrived from that channel, appends every
-message through the stream's normal publish path (`Stream.process`: Nats-Msg-Id dedupe, expected-last-*
-headers, limits, discard policy), waits until the stream's store made them durable, and answers the proxy
-with one `BatchAnswer`. A message for a stream this server does not lead is answered with a retriable
-error. Runs on the event loop; reads run in worker threads.
+For each link record the leader reads the batch object from shared storage (reads are started at once, so several
+are in flight; an inline batch from the link path brings its batch along), then, strictly in the order the
+records arrived from that channel, appends every message through the stream's normal publish path
+(`Stream.process`: Nats-Msg-Id dedupe, expected-last-* headers, limits, discard policy), waits until the stream's
+store made them durable, and answers the proxy with one `BatchAnswer`. A message for a stream this server does
+not lead is answered with a retriable error. Runs on the event loop; reads run in worker threads.
 """
 
 from __future__ import annotations
@@ -45,14 +45,19 @@ class LeaderSide:
         self.fenced_epoch = fenced_epoch
         self.sources: dict[bytes, _Source] = {}
         self.inflight: dict[int, int] = {}  # route epoch -> link records of it not answered yet
-        self.stats = {"batches": 0, "msgs": 0, "rejected": 0, "answer_bytes": 0}
+        self.stats = {"batches": 0, "inline_batches": 0, "msgs": 0, "rejected": 0, "answer_bytes": 0}
 
-    def on_link(self, peer: str, rec: LinkRecord) -> None:
+    def on_link(self, peer: str, rec: LinkRecord, data: bytes | None = None) -> None:
+        """A link record (the batch is read from its channel), or an inline batch (`data`, already here)."""
         loop = asyncio.get_running_loop()
         src = self.sources.get(rec.source)
         if src is None:
             src = self.sources[rec.source] = _Source()
-        read = loop.create_task(asyncio.to_thread(self.channel.get, rec.source, rec.epoch, rec.offset))
+        if data is None:
+            read = loop.create_task(asyncio.to_thread(self.channel.get, rec.source, rec.epoch, rec.offset))
+        else:
+            read = loop.create_task(_ready(data))
+            self.stats["inline_batches"] += 1
         self.inflight[rec.epoch] = self.inflight.get(rec.epoch, 0) + 1
         src.queue.append((peer, rec, read))
         if src.runner is None or src.runner.done():
@@ -121,6 +126,10 @@ class LeaderSide:
                 outcomes = [("err", body) if o[0] != "err" and messages[i].stream == name else o
                             for i, o in enumerate(outcomes)]
         return outcomes
+
+
+async def _ready(data: bytes) -> bytes:
+    return data
 
 
 def _append(stream: Any, m: batchfmt.Message) -> Outcome:

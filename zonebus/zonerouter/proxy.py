@@ -1,8 +1,12 @@
-"""The proxy side of the publish path: batch publishes per leader, write them to our RouterChannel, send the
-leader one link record per batch, and fan its answer out as PubAcks.
+"""The proxy side of the publish path: batch publishes per leader, send each batch to the leader the cheaper
+way, and fan its answer out as PubAcks.
 
-A batch closes after `linger` (at most 1 ms) or at `max_bytes`; several uploads run at once, but link
-records leave in channel-offset order, so one publisher's messages reach the leader in the order sent. A
+The storage path writes the batch to our RouterChannel and sends the leader a link record; the link path
+sends the batch itself, zstd-compressed, as an inline batch frame (no storage request). `paths.PathChooser`
+picks per batch from the flow's rate and compression ratio at the configured prices. A batch closes after
+`linger` (the link path) or `storage_linger` (the storage path, where each batch costs two requests) or at
+`max_bytes`; several uploads run at once, but link records and inline batches leave in channel-offset order,
+so one publisher's messages reach the leader in the order sent. A
 batch whose upload fails, whose leader cannot be reached or does not answer within `timeout` is answered
 with a retriable JetStream error (503): the client's publish raises and its retry goes through; nothing is
 acknowledged that the leader did not store. Runs on the event loop; uploads run in worker threads.
@@ -20,7 +24,8 @@ from dataclasses import dataclass, field
 
 from zonebus.zonerouter import batch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
-from zonebus.zonerouter.records import BatchAnswer, LinkRecord
+from zonebus.zonerouter.paths import LINK, PathChooser
+from zonebus.zonerouter.records import BatchAnswer, LinkRecord, inline_frame
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +47,8 @@ class _Batch:
     offset: int = -1
     state: str = "open"  # open -> uploading -> uploaded -> sent (-> answered) | failed
     sent_at: float = 0.0
+    inline: bytes | None = None  # the link path: the compressed batch, sent instead of a link record
+    stored: bool = False  # a channel object was written (to be trimmed once the leader is done with it)
 
 
 class _Target:
@@ -53,17 +60,20 @@ class _Target:
 
 class Proxy:
     def __init__(self, channel: RouterChannel, send_link: Callable[[str, bytes], bool],
-                 send_reply: Callable[[str, bytes], None], linger: float, max_bytes: int) -> None:
+                 send_reply: Callable[[str, bytes], None], linger: float, max_bytes: int,
+                 paths: PathChooser | None = None) -> None:
         self.channel = channel
         self.send_link = send_link
         self.send_reply = send_reply
         self.linger = linger
         self.max_bytes = max_bytes
+        self.paths = paths or PathChooser("storage", False, linger)
         self.targets: dict[str, _Target] = {}
         self.waiting: dict[int, _Batch] = {}  # channel offset -> batch sent, awaiting its answer
         self.done: list[tuple[int, int]] = []  # (epoch, offset) of batches the leader is done with: to trim
         self.tasks: set[asyncio.Task] = set()
-        self.stats = {"msgs": 0, "bytes": 0, "batches": 0, "acked": 0, "errors": 0, "link_bytes": 0}
+        self.stats = {"msgs": 0, "bytes": 0, "batches": 0, "inline_batches": 0, "acked": 0, "errors": 0,
+                      "link_bytes": 0}
 
     # -- intake --------------------------------------------------------------------------------------
     def submit(self, leader: str, stream: str, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
@@ -78,11 +88,13 @@ class Proxy:
         b.size += len(subject) + len(headers) + len(payload) + 16
         self.stats["msgs"] += 1
         self.stats["bytes"] += len(payload)
+        self.paths.seen(leader, len(payload))
         if b.size >= self.max_bytes:
             self._seal(leader, target)
         elif target.timer is None:
             loop = asyncio.get_running_loop()
-            target.timer = (loop.call_later(self.linger, self._seal, leader, target) if self.linger > 0
+            linger = self.linger if self.paths.flows[leader].path == LINK else self.paths.storage_linger
+            target.timer = (loop.call_later(linger, self._seal, leader, target) if linger > 0
                             else loop.call_soon(self._seal, leader, target))  # type: ignore[assignment]
 
     def _seal(self, leader: str, target: _Target) -> None:
@@ -93,10 +105,17 @@ class Proxy:
         if b is None:
             return
         b.epoch, b.offset = self.channel.next_offset()
-        b.state = "uploading"
         target.queue.append(b)
         self.stats["batches"] += 1
         data = batchfmt.encode(b.messages)
+        if self.paths.choose(leader) == LINK:
+            b.inline = self.paths.compress(leader, data)
+            b.state = "uploaded"
+            self.stats["inline_batches"] += 1
+            self._send_ready(target)
+            return
+        self.paths.sample(leader, data, self.stats["batches"])
+        b.state = "uploading"
         task = asyncio.get_running_loop().create_task(self._upload(target, b, data))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -104,7 +123,7 @@ class Proxy:
     async def _upload(self, target: _Target, b: _Batch, data: bytes) -> None:
         try:
             await asyncio.to_thread(self.channel.append, b.epoch, b.offset, data)
-            b.state = "uploaded"
+            b.state, b.stored = "uploaded", True
         except Exception as exc:  # storage unavailable: the clients retry
             log.warning("zone router: writing batch %d failed: %r", b.offset, exc)
             self._fail(b, "shared store write failed")
@@ -116,7 +135,9 @@ class Proxy:
             b = target.queue.popleft()
             if b.state != "uploaded":
                 continue
-            rec = LinkRecord(self.channel.id, b.offset, b.epoch, time.time_ns(), len(b.messages)).encode()
+            link = LinkRecord(self.channel.id, b.offset, b.epoch, time.time_ns(), len(b.messages))
+            rec = link.encode() if b.inline is None else inline_frame(link, b.inline)
+            b.inline = None
             if not self.send_link(b.leader, rec):
                 self._fail(b, f"leader {b.leader} unreachable")
                 continue
@@ -131,7 +152,8 @@ class Proxy:
         b = self.waiting.pop(ans.offset, None)
         if b is None or b.leader != peer:
             return
-        self.done.append((b.epoch, b.offset))
+        if b.stored:
+            self.done.append((b.epoch, b.offset))
         outcomes = ans.outcomes()
         for i, reply in enumerate(b.replies):
             kind, value = outcomes[i] if i < len(outcomes) else ("err", retry_error("short answer"))
@@ -147,7 +169,7 @@ class Proxy:
                 self.send_reply(reply, body)
 
     def _fail(self, b: _Batch, why: str) -> None:
-        if b.state in ("uploaded", "sent"):
+        if b.state in ("uploaded", "sent") and b.stored:
             self.done.append((b.epoch, b.offset))
         b.state = "failed"
         self.stats["errors"] += len(b.replies)
@@ -172,4 +194,4 @@ class Proxy:
                 self._fail(b, f"no answer from leader {b.leader}")
 
     def info(self) -> dict[str, object]:
-        return {**self.stats, "awaiting_answer": len(self.waiting)}
+        return {**self.stats, "awaiting_answer": len(self.waiting), "paths": self.paths.info()}

@@ -8,7 +8,9 @@ Every frame starts with the magic `ZR`, a version byte and a kind byte:
   then the entries;
 - 3 hand-off (a server -> its zone's proxy, inside one zone): leader, stream, subject, reply, headers and
   payload, their lengths (u16 x 4, u32 x 2) first;
-- 4 bye: a server shutting down asks its peers to leave it out of the mapping.
+- 4 bye: a server shutting down asks its peers to leave it out of the mapping;
+- 12 inline batch (proxy -> leader, crosses zones; the link path of `paths.PathChooser`): a link record's
+  fields, then the batch object itself, zstd-compressed, instead of a channel object on the shared store.
 
 Answer entries, one or more per message in batch order: `1` run (first sequence u64, count u32: that many
 messages stored with consecutive sequences), `2` duplicate (sequence u64), `3` error (u16 length, the
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 MAGIC = b"ZR"
 VERSION = 1
 LINK, ANSWER, HANDOFF, BYE = 1, 2, 3, 4
+INLINE = 12  # (5-11 are the read path's, `readframes`)
 
 _HEAD = struct.Struct("!2sBB")
 _LINK = struct.Struct("!2sBB8sQIQI")
@@ -63,6 +66,18 @@ class LinkRecord:
             raise RecordError(f"link record of {len(frame)} bytes, expected {_LINK.size}")
         _, _, _, source, offset, epoch, ts, count = _LINK.unpack(frame)
         return cls(source, offset, epoch, ts, count)
+
+
+def inline_frame(rec: LinkRecord, compressed: bytes) -> bytes:
+    """An inline batch: the record's fields under kind INLINE, then the compressed batch object."""
+    return _LINK.pack(MAGIC, VERSION, INLINE, rec.source, rec.offset, rec.epoch, rec.timestamp, rec.count) + compressed
+
+
+def decode_inline(frame: bytes) -> tuple[LinkRecord, bytes]:
+    if len(frame) < _LINK.size:
+        raise RecordError(f"inline batch of {len(frame)} bytes, shorter than its head")
+    _, _, _, source, offset, epoch, ts, count = _LINK.unpack_from(frame)
+    return LinkRecord(source, offset, epoch, ts, count), bytes(frame[_LINK.size:])
 
 
 Entry = tuple[int, int, int] | tuple[int, bytes]  # (RUN, first, n) | (DUP, seq, 1) | (ERR, json)

@@ -25,6 +25,7 @@ from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.clientzones import ClientZones
 from zonebus.zonerouter.epochs import RouteEpochs
 from zonebus.zonerouter.leader import LeaderSide
+from zonebus.zonerouter.paths import PathChooser
 from zonebus.zonerouter.proxy import Proxy
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
@@ -62,6 +63,7 @@ class ZoneRouter:
         self.meta: MetaGroup | None = None
         self.channel: RouterChannel | None = None
         self.proxy: Proxy | None = None
+        self.paths: PathChooser | None = None
         self.leader: LeaderSide | None = None
         self.reader: Reader | None = None
         self.epochs: RouteEpochs | None = None
@@ -88,8 +90,11 @@ class ZoneRouter:
         stale = await asyncio.to_thread(self.channel.remove_stale)
         if stale:
             self.server.log(f"zone router: removed {stale} channel(s) of earlier runs of this server")
+        billed = self.opts.shared_store.startswith("s3://")
+        self.paths = PathChooser(self.opts.zone_router_path, billed,
+                                 max(self.opts.zone_router_linger, self.opts.shared_store_latency_budget / 5))
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
-                           self.opts.zone_router_batch)
+                           self.opts.zone_router_batch, self.paths)
         self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send, self._fenced)
         self.epochs = RouteEpochs(self.name, self.channel, self.opts.zone_router_epoch, self.leader.inflight_floor,
                                   self._live_servers)
@@ -300,6 +305,9 @@ class ZoneRouter:
         kind = records.kind_of(frame)
         if kind == records.LINK and self.leader is not None:
             self.leader.on_link(peer, records.LinkRecord.decode(frame))
+        elif kind == records.INLINE and self.leader is not None and self.paths is not None:
+            rec, data = records.decode_inline(frame)
+            self.leader.on_link(peer, rec, self.paths.decompress(data))
         elif kind == records.ANSWER and self.proxy is not None:
             self.proxy.on_answer(peer, records.BatchAnswer.decode(frame))
         elif kind == records.HANDOFF and self.proxy is not None:

@@ -1,0 +1,103 @@
+"""Which way a proxy's batches for one leader cross zones: through the shared store, or over the link.
+
+The storage path costs requests: one PUT of the channel object and one GET by the leader per batch, a few
+batches a second whatever the rate. The link path costs bytes: the batch, compressed (zstd), crosses one
+zone boundary. `PathChooser` keeps, per leader, the rate of payload bytes (a moving average over
+`WINDOW` seconds) and the compression ratio measured on the batches, and picks the cheaper one at the
+configured prices (`zonebus.prices`: a transfer list and a storage list) every time a batch is sealed:
+
+    link:    rate x ratio x price of a byte crossing
+    storage: batches per second (1 / linger) x (PUT + GET)
+
+So at a low rate a message goes over the link and at a high rate through storage; a `file://` store (no
+request price) always uses storage. `mode` forces one path (`storage` or `link`). `info()` says per leader
+which path is taken and why, for `/jsz`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import zstandard
+
+from zonebus.prices import storage_prices, transfer_doc
+
+WINDOW = 2.0  # seconds over which the byte rate is averaged
+STORAGE, LINK = "storage", "link"
+_LEVEL = 3
+
+
+@dataclass
+class _Flow:
+    rate: float = 0.0  # payload bytes per second, moving average
+    last: float = field(default_factory=time.monotonic)
+    ratio: float = 0.5  # compressed / raw, moving average over batches
+    path: str = STORAGE
+    why: str = ""
+    batches: dict[str, int] = field(default_factory=lambda: {STORAGE: 0, LINK: 0})
+
+
+class PathChooser:
+    def __init__(self, mode: str, billed: bool, storage_linger: float, storage: str = "s3-standard",
+                 transfer: str = "aws") -> None:
+        self.mode = mode  # auto | storage | link
+        self.billed = billed  # the store bills requests (s3://)
+        self.storage_linger = max(storage_linger, 0.001)
+        sp = storage_prices(storage)
+        self.per_batch = sp.per_request("PUT") + sp.per_request("GET")
+        doc, _ = transfer_doc(transfer)
+        self.per_byte = (float(doc.get("cross_zone_per_gb_each_side", 0.01)) * float(doc.get("sides_charged", 2))
+                         / float(doc.get("bytes_per_gb", 1e9)))
+        self.flows: dict[str, _Flow] = {}
+        self._cctx = zstandard.ZstdCompressor(level=_LEVEL)
+        self._dctx = zstandard.ZstdDecompressor()
+
+    def _flow(self, leader: str) -> _Flow:
+        f = self.flows.get(leader)
+        if f is None:
+            f = self.flows[leader] = _Flow()
+        return f
+
+    def seen(self, leader: str, nbytes: int) -> None:
+        """`nbytes` of payload were submitted for `leader` now."""
+        f = self._flow(leader)
+        now = time.monotonic()
+        dt = now - f.last
+        f.last = now
+        decay = max(0.0, 1.0 - dt / WINDOW)
+        f.rate = f.rate * decay + nbytes / WINDOW
+
+    def choose(self, leader: str) -> str:
+        f = self._flow(leader)
+        if self.mode in (STORAGE, LINK):
+            f.path, f.why = self.mode, f"zone_router_path: {self.mode}"
+        elif not self.billed:
+            f.path, f.why = STORAGE, "the store bills no requests"
+        else:
+            link = f.rate * f.ratio * self.per_byte
+            storage = self.per_batch / self.storage_linger
+            f.path = LINK if link < storage else STORAGE
+            f.why = (f"{f.rate / 1e3:.0f} kB/s x {f.ratio:.2f} compressed over the link costs ${link * 3600:.4f}/h; "
+                     f"{1 / self.storage_linger:.0f} batches/s through storage cost ${storage * 3600:.4f}/h")
+        f.batches[f.path] += 1
+        return f.path
+
+    def compress(self, leader: str, data: bytes) -> bytes:
+        out = self._cctx.compress(data)
+        f = self._flow(leader)
+        f.ratio = 0.8 * f.ratio + 0.2 * (len(out) / max(len(data), 1))
+        return out
+
+    def sample(self, leader: str, data: bytes, n: int) -> None:
+        """On the storage path, measure the ratio on one batch in 16 (the link path measures every one)."""
+        if n % 16 == 0:
+            self.compress(leader, data)
+
+    def decompress(self, data: bytes) -> bytes:
+        return self._dctx.decompress(data)
+
+    def info(self) -> dict[str, object]:
+        return {"mode": self.mode, "leaders": {
+            leader: {"path": f.path, "why": f.why, "bytes_per_s": round(f.rate), "compression_ratio": round(f.ratio, 3),
+                     "batches": dict(f.batches)} for leader, f in self.flows.items()}}
