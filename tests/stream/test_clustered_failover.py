@@ -20,13 +20,12 @@ import pytest
 from jscluster import api, restart, start_cluster, wait_meta_leader
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from zonebus.stream.service import SHARED_STATE_FLUSH_DELAY
 from zonebus.testing.processes import ServerProcess, stop_all
 
 RETRIABLE = (nats.errors.Error, asyncio.TimeoutError)  # no responders, no stream response, 10008, timeouts
 
 
-STATE_SETTLE = SHARED_STATE_FLUSH_DELAY + 0.5
+STATE_SETTLE = 0.5
 
 
 def by_name(servers: list[ServerProcess], name: str) -> ServerProcess:
@@ -112,7 +111,7 @@ async def test_stream_leader_killed_three_rounds(tmp_path: Path) -> None:
                 for m in await psub.fetch(50, timeout=2):
                     acked_by_consumer.add(m.metadata.sequence.stream)
                     await m.ack_sync()
-        # consumer state reaches the shared store within SHARED_STATE_FLUSH_DELAY (1 s) plus one upload; acks younger
+        # consumer state reaches the shared store within STATE_FLUSH_DELAY (50 ms) plus one upload; acks younger
         # than that may be redelivered after a crash (at least once), older ones never
         await asyncio.sleep(STATE_SETTLE)
         leader = await leader_of(nc, "FAIL")

@@ -54,8 +54,9 @@ class S3Objects:
         region = region or _env("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1"
         if endpoint and "://" not in endpoint:
             endpoint = f"https://{endpoint}"
-        cfg = Config(max_pool_connections=64, retries={"mode": "standard", "max_attempts": 4},
-                     connect_timeout=5, read_timeout=15,
+        # a hung request fails within seconds (the publishers waiting on it are told to retry), not minutes
+        cfg = Config(max_pool_connections=64, retries={"mode": "standard", "max_attempts": 3},
+                     connect_timeout=2, read_timeout=5,
                      s3={"addressing_style": "path"} if endpoint else None)
         self.bucket = bucket
         self.client = boto3.session.Session().client("s3", endpoint_url=endpoint or None, region_name=region,

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_FLUSH_DELAY = 0.05
-SHARED_STATE_FLUSH_DELAY = 1.0  # a consumer's state on a shared store: one PUT a second at most, not one per ack
+BILLED_STATE_FLUSH_DELAY = 5.0  # a consumer's state on s3:// (a billed PUT each): every 5 s at most, not per ack
 HOUSEKEEPING_INTERVAL = 0.5
 
 
@@ -493,13 +493,15 @@ class JetStreamService:
             _write_json(d / "state.json", cons.state_dict())
 
     def schedule_state_flush(self, cons: Consumer) -> None:
-        """Write the consumer's state soon: 50 ms on a local disk; on a shared store within a second (each
-        write is a billed request; acks a crash loses come back as redeliveries, never as losses). A release,
-        a stepdown or a stop writes what is pending at once."""
+        """Write the consumer's state soon: within 50 ms, or within 5 s on a store that bills each request
+        (s3://): acks a crash loses there come back as redeliveries, never as losses. A release, a stepdown or
+        a stop writes what is pending at once."""
         self._dirty.add(cons)
         if self._flush_handle is None and self.loop is not None:
-            delay = SHARED_STATE_FLUSH_DELAY if self._shared_of(cons.stream) is not None else STATE_FLUSH_DELAY
-            self._flush_handle = self.loop.call_later(delay, self._flush_states)
+            shared = self._shared_of(cons.stream)
+            billed = shared is not None and shared.opts.latency_budget > 0
+            self._flush_handle = self.loop.call_later(BILLED_STATE_FLUSH_DELAY if billed else STATE_FLUSH_DELAY,
+                                                      self._flush_states)
 
     def _flush_states(self) -> None:
         self._flush_handle = None

@@ -38,7 +38,6 @@ Threads only run `_upload`, `_put_base` and document jobs; all state is owned by
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
@@ -51,9 +50,10 @@ from pathlib import Path
 from zonebus.storage.fs import ObjectExists, ObjectStore
 from zonebus.stream import sharedlayout as L
 from zonebus.stream.filestore import encode_into
+from zonebus.stream.sharedbase import BaseMoves
 from zonebus.stream.shareddocs import DocQueue
+from zonebus.stream.sharedfence import Fenced, WriterFencing
 from zonebus.stream.sharedview import SharedView
-from zonebus.stream.store import now_ns
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,6 @@ class PutTimes:
         return max(budget * 0.9 - self.p99(), 0.001)
 
 
-class Fenced(Exception):
-    """A writer with a higher epoch took the stream over (or the epoch given was not above every claim)."""
-
-
 class _Batch:
     __slots__ = ("num", "buf", "nrec", "first_seq", "last_seq", "msgs", "removed", "waiters", "data", "state",
                  "future", "error", "attempts", "size")
@@ -118,7 +114,7 @@ class _Batch:
         self.size = 0
 
 
-class SharedStore(SharedView):
+class SharedStore(WriterFencing, BaseMoves, SharedView):
     def __init__(self, objects: ObjectStore, stream: str, epoch: int, writer: str = "",
                  cache_dir: str | Path | None = None, options: CommitOptions | None = None) -> None:
         super().__init__(objects, stream, cache_dir, load=False)
@@ -149,67 +145,6 @@ class SharedStore(SharedView):
         self.uploads = 0
         self.put_times = PutTimes()
         self._takeover()
-
-    # -- takeover ------------------------------------------------------------------------------------
-    def _epochs_key(self, kind: str) -> str:
-        return f"{self.prefix}/epochs/{L.num(self.epoch)}.{kind}"
-
-    def _max_claim(self) -> int:
-        lst = L.Listing()
-        self._list_epochs(lst)
-        return lst.max_claim()
-
-    def _takeover(self) -> None:
-        top = self._max_claim()
-        if top >= self.epoch:
-            raise Fenced(f"stream {self.stream}: epoch {self.epoch} is not above the highest claim {top}")
-        info = {"epoch": self.epoch, "writer": self.writer, "ts": now_ns()}
-        self.objects.put(self._epochs_key("claim"), json.dumps(info).encode())
-        self._check_fence()
-        chain = self.reload(settled_only=False)
-        for _ in range(self.FENCE_ATTEMPTS):
-            if not chain.top_epoch or self._fence_previous(chain.top_epoch):
-                break
-            chain = self.reload(settled_only=False)  # the writer before us stored its next batch: take it in
-        else:
-            raise Fenced(f"stream {self.stream}: the writer of epoch {chain.top_epoch} kept writing; takeover "
-                         f"by epoch {self.epoch} gave up")
-        seal = dict(info, prev=chain.top_epoch, start_batch=self.next_batch, next_seq=self.index.last_seq + 1)
-        self.objects.put(self._epochs_key("seal"), json.dumps(seal).encode())
-        self._check_fence()
-        self.top_epoch, self.pending_takeover = self.epoch, False
-        self.durable_seq = self.index.last_seq
-        self.durable_batch = self.next_batch - 1
-        self._clear_leftovers(chain.start)
-        self.prune_cache()
-
-    FENCE_ATTEMPTS = 100
-
-    def _fence_previous(self, epoch: int) -> bool:
-        """Write an empty batch of writer `epoch` into the slot after the chain, create-only, so that writer
-        can store (and acknowledge) nothing from there on; False when it stored that slot first."""
-        empty = L.batch_header(epoch, self.next_batch, self.index.last_seq + 1, self.index.last_seq, 0)
-        try:
-            self.objects.put(self._key(self.next_batch, epoch), empty, if_absent=True)
-        except ObjectExists:
-            return False
-        return True
-
-    def _check_fence(self) -> None:
-        top = self._max_claim()
-        if top > self.epoch:
-            raise Fenced(f"stream {self.stream}: taken over by epoch {top} (this writer has epoch {self.epoch})")
-
-    def _clear_leftovers(self, start: int) -> None:
-        """Batch and base objects below the chain start (an interrupted base move left them)."""
-        for n in self.objects.list(f"{self.prefix}/log"):
-            p = L.parse_pair(n, ".blk")
-            if p is not None and p[0] < start:
-                self.objects.delete(f"{self.prefix}/log/{n}")
-        for n in self.objects.list(f"{self.prefix}/base"):
-            p = L.parse_pair(n, ".json")
-            if p is not None and p[0] < start:
-                self.objects.delete(f"{self.prefix}/base/{n}")
 
     def attach(self, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
         """Run asynchronously from now on: uploads on `executor`, completions on `loop`."""
@@ -525,60 +460,6 @@ class SharedStore(SharedView):
                 self.on_fenced(reason)
             except Exception:
                 log.exception("shared store %s: fence callback failed", self.stream)
-
-    # -- base moves: drop front batches whose messages are all gone -----------------------------------
-    BASE_MIN_BATCHES = 16
-    BASE_INTERVAL = 1.0
-
-    def _maybe_move_base(self, force: bool = False) -> None:
-        if self._base_busy or self.fenced or self.closed:
-            return
-        b = self.chain_start
-        while b <= self.durable_batch and self.live.get(b, 0) <= 0:
-            b += 1
-        if b == self.chain_start:
-            return
-        if not force and b - self.chain_start < self.BASE_MIN_BATCHES and (
-                time.monotonic() - self._last_base_move < self.BASE_INTERVAL):
-            return
-        first = self.batch_first.get(b)
-        next_seq = first if first else self.index.last_seq + 1
-        old = [(n, e) for n, e in self.batches.items() if n < b]
-        self._base_busy = True
-        self._last_base_move = time.monotonic()
-        self._run_job(self._put_base, (b, next_seq, old), lambda err: self._base_moved(b, err))
-
-    def _put_base(self, args: tuple[int, int, list[tuple[int, int]]]) -> None:
-        b, next_seq, old = args
-        doc = {"batch": b, "epoch": self.epoch, "next_seq": next_seq, "writer": self.writer, "ts": now_ns()}
-        self.objects.put(f"{self.prefix}/base/{L.base_name(b, self.epoch)}", json.dumps(doc).encode())
-        self._check_fence()  # never delete anything once another writer owns the stream
-        for n, e in old:
-            self.objects.delete(self._key(n, e))
-            path = self._cache_path(n, e)
-            if path is not None:
-                path.unlink(missing_ok=True)
-        for name in self.objects.list(f"{self.prefix}/base"):
-            p = L.parse_pair(name, ".json")
-            if p is not None and p[0] < b:
-                self.objects.delete(f"{self.prefix}/base/{name}")
-
-    def _base_moved(self, b: int, err: BaseException | None) -> None:
-        self._base_busy = False
-        if isinstance(err, Fenced):
-            self._fence(str(err))
-            return
-        if err is not None:
-            log.warning("shared store %s: could not move the base to batch %d: %s", self.stream, b, err)
-            return
-        for n in [n for n in self.batches if n < b]:
-            self.batches.pop(n, None)
-            self.live.pop(n, None)
-            self.batch_first.pop(n, None)
-            data = self._mem.pop(n, None)
-            if data is not None:
-                self._mem_bytes -= len(data)
-        self.chain_start = max(self.chain_start, b)
 
     def _run_job(self, fn: Callable, arg: object, then: Callable[[BaseException | None], None]) -> Future | None:
         """Run `fn(arg)` on the executor and `then(error)` on the loop (both inline without a loop)."""

@@ -1,0 +1,90 @@
+"""Writer fencing of a stream on a shared store: takeover by epoch, and the create-only slot that stops the
+writer before (a mixin of `SharedStore`; see docs/shared-store-layout.md, "Writers").
+
+A writer takes a stream over with an epoch above every claim: it writes its claim, lists the claims (a higher
+one: stop), loads the whole chain, writes an empty batch create-only into the slot after the chain under the
+previous writer's epoch (so that writer can acknowledge nothing more: its own PUT of that slot fails), writes
+its seal and lists the claims again. Base moves list the claims once more before they delete anything
+(`_check_fence`). Runs in worker threads (or inline without an event loop).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from zonebus.storage.fs import ObjectExists
+from zonebus.stream import sharedlayout as L
+from zonebus.stream.store import now_ns
+
+if TYPE_CHECKING:
+    from zonebus.stream.sharedstore import SharedStore
+
+
+class Fenced(Exception):
+    """A writer with a higher epoch took the stream over (or the epoch given was not above every claim)."""
+
+
+class WriterFencing:
+    """Takeover and fencing, mixed into `SharedStore`."""
+
+    def _epochs_key(self: SharedStore, kind: str) -> str:
+        return f"{self.prefix}/epochs/{L.num(self.epoch)}.{kind}"
+
+    def _max_claim(self: SharedStore) -> int:
+        lst = L.Listing()
+        self._list_epochs(lst)
+        return lst.max_claim()
+
+    def _takeover(self: SharedStore) -> None:
+        top = self._max_claim()
+        if top >= self.epoch:
+            raise Fenced(f"stream {self.stream}: epoch {self.epoch} is not above the highest claim {top}")
+        info = {"epoch": self.epoch, "writer": self.writer, "ts": now_ns()}
+        self.objects.put(self._epochs_key("claim"), json.dumps(info).encode())
+        self._check_fence()
+        chain = self.reload(settled_only=False)
+        for _ in range(self.FENCE_ATTEMPTS):
+            if not chain.top_epoch or self._fence_previous(chain.top_epoch):
+                break
+            chain = self.reload(settled_only=False)  # the writer before us stored its next batch: take it in
+        else:
+            raise Fenced(f"stream {self.stream}: the writer of epoch {chain.top_epoch} kept writing; takeover "
+                         f"by epoch {self.epoch} gave up")
+        seal = dict(info, prev=chain.top_epoch, start_batch=self.next_batch, next_seq=self.index.last_seq + 1)
+        self.objects.put(self._epochs_key("seal"), json.dumps(seal).encode())
+        self._check_fence()
+        self.top_epoch, self.pending_takeover = self.epoch, False
+        self.durable_seq = self.index.last_seq
+        self.durable_batch = self.next_batch - 1
+        self._clear_leftovers(chain.start)
+        self.prune_cache()
+
+    FENCE_ATTEMPTS = 100
+
+    def _fence_previous(self: SharedStore, epoch: int) -> bool:
+        """Write an empty batch of writer `epoch` into the slot after the chain, create-only, so that writer
+        can store (and acknowledge) nothing from there on; False when it stored that slot first."""
+        empty = L.batch_header(epoch, self.next_batch, self.index.last_seq + 1, self.index.last_seq, 0)
+        try:
+            self.objects.put(self._key(self.next_batch, epoch), empty, if_absent=True)
+        except ObjectExists:
+            return False
+        return True
+
+    def _check_fence(self: SharedStore) -> None:
+        top = self._max_claim()
+        if top > self.epoch:
+            raise Fenced(f"stream {self.stream}: taken over by epoch {top} (this writer has epoch {self.epoch})")
+
+    def _clear_leftovers(self: SharedStore, start: int) -> None:
+        """Batch and base objects below the chain start (an interrupted base move left them)."""
+        for n in self.objects.list(f"{self.prefix}/log"):
+            p = L.parse_pair(n, ".blk")
+            if p is not None and p[0] < start:
+                self.objects.delete(f"{self.prefix}/log/{n}")
+        for n in self.objects.list(f"{self.prefix}/base"):
+            p = L.parse_pair(n, ".json")
+            if p is not None and p[0] < start:
+                self.objects.delete(f"{self.prefix}/base/{n}")
+
