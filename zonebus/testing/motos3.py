@@ -13,11 +13,15 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import free_port
 from zonebus.testing.s3proxy import S3Proxy
 
@@ -53,28 +57,42 @@ class MotoS3:
 
 
 @contextmanager
-def moto_s3_server(bucket: str) -> Iterator[MotoS3]:
-    from moto.server import ThreadedMotoServer
-
+def moto_s3_server(bucket: str, process: bool = False) -> Iterator[MotoS3]:
+    """moto's S3 server with `bucket`: in this process (threads), or with `process` in a child process of its
+    own (for benchmarks: moto then shares no GIL with the load generator)."""
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
     s3 = MotoS3(f"http://127.0.0.1:{port}", "us-east-1", bucket)
     for key, value in CREDENTIALS.items():
         os.environ.setdefault(key, value)  # for in-process clients; endpoints are passed explicitly
+    if process:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stop: Callable[[], None] = lambda: (proc.terminate(), proc.wait(10))  # noqa: E731
+    else:
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        stop = server.stop
     try:
+        wait_until(lambda: _answers(port), "moto's S3 server to listen", timeout=30)
         s3.client().create_bucket(Bucket=bucket)
         yield s3
     finally:
-        server.stop()
+        stop()
+
+
+def _answers(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
 
 
 @contextmanager
 def proxied_s3(bucket: str, latency: bool | dict[str, tuple[float, float]] = True,
-               seed: int | None = None) -> Iterator[MotoS3]:
+               seed: int | None = None, process: bool = False) -> Iterator[MotoS3]:
     """moto with `bucket`, behind an `S3Proxy` (its own process): `endpoint` is the proxy's, `direct` moto's;
     the proxy's counters start at zero (the bucket was made directly)."""
-    with moto_s3_server(bucket) as s3:
+    with moto_s3_server(bucket, process) as s3:
         proxy = S3Proxy(s3.endpoint, latency=latency, seed=seed)
         try:
             yield MotoS3(proxy.endpoint, s3.region, bucket, direct=s3.endpoint, proxy=proxy)
