@@ -6,7 +6,8 @@ loop and no GIL with the load generator or with moto) and talks to its admin end
 
     with S3Proxy("http://127.0.0.1:5000") as proxy:        # moto's endpoint
         client = boto3.client("s3", endpoint_url=proxy.endpoint, ...)
-        proxy.counts()    # {"kinds": {"PUT": {"requests", "req_bytes", "resp_bytes", "errors", "delay_ms"}, ...},
+        proxy.counts()    # {"kinds": {"PUT": {"requests", "req_bytes", "resp_bytes", "errors", "delay_ms",
+                          #                    "upstream_ms"}, ...},
                           #  "prefixes": {"zb/streams/ORDERS/log/": {"PUT": {...}}}, "faults": {...}, "total": n}
         proxy.reset()
         proxy.set_faults(slowdown=0.1, timeout=0.0, reset=0.0, kind="PUT", prefix="zb/zonerouter/", limit=None)
@@ -15,7 +16,9 @@ Every request is forwarded to moto unchanged (path-style addressing; keep-alive,
 `Expect: 100-continue` work: the proxy answers `100 Continue` itself, reads the body, then forwards the whole
 request; interim answers from moto are dropped) and the answer is streamed back. A request is delayed before it
 is forwarded by a lognormal draw for its kind: PUT and COPY p50 20 ms / p99 80 ms, GET, LIST, HEAD, DELETE
-p50 10 ms / p99 40 ms (`latency=False`: none; or a mapping kind -> (p50 ms, p99 ms)).
+p50 10 ms / p99 40 ms (`latency=False`: none; or a mapping kind -> (p50 ms, p99 ms)). `delay_ms` sums the
+injected delays, `upstream_ms` the time moto took to answer (request sent -> answer's head): when moto is
+saturated, latency beyond the injected one is moto's, not S3's.
 
 Kinds, as S3 prices them: PUT (PutObject, UploadPart, CreateBucket, and every POST on an object: multipart
 create and complete), COPY (a PUT with `x-amz-copy-source`), GET (an object, or a bucket's configuration), LIST
@@ -41,6 +44,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import urllib.request
 from collections import defaultdict
 from collections.abc import Mapping
@@ -123,7 +127,7 @@ def prefix_of(key: str, depth: int) -> str:
 
 
 def _stat() -> dict[str, float]:
-    return {"requests": 0, "req_bytes": 0, "resp_bytes": 0, "errors": 0, "delay_ms": 0.0}
+    return {"requests": 0, "req_bytes": 0, "resp_bytes": 0, "errors": 0, "delay_ms": 0.0, "upstream_ms": 0.0}
 
 
 class S3ProxyServer:
@@ -277,9 +281,11 @@ class S3ProxyServer:
                     await writer.drain()
                     return None, False
             try:
+                sent = time.monotonic()
                 up[1].write(head.raw + body)
                 await up[1].drain()
                 rhead = await _read_response_head(up[0])
+                self._count(kind, prefix, "upstream_ms", (time.monotonic() - sent) * 1000.0)
                 break
             except (OSError, asyncio.IncompleteReadError):
                 up[1].close()
