@@ -164,12 +164,13 @@ class Con:
     seen: dict[tuple[str, int], int] = field(default_factory=dict)  # (pub, counter) -> times read
     sseq: dict[tuple[str, int], int] = field(default_factory=dict)  # first stream sequence it was read at
     e2e: list[float] = field(default_factory=list)
+    longest_gap: float = 0.0  # longest time without a message while acknowledged messages were unread
 
 
 async def run_consumer(url: str, con: Con, stream: str, done: asyncio.Event, target: Callable[[], int],
-                       ready: asyncio.Event, idle_limit: float = 5.0) -> None:
+                       ready: asyncio.Event, idle_limit: float) -> None:
     """Fetch (explicit acks) until `done` is set and `target()` messages were read, or nothing came for
-    `idle_limit` seconds after `done`."""
+    `idle_limit` seconds after `done` (what is unread then counts as lost)."""
     nc = await nats.connect(url, name=f"sub-z{con.zone}?az=z{con.zone}")
     js = nc.jetstream(timeout=10)
     try:
@@ -178,9 +179,12 @@ async def run_consumer(url: str, con: Con, stream: str, done: asyncio.Event, tar
         psub = await js.pull_subscribe_bind(durable=f"c{con.zone}", stream=stream)
         ready.set()
         quiet_since: float | None = None
+        last_read = time.monotonic()
         while True:
             if done.is_set() and len(con.seen) >= target():
                 break
+            if len(con.seen) >= target():
+                last_read = time.monotonic()  # nothing to read: not a gap
             try:
                 msgs = await psub.fetch(100, timeout=1)
             except (nats.errors.TimeoutError, TimeoutError):
@@ -202,6 +206,8 @@ async def run_consumer(url: str, con: Con, stream: str, done: asyncio.Event, tar
                 await m.ack()
             if msgs:
                 quiet_since = None
+                con.longest_gap = max(con.longest_gap, time.monotonic() - last_read)
+                last_read = time.monotonic()
             elif done.is_set():
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since > idle_limit:
@@ -216,8 +222,8 @@ async def run_consumer(url: str, con: Con, stream: str, done: asyncio.Event, tar
 class Bench:
     """One setup: its cluster, its S3 stand-in (zonebus), how its streams are made."""
 
-    def __init__(self, impl: str, latency: bool) -> None:
-        self.impl, self.latency = impl, latency
+    def __init__(self, impl: str, latency: bool, prefix_depth: int = 4) -> None:
+        self.impl, self.latency, self.prefix_depth = impl, latency, prefix_depth
         self.s3: MotoS3 | None = None
         if impl == "nats":
             self.label = "nats-server R3, s2_best"
@@ -229,7 +235,8 @@ class Bench:
             self.cluster = ZoneCluster(self.label, "nats", lambda i, t: f'jetstream {{ store_dir: "{t}/n{i + 1}" }}',
                                        cluster_extra="compression: s2_best")
         else:
-            self.s3 = stack.enter_context(proxied_s3(BUCKET, latency=self.latency, process=True))
+            self.s3 = stack.enter_context(proxied_s3(BUCKET, latency=self.latency, process=True,
+                                                     prefix_depth=self.prefix_depth))
             ep, region = self.s3.endpoint, self.s3.region
             self.cluster = ZoneCluster(
                 self.label, "zonebus",
@@ -298,7 +305,7 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     await asyncio.sleep(1.0)
     bench.reset_counters()
     t0 = time.perf_counter()
-    con_tasks = [asyncio.create_task(run_consumer(servers[c.zone - 1].url, c, stream, done, target, r))
+    con_tasks = [asyncio.create_task(run_consumer(servers[c.zone - 1].url, c, stream, done, target, r, args.drain))
                  for c, r in zip(cons, readies, strict=True)]
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
     seconds = args.seconds if workload == "steady" else args.burst_seconds
@@ -318,7 +325,7 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
         await asyncio.gather(*pub_tasks)
         pub_elapsed = time.perf_counter() - t0
         done.set()
-        await asyncio.wait_for(asyncio.gather(*con_tasks), seconds + 120)
+        await asyncio.gather(*con_tasks)
     finally:
         ticker.cancel()
     cross = bench.cluster.cross_zone()
@@ -406,6 +413,8 @@ def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespac
         print(f"- {b.label}, {w}: storage requests by key prefix (per 1,000 msgs acked): " + "; ".join(
             f"`{pfx}` " + " ".join(f"{k} {int(v['requests']) * per1k:.1f}" for k, v in sorted(ks.items()))
             for _, pfx, ks in top))
+    print("- longest read gap (s without a message while acked messages were unread), consumers z1/z2/z3: " + "; ".join(
+        f"{b.label} {w} " + "/".join(f"{c.longest_gap:.1f}" for c in r["cons"]) for b, w, r in results))
     for b, w, r in results:
         kinds = r["counts"].get("kinds", {}) if r["counts"] else {}
         n = sum(int(v["requests"]) for v in kinds.values())
@@ -434,14 +443,13 @@ async def main_async(args: argparse.Namespace) -> None:
     results = []
     started_load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     for impl in impls:
-        bench = Bench(impl, latency=args.latency != "off")
-        with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-bill-") as tmp:
-            log(f"starting {bench.label}")
-            bench.start(stack, Path(tmp))
-            for w in args.workloads:
-                log(f"{bench.label}: {w}")
+        for w in args.workloads:  # a fresh cluster (and bucket) per workload: nothing left over from the last
+            bench = Bench(impl, latency=args.latency != "off", prefix_depth=args.prefix_depth)
+            with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-bill-") as tmp:
+                log(f"starting {bench.label} for {w}")
+                bench.start(stack, Path(tmp))
                 results.append((bench, w, await run_workload(bench, w, args)))
-        log(f"done: {bench.label}")
+            log(f"done: {bench.label}, {w}")
     print_report(results, args)
     print(f"- machine: {os.cpu_count()} cores, load average {started_load} at the start, "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end; every process on it.")
@@ -458,6 +466,9 @@ def main() -> None:
     ap.add_argument("--only", choices=("nats", "zonebus", "all"), default=None)
     ap.add_argument("--workloads", default="steady,burst", type=lambda s: [w for w in s.split(",") if w])
     ap.add_argument("--latency", choices=("default", "off"), default="default", help="S3 proxy latency")
+    ap.add_argument("--drain", type=float, default=30,
+                    help="after the publishers: stop reading after this many seconds without a message")
+    ap.add_argument("--prefix-depth", type=int, default=4, help="key prefix depth of the storage request counts")
     args = ap.parse_args()
     bad = set(args.workloads) - {"steady", "burst"}
     if bad:

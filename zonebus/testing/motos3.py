@@ -89,11 +89,11 @@ def _answers(port: int) -> bool:
 
 @contextmanager
 def proxied_s3(bucket: str, latency: bool | dict[str, tuple[float, float]] = True,
-               seed: int | None = None, process: bool = False) -> Iterator[MotoS3]:
+               seed: int | None = None, process: bool = False, prefix_depth: int = 4) -> Iterator[MotoS3]:
     """moto with `bucket`, behind an `S3Proxy` (its own process): `endpoint` is the proxy's, `direct` moto's;
     the proxy's counters start at zero (the bucket was made directly)."""
     with moto_s3_server(bucket, process) as s3:
-        proxy = S3Proxy(s3.endpoint, latency=latency, seed=seed)
+        proxy = S3Proxy(s3.endpoint, latency=latency, seed=seed, prefix_depth=prefix_depth)
         try:
             yield MotoS3(proxy.endpoint, s3.region, bucket, direct=s3.endpoint, proxy=proxy)
         finally:

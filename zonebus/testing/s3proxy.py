@@ -24,7 +24,8 @@ Kinds, as S3 prices them: PUT (PutObject, UploadPart, CreateBucket, and every PO
 create and complete), COPY (a PUT with `x-amz-copy-source`), GET (an object, or a bucket's configuration), LIST
 (ListObjects/ListObjectsV2, ListMultipartUploads, ListParts), HEAD, DELETE (DeleteObject, abort multipart,
 DeleteObjects as a POST `?delete`). Prefixes: the key's folder (for a LIST, its `prefix` parameter's folder),
-at most `prefix_depth` components, with all-digit components as `*`.
+at most `prefix_depth` components, with all-digit components as `*` (a request on a key ending in `/`, a
+folder marker, is counted under `<folder> (folder marker)`).
 
 Faults (admin `POST /faults`): with probability `slowdown` a `503 SlowDown` with S3's XML error body, with
 `timeout` the request is held unanswered until the client gives up (or `hold` seconds), with `reset` the
@@ -50,6 +51,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
+
+from zonebus.testing.processes import stop_child
 
 HOST = "127.0.0.1"
 CHUNK = 256 * 1024
@@ -245,6 +248,8 @@ class S3ProxyServer:
         method, target = head.first.split(" ")[:2]
         kind, key = classify(method, target, bool(head.get("x-amz-copy-source")))
         prefix = prefix_of(key, self.prefix_depth)  # (for a LIST, `key` is its prefix parameter)
+        if kind != "LIST" and key.endswith("/"):
+            prefix += " (folder marker)"
         self._count(kind, prefix, "requests", 1)
         fault = self.draw_fault(kind, key)
         if head.has_token("expect", "100-continue"):
@@ -500,16 +505,7 @@ class S3Proxy:
         return self._call("/latency", {k: list(v) for k, v in latency.items()})
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        stop_child(self.proc)
 
     def __enter__(self) -> S3Proxy:
         return self
