@@ -15,7 +15,7 @@ from boto3.s3.transfer import TransferConfig
 from zonebus.storage.fs import filesystem
 from zonebus.testing.motos3 import MotoS3
 from zonebus.testing.polling import wait_until
-from zonebus.testing.s3proxy import KINDS, S3Proxy, kind_totals
+from zonebus.testing.s3proxy import KINDS, S3Proxy, classify, kind_totals, prefix_of
 
 NO_RETRY = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
 
@@ -23,6 +23,24 @@ NO_RETRY = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
 def _kinds(proxy: S3Proxy | None, field: str = "requests") -> dict[str, int]:
     assert proxy is not None
     return {k: n for k, n in kind_totals(proxy.counts(), field).items() if n}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("method", "target", "copy", "kind"), [
+    ("PUT", "/b/k/x", False, "PUT"), ("PUT", "/b/k/x?partNumber=1&uploadId=u", False, "PUT"),
+    ("PUT", "/b/k/x", True, "COPY"), ("POST", "/b/k/x?uploads", False, "PUT"),
+    ("POST", "/b/k/x?uploadId=u", False, "PUT"), ("GET", "/b/k/x", False, "GET"),
+    ("GET", "/b/k/x?uploadId=u", False, "LIST"), ("GET", "/b?list-type=2&prefix=k/", False, "LIST"),
+    ("GET", "/b", False, "LIST"), ("GET", "/b?location", False, "GET"), ("GET", "/b?uploads", False, "LIST"),
+    ("HEAD", "/b/k/x", False, "HEAD"), ("HEAD", "/b", False, "HEAD"), ("DELETE", "/b/k/x", False, "DELETE"),
+    ("DELETE", "/b/k/x?uploadId=u", False, "DELETE"), ("POST", "/b?delete", False, "DELETE"),
+    ("PUT", "/b", False, "PUT"),
+])
+def test_request_kinds(method: str, target: str, copy: bool, kind: str) -> None:
+    assert classify(method, target, copy)[0] == kind
+    assert prefix_of("zb/zonerouter/channels/ab12/17/3.zrb", 4) == "zb/zonerouter/channels/ab12/"
+    assert prefix_of("zb/zonerouter/channels/ab12/17/3.zrb", 8) == "zb/zonerouter/channels/ab12/*/"
+    assert prefix_of("top.json", 4) == "/"
 
 
 @pytest.mark.timeout(60)
@@ -66,6 +84,11 @@ def test_pyarrow_through_the_proxy(proxied: MotoS3) -> None:
     assert kinds.get("PUT", 0) >= 1 and kinds.get("GET", 0) >= 1
     put = proxied.proxy.counts()["prefixes"]["pa/dir/"]["PUT"]  # type: ignore[union-attr]
     assert put["req_bytes"] >= 300_000  # (pyarrow's body may carry aws-chunked framing and a checksum trailer)
+    proxied.proxy.reset()  # type: ignore[union-attr]
+    fs.delete_file(f"{root}/dir/one.bin")  # pyarrow: HEAD, DELETE, then a marker keeps the emptied folder
+    prefixes = proxied.proxy.counts()["prefixes"]  # type: ignore[union-attr]
+    assert {k: v["requests"] for k, v in prefixes["pa/dir/"].items()} == {"HEAD": 1, "DELETE": 1}
+    assert {k: v["requests"] for k, v in prefixes["pa/dir/ (folder marker)"].items()} == {"PUT": 1}
 
 
 @pytest.mark.timeout(60)
