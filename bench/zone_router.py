@@ -34,52 +34,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 
-from zonebus.testing.byteproxy import ProxyProcess  # noqa: E402
-from zonebus.testing.jsapi import api, create_stream_retrying  # noqa: E402
-from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel  # noqa: E402
+from zonebus.testing.zonecluster import ZoneCluster, pct, stream_led_in  # noqa: E402
 
 ZONES = 3
 STREAM = "ZR"
 LEADER = "s2"
 
 
-class Setup:
+class Setup(ZoneCluster):
     def __init__(self, label: str, impl: str, router: bool) -> None:
-        self.label, self.impl, self.router = label, impl, router
-        self.servers: list[ServerProcess] = []
-        self.proxy: ProxyProcess | None = None
+        super().__init__(label, impl, self._jetstream)
+        self.router = router
 
-    def start(self, tmp: Path) -> None:
-        self.proxy = ProxyProcess()
-        ports = [free_port() for _ in range(ZONES)]
-        for i in range(ZONES):
-            name = f"s{i + 1}"
-            urls = [f"nats-route://127.0.0.1:{self.proxy.add(name, f's{j + 1}', ports[j])}"
-                    for j in range(ZONES) if j != i]
-            extra = "no_advertise: true"
-            if self.impl == "nats":
-                js = f'jetstream {{ store_dir: "{tmp}/n{i + 1}" }}'
-                extra += f'\n  advertise: "127.0.0.1:{self.proxy.add("gossip", name, ports[i])}"'
-            else:
-                js = (f'jetstream {{ store_dir: "{tmp}/z{i + 1}", shared_store: "file://{tmp}/shared", '
-                      f'failover_timeout: "3s"{", zone_router: true" if self.router else ""} }}')
-            conf = cluster_config(name, ports[i], tags=[f"az:z{i + 1}"], cluster="bench", route_urls=urls,
-                                  cluster_extra=extra, extra=js)
-            (tmp / f"w{i + 1}").mkdir(parents=True, exist_ok=True)
-            self.servers.append(ServerProcess(self.impl, conf, http_port=free_port(), workdir=tmp / f"w{i + 1}",
-                                              extra_args=["-js"] if self.impl == "nats" else []))
-        start_parallel(self.servers, timeout=60)
-
-    def stop(self) -> None:
-        for s in self.servers:
-            s.stop()
-        if self.proxy is not None:
-            self.proxy.stop()
-
-    def cross_zone(self) -> int:
-        assert self.proxy is not None
-        names = {f"s{i + 1}" for i in range(ZONES)}
-        return sum(n for (a, b), n in self.proxy.counts().items() if a in names and b in names and a != b)
+    def _jetstream(self, i: int, tmp: Path) -> str:
+        if self.impl == "nats":
+            return f'jetstream {{ store_dir: "{tmp}/n{i + 1}" }}'
+        return (f'jetstream {{ store_dir: "{tmp}/z{i + 1}", shared_store: "file://{tmp}/shared", '
+                f'failover_timeout: "3s"{", zone_router: true" if self.router else ""} }}')
 
     def storage(self) -> str:
         if not self.router:
@@ -94,28 +65,8 @@ class Setup:
 
 
 async def create_stream(setup: Setup) -> str:
-    nc = await nats.connect(setup.servers[1].url)
     cfg = {"name": STREAM, "subjects": ["zr.>"], "num_replicas": 3, "storage": "file"}
-    deadline = time.monotonic() + 60
-    try:
-        await create_stream_retrying(nc, cfg, deadline, setup.label)
-        leader = ""
-        for _ in range(15):
-            try:
-                leader = (await api(nc, f"$JS.API.STREAM.INFO.{STREAM}", timeout=2))["cluster"]["leader"]
-            except (nats.errors.Error, TimeoutError, KeyError):
-                await asyncio.sleep(0.5)
-                continue
-            if leader == LEADER:
-                break
-            try:
-                await api(nc, f"$JS.API.STREAM.LEADER.STEPDOWN.{STREAM}", timeout=5)
-            except (nats.errors.Error, TimeoutError):
-                pass
-            await asyncio.sleep(1.0)
-        return leader
-    finally:
-        await nc.close()
+    return await stream_led_in(setup.servers[1].url, cfg, LEADER, setup.label)
 
 
 async def publisher(url: str, zone: int, n: int, size: int, inflight: int) -> tuple[list[int], list[float]]:
@@ -224,13 +175,6 @@ async def e2e(setup: Setup, n: int, size: int, inflight: int) -> list[float]:
     stop.set()
     await asyncio.gather(*cons, return_exceptions=True)
     return lat
-
-
-def pct(xs: list[float], p: float) -> str:
-    if not xs:
-        return "-"
-    xs = sorted(xs)
-    return f"{xs[min(len(xs) - 1, int(p * len(xs)))] * 1000:.1f}"
 
 
 async def run(setup: Setup, args: argparse.Namespace) -> dict[str, str]:

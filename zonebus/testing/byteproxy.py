@@ -23,6 +23,8 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from zonebus.testing.processes import stop_child
+
 HOST = "127.0.0.1"
 CHUNK = 256 * 1024
 
@@ -189,16 +191,7 @@ class ProxyProcess:
         self._call(op="reset")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        stop_child(self.proc)
 
 
 def main() -> None:

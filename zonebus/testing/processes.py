@@ -66,6 +66,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_child(proc: subprocess.Popen) -> None:
+    """Stop a helper process driven through its stdin (byte proxy, S3 proxy): close its stdin (its signal to
+    exit), wait, kill it after 10 s."""
+    if proc.poll() is None:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
 def check_config(path: Path | str, text: str | None = None) -> subprocess.CompletedProcess:
     """`zonebus server -t -c path` (after writing `text` there, when given): exit code 0 for a good config,
     else its `file:line:col: message` lines on stderr."""

@@ -1,0 +1,109 @@
+"""A cluster with one server per zone and every route through a byte-counting proxy, for the benchmarks that
+compare nats-server and zonebus across zones (`bench/zone_router.py`, `bench/whole_bill.py`).
+
+`ZoneCluster(label, impl, jetstream)` starts servers s1..sN tagged `az:z1..zN` (`jetstream(i, tmp)` gives
+server i's `jetstream {}` block), each route through a `zonebus.testing.byteproxy.ProxyProcess`, so that
+`cross_zone()` is every byte that went between servers (any protocol, heartbeats included). For nats-server the
+gossiped route URLs point at proxies too (`advertise`), so that no route bypasses them.
+`stream_led_in(...)` creates a stream and moves its leader to a given server (stepdowns, for replicated
+nats-server streams); `wait_router_mapping()` waits until every zonebus server's zone router sees all zones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import nats
+
+from zonebus.testing.byteproxy import ProxyProcess
+from zonebus.testing.jsapi import api, create_stream_retrying
+from zonebus.testing.polling import wait_until
+from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
+
+
+class ZoneCluster:
+    def __init__(self, label: str, impl: str, jetstream: Callable[[int, Path], str], zones: int = 3,
+                 cluster_extra: str = "", env: dict[str, str] | None = None) -> None:
+        self.label, self.impl, self.jetstream, self.zones = label, impl, jetstream, zones
+        self.cluster_extra, self.env = cluster_extra, env
+        self.servers: list[ServerProcess] = []
+        self.proxy: ProxyProcess | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [f"s{i + 1}" for i in range(self.zones)]
+
+    def start(self, tmp: Path, timeout: float = 60) -> None:
+        self.proxy = ProxyProcess()
+        ports = [free_port() for _ in range(self.zones)]
+        for i, name in enumerate(self.names):
+            urls = [f"nats-route://127.0.0.1:{self.proxy.add(name, other, ports[j])}"
+                    for j, other in enumerate(self.names) if j != i]
+            extra = "no_advertise: true" + (f"\n  {self.cluster_extra}" if self.cluster_extra else "")
+            if self.impl == "nats":
+                extra += f'\n  advertise: "127.0.0.1:{self.proxy.add("gossip", name, ports[i])}"'
+            conf = cluster_config(name, ports[i], tags=[f"az:z{i + 1}"], cluster="bench", route_urls=urls,
+                                  cluster_extra=extra, extra=self.jetstream(i, tmp))
+            (tmp / f"w{i + 1}").mkdir(parents=True, exist_ok=True)
+            self.servers.append(ServerProcess(self.impl, conf, http_port=free_port(), workdir=tmp / f"w{i + 1}",
+                                              extra_args=["-js"] if self.impl == "nats" else [], env=self.env))
+        start_parallel(self.servers, timeout=timeout)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+
+    def cross_zone(self) -> int:
+        """Bytes between two servers (of different zones: one server per zone) since the last reset."""
+        assert self.proxy is not None
+        names = set(self.names)
+        return sum(n for (a, b), n in self.proxy.counts().items() if a in names and b in names and a != b)
+
+    def reset_bytes(self) -> None:
+        assert self.proxy is not None
+        self.proxy.reset()
+
+    def wait_router_mapping(self, timeout: float = 60) -> None:
+        """Until every server's zone router shows one live server per zone (blocking: run it in a thread)."""
+        want = {f"z{i + 1}": [name] for i, name in enumerate(self.names)}
+        wait_until(lambda: all(s.http_get("/jsz").get("zone_router", {}).get("zones") == want
+                               for s in self.servers), f"{self.label}: the full zone-router mapping", timeout)
+
+
+async def stream_led_in(url: str, cfg: dict, leader: str, what: str, timeout: float = 60) -> str:
+    """Create `cfg`'s stream and step its leader down until it is `leader` (at most 15 tries); returns the
+    leader it ended with."""
+    nc = await nats.connect(url)
+    name = cfg["name"]
+    try:
+        await create_stream_retrying(nc, cfg, time.monotonic() + timeout, what)
+        current = ""
+        for _ in range(15):
+            try:
+                current = (await api(nc, f"$JS.API.STREAM.INFO.{name}", timeout=2))["cluster"]["leader"]
+            except (nats.errors.Error, TimeoutError, KeyError):
+                await asyncio.sleep(0.5)
+                continue
+            if current == leader:
+                break
+            try:
+                await api(nc, f"$JS.API.STREAM.LEADER.STEPDOWN.{name}", timeout=5)
+            except (nats.errors.Error, TimeoutError):
+                pass
+            await asyncio.sleep(1.0)
+        return current
+    finally:
+        await nc.close()
+
+
+def pct(xs: list[float], p: float) -> str:
+    """The p-quantile of `xs` (seconds) in milliseconds, one decimal; `-` when empty."""
+    if not xs:
+        return "-"
+    xs = sorted(xs)
+    return f"{xs[min(len(xs) - 1, int(p * len(xs)))] * 1000:.1f}"
