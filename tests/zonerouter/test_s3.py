@@ -1,5 +1,5 @@
 """The zone router on an s3:// shared store (moto's S3 server): publishes from z1 and z3 reach the stream led
-by b1 (z2) through the proxies' channels in the bucket, a pull consumer in z1 reads them back through its
+by b1 (z2) through the proxies (over the link, compressed, as cheaper than channel objects at this rate), a pull consumer in z1 reads them back through its
 proxy's snapshot of the stream (objects read from the bucket), every message once and in each publisher's
 order, and route epochs (1 s) leave no channel object of a committed epoch in the bucket."""
 
@@ -51,7 +51,15 @@ async def test_router_on_s3(tmp_path, moto_s3) -> None:
             assert resp["cluster"]["leader"] == "b1", resp
             seqs = await asyncio.gather(_publish(s["a1"].url, "a"), _publish(s["c1"].url, "c"))
             assert sorted(seqs[0] + seqs[1]) == list(range(1, 2 * N + 1))
-            assert router_info(s["b1"])["leader"]["msgs"] == 2 * N  # every one came through a channel
+            leader = router_info(s["b1"])["leader"]
+            assert leader["msgs"] == 2 * N  # every one came through the router
+            # at this rate, on S3 Standard prices, a batch costs less over the link (compressed) than as a
+            # channel object (a PUT and a GET): the proxies sent them inline
+            assert leader["inline_batches"] == leader["batches"] > 0
+            for proxy in ("a1", "c1"):
+                paths = router_info(s[proxy])["proxy"]["paths"]["leaders"]["b1"]
+                assert paths["path"] == "link" and paths["batches"]["storage"] == 0, paths
+                assert 0 < paths["compression_ratio"] < 1
             await nc.jetstream(timeout=10).add_consumer("S3", ConsumerConfig(durable_name="rd",
                                                                              ack_policy=AckPolicy.EXPLICIT))
         finally:
