@@ -82,15 +82,20 @@ class PutTimes:
     def add(self, seconds: float) -> None:
         self.times.append(seconds)
 
-    def p99(self) -> float:
+    def quantile(self, q: float) -> float:
         if len(self.times) < 5:
             return self.guess
         ordered = sorted(self.times)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+    def p99(self) -> float:
+        return self.quantile(0.99)
 
     def linger(self, budget: float) -> float:
-        """How long a batch may fill so that its ack comes within `budget` (a tenth kept for the loop)."""
-        return max(budget * 0.9 - self.p99(), 0.001)
+        """How long a batch may fill so that its ack comes within `budget` (a tenth kept for the loop); when
+        PUTs are too slow for that, at least a median PUT (up to half the budget), so that a batch still holds
+        what the publishers acknowledged by the one before send next, rather than one object per message."""
+        return max(budget * 0.9 - self.p99(), min(self.quantile(0.5), budget / 2), 0.001)
 
 
 class _Batch:
