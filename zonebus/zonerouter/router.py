@@ -69,6 +69,7 @@ class ZoneRouter:
         self.serving = ReadServer(js.svc, self._send)
         js.svc.tap = self.serving.tap
         js.svc.on_visible_hook = self.serving.on_visible
+        js.svc.stream_queue = True  # a stream's interest is its queue group: `forwarder` leaves it out
         js.api_hook = self._api_request
         self.client.shown_forwarder = js.client.shown_forwarder  # deliveries keep the stream subject
         self._routes: dict[bytes, Target | None] = {}
