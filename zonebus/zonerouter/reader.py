@@ -1,13 +1,15 @@
 """The proxy side of the read path: serve this zone's pull consumers of streams led in another zone.
 
 A pull request (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`) becomes a `Pull` record to the leader; the
-leader's consumer decides what to deliver and answers with `Deliveries` (runs of sequences and status
-messages). The proxy reads those messages from its `Snapshot` of the stream (the shared store) and sends
-them to the client's inbox with the ack reply the consumer would have used
-(`$JS.ACK.<stream>.<consumer>.<count>.<sseq>.<dseq>.<ts>.<pending>`), then the status messages; records of
-one request are handled in order. Direct gets are answered from the snapshot alone. Acks (`+ACK`, `-NAK`,
-`+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and sent as ranges (`Acks`); an ack that asked for a
-reply is answered once the leader applied it.
+leader's consumer decides what to deliver and answers with `Deliveries` (runs of sequences and status messages).
+The proxy reads those messages from its `Snapshot` of the stream (the shared store) and sends them to the
+client's inbox with the ack reply the consumer would have used
+(`$JS.ACK.<stream>.<consumer>.<count>.<sseq>.<dseq>.<ts>.<pending>`), then the status messages. The records of
+one consumer, whatever request they answer, are handled one after the other in the order they came (its lane): a
+request's later records, or another request's, never overtake one whose messages are still being read from the
+snapshot, so deliveries keep the leader's order (stream and consumer sequences). Direct gets are answered from
+the snapshot alone. Acks (`+ACK`, `-NAK`, `+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and sent as
+ranges (`Acks`); an ack that asked for a reply is answered once the leader applied it.
 Runs on the event loop.
 """
 
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -33,13 +36,23 @@ NO_EXPIRY_TTL = 60.0
 
 
 class _Req:
-    __slots__ = ("rid", "reply", "stream", "consumer", "leader", "queue", "task", "expires")
+    __slots__ = ("rid", "reply", "stream", "consumer", "leader", "queued", "expires")
 
     def __init__(self, rid: int, reply: str, stream: str, consumer: str, leader: str, expires: float) -> None:
         self.rid, self.reply, self.stream, self.consumer, self.leader = rid, reply, stream, consumer, leader
-        self.queue: list[rf.Deliveries] = []
-        self.task: asyncio.Task | None = None
+        self.queued = 0  # its `Deliveries` records waiting in its consumer's lane
         self.expires = expires  # monotonic time after which it is forgotten
+
+
+class _Lane:
+    """One consumer's `Deliveries` records (of all its requests), served one after the other in the order
+    the leader sent them: the consumer's order (stream and consumer sequences)."""
+
+    __slots__ = ("queue", "task")
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[_Req, rf.Deliveries]] = deque()
+        self.task: asyncio.Task | None = None
 
 
 class _AckBatch:
@@ -59,6 +72,7 @@ class Reader:
         self.leader_of = leader_of  # stream -> its leader when that is in another zone, else None
         self.snapshots: dict[str, Snapshot] = {}
         self.reqs: dict[int, _Req] = {}
+        self.lanes: dict[tuple[str, str, str], _Lane] = {}  # (leader, stream, consumer) -> its lane
         self._next = 0
         self.acks: dict[str, _AckBatch] = {}  # leader -> acks being gathered
         self.ack_waiters: dict[int, list[str]] = {}  # ack batch id -> replies to answer
@@ -100,21 +114,31 @@ class Reader:
         req = self.reqs.get(d.rid)
         if req is None or req.leader != peer:
             return
-        req.queue.append(d)
+        req.queued += 1
         req.expires = max(req.expires, time.monotonic() + REQUEST_TTL)
-        if req.task is None or req.task.done():
-            req.task = asyncio.get_running_loop().create_task(self._serve(req))
+        key = (req.leader, req.stream, req.consumer)
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = _Lane()
+        lane.queue.append((req, d))
+        if lane.task is None or lane.task.done():
+            lane.task = asyncio.get_running_loop().create_task(self._serve(key, lane))
 
-    async def _serve(self, req: _Req) -> None:
-        snap = self.snapshot(req.stream)
-        while req.queue:
-            d = req.queue.pop(0)
+    async def _serve(self, key: tuple[str, str, str], lane: _Lane) -> None:
+        """Serve a lane's records in order: one request's later records wait for its earlier ones, and
+        another request of the consumer for both (the leader's order is the consumer's)."""
+        snap = self.snapshot(key[1])
+        while lane.queue:
+            req, d = lane.queue.popleft()
             try:
                 await self._deliver(req, snap, d)
             except Exception:
                 log.exception("zone router: serving deliveries of %s > %s failed", req.stream, req.consumer)
+            req.queued -= 1
             if d.done:
                 self.reqs.pop(req.rid, None)
+        if self.lanes.get(key) is lane:
+            del self.lanes[key]
 
     async def _deliver(self, req: _Req, snap: Snapshot, d: rf.Deliveries) -> None:
         items = [x for run in d.runs for x in rf.expand(run)]
@@ -195,13 +219,13 @@ class Reader:
     # -- housekeeping --------------------------------------------------------------------------------
     def leader_down(self, leader: str) -> None:
         for rid, req in list(self.reqs.items()):
-            if req.leader == leader and not req.queue:
+            if req.leader == leader and not req.queued:
                 del self.reqs[rid]
 
     async def expire(self) -> None:
         now = time.monotonic()
         for rid, req in list(self.reqs.items()):
-            if now > req.expires and not req.queue:
+            if now > req.expires and not req.queued:
                 del self.reqs[rid]
         if len(self.ack_waiters) > 10_000:
             self.ack_waiters.clear()
@@ -213,11 +237,11 @@ class Reader:
     async def stop(self) -> None:
         for snap in self.snapshots.values():
             await snap.stop()
-        for req in self.reqs.values():
-            if req.task is not None:
-                req.task.cancel()
+        for lane in list(self.lanes.values()):
+            if lane.task is not None:
+                lane.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await req.task
+                    await lane.task
 
     def info(self) -> dict[str, Any]:
         return {**self.stats, "requests": len(self.reqs),

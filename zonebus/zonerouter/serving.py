@@ -5,8 +5,9 @@
   store releases a batch with messages (`on_visible`), else after the poll's hold (at most 100 ms).
 - Pull requests: the proxy's request becomes an ordinary pull request of the consumer here, with the reply
   `$ZR.D.<id>`; the JetStream service hands what the consumer sends there to `tap` instead of publishing it
-  (a router hook in `zonebus.stream.service`), and this side sends the proxy one `Deliveries` record per loop
-  turn: runs of (stream seq, consumer seq, count, pending) and the status messages. Consumer state (cursor,
+  (a router hook in `zonebus.stream.service`), and this side sends the proxy one `Deliveries` record per
+  request and loop turn: runs of (stream seq, consumer seq, count, pending) and the status messages, the
+  records of one turn in the order of their first delivery (the consumer's order). Consumer state (cursor,
   pending acks, redelivery timers, num_pending) never leaves the consumer.
 - Acks: ranges are applied one by one through the consumer's own `on_ack`.
 Runs on the event loop.
@@ -132,6 +133,9 @@ class ReadServer:
         if msg_subject is not None and reply:
             tok = rf.ack_token(reply)
             if tok is not None:
+                if not req.runs and req.queued:  # its first delivery this turn: its record goes after the
+                    self._flush.remove(req)      # records of requests delivered to before (see `_send_all`)
+                    req.queued = False
                 rf.add_run(req.runs, tok[3], tok[4], tok[2], tok[6])
                 self.stats["delivered"] += 1
                 self.stats["deliver_bytes"] += len(payload) + (len(headers) if headers else 0)
@@ -148,6 +152,10 @@ class ReadServer:
             self._flush.append(req)
 
     def _send_all(self) -> None:
+        """One record per request touched this turn, in the order of their first delivery: a consumer fills
+        its requests one after the other, so the records of a consumer keep its order (the proxy serves them
+        in the order they come, `reader`); a request queued earlier (a new pull, a status) without a delivery
+        yet does not send its later deliveries ahead of an earlier request's last ones."""
         todo, self._flush = self._flush, []
         for req in todo:
             req.queued = False
