@@ -47,7 +47,8 @@ class RouterForwarder:
                     queues: Any, r: MatchResult) -> bool:
         taken = False
         if src.kind in _CLIENTS:
-            if subject.startswith(b"$JS.ACK."):
+            ack = subject.startswith(b"$JS.ACK.")
+            if ack:
                 target = self.router.ack_target(subject) if not data.startswith(b"+NXT", max(hdr_len, 0)) \
                     else None
                 if target is not None:
@@ -58,7 +59,7 @@ class RouterForwarder:
                     self.router.take(src, subject, reply, hdr_len, data, target)
             if target is not None:
                 if r.qsubs:
-                    r = self._without_stream(subject, r)
+                    r = self._without_stream(subject, r, not ack)
                 taken = True
         if taken and not r:  # only the leader wanted it: nothing else to deliver (and no "no responders")
             return True
@@ -70,14 +71,17 @@ class RouterForwarder:
             return False
         return self.server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
 
-    def _without_stream(self, subject: bytes, r: MatchResult) -> MatchResult:
-        """`r` without the streams' queue groups (`$JSQ.<stream>`): the router stores the message."""
-        hit = self._filtered.get(subject)
+    def _without_stream(self, subject: bytes, r: MatchResult, keep: bool) -> MatchResult:
+        """`r` without the streams' queue groups (`$JSQ.<stream>`): the router stores the message (or takes
+        the ack). `keep`: remember the result for `subject` (not for an ack's subject, seen once)."""
+        hit = self._filtered.get(subject) if keep else None
         if hit is not None and hit[0] is r:
             return hit[1]
         out = r
         if any(g and g[0].queue.startswith(_STREAM_QUEUE) for g in r.qsubs):
             out = MatchResult(r.psubs, [g for g in r.qsubs if not (g and g[0].queue.startswith(_STREAM_QUEUE))])
+        if not keep:
+            return out
         if len(self._filtered) >= _FILTERED_MAX:
             self._filtered.clear()
         self._filtered[subject] = (r, out)
