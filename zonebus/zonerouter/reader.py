@@ -8,8 +8,9 @@ client's inbox with the ack reply the consumer would have used
 one consumer, whatever request they answer, are handled one after the other in the order they came (its lane): a
 request's later records, or another request's, never overtake one whose messages are still being read from the
 snapshot, so deliveries keep the leader's order (stream and consumer sequences). Direct gets are answered from
-the snapshot alone. Acks (`+ACK`, `-NAK`, `+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and sent as
-ranges (`Acks`); an ack that asked for a reply is answered once the leader applied it.
+the snapshot alone; message gets (`STREAM.MSG.GET`) from the snapshot once it applied the leader's newest
+batch, which a `Sync` asks for. Acks (`+ACK`, `-NAK`, `+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and
+sent as ranges (`Acks`); an ack that asked for a reply is answered once the leader applied it.
 Runs on the event loop.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 ACK_LINGER = 0.001
 REQUEST_TTL = 5.0  # seconds past its expiry (or, without one, its last record) before a request is forgotten
 NO_EXPIRY_TTL = 60.0
+SYNC_TIMEOUT = 2.0  # seconds a message get waits for the leader's `Synced` before the leader answers it
 
 
 class _Req:
@@ -65,11 +68,15 @@ class _AckBatch:
 class Reader:
     def __init__(self, objects: ObjectStore, send: Callable[[str, bytes], bool],
                  publish: Callable[[str, bytes, str | None, bytes | None, str | None], None],
-                 leader_of: Callable[[str], str | None]) -> None:
+                 leader_of: Callable[[str], str | None],
+                 to_leader: Callable[[str, str, str, bytes | None, bytes], None] | None = None) -> None:
         self.objects = objects
         self.send = send
         self.publish = publish  # (to, payload, reply, headers, shown subject)
         self.leader_of = leader_of  # stream -> its leader when that is in another zone, else None
+        self.to_leader = to_leader  # (stream, subject, reply, headers, payload): a request the leader answers
+        self.syncs: dict[int, asyncio.Future] = {}  # sync id -> the leader's `Synced`
+        self._next_sid = 0
         self.snapshots: dict[str, Snapshot] = {}
         self.reqs: dict[int, _Req] = {}
         self.lanes: dict[tuple[str, str, str], _Lane] = {}  # (leader, stream, consumer) -> its lane
@@ -78,7 +85,7 @@ class Reader:
         self.ack_waiters: dict[int, list[str]] = {}  # ack batch id -> replies to answer
         self._next_bid = 0
         self.stats = {"pulls": 0, "delivered": 0, "delivered_bytes": 0, "missing": 0, "acks": 0, "ack_frames": 0,
-                      "direct_gets": 0}
+                      "direct_gets": 0, "msg_gets": 0, "msg_gets_to_leader": 0}
         self._tasks: set[asyncio.Task] = set()
 
     # -- snapshots -----------------------------------------------------------------------------------
@@ -178,6 +185,47 @@ class Reader:
         self.stats["direct_gets"] += 1
         for hdrs, data in frames:
             self.publish(reply, data, None, hdrs, None)
+
+    # -- message gets --------------------------------------------------------------------------------
+    def msg_get(self, stream: str, subject: str, reply: str, headers: bytes | None, payload: bytes,
+                leader: str) -> None:
+        """`$JS.API.STREAM.MSG.GET.<stream>` answered from the snapshot, as the leader would: the leader names
+        its newest batch (`Sync`, a few bytes) and the answer waits until the view applied it, so it shows
+        every message (and delete) acknowledged before the request. The leader answers it instead when the
+        sync or the view does not come through."""
+        task = asyncio.get_running_loop().create_task(self._msg_get(stream, subject, reply, headers, payload,
+                                                                    leader))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _msg_get(self, stream: str, subject: str, reply: str, headers: bytes | None, payload: bytes,
+                       leader: str) -> None:
+        snap = self.snapshot(stream)
+        self._next_sid += 1
+        sid = self._next_sid
+        fut = self.syncs[sid] = asyncio.get_running_loop().create_future()
+        resp = None
+        try:
+            if self.send(leader, rf.Sync(sid, stream).encode()):
+                synced: rf.Synced = await asyncio.wait_for(fut, SYNC_TIMEOUT)
+                if synced.status == rf.SNAP_OK and await snap.caught_up(synced.batch):
+                    resp = await snap.msg_get(subject, payload)
+        except Exception as exc:  # (a timeout among them) the leader answers
+            log.info("zone router: message get on %s goes to the leader: %r", stream, exc)
+        finally:
+            self.syncs.pop(sid, None)
+        if resp is None:
+            self.stats["msg_gets_to_leader"] += 1
+            if self.to_leader is not None:
+                self.to_leader(stream, subject, reply, headers, payload)
+            return
+        self.stats["msg_gets"] += 1
+        self.publish(reply, json.dumps(resp, separators=(",", ":")).encode(), None, None, None)
+
+    def on_synced(self, synced: rf.Synced) -> None:
+        fut = self.syncs.get(synced.sid)
+        if fut is not None and not fut.done():
+            fut.set_result(synced)
 
     # -- acks ----------------------------------------------------------------------------------------
     def ack(self, subject: str, reply: str | None, body: bytes, leader: str) -> bool:

@@ -10,6 +10,9 @@
   records of one turn in the order of their first delivery (the consumer's order). Consumer state (cursor,
   pending acks, redelivery timers, num_pending) never leaves the consumer.
 - Acks: ranges are applied one by one through the consumer's own `on_ack`.
+- Syncs (a proxy answers a `STREAM.MSG.GET` from its snapshot): the stream's newest batch (maybe still open),
+  at once; the proxy answers once its view has applied that batch, so it shows every change made before
+  (what was acknowledged, deletes included).
 Runs on the event loop.
 """
 
@@ -57,7 +60,8 @@ class ReadServer:
         self._next = 0
         self._flush: list[_Req] = []
         self._sweep_at = 0.0
-        self.stats = {"polls": 0, "snap_bytes": 0, "pulls": 0, "delivered": 0, "deliver_bytes": 0, "acks": 0}
+        self.stats = {"polls": 0, "snap_bytes": 0, "pulls": 0, "delivered": 0, "deliver_bytes": 0, "acks": 0,
+                      "syncs": 0}
 
     # -- snapshots -----------------------------------------------------------------------------------
     def _store(self, name: str) -> Any:
@@ -214,6 +218,16 @@ class ReadServer:
         if acks.bid:
             self.send(peer, rf.acked(acks.bid))
 
+    # -- syncs ---------------------------------------------------------------------------------------
+    def on_sync(self, peer: str, sync: rf.Sync) -> None:
+        store = self._store(sync.stream)
+        if store is None:
+            answer = rf.Synced(sync.sid, rf.SNAP_NOT_LEADER)
+        else:  # the newest batch (maybe still open): it holds the last change made here (a publish, a delete)
+            answer = rf.Synced(sync.sid, rf.SNAP_OK, max(store.durable_batch, max(store.batch_first, default=0)))
+        self.stats["syncs"] += 1
+        self.send(peer, answer.encode())
+
     def frame(self, peer: str, kind: int, frame: bytes) -> bool:
         """Dispatch a read-path frame meant for the leader side; False when `kind` is not one."""
         try:
@@ -223,6 +237,8 @@ class ReadServer:
                 self.on_pull(peer, rf.Pull.decode(frame))
             elif kind == rf.ACKS:
                 self.on_acks(peer, rf.Acks.decode(frame))
+            elif kind == rf.SYNC:
+                self.on_sync(peer, rf.Sync.decode(frame))
             else:
                 return False
         except (RecordError, UnicodeDecodeError) as exc:
