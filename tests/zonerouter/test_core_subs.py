@@ -1,7 +1,8 @@
 """Core subscribers keep NATS semantics with the zone router on (issue #24, item 5): a1 (z1), b1 and b2 (z2,
 where the stream is placed), c1 (z3). A plain subscriber on `orders.>` on every server, the stream leader's
 own server and the other server of its zone included, gets every message published on every server, core
-`PUB` and JetStream publish alike, exactly once, with the subject, reply and headers it was published with;
+`PUB` and JetStream publish alike, exactly once, with the subject, reply and headers it was published with (a
+core queue group with members on b1 and b2 gets each once);
 the stream holds every one of them once (the router stores what other zones publish; the copy the leader's
 core subscribers get over the route is not stored again)."""
 
@@ -53,6 +54,7 @@ async def test_core_subscribers_in_every_zone_get_every_publish_once(zoned) -> N
     pubs: dict[str, nats.NATS] = {}
     got: dict[str, list[tuple[str, str, bytes, dict]]] = {name: [] for name in s}
     probes: dict[str, set[str]] = {name: set() for name in s}
+    queued: list[tuple[str, str]] = []
     try:
         leader = await _create(admin)
         assert leader in ("b1", "b2")
@@ -67,6 +69,12 @@ async def test_core_subscribers_in_every_zone_get_every_publish_once(zoned) -> N
                 else:
                     got[name].append((m.subject, m.reply, m.data, dict(m.headers or {})))
             await subs[name].subscribe("orders.>", cb=on_msg)
+
+            async def on_queued(m, name=name) -> None:
+                if m.subject.split(".")[2] != "probe":
+                    queued.append((name, m.data.decode()))
+            if name in ("b1", "b2"):  # a core queue group in the stream's zone: each message to one member
+                await subs[name].subscribe("orders.>", queue="workers", cb=on_queued)
             await subs[name].flush()
         # every subscription known on every server: probes (JetStream publishes, so each is acknowledged)
         # until every subscriber saw one from every server; one that never does shows the bug below
@@ -93,7 +101,8 @@ async def test_core_subscribers_in_every_zone_get_every_publish_once(zoned) -> N
         def counts() -> dict[str, int]:
             return {name: len(msgs) for name, msgs in got.items()}
         with contextlib.suppress(TimeoutError):
-            await until(lambda: all(len(m) >= len(want) for m in got.values()), "every subscriber got all",
+            await until(lambda: all(len(m) >= len(want) for m in got.values()) and len(queued) >= len(want),
+                        "every subscriber got all",
                         timeout=20, show=counts)
         # the stream holds every publish once (probes aside)
         info = await api(admin, "$JS.API.STREAM.INFO.ORDERS", {})
@@ -106,6 +115,8 @@ async def test_core_subscribers_in_every_zone_get_every_publish_once(zoned) -> N
             stored += [m.data.decode() for m in await psub.fetch(500, timeout=5)]
         stored = [x for x in stored if x != "probe"]
         assert Counter(stored) == Counter(want), "the stream holds each publish once"
+        # the queue group got each message once (from one member)
+        assert Counter(data for _, data in queued) == Counter(want), "the queue group got each message once"
         # every subscriber, each server of the leader's zone included, got every message once, as published
         print("received:", counts(), "leader", leader)
         for name, msgs in got.items():
