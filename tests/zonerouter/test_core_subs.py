@@ -33,16 +33,14 @@ def zoned(tmp_path_factory: pytest.TempPathFactory):
 
 
 async def _create(nc: nats.NATS) -> str:
-    """The stream ORDERS placed in z2; returns its leader (b1 or b2)."""
-    resp: dict = {}
-    for _ in range(50):
+    """The stream ORDERS placed in z2 (retried while the cluster forms); returns its leader (b1 or b2)."""
+    async def create() -> dict | None:
         resp = await api(nc, "$JS.API.STREAM.CREATE.ORDERS", {
             "name": "ORDERS", "subjects": ["orders.>"], "storage": "file", "num_replicas": 1,
             "placement": {"tags": ["az:z2"]}})
-        if "error" not in resp:
-            return resp["cluster"]["leader"]
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"stream not created: {resp}")
+        return resp if "error" not in resp else None
+    resp = await until(create, "the stream created", timeout=15, interval=0.2)
+    return resp["cluster"]["leader"]
 
 
 @pytest.mark.timeout(120)
