@@ -21,6 +21,10 @@ Clustered (`clustered=True`, driven by `zonebus.stream.cluster`): the service se
 meta group makes it lead (`adopt_shared` / `adopt_memory`, `release`), recovers nothing by itself, and does not
 subscribe the API (the clustered layer answers it); acks and flow control are subscribed per stream, so that
 they reach the stream's leader wherever they are published.
+
+With `stream_queue` (set by the zone router) a stream's subscriptions (its subjects, acks, flow control) join
+the queue group `$JSQ.<stream>` instead of being plain ones: a route then names that group on the copies the
+stream is to store, and a copy for the core subscribers of the leader's server alone does not reach it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ log = logging.getLogger(__name__)
 STATE_FLUSH_DELAY = 0.05
 BILLED_STATE_FLUSH_DELAY = 5.0  # a consumer's state on s3:// (a billed PUT each): every 5 s at most, not per ack
 HOUSEKEEPING_INTERVAL = 0.5
+STREAM_QUEUE = "$JSQ."  # with `stream_queue`: a stream's subscriptions join the queue group STREAM_QUEUE + name
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -92,6 +97,9 @@ class JetStreamService:
         # True; `on_visible_hook(stream)` runs when a shared stream's store releases a batch with messages
         self.tap: Any = None
         self.on_visible_hook: Any = None
+        # zone router: every subscription of a stream joins the queue group `STREAM_QUEUE + name`, so that
+        # routes tell a stream's interest apart from core subscribers' (its only member is the leader)
+        self.stream_queue = False
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -406,11 +414,12 @@ class JetStreamService:
         stream.destroy()
 
     def _subscribe_stream(self, stream: Stream) -> None:
+        queue = STREAM_QUEUE + stream.name if self.stream_queue else None
         for subj in stream.cfg["subjects"]:
-            stream.sids.append(self.client.subscribe(subj, stream.on_publish))
+            stream.sids.append(self.client.subscribe(subj, stream.on_publish, queue))
         if self.clustered:  # acks and flow control reach the leader wherever they are published
-            stream.sids.append(self.client.subscribe(f"$JS.ACK.{stream.name}.>", self._on_ack))
-            stream.sids.append(self.client.subscribe(f"$JS.FC.{stream.name}.>", self._on_fc))
+            stream.sids.append(self.client.subscribe(f"$JS.ACK.{stream.name}.>", self._on_ack, queue))
+            stream.sids.append(self.client.subscribe(f"$JS.FC.{stream.name}.>", self._on_fc, queue))
 
     def _unsubscribe_stream(self, stream: Stream) -> None:
         for sid in stream.sids:

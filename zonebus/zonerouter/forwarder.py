@@ -2,8 +2,11 @@
 
 The core calls `process_msg` for every message that did not come over a route. For a client's message on a
 subject of a stream whose leader is in another zone, the router takes the message (it goes to this zone's
-proxy for that leader) and the route to the leader is left out of the delivery; every other subscriber gets
-the message as before. A message from a local link (`WORKER`: another worker process of this server,
+proxy for that leader) and the stream's queue group (`$JSQ.<stream>`, whose only member is the leader: the
+router sets the JetStream service's `stream_queue`) is left out of the delivery; every subscriber gets the
+message as without the router, the core subscribers of the leader's server too (over the route, which
+carries it only when they exist, and which names no stream group: the leader's stream does not store it
+again). A message from a local link (`WORKER`: another worker process of this server,
 zonebus.workers) is a client's message of this server: the other workers run no router, and what their
 clients publish or ack reaches worker 0's router that way (pull requests and direct gets reach it as API
 requests, `$JS.API.>` being worker 0's interest); PubAcks and deliveries go to the client's inbox, which
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zonebus.server.connection import CLIENT, ROUTE, WORKER
+from zonebus.server.connection import CLIENT, WORKER
+from zonebus.stream.service import STREAM_QUEUE
 from zonebus.subjects.sublist import MatchResult
 
 if TYPE_CHECKING:
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
     from zonebus.zonerouter.router import ZoneRouter
 
 
+_STREAM_QUEUE = STREAM_QUEUE.encode()
+_FILTERED_MAX = 10_000
 _CLIENTS = (CLIENT, WORKER)  # what clients of this server publish: here, or on another worker process
 
 
@@ -35,12 +41,14 @@ class RouterForwarder:
         self.server = server
         self.router = router
         self.inner = inner
+        self._filtered: dict[bytes, tuple[MatchResult, MatchResult]] = {}  # subject -> (match, without stream)
 
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: Any, r: MatchResult) -> bool:
         taken = False
         if src.kind in _CLIENTS:
-            if subject.startswith(b"$JS.ACK."):
+            ack = subject.startswith(b"$JS.ACK.")
+            if ack:
                 target = self.router.ack_target(subject) if not data.startswith(b"+NXT", max(hdr_len, 0)) \
                     else None
                 if target is not None:
@@ -50,10 +58,8 @@ class RouterForwarder:
                 if target is not None:
                     self.router.take(src, subject, reply, hdr_len, data, target)
             if target is not None:
-                leader = target[1]
-                if any(s.conn.kind == ROUTE and getattr(s.conn, "remote_name", "") == leader for s in r.psubs):
-                    r = MatchResult([s for s in r.psubs if not (s.conn.kind == ROUTE and getattr(
-                        s.conn, "remote_name", "") == leader)], r.qsubs)
+                if r.qsubs:
+                    r = self._without_stream(subject, r, not ack)
                 taken = True
         if taken and not r:  # only the leader wanted it: nothing else to deliver (and no "no responders")
             return True
@@ -64,6 +70,22 @@ class RouterForwarder:
                 self.server._no_responders(src, subject, reply)  # type: ignore[arg-type]
             return False
         return self.server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
+
+    def _without_stream(self, subject: bytes, r: MatchResult, keep: bool) -> MatchResult:
+        """`r` without the streams' queue groups (`$JSQ.<stream>`): the router stores the message (or takes
+        the ack). `keep`: remember the result for `subject` (not for an ack's subject, seen once)."""
+        hit = self._filtered.get(subject) if keep else None
+        if hit is not None and hit[0] is r:
+            return hit[1]
+        out = r
+        if any(g and g[0].queue.startswith(_STREAM_QUEUE) for g in r.qsubs):
+            out = MatchResult(r.psubs, [g for g in r.qsubs if not (g and g[0].queue.startswith(_STREAM_QUEUE))])
+        if not keep:
+            return out
+        if len(self._filtered) >= _FILTERED_MAX:
+            self._filtered.clear()
+        self._filtered[subject] = (r, out)
+        return out
 
     def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:
         if subject.startswith(b"$JS.ACK.") or self.router.target(subject) is not None:

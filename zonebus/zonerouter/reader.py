@@ -1,13 +1,16 @@
 """The proxy side of the read path: serve this zone's pull consumers of streams led in another zone.
 
 A pull request (`$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`) becomes a `Pull` record to the leader; the
-leader's consumer decides what to deliver and answers with `Deliveries` (runs of sequences and status
-messages). The proxy reads those messages from its `Snapshot` of the stream (the shared store) and sends
-them to the client's inbox with the ack reply the consumer would have used
-(`$JS.ACK.<stream>.<consumer>.<count>.<sseq>.<dseq>.<ts>.<pending>`), then the status messages; records of
-one request are handled in order. Direct gets are answered from the snapshot alone. Acks (`+ACK`, `-NAK`,
-`+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and sent as ranges (`Acks`); an ack that asked for a
-reply is answered once the leader applied it.
+leader's consumer decides what to deliver and answers with `Deliveries` (runs of sequences and status messages).
+The proxy reads those messages from its `Snapshot` of the stream (the shared store) and sends them to the
+client's inbox with the ack reply the consumer would have used
+(`$JS.ACK.<stream>.<consumer>.<count>.<sseq>.<dseq>.<ts>.<pending>`), then the status messages. The records of
+one consumer, whatever request they answer, are handled one after the other in the order they came (its lane): a
+request's later records, or another request's, never overtake one whose messages are still being read from the
+snapshot, so deliveries keep the leader's order (stream and consumer sequences). Direct gets are answered from
+the snapshot alone; message gets (`STREAM.MSG.GET`) from the snapshot once it applied the leader's newest
+batch, which a `Sync` asks for. Acks (`+ACK`, `-NAK`, `+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and
+sent as ranges (`Acks`); an ack that asked for a reply is answered once the leader applied it.
 Runs on the event loop.
 """
 
@@ -15,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -30,16 +35,27 @@ log = logging.getLogger(__name__)
 ACK_LINGER = 0.001
 REQUEST_TTL = 5.0  # seconds past its expiry (or, without one, its last record) before a request is forgotten
 NO_EXPIRY_TTL = 60.0
+SYNC_TIMEOUT = 2.0  # seconds a message get waits for the leader's `Synced` before the leader answers it
 
 
 class _Req:
-    __slots__ = ("rid", "reply", "stream", "consumer", "leader", "queue", "task", "expires")
+    __slots__ = ("rid", "reply", "stream", "consumer", "leader", "queued", "expires")
 
     def __init__(self, rid: int, reply: str, stream: str, consumer: str, leader: str, expires: float) -> None:
         self.rid, self.reply, self.stream, self.consumer, self.leader = rid, reply, stream, consumer, leader
-        self.queue: list[rf.Deliveries] = []
-        self.task: asyncio.Task | None = None
+        self.queued = 0  # its `Deliveries` records waiting in its consumer's lane
         self.expires = expires  # monotonic time after which it is forgotten
+
+
+class _Lane:
+    """One consumer's `Deliveries` records (of all its requests), served one after the other in the order
+    the leader sent them: the consumer's order (stream and consumer sequences)."""
+
+    __slots__ = ("queue", "task")
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[_Req, rf.Deliveries]] = deque()
+        self.task: asyncio.Task | None = None
 
 
 class _AckBatch:
@@ -52,19 +68,24 @@ class _AckBatch:
 class Reader:
     def __init__(self, objects: ObjectStore, send: Callable[[str, bytes], bool],
                  publish: Callable[[str, bytes, str | None, bytes | None, str | None], None],
-                 leader_of: Callable[[str], str | None]) -> None:
+                 leader_of: Callable[[str], str | None],
+                 to_leader: Callable[[str, str, str, bytes | None, bytes], None] | None = None) -> None:
         self.objects = objects
         self.send = send
         self.publish = publish  # (to, payload, reply, headers, shown subject)
         self.leader_of = leader_of  # stream -> its leader when that is in another zone, else None
+        self.to_leader = to_leader  # (stream, subject, reply, headers, payload): a request the leader answers
+        self.syncs: dict[int, asyncio.Future] = {}  # sync id -> the leader's `Synced`
+        self._next_sid = 0
         self.snapshots: dict[str, Snapshot] = {}
         self.reqs: dict[int, _Req] = {}
+        self.lanes: dict[tuple[str, str, str], _Lane] = {}  # (leader, stream, consumer) -> its lane
         self._next = 0
         self.acks: dict[str, _AckBatch] = {}  # leader -> acks being gathered
         self.ack_waiters: dict[int, list[str]] = {}  # ack batch id -> replies to answer
         self._next_bid = 0
         self.stats = {"pulls": 0, "delivered": 0, "delivered_bytes": 0, "missing": 0, "acks": 0, "ack_frames": 0,
-                      "direct_gets": 0}
+                      "direct_gets": 0, "msg_gets": 0, "msg_gets_to_leader": 0}
         self._tasks: set[asyncio.Task] = set()
 
     # -- snapshots -----------------------------------------------------------------------------------
@@ -100,21 +121,31 @@ class Reader:
         req = self.reqs.get(d.rid)
         if req is None or req.leader != peer:
             return
-        req.queue.append(d)
+        req.queued += 1
         req.expires = max(req.expires, time.monotonic() + REQUEST_TTL)
-        if req.task is None or req.task.done():
-            req.task = asyncio.get_running_loop().create_task(self._serve(req))
+        key = (req.leader, req.stream, req.consumer)
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = _Lane()
+        lane.queue.append((req, d))
+        if lane.task is None or lane.task.done():
+            lane.task = asyncio.get_running_loop().create_task(self._serve(key, lane))
 
-    async def _serve(self, req: _Req) -> None:
-        snap = self.snapshot(req.stream)
-        while req.queue:
-            d = req.queue.pop(0)
+    async def _serve(self, key: tuple[str, str, str], lane: _Lane) -> None:
+        """Serve a lane's records in order: one request's later records wait for its earlier ones, and
+        another request of the consumer for both (the leader's order is the consumer's)."""
+        snap = self.snapshot(key[1])
+        while lane.queue:
+            req, d = lane.queue.popleft()
             try:
                 await self._deliver(req, snap, d)
             except Exception:
                 log.exception("zone router: serving deliveries of %s > %s failed", req.stream, req.consumer)
+            req.queued -= 1
             if d.done:
                 self.reqs.pop(req.rid, None)
+        if self.lanes.get(key) is lane:
+            del self.lanes[key]
 
     async def _deliver(self, req: _Req, snap: Snapshot, d: rf.Deliveries) -> None:
         items = [x for run in d.runs for x in rf.expand(run)]
@@ -154,6 +185,47 @@ class Reader:
         self.stats["direct_gets"] += 1
         for hdrs, data in frames:
             self.publish(reply, data, None, hdrs, None)
+
+    # -- message gets --------------------------------------------------------------------------------
+    def msg_get(self, stream: str, subject: str, reply: str, headers: bytes | None, payload: bytes,
+                leader: str) -> None:
+        """`$JS.API.STREAM.MSG.GET.<stream>` answered from the snapshot, as the leader would: the leader names
+        its newest batch (`Sync`, a few bytes) and the answer waits until the view applied it, so it shows
+        every message (and delete) acknowledged before the request. The leader answers it instead when the
+        sync or the view does not come through."""
+        task = asyncio.get_running_loop().create_task(self._msg_get(stream, subject, reply, headers, payload,
+                                                                    leader))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _msg_get(self, stream: str, subject: str, reply: str, headers: bytes | None, payload: bytes,
+                       leader: str) -> None:
+        snap = self.snapshot(stream)
+        self._next_sid += 1
+        sid = self._next_sid
+        fut = self.syncs[sid] = asyncio.get_running_loop().create_future()
+        resp = None
+        try:
+            if self.send(leader, rf.Sync(sid, stream).encode()):
+                synced: rf.Synced = await asyncio.wait_for(fut, SYNC_TIMEOUT)
+                if synced.status == rf.SNAP_OK and await snap.caught_up(synced.batch):
+                    resp = await snap.msg_get(subject, payload)
+        except Exception as exc:  # (a timeout among them) the leader answers
+            log.info("zone router: message get on %s goes to the leader: %r", stream, exc)
+        finally:
+            self.syncs.pop(sid, None)
+        if resp is None:
+            self.stats["msg_gets_to_leader"] += 1
+            if self.to_leader is not None:
+                self.to_leader(stream, subject, reply, headers, payload)
+            return
+        self.stats["msg_gets"] += 1
+        self.publish(reply, json.dumps(resp, separators=(",", ":")).encode(), None, None, None)
+
+    def on_synced(self, synced: rf.Synced) -> None:
+        fut = self.syncs.get(synced.sid)
+        if fut is not None and not fut.done():
+            fut.set_result(synced)
 
     # -- acks ----------------------------------------------------------------------------------------
     def ack(self, subject: str, reply: str | None, body: bytes, leader: str) -> bool:
@@ -195,13 +267,13 @@ class Reader:
     # -- housekeeping --------------------------------------------------------------------------------
     def leader_down(self, leader: str) -> None:
         for rid, req in list(self.reqs.items()):
-            if req.leader == leader and not req.queue:
+            if req.leader == leader and not req.queued:
                 del self.reqs[rid]
 
     async def expire(self) -> None:
         now = time.monotonic()
         for rid, req in list(self.reqs.items()):
-            if now > req.expires and not req.queue:
+            if now > req.expires and not req.queued:
                 del self.reqs[rid]
         if len(self.ack_waiters) > 10_000:
             self.ack_waiters.clear()
@@ -213,11 +285,11 @@ class Reader:
     async def stop(self) -> None:
         for snap in self.snapshots.values():
             await snap.stop()
-        for req in self.reqs.values():
-            if req.task is not None:
-                req.task.cancel()
+        for lane in list(self.lanes.values()):
+            if lane.task is not None:
+                lane.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await req.task
+                    await lane.task
 
     def info(self) -> dict[str, Any]:
         return {**self.stats, "requests": len(self.reqs),

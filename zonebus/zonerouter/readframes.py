@@ -11,7 +11,10 @@ Cross zones (proxy <-> leader), all small:
   NATS status header block (404, 408, 409, heartbeats);
 - 9 acks (proxy -> leader): batch id u32 (0: no answer wanted), stream, consumer, entries u16, then per entry
   (stream seq u64, consumer seq u64, n u32, body u16-prefixed: `+ACK`, `-NAK`, `+TERM`, ...);
-- 10 acks done (leader -> proxy): batch id u32.
+- 10 acks done (leader -> proxy): batch id u32;
+- 12 sync (proxy -> leader): sync id u64, stream: which batch must a read see (a `STREAM.MSG.GET`);
+- 13 synced (leader -> proxy): sync id u64, status u8 (0 ok, 1 not led here), batch u64 (the stream's newest
+  batch: the view must have applied every batch up to it to show every change the leader made so far).
 
 Inside one zone:
 - 11 API hand-off (a server -> its zone's proxy): a client's pull request or ack, as subject, reply,
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 
 from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
 
-POLL, SNAP, PULL, DELIVER, ACKS, ACKED, API = 5, 6, 7, 8, 9, 10, 11
+POLL, SNAP, PULL, DELIVER, ACKS, ACKED, API, SYNC, SYNCED = 5, 6, 7, 8, 9, 10, 11, 12, 13
 DONE, HEADERS_ONLY = 1, 2
 SNAP_OK, SNAP_NOT_LEADER = 0, 1
 
@@ -37,6 +40,7 @@ _RUN = struct.Struct("!QQIIQ")
 _ACK = struct.Struct("!QQI")
 _SNAPHEAD = struct.Struct("!BQQQH")
 _APIHEAD = struct.Struct("!HHII")
+_SYNCED = struct.Struct("!QBQ")
 
 Run = tuple[int, int, int, int, int]  # (stream seq, consumer seq, n, delivery count, pending)
 AckEntry = tuple[int, int, int, bytes]  # (stream seq, consumer seq, n, body)
@@ -112,6 +116,34 @@ class Snap:
         stream = r.text()
         status, epoch, start, last, n = r.take(_SNAPHEAD)
         return cls(stream, status, epoch, start, last, tuple(r.take(_PAIR) for _ in range(n)))
+
+
+@dataclass(frozen=True)
+class Sync:
+    sid: int
+    stream: str
+
+    def encode(self) -> bytes:
+        return _head(SYNC) + _U64.pack(self.sid) + _s(self.stream)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Sync:
+        r = _Reader(frame)
+        return cls(r.take(_U64)[0], r.text())
+
+
+@dataclass(frozen=True)
+class Synced:
+    sid: int
+    status: int
+    batch: int = 0
+
+    def encode(self) -> bytes:
+        return _head(SYNCED) + _SYNCED.pack(self.sid, self.status, self.batch)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Synced:
+        return cls(*_Reader(frame).take(_SYNCED))
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """`ZoneRouter`: the zone router of one server (an extension wired by `zonebus.node`).
 
-It keeps the router view (`view.derive`: live servers per zone and the main/proxy mapping) from the meta
-group's members, peer table and liveness plus the `zr` channel's links, recomputed on every change; decides
-for each client publish whether it goes through the router (`target`: the stream's leader is in another
-zone); hands such a message to this zone's proxy for that leader (`take`: here, or a hand-off frame to a peer
-of this zone); and serves the `zr` channel: hand-offs and answers for the proxy side (`proxy.Proxy`), link
-records for the leader side (`leader.LeaderSide`). `/jsz` shows `info()` as `zone_router`.
+It keeps the router view (`view.derive`: live servers per zone and the main/proxy mapping) from the meta group's
+members, peer table and liveness plus the `zr` channel's links, recomputed on every change; decides for each
+client publish whether it goes through the router (`target`: the stream's leader is in another zone); hands such
+a message to this zone's proxy for that leader (`take`: here, or a hand-off frame to a peer of this zone); hands
+this zone's pull requests, acks, direct gets and message gets (`STREAM.MSG.GET`) of such streams to that proxy's
+`Reader`; and serves the `zr` channel: hand-offs and answers for the proxy side (`proxy.Proxy`), link records
+for the leader side (`leader.LeaderSide`). `/jsz` shows `info()` as `zone_router`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ REFRESH = 0.2  # seconds between liveness checks (link changes and meta changes 
 ROUTE_CACHE_MAX = 10_000
 Target = tuple[str, str, str]  # (stream, leader, proxy in this zone)
 PULL_PREFIX = "$JS.API.CONSUMER.MSG.NEXT."
+MSG_GET_PREFIX = "$JS.API.STREAM.MSG.GET."
 ACK_PREFIX = "$JS.ACK."
 DIRECT_PREFIX = direct.PREFIX
 
@@ -71,6 +73,7 @@ class ZoneRouter:
         self.serving = ReadServer(js.svc, self._send)
         js.svc.tap = self.serving.tap
         js.svc.on_visible_hook = self.serving.on_visible
+        js.svc.stream_queue = True  # a stream's interest is its queue group: `forwarder` leaves it out
         js.api_hook = self._api_request
         self.client.shown_forwarder = js.client.shown_forwarder  # deliveries keep the stream subject
         self._routes: dict[bytes, Target | None] = {}
@@ -100,7 +103,7 @@ class ZoneRouter:
                                   self._live_servers)
         self.epochs.meta = self.meta
         self._epoch_task = asyncio.get_running_loop().create_task(self._epoch_loop())
-        self.reader = Reader(store, self._send, self._publish, self._foreign_leader)
+        self.reader = Reader(store, self._send, self._publish, self._foreign_leader, self._msg_get_to_leader)
         self.client.subscribe(REPLY_PREFIX + ">", lambda *_: None, local=True)  # interest for `serving`'s replies
         self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
         self.server.log(f"zone router on: zone {self.zone or '?'}, channel {self.channel.id.hex()}")
@@ -256,7 +259,8 @@ class ZoneRouter:
         """ClusteredJetStream hook: a client's pull request for a stream led in another zone goes to this
         zone's proxy for the leader (here, or a hand-off inside the zone); True when taken."""
         direct_get = subject.startswith(DIRECT_PREFIX)
-        if not direct_get and (not subject.startswith(PULL_PREFIX) or subject.count(".") != 6):
+        msg_get = subject.startswith(MSG_GET_PREFIX) and subject.count(".") == 5 and bool(reply)
+        if not direct_get and not msg_get and (not subject.startswith(PULL_PREFIX) or subject.count(".") != 6):
             return False
         target = self.stream_target(stream)
         if target is None:
@@ -268,7 +272,7 @@ class ZoneRouter:
         return self._serve_api(subject, reply, headers, payload)
 
     def _serve_api(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> bool:
-        """At the proxy: a pull request or an ack of this zone's clients."""
+        """At the proxy: a pull request, a direct get, a message get or an ack of this zone's clients."""
         assert self.reader is not None
         toks = subject.split(".")
         if subject.startswith(DIRECT_PREFIX):
@@ -279,6 +283,13 @@ class ZoneRouter:
             else:
                 self.js._to_leader(name, subject, reply, headers, payload, "")
             return True
+        if subject.startswith(MSG_GET_PREFIX):
+            target = self.stream_target(toks[5])
+            if target is not None:
+                self.reader.msg_get(toks[5], subject, reply, headers, payload, target[1])
+            else:
+                self._msg_get_to_leader(toks[5], subject, reply, headers, payload)
+            return True
         target = self.stream_target(toks[2] if subject.startswith(ACK_PREFIX) else toks[5] if len(toks) > 5 else "")
         if subject.startswith(ACK_PREFIX):
             if target is None or not self.reader.ack(subject, reply or None, payload, target[1]):
@@ -288,6 +299,10 @@ class ZoneRouter:
             return True
         self.js._to_leader(toks[5], subject, reply, headers, payload, "")
         return True
+
+    def _msg_get_to_leader(self, stream: str, subject: str, reply: str, headers: bytes | None,
+                           payload: bytes) -> None:
+        self.js._to_leader(stream, subject, reply, headers, payload, "stream_msg_get_response")
 
     def ack_target(self, subject: bytes) -> Target | None:
         """For a client's `$JS.ACK.<stream>....`: the target when the stream is led in another zone."""
@@ -330,6 +345,8 @@ class ZoneRouter:
                 self.reader.on_deliveries(peer, rf.Deliveries.decode(frame))
             elif kind == rf.ACKED:
                 self.reader.on_acked(rf.acked_id(frame))
+            elif kind == rf.SYNCED:
+                self.reader.on_synced(rf.Synced.decode(frame))
             elif kind == rf.API:
                 h = rf.ApiHandoff.decode(frame)
                 self._serve_api(h.subject, h.reply, h.headers or None, h.payload)

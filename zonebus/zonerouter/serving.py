@@ -5,10 +5,14 @@
   store releases a batch with messages (`on_visible`), else after the poll's hold (at most 100 ms).
 - Pull requests: the proxy's request becomes an ordinary pull request of the consumer here, with the reply
   `$ZR.D.<id>`; the JetStream service hands what the consumer sends there to `tap` instead of publishing it
-  (a router hook in `zonebus.stream.service`), and this side sends the proxy one `Deliveries` record per loop
-  turn: runs of (stream seq, consumer seq, count, pending) and the status messages. Consumer state (cursor,
+  (a router hook in `zonebus.stream.service`), and this side sends the proxy one `Deliveries` record per
+  request and loop turn: runs of (stream seq, consumer seq, count, pending) and the status messages, the
+  records of one turn in the order of their first delivery (the consumer's order). Consumer state (cursor,
   pending acks, redelivery timers, num_pending) never leaves the consumer.
 - Acks: ranges are applied one by one through the consumer's own `on_ack`.
+- Syncs (a proxy answers a `STREAM.MSG.GET` from its snapshot): the stream's newest batch (maybe still open),
+  at once; the proxy answers once its view has applied that batch, so it shows every change made before
+  (what was acknowledged, deletes included).
 Runs on the event loop.
 """
 
@@ -56,7 +60,8 @@ class ReadServer:
         self._next = 0
         self._flush: list[_Req] = []
         self._sweep_at = 0.0
-        self.stats = {"polls": 0, "snap_bytes": 0, "pulls": 0, "delivered": 0, "deliver_bytes": 0, "acks": 0}
+        self.stats = {"polls": 0, "snap_bytes": 0, "pulls": 0, "delivered": 0, "deliver_bytes": 0, "acks": 0,
+                      "syncs": 0}
 
     # -- snapshots -----------------------------------------------------------------------------------
     def _store(self, name: str) -> Any:
@@ -132,6 +137,9 @@ class ReadServer:
         if msg_subject is not None and reply:
             tok = rf.ack_token(reply)
             if tok is not None:
+                if not req.runs and req.queued:  # its first delivery this turn: its record goes after the
+                    self._flush.remove(req)      # records of requests delivered to before (see `_send_all`)
+                    req.queued = False
                 rf.add_run(req.runs, tok[3], tok[4], tok[2], tok[6])
                 self.stats["delivered"] += 1
                 self.stats["deliver_bytes"] += len(payload) + (len(headers) if headers else 0)
@@ -148,6 +156,10 @@ class ReadServer:
             self._flush.append(req)
 
     def _send_all(self) -> None:
+        """One record per request touched this turn, in the order of their first delivery: a consumer fills
+        its requests one after the other, so the records of a consumer keep its order (the proxy serves them
+        in the order they come, `reader`); a request queued earlier (a new pull, a status) without a delivery
+        yet does not send its later deliveries ahead of an earlier request's last ones."""
         todo, self._flush = self._flush, []
         for req in todo:
             req.queued = False
@@ -206,6 +218,16 @@ class ReadServer:
         if acks.bid:
             self.send(peer, rf.acked(acks.bid))
 
+    # -- syncs ---------------------------------------------------------------------------------------
+    def on_sync(self, peer: str, sync: rf.Sync) -> None:
+        store = self._store(sync.stream)
+        if store is None:
+            answer = rf.Synced(sync.sid, rf.SNAP_NOT_LEADER)
+        else:  # the newest batch (maybe still open): it holds the last change made here (a publish, a delete)
+            answer = rf.Synced(sync.sid, rf.SNAP_OK, max(store.durable_batch, max(store.batch_first, default=0)))
+        self.stats["syncs"] += 1
+        self.send(peer, answer.encode())
+
     def frame(self, peer: str, kind: int, frame: bytes) -> bool:
         """Dispatch a read-path frame meant for the leader side; False when `kind` is not one."""
         try:
@@ -215,6 +237,8 @@ class ReadServer:
                 self.on_pull(peer, rf.Pull.decode(frame))
             elif kind == rf.ACKS:
                 self.on_acks(peer, rf.Acks.decode(frame))
+            elif kind == rf.SYNC:
+                self.on_sync(peer, rf.Sync.decode(frame))
             else:
                 return False
         except (RecordError, UnicodeDecodeError) as exc:

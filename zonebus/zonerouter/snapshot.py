@@ -6,8 +6,8 @@ it lacks, held up to 100 ms) and applies the batch objects each answer names, in
 shared store; when the answer shows the view fell behind a base move, or the next batch is not the one
 named, the view is reloaded from a listing. `read(seqs)` waits until the view holds the sequences (or gives
 up after `WAIT`, reloading once) and returns the stored messages; `direct_get` answers a direct get from the
-view. The loop stops after `IDLE` seconds
-without use.
+view; `caught_up(batch)` waits until the view applied a batch the leader named (a sync) and `msg_get` answers
+a `STREAM.MSG.GET` from the view. The loop stops after `IDLE` seconds without use.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream import direct
+from zonebus.stream.api import JSApi
 from zonebus.stream.sharedview import SharedView
 from zonebus.stream.store import StoredMsg
 from zonebus.zonerouter import readframes as rf
@@ -160,6 +161,33 @@ class Snapshot:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), max(deadline - time.monotonic(), 0.001))
         return await self._in_thread(self._read, seqs)
+
+    async def caught_up(self, batch: int) -> bool:
+        """Wait until the view applied every batch up to `batch` (the poll brings them; after `WAIT`, a
+        listing); False when it still has not."""
+        self.used = time.monotonic()
+        if not self.loaded.is_set():
+            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        deadline = time.monotonic() + WAIT
+        while self.next_batch <= batch and time.monotonic() < deadline:
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), max(deadline - time.monotonic(), 0.001))
+        if self.next_batch <= batch:
+            await self._in_thread(self._refresh)
+        return self.next_batch > batch
+
+    def _refresh(self) -> None:
+        self.view.refresh()
+        self.stats["reloads"] += 1
+        self._note()
+
+    async def msg_get(self, subject: str, payload: bytes) -> dict[str, Any] | None:
+        """The `$JS.API.STREAM.MSG.GET.<stream>` answer (JSON document) from the view, as the leader's API
+        builds it (`zonebus.stream.api`)."""
+        self.used = time.monotonic()
+        api = JSApi(SimpleNamespace(streams={self.stream: SimpleNamespace(store=self.view)}))  # type: ignore[arg-type]
+        return await self._in_thread(api.handle, subject, payload)
 
     async def direct_get(self, key: str, payload: bytes) -> list[tuple[bytes, bytes]]:
         """The frames of a direct get, answered from the view (`zonebus.stream.direct`)."""
