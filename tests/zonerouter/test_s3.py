@@ -1,7 +1,8 @@
-"""The zone router on an s3:// shared store (moto's S3 server): publishes from z1 and z3 reach the stream led
-by b1 (z2) through the proxies (over the link, compressed, as cheaper than channel objects at this rate), a pull consumer in z1 reads them back through its
-proxy's snapshot of the stream (objects read from the bucket), every message once and in each publisher's
-order, and route epochs (1 s) leave no channel object of a committed epoch in the bucket."""
+"""The zone router on an s3:// shared store (moto's S3 server): publishes from z1 and z3 reach the stream led by b1
+(z2) through the proxies (over the link, compressed, as cheaper than channel objects at this rate), a pull
+consumer in z1 reads them back through its proxy's snapshot of the stream (objects read from the bucket), every
+message once and in each publisher's order, and route epochs (1 s) leave no channel object of a committed epoch
+in the bucket."""
 
 from __future__ import annotations
 
