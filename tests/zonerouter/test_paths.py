@@ -41,3 +41,11 @@ def test_unbilled_store_and_forced_modes() -> None:
     assert forced.choose("b1") == LINK
     data = payload(1) * 50
     assert forced.decompress(forced.compress("b1", data)) == data
+
+
+@pytest.mark.timeout(10)
+def test_inline_limit_is_where_a_get_costs_what_the_bytes_cost() -> None:
+    # S3 Standard GET $0.0004 per 1,000; AWS cross-zone $0.02/GB: 20,000 bytes cost one GET
+    assert PathChooser("auto", billed=True, storage_linger=0.05).inline_limit() == 20_000
+    assert PathChooser("auto", billed=False, storage_linger=0.05).inline_limit() == 0
+    assert PathChooser("storage", billed=True, storage_linger=0.05).inline_limit() == 0

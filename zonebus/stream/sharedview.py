@@ -166,6 +166,18 @@ class SharedView(MsgStore):
                     raise
         return 0
 
+    def batch_key(self, b: int, e: int) -> str:
+        """The object key of batch `b` written by epoch `e`."""
+        return self._key(b, e)
+
+    def apply_batch(self, b: int, e: int, data: bytes) -> None:
+        """Apply the next batch of the chain (`b` must be `next_batch`), its bytes fetched by the caller."""
+        self._apply_batch(b, e, data)
+
+    def recent_batch(self, b: int) -> bytes | None:
+        """A batch's bytes if this view holds them in memory (a writer: its latest batches), else None."""
+        return self._mem.get(b)
+
     def _apply_batch(self, b: int, e: int, data: bytes) -> None:
         head = L.read_header(data)
         if head.batch != b or head.epoch != e:

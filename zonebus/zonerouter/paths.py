@@ -1,17 +1,18 @@
 """Which way a proxy's batches for one leader cross zones: through the shared store, or over the link.
 
-The storage path costs requests: one PUT of the channel object and one GET by the leader per batch, a few
-batches a second whatever the rate. The link path costs bytes: the batch, compressed (zstd), crosses one
-zone boundary. `PathChooser` keeps, per leader, the rate of payload bytes (a moving average over
-`WINDOW` seconds) and the compression ratio measured on the batches, and picks the cheaper one at the
-configured prices (`zonebus.prices`: a transfer list and a storage list) every time a batch is sealed:
+The storage path costs requests: one PUT of the channel object and one GET by the leader per batch, a few batches
+a second whatever the rate. The link path costs bytes: the batch, compressed (zstd), crosses one zone boundary.
+`PathChooser` keeps, per leader, the rate of payload bytes (a moving average over `WINDOW` seconds) and the
+compression ratio measured on the batches, and picks the cheaper one at the configured prices (`zonebus.prices`:
+a transfer list and a storage list) every time a batch is sealed:
 
     link:    rate x ratio x price of a byte crossing
     storage: batches per second (1 / linger) x (PUT + GET)
 
-So at a low rate a message goes over the link and at a high rate through storage; a `file://` store (no
-request price) always uses storage. `mode` forces one path (`storage` or `link`). `info()` says per leader
-which path is taken and why, for `/jsz`.
+So at a low rate a message goes over the link and at a high rate through storage; a `file://` store (no request
+price) always uses storage. The read path asks the same prices how large a compressed log object may be to go to
+a proxy inline with the snapshot answer rather than as a GET (`inline_limit`). `mode` forces one path (`storage`
+or `link`). `info()` says per leader which path is taken and why, for `/jsz`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class PathChooser:
         self.storage_linger = max(storage_linger, 0.001)
         sp = storage_prices(storage)
         self.per_batch = sp.per_request("PUT") + sp.per_request("GET")
+        self.per_get = sp.per_request("GET")
         doc, _ = transfer_doc(transfer)
         self.per_byte = (float(doc.get("cross_zone_per_gb_each_side", 0.01)) * float(doc.get("sides_charged", 2))
                          / float(doc.get("bytes_per_gb", 1e9)))
@@ -96,6 +98,16 @@ class PathChooser:
 
     def decompress(self, data: bytes) -> bytes:
         return self._dctx.decompress(data)
+
+    def inline_limit(self) -> int:
+        """The read path: the largest compressed log object that crosses cheaper inline (with the snapshot
+        answer) than as a GET by the proxy; 0 on a store that bills no requests (or with `mode: storage`)."""
+        if not self.billed or self.mode == STORAGE or self.per_byte <= 0:
+            return 0 if self.mode != LINK else 1 << 20
+        return min(int(self.per_get / self.per_byte), 1 << 20)
+
+    def compress_object(self, data: bytes) -> bytes:
+        return self._cctx.compress(data)
 
     def info(self) -> dict[str, object]:
         return {"mode": self.mode, "leaders": {

@@ -3,7 +3,9 @@
 Cross zones (proxy <-> leader), all small:
 - 5 poll (proxy -> leader): stream, next batch the proxy's snapshot lacks u64, hold ms u16;
 - 6 snapshot (leader -> proxy): stream, status u8 (0 ok, 1 not led here), writer epoch u64, chain start u64,
-  last sequence u64, count u16, then (batch u64, epoch u64) per new batch object of the stream's log;
+  last sequence u64, count u16, then (batch u64, epoch u64) per new batch object of the stream's log, then
+  (optional) per batch a u32-prefixed zstd-compressed copy of the object (length 0: read it from the store):
+  small objects cross cheaper inline than as a GET each (`serving.inline_limit`);
 - 7 pull (proxy -> leader): request id u64, stream, consumer, the pull request's JSON body;
 - 8 deliveries (leader -> proxy): request id u64, flags u8 (1 done, 2 headers only), runs u16, then per run
   (stream seq u64, consumer seq u64, n u32, delivery count u32, num pending u64: n messages whose stream and
@@ -79,6 +81,16 @@ class _Reader:
     def text(self) -> str:
         return self.raw().decode()
 
+    def left(self) -> int:
+        return len(self.b) - self.pos
+
+    def sized(self, n: int) -> bytes:
+        if self.pos + n > len(self.b):
+            raise RecordError("truncated zone-router read frame")
+        out = bytes(self.b[self.pos : self.pos + n])
+        self.pos += n
+        return out
+
 
 @dataclass(frozen=True)
 class Poll:
@@ -103,11 +115,14 @@ class Snap:
     chain_start: int = 1
     last_seq: int = 0
     batches: tuple[tuple[int, int], ...] = ()
+    inline: tuple[bytes, ...] = ()  # per batch: its object, zstd-compressed, or b"" (read it from the store)
 
     def encode(self) -> bytes:
         parts = [_head(SNAP), _s(self.stream),
                  _SNAPHEAD.pack(self.status, self.epoch, self.chain_start, self.last_seq, len(self.batches))]
         parts += [_PAIR.pack(b, e) for b, e in self.batches]
+        if any(self.inline):
+            parts += [_U32.pack(len(x)) + x for x in self.inline]
         return b"".join(parts)
 
     @classmethod
@@ -115,7 +130,12 @@ class Snap:
         r = _Reader(frame)
         stream = r.text()
         status, epoch, start, last, n = r.take(_SNAPHEAD)
-        return cls(stream, status, epoch, start, last, tuple(r.take(_PAIR) for _ in range(n)))
+        batches = tuple(r.take(_PAIR) for _ in range(n))
+        inline: list[bytes] = []
+        if n and r.left():
+            for _ in range(n):
+                inline.append(r.sized(r.take(_U32)[0]))
+        return cls(stream, status, epoch, start, last, batches, tuple(inline))
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,8 @@ class ZoneRouter:
                                  max(self.opts.zone_router_linger, self.opts.shared_store_latency_budget / 5))
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
                            self.opts.zone_router_batch, self.paths)
+        self.serving.inline_limit = self.paths.inline_limit()
+        self.serving.compress = self.paths.compress_object
         self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send, self._fenced)
         self.epochs = RouteEpochs(self.name, self.channel, self.opts.zone_router_epoch, self.leader.inflight_floor,
                                   self._live_servers)

@@ -2,7 +2,9 @@
 
 - Polls: a proxy asks for the stream's log objects from its next batch on; the answer (the batches released
   since, with their writer epochs, and the last sequence) goes at once when there is news, else when the
-  store releases a batch with messages (`on_visible`), else after the poll's hold (at most 100 ms).
+  store releases a batch with messages (`on_visible`), else after the poll's hold (at most 100 ms). A batch
+  object the store still holds in memory and whose compressed size is below `inline_limit` (the router's
+  prices: a GET costs what that many bytes crossing cost) goes with the answer, compressed.
 - Pull requests: the proxy's request becomes an ordinary pull request of the consumer here, with the reply
   `$ZR.D.<id>`; the JetStream service hands what the consumer sends there to `tap` instead of publishing it
   (a router hook in `zonebus.stream.service`), and this side sends the proxy one `Deliveries` record per
@@ -51,17 +53,25 @@ class _Req:
         self.queued = False
 
 
+INLINE_TOTAL = 1 << 20  # compressed bytes of log objects sent inline in one snapshot answer, at most
+
+
 class ReadServer:
     def __init__(self, svc: Any, send: Callable[[str, bytes], bool]) -> None:
         self.svc = svc  # the JetStreamService: the streams this server leads
         self.send = send
+        # the router's prices: a log object whose compressed size is at most `inline_limit` goes with the
+        # snapshot answer (`compress`) instead of the proxy reading it from the store
+        self.inline_limit = 0
+        self.compress: Callable[[bytes], bytes] | None = None
+        self._packed: dict[tuple[str, int, int], bytes] = {}  # (stream, batch, epoch) -> compressed, recent
         self.held: dict[str, list[_Held]] = {}
         self.reqs: dict[int, _Req] = {}
         self._next = 0
         self._flush: list[_Req] = []
         self._sweep_at = 0.0
-        self.stats = {"polls": 0, "snap_bytes": 0, "pulls": 0, "delivered": 0, "deliver_bytes": 0, "acks": 0,
-                      "syncs": 0}
+        self.stats = {"polls": 0, "snap_bytes": 0, "inline_batches": 0, "pulls": 0, "delivered": 0,
+                      "deliver_bytes": 0, "acks": 0, "syncs": 0}
 
     # -- snapshots -----------------------------------------------------------------------------------
     def _store(self, name: str) -> Any:
@@ -102,9 +112,34 @@ class ReadServer:
             first = max(next_batch, store.chain_start)
             last = min(store.durable_batch, first + SNAP_BATCHES - 1)
             batches = tuple((b, store.batches[b]) for b in range(first, last + 1) if b in store.batches)
-            frame = rf.Snap(name, rf.SNAP_OK, store.epoch, store.chain_start, store.durable_seq, batches).encode()
+            frame = rf.Snap(name, rf.SNAP_OK, store.epoch, store.chain_start, store.durable_seq, batches,
+                            self._inline(name, store, batches)).encode()
         self.stats["snap_bytes"] += len(frame)
         self.send(peer, frame)
+
+    def _inline(self, name: str, store: Any, batches: tuple[tuple[int, int], ...]) -> tuple[bytes, ...]:
+        """Per batch its object compressed, when small enough to cross cheaper than a GET (else b"")."""
+        if not self.inline_limit or self.compress is None or not batches:
+            return ()
+        out: list[bytes] = []
+        total = 0
+        for b, e in batches:
+            key = (name, b, e)
+            packed = self._packed.get(key)
+            if packed is None:
+                data = store.recent_batch(b)
+                packed = self.compress(data) if data is not None else b""
+                if len(self._packed) >= 64:
+                    self._packed.pop(next(iter(self._packed)))
+                self._packed[key] = packed
+            if not packed or len(packed) > self.inline_limit or total + len(packed) > INLINE_TOTAL:
+                packed = b""
+            total += len(packed)
+            out.append(packed)
+        if any(out):
+            self.stats["inline_batches"] += sum(1 for x in out if x)
+            return tuple(out)
+        return ()
 
     # -- pull requests -------------------------------------------------------------------------------
     def on_pull(self, peer: str, pull: rf.Pull) -> None:

@@ -1,13 +1,14 @@
 """The proxy's snapshot of one stream led in another zone: its log, read from the shared store.
 
 A `SharedView` of the stream (`zonebus.stream.sharedview`), owned by one worker thread (every read and every
-change of the view runs there, in order). A poll loop long-polls the leader (`readframes.Poll`: the next batch
-it lacks, held up to 100 ms) and applies the batch objects each answer names, in order, fetched from the
-shared store; when the answer shows the view fell behind a base move, or the next batch is not the one
-named, the view is reloaded from a listing. `read(seqs)` waits until the view holds the sequences (or gives
-up after `WAIT`, reloading once) and returns the stored messages; `direct_get` answers a direct get from the
-view; `caught_up(batch)` waits until the view applied a batch the leader named (a sync) and `msg_get` answers
-a `STREAM.MSG.GET` from the view. The loop stops after `IDLE` seconds without use.
+change of the view runs there, in order). A poll loop long-polls the leader (`readframes.Poll`: the next batch it
+lacks, held up to 100 ms) and applies the batch objects each answer names, in order, fetched from the shared
+store (or decompressed from the answer, where the leader sent a small one inline); when the answer shows the view
+fell behind a base move, or the next batch is not the one named, the view is reloaded from a listing.
+`read(seqs)` waits until the view holds the sequences (or gives up after `WAIT`, reloading once) and returns the
+stored messages; `direct_get` answers a direct get from the view; `caught_up(batch)` waits until the view applied
+a batch the leader named (a sync) and `msg_get` answers a `STREAM.MSG.GET` from the view. The loop stops after
+`IDLE` seconds without use.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
+
+import zstandard
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream import direct
@@ -51,7 +54,8 @@ class Snapshot:
         self._answer: asyncio.Future | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.stats = {"polls": 0, "batches": 0, "reloads": 0, "gets": 0, "get_bytes": 0}
+        self.stats = {"polls": 0, "batches": 0, "reloads": 0, "gets": 0, "get_bytes": 0, "inline": 0}
+        self._dctx = zstandard.ZstdDecompressor()  # used on the worker thread only
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -125,7 +129,7 @@ class Snapshot:
         if view.next_batch < snap.chain_start:
             self._reload()  # a base move dropped batches the view never applied
             return
-        for b, e in snap.batches:
+        for i, (b, e) in enumerate(snap.batches):
             if b < view.next_batch:
                 if view.batches.get(b, e) != e:
                     self._reload()  # the chain changed under a batch we applied
@@ -134,10 +138,15 @@ class Snapshot:
             if b != view.next_batch:
                 self._reload()
                 return
-            data = view.objects.get(view._key(b, e))
-            self.stats["gets"] += 1
-            self.stats["get_bytes"] += len(data)
-            view._apply_batch(b, e, data)
+            packed = snap.inline[i] if i < len(snap.inline) else b""
+            if packed:  # it came with the answer: cheaper than a GET
+                data = self._dctx.decompress(packed)
+                self.stats["inline"] += 1
+            else:
+                data = view.objects.get(view.batch_key(b, e))
+                self.stats["gets"] += 1
+                self.stats["get_bytes"] += len(data)
+            view.apply_batch(b, e, data)
             self.stats["batches"] += 1
         self._note()
 
