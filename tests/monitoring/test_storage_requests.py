@@ -125,11 +125,11 @@ def moto_kind(entry: dict[str, Any], bucket: str) -> str | None:
     return method  # multipart POSTs: counted as their own kind
 
 
-def _ledger_rows(data_dir: Path, bucket: str) -> Counter[str]:
+def _ledger_rows(data_dir: Path, prefix: str) -> Counter[str]:
     out: Counter[str] = Counter()
     for f in (data_dir / "ledger" / "storage").rglob("*.parquet"):
         for r in pq.read_table(f).to_pylist():
-            if bucket in r["store"]:
+            if prefix in r["store"]:
                 out[r["kind"]] += r["requests"]
     return out
 
@@ -141,7 +141,10 @@ def _post(endpoint: str, path: str) -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not _objectstore_counts(),
                     reason="DEPENDS ON ObjectStore COUNTING: zonebus/storage/fs.py does not count into METER yet")
-async def test_counts_agree_with_moto(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_counts_agree_with_moto(tmp_path: Path, workers: int) -> None:
+    """With 2 worker processes only worker 0 touches storage: every request must be in the ledger once (none lost
+    in a worker's last handover, none counted by two workers); clients connect to both workers."""
     from moto.moto_api import recorder
 
     from zonebus.testing.motos3 import moto_s3_server
@@ -150,12 +153,15 @@ async def test_counts_agree_with_moto(tmp_path: Path) -> None:
         recorder._location = str(tmp_path / "moto_recording")  # in this process: moto's server is a thread here
         _post(s3.endpoint, "/moto-api/recorder/reset-recording")
         _post(s3.endpoint, "/moto-api/recorder/start-recording")
-        url = f"s3://{s3.bucket}/zb"
+        prefix = f"zb-{uuid.uuid4().hex[:8]}"  # moto's buckets outlive its server in this process
+        url = f"s3://{s3.bucket}/{prefix}"
         data = tmp_path / "data"
         conf = (f'server_tags: ["az:z1"]\nledger {{ dir: "{data}", interval: "1s" }}\n'
                 f'jetstream {{ store_dir: "{tempfile.mkdtemp(dir=tmp_path)}", shared_store: "{url}" }}\n')
-        proc = ServerProcess(impl="zonebus", config=conf, http_port=free_port(), env=s3.env()).start()
+        proc = ServerProcess(impl="zonebus", config=conf, http_port=free_port(), env=s3.env(),
+                             workers=workers).start()
         try:
+            extra = [await nats.connect(proc.url) for _ in range(3)]  # the kernel spreads these over the workers
             nc = await nats.connect(proc.url)
             js = nc.jetstream(timeout=10)
             await js.add_stream(name="BILL", subjects=["bill.>"])
@@ -163,7 +169,9 @@ async def test_counts_agree_with_moto(tmp_path: Path) -> None:
             for _round in range(30):  # 30 rounds of 10: a few batch objects each
                 futs = [await js.publish_async(f"bill.{i % 4}", b"x" * 512) for i in range(10)]
                 seqs += [(await f).seq for f in futs]
-            assert sorted(seqs) == list(range(1, 301))
+                other = extra[_round % 3].jetstream(timeout=10)
+                seqs.append((await other.publish("bill.w", b"y" * 256)).seq)
+            assert sorted(seqs) == list(range(1, 331))
             await js.add_consumer("BILL", ConsumerConfig(durable_name="c", ack_policy=AckPolicy.EXPLICIT))
             sub = await js.pull_subscribe_bind(durable="c", stream="BILL")
             got = 0
@@ -172,6 +180,8 @@ async def test_counts_agree_with_moto(tmp_path: Path) -> None:
                     await m.ack_sync()
                     got += 1
             await nc.close()
+            for c in extra:
+                await c.close()
             jsz = json.loads(await asyncio.to_thread(_get, proc.http_port, "/jsz"))["storage_requests"]
             metrics = await asyncio.to_thread(_get, proc.http_port, "/metrics")
         finally:
@@ -179,25 +189,25 @@ async def test_counts_agree_with_moto(tmp_path: Path) -> None:
         _post(s3.endpoint, "/moto-api/recorder/stop-recording")
         recorded = [json.loads(line) for line in Path(recorder._location).read_text().splitlines() if line]
     moto = Counter(k for k in (moto_kind(e, "zonebus-bill") for e in recorded) if k)
-    ledger = _ledger_rows(data, "zonebus-bill")
+    ledger = _ledger_rows(data, prefix)
     total_moto, total_ledger = sum(moto.values()), sum(ledger.values())
     assert total_moto >= 60 and moto["PUT"] >= 30, moto
     assert abs(total_ledger - total_moto) <= 0.02 * total_moto, (ledger, moto)
     assert abs(ledger["PUT"] - moto["PUT"]) <= 0.02 * moto["PUT"], (ledger, moto)
     assert abs(ledger["GET"] - moto["GET"]) <= 0.02 * max(moto["GET"], 1), (ledger, moto)
     # the pages were read before the last requests (shutdown), so they are at most the ledger's totals
-    jsz_total = sum(r["requests"] for r in jsz["rows"] if "zonebus-bill" in r["store"])
+    jsz_total = sum(r["requests"] for r in jsz["rows"] if prefix in r["store"])
     prom_total = sum(v for (_k, _p), v in _samples_any_store(metrics, "zonebus_storage_requests_total",
-                                                             "zonebus-bill").items())
+                                                             prefix).items())
     assert jsz_total == pytest.approx(prom_total, rel=0.02)
     assert 0.9 * total_moto <= jsz_total <= total_ledger
 
 
-def _samples_any_store(text: str, name: str, bucket: str) -> dict[tuple[str, str], float]:
+def _samples_any_store(text: str, name: str, part: str) -> dict[tuple[str, str], float]:
     out: dict[tuple[str, str], float] = {}
     for fam in {id(f): f for f in prometheus_client_families(text).values()}.values():
         for s in fam.samples:
-            if s.name == name and bucket in s.labels.get("store", ""):
+            if s.name == name and part in s.labels.get("store", ""):
                 key = (s.labels["kind"], s.labels["purpose"])
                 out[key] = out.get(key, 0) + s.value
     return out
