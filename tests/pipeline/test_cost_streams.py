@@ -123,8 +123,14 @@ def test_report_gives_bytes_per_subject_and_zone_of_origin(cluster_run, spark, r
     assert stream["unattributed_bytes"] == 0
     assert stream["replicated_r3"]["cross_zone_bytes"] == 2 * stream_bytes
     assert stream["replicated_r3"]["cost_usd"] == pytest.approx(2 * stream_bytes * 0.02 / 1e9)
-    assert stream["shared_storage"]["cross_zone_bytes"] == 0
+    shared_cost = stream["shared_storage"]
+    assert shared_cost["cross_zone_bytes"] == 0 and shared_cost["price_list"] == "s3-standard"
+    assert shared_cost["storage_monthly_cost_usd"] == pytest.approx(stream_bytes / 1e9 * 0.023)  # kept a month
+    assert shared_cost["cost_usd"] > 0  # shared storage is not free any more
     assert stream["replicated_r3"]["monthly_cost_usd"] is None  # written over less than a minute
+    r3 = json.loads((out / "summary.json").read_text())["whole_bill"]["nats_r3"]
+    assert r3["zones"] == 3 and r3["compression_ratio_basis"].startswith("measured")
+    assert 0 < r3["compression_ratio"] < 0.5  # runs of "x" compress well
     assert "stream ORDERS: 74 messages" in stdout
     assert "orders.mix" in stdout and "from z1 50%, z3 50%" in stdout
     page = (out / "report.html").read_text()

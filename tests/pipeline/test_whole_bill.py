@@ -9,6 +9,7 @@ pages list them) rather than read from the price files, so that a wrong price li
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -186,3 +187,49 @@ def test_option_errors_name_the_option(hand_ledger: Path, run_cli: Callable[...,
     code, _out, err = run_cli("report", "--ledger", str(hand_ledger), "--json", *args)
     assert code == 2
     assert message in err
+
+
+@pytest.mark.timeout(60)
+def test_stream_contents_split_the_stores_requests_by_bytes() -> None:
+    from zonebus.pipeline.prices import load_prices
+    from zonebus.pipeline.stream_contents import build_section
+    from zonebus.prices import storage_prices
+
+    hour_us = 3_600_000_000
+    rows = [{"stream": n, "subject_prefix": f"{n.lower()}.x", "in_ledger": False, "msgs": 10, "bytes": b,
+             "first_us": 0, "last_us": hour_us} for n, b in (("A", 3_000_000), ("B", 1_000_000))]
+    bill = {"seconds": 3600.0, "rows": [
+        {"store": STORE, "kind": "PUT", "purpose": "stream_log", "requests": 1000, "bytes": 4_000_000},
+        {"store": STORE, "kind": "GET", "purpose": "stream_log", "requests": 5000, "bytes": 8_000_000},
+        {"store": STORE, "kind": "PUT", "purpose": "router_channel", "requests": 777, "bytes": 1},  # not the log's
+        {"store": "s3://other/x", "kind": "PUT", "purpose": "stream_log", "requests": 999, "bytes": 1}]}
+    section = build_section(STORE + "/", ["A", "B"], rows, [], load_prices("aws"), bill, storage_prices("s3-standard"))
+    a, b = section["streams"]
+    log_requests = 1000 * 0.005 / 1000 + 5000 * 0.0004 / 1000
+    assert a["shared_storage"]["requests_cost_usd"] == pytest.approx(0.75 * log_requests)
+    assert b["shared_storage"]["requests_cost_usd"] == pytest.approx(0.25 * log_requests)
+    assert a["shared_storage"]["storage_monthly_cost_usd"] == pytest.approx(3_000_000 / 1e9 * 0.023)
+    kept_over_span = 3_000_000 * 3600 / 2 / (30 * 86400) * 0.023 / 1e9
+    assert a["shared_storage"]["cost_usd"] == pytest.approx(0.75 * log_requests + kept_over_span)
+    assert a["shared_storage"]["monthly_cost_usd"] == pytest.approx(
+        0.75 * log_requests * 30 * 24 + 3_000_000 / 1e9 * 0.023)
+    assert "requests: the ledger's stream_log requests" in section["basis"]
+    none = build_section("s3://elsewhere/zb", ["A", "B"], rows, [], load_prices("aws"), bill)
+    assert none["streams"][0]["shared_storage"]["requests_cost_usd"] is None
+    assert "requests not counted" in none["basis"]
+
+
+@pytest.mark.timeout(60)
+def test_r3_subject_matching_and_measured_ratio() -> None:
+    from zonebus.pipeline.r3model import is_stream_prefix, matches, measure_ratio
+
+    assert matches("orders.eu", "orders.>") and matches("orders.eu", "orders.*")
+    assert matches("orders.eu", "orders.eu.new")  # the ledger kept only the first tokens
+    assert not matches("orders.eu", "audit.>") and not matches("orders.eu.x", "orders.eu")
+    assert not is_stream_prefix("$JS.API", ()) and not is_stream_prefix("_INBOX", ())
+    assert is_stream_prefix("orders.eu", ()) and not is_stream_prefix("metrics.cpu", ("orders.>",))
+    assert measure_ratio([]) is None
+    same = measure_ratio([("s.x", b"a" * 1000)] * 200)
+    random = measure_ratio([("s.y", os.urandom(1000)) for _ in range(50)])
+    assert same is not None and same < 0.1
+    assert random is not None and random > 0.5
