@@ -171,9 +171,14 @@ def test_a_ledger_without_storage_rows_still_reports(
     assert bill["storage_requests"]["requests"] == 0
     assert bill["storage_bytes"] is None and "not derived" in bill["storage_bytes_note"]
     assert bill["total_usd"] == pytest.approx(json.loads(out)["cost_usd"])
+    assert "nats_r3" not in bill and "--r3-subjects" in bill["nats_r3_note"]  # no stream traffic identified
     code, out, err = run_cli("report", "--ledger", str(data), "--out", str(tmp_path / "r"), "--quiet")
     assert code == 0, err
     assert "whole bill at s3-standard" in out and "storage bytes: not derived" in out
+    assert "no R3 comparison" in out
+    code, out, err = run_cli("report", "--ledger", str(data), "--json", "--quiet", "--r3-subjects", "orders.>")
+    assert code == 0, err
+    assert json.loads(out)["whole_bill"]["nats_r3"]["published_bytes"] == 2000
 
 
 @pytest.mark.timeout(60)

@@ -118,18 +118,27 @@ def whole_bill(transfer_usd: float, rows: list[dict[str, Any]], byte_seconds: fl
 
 def compute(traffic: DataFrame, storage: DataFrame, transfer_usd: float, first_s: float, end_s: float,
             prices: Prices, storage_prices: StoragePrices, ratio: float, ratio_basis: str,
-            subjects: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The `whole_bill` section from the ledger's traffic and storage rows (Spark aggregations)."""
+            subjects: tuple[str, ...] = (), streams: bool = False) -> dict[str, Any]:
+    """The `whole_bill` section from the ledger's traffic and storage rows (Spark aggregations). The R3
+    comparison needs stream traffic: it is made when the ledger has storage rows (streams on a shared store),
+    `subjects` name the streams' subjects or `streams` (--streams) was given; else `nats_r3` is absent and
+    `nats_r3_note` says why."""
     rows = storage_rows(storage)
     sspan = storage_span(storage) if rows else None
     end = max(end_s, sspan[1]) if sspan else end_s
     start = min(first_s, sspan[0]) if sspan else first_s
     byte_seconds = kept_byte_seconds(storage, end) if rows else 0.0
-    flows = r3model.client_flows(traffic)
-    zones = r3model.ledger_zones(traffic)
-    r3 = r3model.r3_bill(r3model.stream_traffic(flows, subjects), len(zones), ratio, prices, ratio_basis, subjects)
+    r3 = None
+    if rows or subjects or streams:
+        flows = r3model.client_flows(traffic)
+        zones = r3model.ledger_zones(traffic)
+        r3 = r3model.r3_bill(r3model.stream_traffic(flows, subjects), len(zones), ratio, prices, ratio_basis,
+                             subjects)
     bill = whole_bill(transfer_usd, rows, byte_seconds, max(0.0, end - start), storage_prices, r3)
     bill["seconds"] = max(0.0, end - start)
+    if r3 is None:
+        bill["nats_r3_note"] = ("no R3 comparison: nothing says which traffic is stream traffic (no storage rows in "
+                                "the ledger); name the streams' subjects with --r3-subjects")
     return bill
 
 
@@ -158,4 +167,6 @@ def format_lines(bill: dict[str, Any], currency: str) -> list[str]:
             f"({money(r3['monthly_cost_usd'], currency)} per month; {size(r3['cross_zone_bytes'])} cross-zone). "
             f"Compression ratio {r3['compression_ratio']:.3g}: {r3['compression_ratio_basis']}.")
         lines.append(f"  model: {r3['model']}")
+    elif bill.get("nats_r3_note"):
+        lines.append(bill["nats_r3_note"] + ".")
     return lines

@@ -83,6 +83,8 @@ def bill_section(bill: dict[str, Any], currency: str) -> str:
                    [[k.replace("_", " "), size(h["raw_cross_zone_bytes"]), size(h["cross_zone_bytes"]),
                      money(h["cost_usd"], currency)] for k, h in r3["hops"].items()], left=1),
         ]
+    elif bill.get("nats_r3_note"):
+        parts.append(f"<p class='note'>{esc(bill['nats_r3_note'])}.</p>")
     return "\n".join(parts)
 
 

@@ -21,7 +21,9 @@ left out). Client-to-server hops stay in the client's zone in both systems and c
 Which ledger traffic is stream traffic: client publishes (`in`) and deliveries (`out`) whose subject prefix
 matches one of `subjects` (NATS wildcards, matched token by token against the ledger's subject prefix), by
 default every client subject except the JetStream API, acks, system and reply subjects (`$JS.`, `$SYS.`,
-`_INBOX`, `_R_`): on a ledger that also carries core NATS traffic, name the streams' subjects.
+`_INBOX`, `_R_`): on a ledger that also carries core NATS traffic, name the streams' subjects. The report makes
+the comparison only when the ledger has storage rows (streams on a shared store), `--r3-subjects` is given or
+`--streams` is (`zonebus.pipeline.bill.compute`).
 
 The default compression ratio, 0.4, is an assumption (S2 on JSON-like payloads compresses to about 30-50%);
 `zonebus cost report --streams URL` measures it instead on the streams' own messages with Snappy (S2's

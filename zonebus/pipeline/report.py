@@ -249,7 +249,8 @@ def _add_whole_bill(spark: SparkSession, opts: ReportOptions, loc: Any, summary:
                                                "--streams URL or set it with --r3-compression-ratio")
     summary["whole_bill"] = B.compute(read_traffic(spark, loc), read_storage(spark, loc), summary["cost_usd"],
                                       span.first_s, span.end_s, opts.prices,
-                                      opts.storage_prices or storage_prices(), ratio, basis, opts.r3_subjects)
+                                      opts.storage_prices or storage_prices(), ratio, basis, opts.r3_subjects,
+                                      bool(opts.streams))
 
 
 def _add_stream_contents(spark: SparkSession, opts: ReportOptions, loc: Any, summary: dict[str, Any],
