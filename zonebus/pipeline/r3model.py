@@ -25,7 +25,7 @@ default every client subject except the JetStream API, acks, system and reply su
 the comparison only when the ledger has storage rows (streams on a shared store), `--r3-subjects` is given or
 `--streams` is (`zonebus.pipeline.bill.compute`).
 
-The default compression ratio, 0.4, is an assumption (S2 on JSON-like payloads compresses to about 30-50%);
+The default compression ratio, 0.4, is an assumption, not a measurement (what S2 achieves depends on the payloads);
 `zonebus cost report --streams URL` measures it instead on the streams' own messages with Snappy (S2's
 subset, pyarrow's codec) over route-framed batches, and `--r3-compression-ratio` sets it.
 """

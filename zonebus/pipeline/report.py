@@ -245,8 +245,8 @@ def _add_whole_bill(spark: SparkSession, opts: ReportOptions, loc: Any, summary:
         basis = (f"measured: Snappy (S2's subset) over route-framed batches of up to {r3model.SAMPLE_FRAMES:,} of the "
                  "streams' messages")
     if ratio is None:
-        ratio, basis = r3model.DEFAULT_RATIO, ("assumed (S2 on JSON-like payloads: 30-50%); measure it with "
-                                               "--streams URL or set it with --r3-compression-ratio")
+        ratio, basis = r3model.DEFAULT_RATIO, ("assumed, not measured; measure it on the streams with --streams "
+                                               "URL or set it with --r3-compression-ratio")
     summary["whole_bill"] = B.compute(read_traffic(spark, loc), read_storage(spark, loc), summary["cost_usd"],
                                       span.first_s, span.end_s, opts.prices,
                                       opts.storage_prices or storage_prices(), ratio, basis, opts.r3_subjects,
