@@ -9,7 +9,8 @@ made to shared storage: at each handover what `server.storage_meter` (the proces
 `zonebus.storage.meter.METER`, set by the composition root, `zonebus.node`) counted since the last one is
 taken and recorded for the window that ended (each request in exactly one window; the last ones at `close`,
 after the extensions that make them have stopped). With worker processes each worker takes its own process's
-meter; only worker 0 runs what touches storage, so nothing is counted twice. Runs on the event
+meter; only worker 0 runs what touches storage, so nothing is counted twice. (Several servers in one process,
+as in some tests, share the meter: whichever hands over first records the requests.) Runs on the event
 loop thread; only the accumulator's flush runs in a worker thread.
 
 The handover also adds each window to running totals (`LedgerTotals`, read by `/metrics`): bytes and message
