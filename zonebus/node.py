@@ -16,7 +16,9 @@ them through the core's hooks (`zonebus.server.hooks`); the core never imports a
   clustered layer (`zonebus.stream.cluster`: meta group on the routes' channels, streams on shared storage);
 - durable queue groups (`queue_groups {}`): in a cluster always (peers may push deliveries here), on a lone
   server once a group is configured, at start or by a reload;
-- the ledger lives in the core (`zonebus.server.ledger_hooks`) and is told about reloads here.
+- the ledger lives in the core (`zonebus.server.ledger_hooks`) and is told about reloads here; its storage rows
+  come from the process's storage request meter (`zonebus.storage.meter.METER`, a leaf module), handed to
+  the core here as `server.storage_meter`, which `/jsz` (`storage_requests`) and `/metrics` also read.
 
 Each extension's package is imported only when its block is present (a lone server loads no pysyncobj,
 pyarrow or aiohttp, see tests/unit/test_lazy_imports.py); the pages of absent extensions (`/routez`,
@@ -87,6 +89,9 @@ class Node:
     def __init__(self, opts: ServerOptions) -> None:
         self.opts = opts
         self.server = server = Server(opts)
+        from zonebus.storage.meter import METER
+
+        server.storage_meter = METER
         self.cluster: ClusterManager | None = None
         self.gateway: GatewayManager | None = None
         self.jetstream: JetStreamExtension | ClusteredJetStream | None = None
@@ -263,7 +268,12 @@ class Node:
         return self._jsz
 
     def _jsz_page(self, query: Query) -> dict[str, Any]:
-        return self.jsz.page(query)
+        page = self.jsz.page(query)
+        if self.jetstream is not None:
+            from zonebus.storage.usage import storage_requests
+
+            page["storage_requests"] = storage_requests(self.server.storage_meter)
+        return page
 
     def _jsz_varz(self) -> dict[str, Any]:
         if self.jetstream is None:

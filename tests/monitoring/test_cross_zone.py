@@ -41,7 +41,7 @@ from zonebus.testing.processes import (
 
 ZONES = ("a", "b", "c")
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "zonebus-cross-zone.json"
-PRICES = Path(__file__).resolve().parents[2] / "zonebus" / "pipeline" / "prices"
+PRICES = Path(__file__).resolve().parents[2] / "zonebus" / "prices" / "transfer"
 PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool", "and", "or",
                 "unless", "inf", "nan"}
 

@@ -91,7 +91,7 @@ def test_exposition_is_valid_text_format(servers: dict[str, ServerProcess]) -> N
     parsed = prometheus_client_families(text)  # the reference parser accepts all of it
     for name, fam in families.items():
         assert fam.help, f"{name} has no HELP text"
-        if name.startswith("zonebus_ledger_") and name.endswith("_total"):
+        if name.startswith(("zonebus_ledger_", "zonebus_storage_")) and name.endswith("_total"):
             assert fam.type == "counter", name
         else:
             assert fam.type == "gauge", name

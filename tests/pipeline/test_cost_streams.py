@@ -89,7 +89,7 @@ def cluster_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, in
     return tmp / "data", shared, stream_bytes
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)  # the cluster's start, and the report's whole bill (and ratio sample) besides the section
 def test_report_gives_bytes_per_subject_and_zone_of_origin(cluster_run, spark, run_cli, tmp_path: Path) -> None:
     data, shared, stream_bytes = cluster_run
     out = tmp_path / "report"
@@ -123,8 +123,18 @@ def test_report_gives_bytes_per_subject_and_zone_of_origin(cluster_run, spark, r
     assert stream["unattributed_bytes"] == 0
     assert stream["replicated_r3"]["cross_zone_bytes"] == 2 * stream_bytes
     assert stream["replicated_r3"]["cost_usd"] == pytest.approx(2 * stream_bytes * 0.02 / 1e9)
-    assert stream["shared_storage"]["cross_zone_bytes"] == 0
+    shared_cost = stream["shared_storage"]
+    assert shared_cost["cross_zone_bytes"] == 0 and shared_cost["price_list"] == "s3-standard"
+    assert shared_cost["storage_monthly_cost_usd"] == pytest.approx(stream_bytes / 1e9 * 0.023)  # kept a month
+    assert shared_cost["cost_usd"] > 0  # shared storage is not free any more
     assert stream["replicated_r3"]["monthly_cost_usd"] is None  # written over less than a minute
+    bill = json.loads((out / "summary.json").read_text())["whole_bill"]
+    if bill["stores"]:  # the servers counted their requests to the store (ObjectStore into the meter)
+        assert shared in bill["stores"], bill["stores"]
+        assert shared_cost["requests_cost_usd"] > 0 and bill["storage_requests"]["by_purpose"]["stream_log"]
+    r3 = bill["nats_r3"]
+    assert r3["zones"] == 3 and r3["compression_ratio_basis"].startswith("measured")
+    assert 0 < r3["compression_ratio"] < 0.5  # runs of "x" compress well
     assert "stream ORDERS: 74 messages" in stdout
     assert "orders.mix" in stdout and "from z1 50%, z3 50%" in stdout
     page = (out / "report.html").read_text()

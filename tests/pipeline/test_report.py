@@ -85,7 +85,7 @@ def test_report_matches_hand_computation(spark, hand_ledger: Path, tmp_path: Pat
     assert queues[("orders.new", "workers")]["saved_usd"] == pytest.approx(200 * AWS_PER_BYTE)
 
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3  # zone matrix, cost over time, top subjects
+    assert html.count("data:image/png;base64,") == 4  # zone matrix, cost over time, top subjects, whole bill
     assert "metrics.cpu" in html
     assert "az1" in stdout and "cross-zone (*) 158 transfers" in stdout  # the printed table
     assert "264 message transfers on links: 124 published by clients" in stdout

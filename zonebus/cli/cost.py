@@ -35,6 +35,16 @@ def _positive_int(text: str) -> int:
     return int(value)
 
 
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 1 (compressed / raw bytes), got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Cross-zone traffic cost with PySpark.")
     sub = parser.add_subparsers(dest="command", metavar="{report,simulate}", parser_class=_Parser)
@@ -60,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "bytes per subject and zone of origin, R3 vs. shared storage")
     rep.add_argument("--stream", action="append", default=[], metavar="NAME",
                      help="with --streams: only this stream (repeatable; default: all streams on the store)")
+    rep.add_argument("--storage-prices", default="s3-standard", metavar="FILE|NAME",
+                     help="storage price list for the whole bill: s3-standard (default), s3-express, gcs-standard, "
+                          "azure-blob-hot, efs, ebs-gp3, or a JSON file")
+    rep.add_argument("--r3-compression-ratio", type=_ratio, default=None, metavar="R",
+                     help="compressed / raw bytes on nats-server's routes for the R3 comparison (default: measured "
+                          "on the streams with --streams, else 0.4, assumed)")
+    rep.add_argument("--r3-subjects", default="", metavar="LIST",
+                     help="comma-separated subjects of the streams, for the R3 comparison (default: every client "
+                          "subject but $JS., $SYS., _INBOX, _R_)")
 
     sim = sub.add_parser("simulate", parents=[common], help="what-if cost of routing policies",
                          description="Sample routing decisions for a topology and price them per policy.")
@@ -141,6 +160,8 @@ def _report(args: argparse.Namespace) -> int:
     if not args.out and not args.json:
         raise PipelineOptionError("--out is required (or --json to print the summary only)")
     prices = load_prices(args.prices)
+    storage = _storage_prices(args.storage_prices)
+    subjects = tuple(p.strip() for p in args.r3_subjects.split(",") if p.strip())
     if not is_url(args.ledger):
         locate_ledger(None, args.ledger)  # fail fast, before the JVM starts
     streams = _check_streams(args)
@@ -151,7 +172,8 @@ def _report(args: argparse.Namespace) -> int:
 
     check_java()
     opts = ReportOptions(args.ledger, args.out, prices, args.top, args.skip_corrupt,
-                         streams=args.streams, stream_names=tuple(streams))
+                         streams=args.streams, stream_names=tuple(streams), storage_prices=storage,
+                         r3_ratio=args.r3_compression_ratio, r3_subjects=subjects)
     with spark_session(args.master, "zonebus-cost-report") as spark, \
             Progress(spark, enabled=_progress_wanted(args)) as progress:
         summary = run_report(spark, opts, progress)
@@ -159,6 +181,15 @@ def _report(args: argparse.Namespace) -> int:
     if args.out and not args.json:
         print(f"wrote {os.path.join(args.out, 'report.html')}, summary.json and tables under {args.out}")
     return 0
+
+
+def _storage_prices(spec: str) -> Any:
+    from zonebus.prices import PriceListError, storage_prices
+
+    try:
+        return storage_prices(spec)
+    except PriceListError as exc:
+        raise PipelineOptionError(f"--storage-prices: {exc}")
 
 
 def _check_streams(args: argparse.Namespace) -> list[str]:

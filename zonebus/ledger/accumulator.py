@@ -2,7 +2,8 @@
 
 The server keeps hot-path counts in plain dicts (full subject -> [msgs, bytes]) and hands them over once
 per interval per connection and direction (`record_traffic`), once per interval for queue routing
-decisions (`record_decisions`) and once for durable queue group hops (`record_durable`). This object reduces
+decisions (`record_decisions`), once for durable queue group hops (`record_durable`) and once for the
+requests the process made to shared storage (`record_storage`, from `zonebus.storage.meter`). This object reduces
 subjects to their first N tokens, merges rows with the same key, and `flush` writes everything recorded so
 far as atomic Parquet files (see `writer`).
 
@@ -43,6 +44,7 @@ REPLY_PREFIXES = ((b"_INBOX.", "_INBOX"), (b"_R_.", "_R_"))
 TrafficBase = tuple[float, str, str, str, bool, str, str]  # window, link, peer, peer zone, known, dir, account
 DecisionKey = tuple[float, str, str, str, str, int, int]  # window, prefix, queue, pub zone, chosen, w_in, w_out
 DurableKey = tuple[float, str, str, str, str, str]  # window, prefix, queue, hop, src zone, dst zone
+StorageKey = tuple[float, str, str, str]  # window, store, request kind, purpose
 
 
 def window_start_for(now: float, interval: float) -> float:
@@ -71,6 +73,7 @@ class LedgerAccumulator:
         self._traffic_rows = 0
         self._decisions: dict[DecisionKey, list[int]] = {}
         self._durable: dict[DurableKey, list[int]] = {}
+        self._storage: dict[StorageKey, list[int]] = {}
         self._lock = threading.Lock()  # guards the pending dicts (event loop vs flush thread)
         self._flush_lock = threading.Lock()  # one flush at a time
         self._task: asyncio.Task[None] | None = None
@@ -168,6 +171,18 @@ class LedgerAccumulator:
                 self._add_row(pending, (window, prefix, queue, hop, src, dst),
                               (window, OVERFLOW_PREFIX, queue, hop, src, dst), msgs, nbytes)
 
+    def record_storage(self, window_start: float, counts: dict[tuple[str, str, str], tuple[int, int]]) -> None:
+        """Add one window's storage requests: (store, kind, purpose) -> (requests, bytes), as
+        `RequestMeter.take` returns them. Never folded: the keys are few (stores x kinds x purposes)."""
+        if not counts:
+            return
+        window = float(window_start)
+        with self._lock:
+            for (store, kind, purpose), (requests, nbytes) in counts.items():
+                row = self._storage.setdefault((window, store, kind, purpose), [0, 0])
+                row[0] += int(requests)
+                row[1] += int(nbytes)
+
     def _add_row(self, pending: dict, key: tuple, folded: tuple, msgs: int, nbytes: int) -> None:
         """Add to the row `key` of a keyed table (decisions, durable queue); a new key past MAX_ROWS goes to
         the `folded` row (the overflow subject prefix) instead. The caller holds the lock."""
@@ -191,9 +206,11 @@ class LedgerAccumulator:
                 traffic, self._traffic, self._traffic_rows = self._traffic, {}, 0
                 decisions, self._decisions = self._decisions, {}
                 durable, self._durable = self._durable, {}
+                storage, self._storage = self._storage, {}
             for kind, table in ((S.TRAFFIC, self._traffic_table(traffic)),
                                 (S.DECISIONS, self._keyed_table(decisions, S.DECISIONS_SCHEMA)),
-                                (S.DURABLE_QUEUE, self._keyed_table(durable, S.DURABLE_QUEUE_SCHEMA))):
+                                (S.DURABLE_QUEUE, self._keyed_table(durable, S.DURABLE_QUEUE_SCHEMA)),
+                                (S.STORAGE, self._keyed_table(storage, S.STORAGE_SCHEMA))):
                 if table.num_rows == 0:
                     continue
                 try:
@@ -234,7 +251,7 @@ class LedgerAccumulator:
 
     def _keyed_table(self, counts: dict[tuple, list[int]], schema: pa.Schema) -> pa.Table:
         """Rows keyed by (window, *fields): the schema's columns after WINDOW_AND_SERVER are the key's fields
-        in order, then msgs and bytes (the queue decisions and durable-queue tables)."""
+        in order, then the two counts (msgs or requests, and bytes: decisions, durable-queue and storage tables)."""
         names = schema.names[len(S.WINDOW_AND_SERVER):]
         cols: list[list[Any]] = [[] for _ in range(len(names) + 1)]
         for key, (msgs, nbytes) in counts.items():

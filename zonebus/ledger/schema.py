@@ -8,6 +8,9 @@ group, subject prefix, hop and zone pair: `delivery` (the zone where the message
 member's zone), `to_primary` (a captured publish forwarded to the group's primary) and `to_member_server`
 (the primary forwarding a message to the server of the member it chose). The two forwarding hops are route
 bytes, already in the traffic rows (subject prefix `qgroup`); these rows say what they were for.
+Storage rows (`storage/`): the requests this server's process made to shared object storage in one interval
+(`zonebus.storage.meter`), per store, request kind (PUT GET LIST HEAD DELETE COPY) and purpose (stream_log,
+router_channel, link_wal, consumer_state, meta), with the bytes they carried (PUT: uploaded, GET: read).
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ HOP = "hop"  # delivery | to_primary | to_member_server
 SRC_ZONE = "src_zone"
 DST_ZONE = "dst_zone"
 HOPS = ("delivery", "to_primary", "to_member_server")
+
+# Storage rows.
+STORE = "store"  # a short label of the store: s3://bucket/prefix or file:///path
+REQUEST_KIND = "kind"  # PUT GET LIST HEAD DELETE COPY
+PURPOSE = "purpose"  # stream_log router_channel link_wal consumer_state meta
+REQUESTS = "requests"
 
 LINK_KINDS = ("client", "route", "gateway", "leaf", "storage")
 SERVER_LINK_KINDS = ("route", "gateway", "leaf")  # both ends are servers that keep a ledger
@@ -97,8 +106,19 @@ DURABLE_QUEUE_SCHEMA = pa.schema(
     ] + COUNTS
 )
 
+STORAGE_SCHEMA = pa.schema(
+    WINDOW_AND_SERVER + [
+        pa.field(STORE, pa.string(), nullable=False),
+        pa.field(REQUEST_KIND, pa.string(), nullable=False),
+        pa.field(PURPOSE, pa.string(), nullable=False),
+        pa.field(REQUESTS, pa.int64(), nullable=False),
+        pa.field(BYTES, pa.int64(), nullable=False),
+    ]
+)
+
 TRAFFIC = "traffic"
 DECISIONS = "decisions"
 DURABLE_QUEUE = "durable_queue"
+STORAGE = "storage"
 SCHEMAS: dict[str, pa.Schema] = {TRAFFIC: TRAFFIC_SCHEMA, DECISIONS: DECISIONS_SCHEMA,
-                                 DURABLE_QUEUE: DURABLE_QUEUE_SCHEMA}
+                                 DURABLE_QUEUE: DURABLE_QUEUE_SCHEMA, STORAGE: STORAGE_SCHEMA}

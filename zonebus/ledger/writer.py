@@ -5,6 +5,7 @@ Layout under the ledger's data directory:
     <dir>/ledger/traffic/date=YYYY-MM-DD/server=<name>/<window>-<uuid>.parquet
     <dir>/ledger/decisions/date=YYYY-MM-DD/server=<name>/<window>-<uuid>.parquet
     <dir>/ledger/durable_queue/date=YYYY-MM-DD/server=<name>/<window>-<uuid>.parquet
+    <dir>/ledger/storage/date=YYYY-MM-DD/server=<name>/<window>-<uuid>.parquet
 
 `<window>` is the earliest window start in the file (UTC, `20250101T120000Z`); the date is the window's UTC
 date, and a batch spanning midnight becomes one file per date. Each file is written under a hidden temporary
@@ -52,7 +53,7 @@ class LedgerWriter:
         return self.root / kind / f"date={date}" / f"server={partition_name(self.server)}"
 
     def write(self, kind: str, table: pa.Table) -> list[Path]:
-        """Write `table` (rows of `kind`: "traffic" or "decisions") atomically; return the files written."""
+        """Write `table` (rows of `kind`: a key of `schema.SCHEMAS`) atomically; return the files written."""
         schema = SCHEMAS[kind]
         if table.num_rows == 0:
             return []

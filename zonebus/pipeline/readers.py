@@ -5,7 +5,8 @@ it (holding `ledger/`), a URL Spark can read (`s3a://...` with Hadoop's AWS jars
 `s3://bucket/prefix` URL, read through pyarrow's S3 client by a Python data source (`objectstore`). Files are
 found recursively (`*.parquet`, hidden temporary files skipped) and read with the schema from
 `zonebus.ledger.schema`, so files are self-describing and the `date=`/`server=` directories need not be
-parsed.
+parsed. `decisions/`, `durable_queue/` and `storage/` are optional: a ledger written before a kind existed
+(or by servers that never made such rows) reads as an empty table of that kind.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def spark_schema(schema: pa.Schema) -> T.StructType:
 TRAFFIC_SPARK_SCHEMA = spark_schema(S.TRAFFIC_SCHEMA)
 DECISIONS_SPARK_SCHEMA = spark_schema(S.DECISIONS_SCHEMA)
 DURABLE_QUEUE_SPARK_SCHEMA = spark_schema(S.DURABLE_QUEUE_SCHEMA)
+STORAGE_SPARK_SCHEMA = spark_schema(S.STORAGE_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class LedgerLocation:
     traffic: str
     decisions: str | None  # None: no decision rows (no queue groups were used)
     durable_queue: str | None = None  # None: no durable queue group rows
+    storage: str | None = None  # None: no storage request rows (no shared store, or an older ledger)
 
 
 def is_url(path: str) -> bool:
@@ -95,8 +98,9 @@ def locate_ledger(spark: SparkSession | None, path: str, option: str = "--ledger
         )
     decisions = join(root, S.DECISIONS)
     durable = join(root, S.DURABLE_QUEUE)
+    storage = join(root, S.STORAGE)
     return LedgerLocation(root, traffic, decisions if exists(decisions) else None,
-                          durable if exists(durable) else None)
+                          durable if exists(durable) else None, storage if exists(storage) else None)
 
 
 def _hadoop_exists(spark: SparkSession) -> Callable[[str], bool]:
@@ -154,6 +158,12 @@ def read_durable_queue(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
     if loc.durable_queue is None:
         return spark.createDataFrame([], DURABLE_QUEUE_SPARK_SCHEMA)
     return _read(spark, loc.durable_queue, DURABLE_QUEUE_SPARK_SCHEMA, S.DURABLE_QUEUE)
+
+
+def read_storage(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
+    if loc.storage is None:
+        return spark.createDataFrame([], STORAGE_SPARK_SCHEMA)
+    return _read(spark, loc.storage, STORAGE_SPARK_SCHEMA, S.STORAGE)
 
 
 def first_line(text: str) -> str:

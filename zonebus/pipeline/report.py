@@ -13,8 +13,12 @@ Outputs under `--out DIR`:
                      the saving, per zone pair and link kind, top subjects
     report.html      one self-contained page with charts
 
-With `--streams URL`, summary.json, the text summary and report.html also get a "stream contents" section
-(`zonebus.pipeline.stream_contents`).
+summary.json, the text summary and report.html have a "whole bill" section (`zonebus.pipeline.bill`): the
+cross-zone transfer plus shared-storage requests (by kind and purpose) and bytes kept, priced at a storage price
+list (`--storage-prices`, default S3 Standard), against what nats-server R3 with route compression would bill
+for the same stream traffic (`zonebus.pipeline.r3model`). With `--streams URL` they also get a "stream
+contents" section (`zonebus.pipeline.stream_contents`), and the R3 model's compression ratio is measured on
+the streams' messages unless `--r3-compression-ratio` sets it.
 
 `msgs` counts message transfers on links (published, delivered, copied between servers), not messages. The
 transforms (how each crossing is counted once, and the stock routing model) are in
@@ -37,7 +41,10 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from zonebus.ledger import schema as S
+from zonebus.pipeline import bill as B
+from zonebus.pipeline import r3model
 from zonebus.pipeline import transforms as T
+from zonebus.pipeline.bill_html import with_bill
 from zonebus.pipeline.errors import PipelineInputError
 from zonebus.pipeline.html_report import render_report, with_durable_queue
 from zonebus.pipeline.prices import Prices
@@ -46,11 +53,13 @@ from zonebus.pipeline.readers import (
     locate_ledger,
     read_decisions,
     read_durable_queue,
+    read_storage,
     read_traffic,
 )
 from zonebus.pipeline.session import Progress
 from zonebus.pipeline.units import duration, money, per_month, size
 from zonebus.pipeline.wording import saving_sentence, transfers_sentence
+from zonebus.prices import StoragePrices, storage_prices
 
 SPARK_ERRORS = (PySparkException, Py4JError)
 
@@ -64,6 +73,9 @@ class ReportOptions:
     skip_corrupt: bool = False
     streams: str | None = None  # --streams: a shared store whose streams get a "stream contents" section
     stream_names: tuple[str, ...] = ()  # --stream: those streams (default: all on the store)
+    storage_prices: StoragePrices | None = None  # --storage-prices (None: S3 Standard)
+    r3_ratio: float | None = None  # --r3-compression-ratio (None: measured with --streams, else 0.4)
+    r3_subjects: tuple[str, ...] = ()  # --r3-subjects: the streams' subjects (default: all client subjects)
 
 
 @contextmanager
@@ -204,6 +216,7 @@ def _tables(
     q = {k: sum(r[k] or 0 for r in queues) for k in T.DECISION_SUMS}
     summary = build_summary(opts, loc.root, span, pairs, hours, directions, top, q, paths)
     summary["durable_queue"] = durable_queue_summary(_rows(sorted_tables["durable_queue"]))
+    _add_whole_bill(spark, opts, loc, summary, span, progress)
     _add_stream_contents(spark, opts, loc, summary, progress)
 
     if opts.out:
@@ -213,10 +226,31 @@ def _tables(
             fh.write("\n")
         html = render_report(summary, pairs, buckets, queue_buckets, top)
         html = with_durable_queue(summary, html)
+        html = with_bill(summary, html)
         html = _stream_contents_html(summary, html, opts.top)
         with open(os.path.join(opts.out, "report.html"), "w") as fh:
             fh.write(html)
     return summary
+
+
+def _add_whole_bill(spark: SparkSession, opts: ReportOptions, loc: Any, summary: dict[str, Any], span: Span,
+                    progress: Progress) -> None:
+    """The whole bill and the nats-server R3 comparison (`zonebus.pipeline.bill`, `zonebus.pipeline.r3model`)."""
+    progress.phase("pricing storage requests and the R3 comparison")
+    ratio, basis = opts.r3_ratio, "set with --r3-compression-ratio"
+    if ratio is None and opts.streams:
+        from zonebus.pipeline.stream_contents import sample_messages
+
+        ratio = r3model.measure_ratio(sample_messages(spark, opts.streams, opts.stream_names, r3model.SAMPLE_FRAMES))
+        basis = (f"measured: Snappy (S2's subset) over route-framed batches of up to {r3model.SAMPLE_FRAMES:,} of the "
+                 "streams' messages")
+    if ratio is None:
+        ratio, basis = r3model.DEFAULT_RATIO, ("assumed, not measured; measure it on the streams with --streams "
+                                               "URL or set it with --r3-compression-ratio")
+    summary["whole_bill"] = B.compute(read_traffic(spark, loc), read_storage(spark, loc), summary["cost_usd"],
+                                      span.first_s, span.end_s, opts.prices,
+                                      opts.storage_prices or storage_prices(), ratio, basis, opts.r3_subjects,
+                                      bool(opts.streams))
 
 
 def _add_stream_contents(spark: SparkSession, opts: ReportOptions, loc: Any, summary: dict[str, Any],
@@ -228,7 +262,8 @@ def _add_stream_contents(spark: SparkSession, opts: ReportOptions, loc: Any, sum
 
     progress.phase("reading the streams' contents")
     summary["stream_contents"] = stream_contents(spark, opts.streams, opts.stream_names, read_traffic(spark, loc),
-                                                 opts.prices)
+                                                 opts.prices, summary.get("whole_bill"),
+                                                 opts.storage_prices)
 
 
 def _stream_contents_html(summary: dict[str, Any], page: str, top: int) -> str:
@@ -408,6 +443,8 @@ def format_table(summary: dict[str, Any]) -> str:
         saving_sentence(summary)[0].upper() + saving_sentence(summary)[1:] + ".",
     ]
     lines += durable_queue_lines(summary)
+    if summary.get("whole_bill"):
+        lines += B.format_lines(summary["whole_bill"], cur)
     if summary["unknown_zone_bytes"]:
         lines.append(
             f"note: {size(summary['unknown_zone_bytes'])} from clients with no known zone were counted "

@@ -19,8 +19,12 @@ false`.
 Replication. The bytes a stream stores cost, kept R3 on servers in three zones, two cross-zone copies (the
 leader sends each message to a follower in each other zone); kept on shared (regional object) storage, no
 cross-zone copy: every zone reads and writes the same bucket, which is not charged per zone. The hop from a
-publisher to the stream's server is the same in both and is in the ledger already. Storage and request
-prices of object storage are not part of the price lists and are not counted.
+publisher to the stream's server is the same in both and is in the ledger already. Shared storage is not
+free: it is priced at the report's storage price list (`--storage-prices`, S3 Standard by default). Keeping
+what the stream holds costs bytes x the GB-month price per month; over the stream's span its bytes are taken
+as written evenly (kept half the span on average). Requests: the ledger's storage rows of this store
+(`stream_log` requests, and their per-GB charges) are split among the reported streams in proportion to
+their bytes; with no storage rows for the store, requests are not counted and the section says so.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from zonebus.ledger import schema as S
 from zonebus.pipeline.errors import PipelineOptionError
 from zonebus.pipeline.prices import Prices
 from zonebus.pipeline.units import duration, money, per_month, percent, size, when
+from zonebus.prices import StoragePrices, storage_prices
 
 R3_CROSS_ZONE_COPIES = 2  # a leader and two followers, one per zone
 MIN_PROJECTION_S = 60.0  # a stream written over less time than this gets no monthly projection
@@ -90,6 +95,18 @@ def read_streams(spark: SparkSession, url: str, names: Sequence[str]) -> DataFra
               .select(STREAM, "subject", "time", "size"))
         out = df if out is None else out.unionByName(df)
     assert out is not None
+    return out
+
+
+def sample_messages(spark: SparkSession, url: str, names: Sequence[str], limit: int) -> list[tuple[str, bytes]]:
+    """Up to `limit` (subject, data) of the streams' messages (to measure route compression on them)."""
+    out: list[tuple[str, bytes]] = []
+    for name in names:
+        if len(out) >= limit:
+            break
+        df = spark.read.format("zonebus").option("store", url).option("stream", name).load()
+        out += [(r["subject"], bytes(r["data"] or b"")) for r in df.select("subject", "data").limit(limit - len(out))
+                .collect()]
     return out
 
 
@@ -152,7 +169,8 @@ def origin_zones(contents: DataFrame, publishes: DataFrame) -> DataFrame:
 
 # -- the section ------------------------------------------------------------------------------------
 def stream_contents(spark: SparkSession, url: str, names: Sequence[str], traffic: DataFrame,
-                    prices: Prices) -> dict[str, Any]:
+                    prices: Prices, bill: dict[str, Any] | None = None,
+                    storage: StoragePrices | None = None) -> dict[str, Any]:
     """The `stream_contents` section of summary.json."""
     subjects = per_subject(read_streams(spark, url, names)).persist()
     try:
@@ -165,11 +183,31 @@ def stream_contents(spark: SparkSession, url: str, names: Sequence[str], traffic
             contents.unpersist()
     finally:
         subjects.unpersist()
-    return build_section(url, names, rows, zones, prices)
+    return build_section(url, names, rows, zones, prices, bill, storage)
+
+
+def store_requests(url: str, bill: dict[str, Any] | None, storage: StoragePrices) -> tuple[float, float] | None:
+    """Dollars of the ledger's `stream_log` requests (with their per-GB charges) on the store `url`, and the
+    seconds of ledger they were counted over; None when the ledger has no storage rows of that store."""
+    if not bill:
+        return None
+    want = url.rstrip("/")
+    rows = [r for r in bill["rows"] if r["store"].rstrip("/") == want]
+    if not rows:
+        return None
+    cost = 0.0
+    for r in rows:
+        if r["purpose"] == "stream_log":
+            cost += storage.request_cost({r["kind"]: r["requests"]}) + storage.transfer_cost(
+                r["bytes"] if r["kind"] == "PUT" else 0, r["bytes"] if r["kind"] == "GET" else 0)
+    return cost, float(bill.get("seconds") or 0.0)
 
 
 def build_section(url: str, names: Sequence[str], rows: list[dict[str, Any]], zones: list[dict[str, Any]],
-                  prices: Prices) -> dict[str, Any]:
+                  prices: Prices, bill: dict[str, Any] | None = None,
+                  storage: StoragePrices | None = None) -> dict[str, Any]:
+    storage = storage or storage_prices()
+    requests = store_requests(url, bill, storage)
     by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for z in zones:
         by_key.setdefault((z[STREAM], z[PREFIX]), []).append(z)
@@ -215,15 +253,34 @@ def build_section(url: str, names: Sequence[str], rows: list[dict[str, Any]], zo
         projectable = seconds >= MIN_PROJECTION_S
         s["replicated_r3"] = {"cross_zone_bytes": cross, "cost_usd": prices.cost(cross),
                               "monthly_cost_usd": per_month(prices.cost(cross), seconds) if projectable else None}
-        s["shared_storage"] = {"cross_zone_bytes": 0, "cost_usd": 0.0,
-                               "monthly_cost_usd": 0.0 if projectable else None}
+        s["_projectable"] = projectable
+    total_bytes = sum(s["bytes"] for s in streams.values())
+    for s in streams.values():
+        projectable = s.pop("_projectable")
+        kept_month = s["bytes"] / storage.bytes_per_gb * storage.storage_per_gb_month
+        kept_span = storage.storage_cost(s["bytes"] * s["seconds"] / 2)
+        share = s["bytes"] / total_bytes if total_bytes else 0.0
+        req = req_month = None
+        if requests is not None:
+            req = requests[0] * share
+            req_month = per_month(req, requests[1])
+        s["shared_storage"] = {
+            "cross_zone_bytes": 0, "price_list": storage.name,
+            "storage_cost_usd": kept_span, "storage_monthly_cost_usd": kept_month,
+            "requests_cost_usd": req, "requests_monthly_cost_usd": req_month,
+            "cost_usd": kept_span + (req or 0.0),
+            "monthly_cost_usd": kept_month + (req_month or 0.0) if projectable else None,
+        }
+    req_basis = ("requests: the ledger's stream_log requests on this store, split by bytes" if requests is not None
+                 else "requests not counted: the ledger has no storage rows for this store")
     return {
         "store": url,
         "streams": list(streams.values()),
         "basis": ("bytes stored as the stream counts them; zones of origin from the ledger's client publishes "
                   "of each subject prefix in windows overlapping the stream's messages (bytes split in "
-                  "proportion); R3 = two cross-zone copies per byte, shared storage = none; monthly at the "
-                  "rate the stream was written; object storage and request prices not counted"),
+                  "proportion); R3 = two cross-zone copies per byte, shared storage = no cross-zone copy but "
+                  f"the bytes kept at {storage.name} (GB-month; over the span: written evenly, kept half of it) "
+                  f"and {req_basis}; monthly at the rate the stream was written"),
     }
 
 
@@ -238,6 +295,16 @@ def _monthly(amount: float | None, currency: str) -> str:
 
 
 # -- output -----------------------------------------------------------------------------------------
+def _shared_text(shared: dict[str, Any], currency: str) -> str:
+    req = shared["requests_cost_usd"]
+    text = (f"{money(shared['cost_usd'], currency)} at {shared['price_list']} (no cross-zone bytes; keeping it "
+            f"{money(shared['storage_monthly_cost_usd'], currency)} per month")
+    text += (f", requests {money(req, currency)}" if req is not None else ", requests not in the ledger")
+    if shared["monthly_cost_usd"] is not None:
+        text += f"; {money(shared['monthly_cost_usd'], currency)} per month in all"
+    return text + ")"
+
+
 def _zones_text(sub: dict[str, Any]) -> str:
     if not sub["in_ledger"]:
         return "zone unknown: no client publishes in the ledger"
@@ -255,7 +322,7 @@ def format_section(section: dict[str, Any], currency: str, top: int = 20) -> str
             + (f" over {duration(s['seconds'])}" if s["msgs"] else "")
             + f"; kept R3 across zones {money(r3['cost_usd'], currency)} ({size(r3['cross_zone_bytes'])} "
             f"cross-zone; {_monthly(r3['monthly_cost_usd'], currency)}), on shared storage "
-            f"{money(0.0, currency)}"
+            f"{_shared_text(s['shared_storage'], currency)}"
         )
         for sub in s["subjects"][:top]:
             lines.append(f"    {sub['subject_prefix']:<28} {sub['msgs']:>10,} msgs {size(sub['bytes']):>10}  "
@@ -284,7 +351,7 @@ def render_section(section: dict[str, Any], currency: str, top: int = 20) -> str
             + (f" ({_cell(_when(s['first']))} to {_cell(_when(s['last']))})" if s["msgs"] else "")
             + f". Kept R3 across zones: {_cell(money(r3['cost_usd'], currency))} "
             f"({_cell(size(r3['cross_zone_bytes']))} cross-zone; {_cell(_monthly(r3['monthly_cost_usd'], currency))}). "
-            f"On shared storage: {_cell(money(0.0, currency))} cross-zone.</p>"
+            f"On shared storage: {_cell(_shared_text(s['shared_storage'], currency))}.</p>"
         )
         head = "<tr><th class='l'>subject prefix</th><th>messages</th><th>bytes</th><th>share</th>" \
                "<th class='l'>zones of origin</th></tr>"

@@ -4,7 +4,13 @@ Each counted connection holds two plain dicts (`ledger_in`, `ledger_out`: subjec
 the data path updates with one dict operation per message. At every interval boundary this object swaps
 them for fresh ones and hands the full ones to `LedgerAccumulator` (which reduces subjects to prefixes and
 writes Parquet off the event loop). Queue routing decisions, and the hops of durable queue groups
-(`durable_hop`, called by zonebus.queue), are counted here the same way. Runs on the event
+(`durable_hop`, called by zonebus.queue), are counted here the same way, and so are the requests the process
+made to shared storage: at each handover what `server.storage_meter` (the process's
+`zonebus.storage.meter.METER`, set by the composition root, `zonebus.node`) counted since the last one is
+taken and recorded for the window that ended (each request in exactly one window; the last ones at `close`,
+after the extensions that make them have stopped). With worker processes each worker takes its own process's
+meter; only worker 0 runs what touches storage, so nothing is counted twice. (Several servers in one process,
+as in some tests, share the meter: whichever hands over first records the requests.) Runs on the event
 loop thread; only the accumulator's flush runs in a worker thread.
 
 The handover also adds each window to running totals (`LedgerTotals`, read by `/metrics`): bytes and message
@@ -204,6 +210,9 @@ class LedgerHooks:
         if self.durable:
             durable, self.durable = self.durable, {}
             self.acc.record_durable(window, durable)
+        meter = getattr(server, "storage_meter", None)
+        if meter is not None:
+            self.acc.record_storage(window, meter.take())
         self.totals.last_handover = time.time()
 
     def _record(self, conn: Connection, window: float) -> None:

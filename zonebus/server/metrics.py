@@ -18,6 +18,11 @@ bytes and message transfers by zone pair and link kind, the cross-zone part of t
 dollars under each built-in price list (`zonebus/prices/transfer/*.json`, read as plain JSON), and queue
 routing decisions by publisher zone and chosen zone. They move once per ledger interval (the handover, see
 `zonebus.server.ledger_hooks`), never on the message path.
+
+`zonebus_storage_requests_total{store,kind,purpose}` and `zonebus_storage_bytes_total{...}` count the requests
+this process made to shared storage and the bytes they carried (`zonebus.storage.meter`, totals since start;
+they move as requests are made, ledger or not), and `zonebus_storage_cost_dollars_total{...,price_list}` prices
+them at S3 Standard (`zonebus.storage.usage`).
 """
 
 from __future__ import annotations
@@ -341,14 +346,44 @@ def ledger_series(out: Exposition, server: Server) -> None:
                 {**ids, "publisher_zone": pub_zone, "chosen_zone": chosen}, msgs)
 
 
+STORAGE_FAMILIES = (
+    ("zonebus_storage_requests_total", "Requests this process made to shared storage, by store, request kind "
+     "(PUT GET LIST HEAD DELETE COPY) and purpose"),
+    ("zonebus_storage_bytes_total", "Bytes the requests to shared storage carried (PUT: uploaded, GET: read), by "
+     "store, request kind and purpose"),
+    ("zonebus_storage_cost_dollars_total", "Estimated cost in US dollars of the requests to shared storage at a "
+     "storage price list (price_list), by store, request kind and purpose"),
+)
+
+
+def storage_series(out: Exposition, server: Server) -> None:
+    meter = getattr(server, "storage_meter", None)
+    if meter is None:
+        return
+    from zonebus.storage.usage import storage_requests
+
+    ids = {"server_id": server.server_id, "server_name": server.name}
+    for name, help_text in STORAGE_FAMILIES:
+        out.declare(name, "counter", help_text)
+    block = storage_requests(meter)
+    for r in block["rows"]:
+        labels = {**ids, "store": r["store"], "kind": r["kind"], "purpose": r["purpose"]}
+        out.add("zonebus_storage_requests_total", "counter", "", labels, r["requests"])
+        out.add("zonebus_storage_bytes_total", "counter", "", labels, r["bytes"])
+        out.add("zonebus_storage_cost_dollars_total", "counter", "", {**labels, "price_list": block["price_list"]},
+                r["cost_usd"])
+
+
 # -- all of it ----------------------------------------------------------------------------------------
 def _page(server: Server, path: str, query: Mapping[str, str] | None = None) -> Mapping[str, Any] | None:
     build = server.pages.get(path)
     return build(query or {}) if build is not None else None
 
 
-def metrics_text(server: Server, sections: Iterable[str] = ("varz", "connz", "subsz", "routez", "healthz", "jsz",
-                                                             "ledger"), built: Mapping[str, Any] | None = None) -> str:
+SECTIONS = ("varz", "connz", "subsz", "routez", "healthz", "jsz", "ledger", "storage")
+
+
+def metrics_text(server: Server, sections: Iterable[str] = SECTIONS, built: Mapping[str, Any] | None = None) -> str:
     """The exposition; `built`: pages already built by their page builders (`/varz`, `/connz` of several
     worker processes), used instead of this process's own."""
     out = Exposition()
@@ -374,4 +409,6 @@ def metrics_text(server: Server, sections: Iterable[str] = ("varz", "connz", "su
             jetstream_series(out, doc, sid, server.name)
     if "ledger" in wanted:
         ledger_series(out, server)
+    if "storage" in wanted:
+        storage_series(out, server)
     return out.text()

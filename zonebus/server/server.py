@@ -74,6 +74,7 @@ class Server:
         self._shutdown = asyncio.Event()
         self.monitor = None
         self.ledger = None  # zonebus.ledger.LedgerHooks when a ledger block is set
+        self.storage_meter: Any = None  # zonebus.storage.meter.METER, set by the node: the ledger's storage rows
         self.system: Any = None  # zonebus.server.system.SystemAccount, once started
         self.system_requests = True  # it answers $SYS.REQ.SERVER.* (one process of several does)
         # -- extension hooks (zonebus.server.hooks) --

@@ -1,0 +1,143 @@
+"""What nats-server would bill for the same stream traffic: streams replicated R3, routes compressed.
+
+The model (cross-zone bytes of one stream message of B bytes, in a cluster of Z zones):
+
+    publish      the publisher's server forwards it to the stream leader: it crosses when the leader is in
+                 another zone. Leaders are placed evenly over the zones (nothing in the ledger says where a
+                 nats-server would put them), so a publish crosses with probability (Z - 1) / Z.
+    replication  the leader sends it to its two followers, one in each other zone: min(2, Z - 1) crossings.
+    delivery     nats-server delivers a consumer's messages from the leader; each delivery to a client in
+                 another zone than the leader's crosses: probability (Z - 1) / Z.
+
+    cross-zone bytes = ratio x [ P x (Z - 1) / Z  +  P x min(2, Z - 1)  +  D x (Z - 1) / Z ]
+
+where P are the bytes clients published to streams and D the bytes delivered to consuming clients, both from
+the ledger's client rows (protocol bytes, as the client link carries them: the route's framing is close to
+the client's), and `ratio` is the route compression ratio (compressed / raw bytes, `compression: s2_*`
+applies to every route crossing above). Cost = cross-zone bytes x the transfer price per byte crossing.
+No storage is charged (nats-server keeps streams on local disks, whose cost is the same either way and is
+left out). Client-to-server hops stay in the client's zone in both systems and cost nothing.
+
+Which ledger traffic is stream traffic: client publishes (`in`) and deliveries (`out`) whose subject prefix
+matches one of `subjects` (NATS wildcards, matched token by token against the ledger's subject prefix), by
+default every client subject except the JetStream API, acks, system and reply subjects (`$JS.`, `$SYS.`,
+`_INBOX`, `_R_`): on a ledger that also carries core NATS traffic, name the streams' subjects. The report makes
+the comparison only when the ledger has storage rows (streams on a shared store), `--r3-subjects` is given or
+`--streams` is (`zonebus.pipeline.bill.compute`).
+
+The default compression ratio, 0.4, is an assumption, not a measurement (what S2 achieves depends on the payloads);
+`zonebus cost report --streams URL` measures it instead on the streams' own messages with Snappy (S2's
+subset, pyarrow's codec) over route-framed batches, and `--r3-compression-ratio` sets it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from zonebus.ledger import schema as S
+from zonebus.pipeline.prices import Prices
+
+DEFAULT_RATIO = 0.4
+EXCLUDED_PREFIXES = ("$JS.", "$SYS.", "_INBOX", "_R_", "$JSC.", "$JSD")
+REPLICAS = 3
+SAMPLE_FRAMES = 4096  # messages compressed to measure the ratio
+BATCH_BYTES = 64 * 1024  # route writes are batched about this much before S2 compresses them
+
+
+def matches(prefix: str, pattern: str) -> bool:
+    """Does the subject prefix `prefix` fall under the NATS pattern `pattern` (`*` one token, `>` the rest)?
+    A pattern longer than the prefix matches when the prefix is a match of its first tokens (the ledger
+    keeps only the first tokens of each subject)."""
+    toks, pats = prefix.split("."), pattern.split(".")
+    for i, p in enumerate(pats):
+        if i >= len(toks):
+            return True  # the prefix stopped at the ledger's subject_tokens: its subjects may go on
+        if p == ">":
+            return True
+        if p != "*" and p != toks[i]:
+            return False
+    return len(toks) == len(pats)
+
+
+def is_stream_prefix(prefix: str, subjects: Sequence[str]) -> bool:
+    if subjects:
+        return any(matches(prefix, p) for p in subjects)
+    return not prefix.startswith(EXCLUDED_PREFIXES) and prefix not in ("_INBOX", "_R_")
+
+
+def client_flows(traffic: DataFrame) -> list[dict[str, Any]]:
+    """Client bytes and messages per (subject prefix, direction), and the zones, collected for `stream_traffic`."""
+    rows = (traffic.where(F.col(S.LINK_KIND) == "client")
+            .groupBy(S.SUBJECT_PREFIX, S.DIRECTION)
+            .agg(F.sum(S.MSGS).alias(S.MSGS), F.sum(S.BYTES).alias(S.BYTES)).collect())
+    return [r.asDict() for r in rows]
+
+
+def ledger_zones(traffic: DataFrame) -> list[str]:
+    return sorted(r[0] for r in traffic.select(S.SERVER_ZONE).distinct().collect() if r[0])
+
+
+def stream_traffic(flows: list[dict[str, Any]], subjects: Sequence[str]) -> dict[str, int]:
+    """Published and delivered stream bytes and messages."""
+    out = {"published_msgs": 0, "published_bytes": 0, "delivered_msgs": 0, "delivered_bytes": 0}
+    for r in flows:
+        if not is_stream_prefix(r[S.SUBJECT_PREFIX] or "", subjects):
+            continue
+        side = "published" if r[S.DIRECTION] == "in" else "delivered"
+        out[f"{side}_msgs"] += int(r[S.MSGS] or 0)
+        out[f"{side}_bytes"] += int(r[S.BYTES] or 0)
+    return out
+
+
+def r3_bill(traffic: dict[str, int], zones: int, ratio: float, prices: Prices,
+            ratio_basis: str, subjects: Sequence[str]) -> dict[str, Any]:
+    """The R3 counterfactual: cross-zone bytes by hop, compressed, and their cost (see the module's model)."""
+    z = max(1, zones)
+    away = (z - 1) / z
+    followers = min(REPLICAS - 1, z - 1)
+    raw = {
+        "publish_to_leader": traffic["published_bytes"] * away,
+        "replication": traffic["published_bytes"] * followers,
+        "delivery_from_leader": traffic["delivered_bytes"] * away,
+    }
+    hops = {k: {"raw_cross_zone_bytes": v, "cross_zone_bytes": v * ratio, "cost_usd": prices.cost(v * ratio)}
+            for k, v in raw.items()}
+    cross = sum(h["cross_zone_bytes"] for h in hops.values())
+    return {
+        **traffic,
+        "zones": zones,
+        "compression_ratio": ratio,
+        "compression_ratio_basis": ratio_basis,
+        "subjects": list(subjects) or "every client subject but $JS., $SYS., _INBOX and _R_",
+        "hops": hops,
+        "raw_cross_zone_bytes": sum(raw.values()),
+        "cross_zone_bytes": cross,
+        "cost_usd": prices.cost(cross),
+        "model": (f"nats-server R3 across {zones} zone(s): a publish crosses to the leader with probability "
+                  f"(Z-1)/Z = {away:.3g} (leaders spread evenly over zones), the leader replicates it to "
+                  f"{followers} follower(s) in other zones, a delivery crosses from the leader with probability "
+                  f"{away:.3g}; every crossing compressed to {ratio:.3g} of its bytes (route compression)"),
+    }
+
+
+def measure_ratio(payloads: Sequence[tuple[str, bytes]]) -> float | None:
+    """Compressed / raw bytes of route-framed messages (`RMSG $G <subject> <size>\\r\\n<data>\\r\\n`) in batches
+    of about BATCH_BYTES, with Snappy; None without messages."""
+    raw = done = 0
+    batch: list[bytes] = []
+    size = 0
+    for subject, data in payloads[:SAMPLE_FRAMES]:
+        frame = b"RMSG $G %s %d\r\n%s\r\n" % (subject.encode(), len(data), data)
+        batch.append(frame)
+        size += len(frame)
+        if size >= BATCH_BYTES:
+            raw, done = raw + size, done + len(pa.compress(b"".join(batch), codec="snappy", asbytes=True))
+            batch, size = [], 0
+    if batch:
+        raw, done = raw + size, done + len(pa.compress(b"".join(batch), codec="snappy", asbytes=True))
+    return done / raw if raw else None
