@@ -75,7 +75,7 @@ def ran_on_workers(cluster: SparkCluster, app_name: str) -> dict[int, int]:
     return tasks
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_cost_report_on_the_cluster_equals_local_mode(
     cluster: SparkCluster, hand_ledger: Path, tmp_path: Path, run_cli: Callable[..., tuple[int, str, str]],
     spark: object,

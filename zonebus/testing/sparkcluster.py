@@ -214,7 +214,8 @@ class SparkCluster:
     def submit_command(self, app: list[str], *, py_files: list[Path] = (), executor_memory: str = "512m",
                        conf: dict[str, str] | None = None) -> list[str]:
         """`spark-submit --master <this cluster> ... app...`: client deploy mode, the driver on loopback, UI off,
-        at most one core per worker, tasks only once every executor has registered."""
+        `cores` per executor and at most all the workers' cores, few shuffle partitions (as in local mode), tasks
+        only once every executor has registered (so that every worker gets some)."""
         settings = {
             "spark.ui.enabled": "false",
             "spark.driver.host": "127.0.0.1",
@@ -222,6 +223,7 @@ class SparkCluster:
             "spark.executor.memory": executor_memory,
             "spark.executor.cores": str(self.cores),
             "spark.cores.max": str(self.cores * len(self.workers)),
+            "spark.sql.shuffle.partitions": str(max(2, 2 * self.cores * len(self.workers))),
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
             "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
             "spark.pyspark.python": sys.executable,
