@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_streams_source import Expected, publish, start_server
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.sparkcluster import SparkCluster, skip_reason, zip_package
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,12 +63,18 @@ def same(a: Any, b: Any, where: str = "") -> None:
 
 def ran_on_workers(cluster: SparkCluster, app_name: str) -> dict[int, int]:
     """The finished application `app_name`: per worker, the tasks its executors finished (from their logs),
-    after checking that the master and both workers recorded it."""
-    app = cluster.completed_app(app_name)
+    once the master lists it as completed and both workers list an executor of it as finished (both happen
+    shortly after spark-submit returns)."""
+
+    def recorded() -> dict[str, Any] | None:
+        app = cluster.completed_app(app_name)  # KeyError: not yet
+        done = [any(e["appid"] == app["id"] for e in cluster.worker_state(i)["finishedexecutors"])
+                for i in range(len(cluster.workers))]
+        return app if all(done) else None
+
+    app = wait_until(recorded, f"{app_name} finished on the master with an executor on every worker", timeout=60,
+                     interval=0.2, show=lambda: json.dumps(cluster.master_state())[-2000:])
     assert app["state"] == "FINISHED", app
-    for i in range(len(cluster.workers)):
-        finished = cluster.worker_state(i)["finishedexecutors"]
-        assert any(e["appid"] == app["id"] for e in finished), f"worker {i} ran no executor for {app['id']}"
     tasks = {}
     for i, logs in cluster.executor_logs(app["id"]).items():
         assert logs, f"no executor directory of {app['id']} under worker {i}"
@@ -77,10 +84,10 @@ def ran_on_workers(cluster: SparkCluster, app_name: str) -> dict[int, int]:
 
 @pytest.mark.timeout(420)
 def test_cost_report_on_the_cluster_equals_local_mode(
-    cluster: SparkCluster, hand_ledger: Path, tmp_path: Path, run_cli: Callable[..., tuple[int, str, str]],
-    spark: object,
+    cluster: SparkCluster, hand_ledger: Path, tmp_path: Path, run_cli: Callable[..., tuple[int, str, str]]
 ) -> None:
     local_out, cluster_out = tmp_path / "local", tmp_path / "cluster"
+    # local mode in this process (the session of the `spark` fixture when one runs, else one of its own)
     code, out, err = run_cli("report", "--ledger", str(hand_ledger), "--out", str(local_out), "--json", "--quiet")
     assert code == 0, err
     local = json.loads(out)

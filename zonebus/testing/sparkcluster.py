@@ -26,6 +26,7 @@ import sys
 import tempfile
 import urllib.request
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -211,7 +212,7 @@ class SparkCluster:
         return {i: sorted((self.root / f"worker{i}" / app_id).glob("*/stderr")) for i in range(len(self.workers))}
 
     # -- jobs --------------------------------------------------------------------------------------------
-    def submit_command(self, app: list[str], *, py_files: list[Path] = (), executor_memory: str = "512m",
+    def submit_command(self, app: Sequence[object], *, py_files: Sequence[Path] = (), executor_memory: str = "512m",
                        conf: dict[str, str] | None = None) -> list[str]:
         """`spark-submit --master <this cluster> ... app...`: client deploy mode, the driver on loopback, UI off,
         `cores` per executor and at most all the workers' cores, few shuffle partitions (as in local mode), tasks
@@ -225,7 +226,7 @@ class SparkCluster:
             "spark.cores.max": str(self.cores * len(self.workers)),
             "spark.sql.shuffle.partitions": str(max(2, 2 * self.cores * len(self.workers))),
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-            "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
+            "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
             "spark.pyspark.python": sys.executable,
             "spark.pyspark.driver.python": sys.executable,
         } | (conf or {})
@@ -236,7 +237,7 @@ class SparkCluster:
             cmd += ["--py-files", ",".join(str(p) for p in py_files)]
         return cmd + [str(a) for a in app]
 
-    def submit(self, app: list[str], *, env: dict[str, str] | None = None, timeout: float = 180.0,
+    def submit(self, app: Sequence[object], *, env: dict[str, str] | None = None, timeout: float = 180.0,
                **kwargs: Any) -> subprocess.CompletedProcess:
         """Run spark-submit for `app` against this cluster and wait for it (stdout and stderr captured)."""
         run_env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable) | (env or {})
