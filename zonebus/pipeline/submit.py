@@ -1,8 +1,11 @@
 """spark-submit entry for the cost jobs: `spark-submit zonebus/pipeline/submit.py report --ledger ... --out ...`.
 
-Takes the same arguments as `zonebus cost` and uses the master spark-submit was given. The jobs use no
-Python UDFs, so executors need no zonebus code; only the driver imports it (this file puts the checkout
-on sys.path when zonebus is not installed).
+Takes the same arguments as `zonebus cost` and uses the master spark-submit was given (`--master
+spark://HOST:PORT` for a standalone cluster: tests/pipeline/test_standalone_cluster.py). The cost jobs use no
+Python UDFs, so executors need no zonebus code; only the driver imports it (this file puts the checkout on
+sys.path when zonebus is not installed). `--streams` reads through the `zonebus` data source, whose tasks run
+zonebus code on the executors: install zonebus there, or ship it with `--py-files` (the driver still needs it
+installed or checked out: zonebus.prices reads its price lists as files, which a zip does not have).
 """
 
 from __future__ import annotations
