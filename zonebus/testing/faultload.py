@@ -4,7 +4,7 @@ a killed leader): did every acknowledged message stay, and did every failed publ
     pubs = [FaultPublisher(url, f"p{k}", "f.p{k}") for k in range(8)]
     stop = asyncio.Event()
     tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
-    ...                                   # inject faults, heal, `await until(lambda: all_acked_since(pubs, t), ...)`
+    injected = await run_phases(s3.proxy, pubs, PHASES)   # each fault in turn, healed, everybody acked again
     stop.set(); await asyncio.gather(*tasks)
     stored = await read_back(nc, "STREAM")
     report = check(pubs, stored)          # lost, duplicates, order, failures by kind
@@ -26,6 +26,16 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from zonebus.testing.polling import until
+from zonebus.testing.s3proxy import S3Proxy
+
+# (name, s3proxy fault settings, seconds): each on PUTs in turn, healed after it. The storm fails uploads even
+# after botocore's 3 attempts (the broker's own retries and the publishers' errors); `lost` PUTs land but their
+# answer does not (a create-only retry then finds the object: 412)
+PHASES: list[tuple[str, dict[str, float], float]] = [
+    ("slowdown", {"slowdown": 0.3}, 4.0), ("storm", {"slowdown": 0.9}, 3.0),
+    ("timeout", {"timeout": 0.2, "hold": 8.0}, 4.0), ("reset", {"reset": 0.3}, 4.0), ("lost", {"lost": 0.3}, 4.0)]
 
 
 class FaultPublisher:
@@ -73,6 +83,23 @@ class FaultPublisher:
 def all_acked_since(pubs: list[FaultPublisher], t: float, n: int = 5) -> bool:
     """True once every publisher had `n` PubAcks after `t` (monotonic): publishing healed everywhere."""
     return all(p.acked_since(t) >= n for p in pubs)
+
+
+async def run_phases(proxy: S3Proxy | None, pubs: list[FaultPublisher],
+                     phases: list[tuple[str, dict[str, float], float]], kind: str = "PUT", clean: float = 1.0,
+                     heal_timeout: float = 30.0) -> dict[str, int]:
+    """Inject each phase's faults on `kind` requests for its seconds, then clear them and wait until every
+    publisher was acknowledged 3 times since (a stall that does not heal fails here); the faults injected."""
+    assert proxy is not None
+    await asyncio.sleep(clean)
+    for name, faults, seconds in phases:
+        await asyncio.to_thread(proxy.set_faults, kind=kind, **faults)
+        await asyncio.sleep(seconds)
+        await asyncio.to_thread(proxy.clear_faults)
+        healed = time.monotonic()
+        await until(lambda t=healed: all_acked_since(pubs, t, 3), f"every publisher acknowledged after {name}",
+                    timeout=heal_timeout, show=lambda t=healed: [p.acked_since(t) for p in pubs])
+    return (await asyncio.to_thread(proxy.counts))["faults"]
 
 
 async def read_back(nc: nats.NATS, stream: str, durable: str = "readback", timeout: float = 30.0,
