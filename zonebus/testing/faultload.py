@@ -12,7 +12,8 @@ a killed leader): did every acknowledged message stay, and did every failed publ
 
 A publisher sends `<who>:<i>` one message at a time (an awaited publish, no `Nats-Msg-Id`, so a message stored
 twice is visible as such). A publish that fails is counted by how it failed (`js <code> <err_code>`, `timeout`,
-`no responders`) and sent again with the same payload; any other exception ends the run and is re-raised.
+`no responders`: nobody serves the stream right now) and sent again with the same payload; any other exception
+ends the run and is re-raised.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class FaultPublisher:
                 except nats.errors.TimeoutError:
                     self.failures["timeout"] += 1
                     continue
-                except nats.errors.NoRespondersError:
+                except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
                     self.failures["no responders"] += 1
                     await asyncio.sleep(0.05)
                     continue
