@@ -2,7 +2,9 @@
 `zonebus.testing.s3proxy`, no faults), publishers running (issue #24, item 6): another server takes the stream
 over from the bucket, publishing heals, and every acknowledged message is in the stream at its acknowledged
 sequence, each publisher's in order; failed publishes (timeouts, 503s while the stream has no leader) and
-duplicates (a message stored whose PubAck died with the leader, then sent again) are counted and printed."""
+duplicates (a message stored whose PubAck died with the leader, then sent again) are counted and printed. The
+`storm` variant answers every S3 request with 503 SlowDown for 10 s from the kill on (the takeover's requests
+fail even after botocore's retries), then heals: publishing should heal too; it does not yet (`STALL`)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,11 @@ from zonebus.testing.polling import until
 from zonebus.testing.processes import stop_all
 
 PUBLISHERS = 6
+# the storm: every request answered 503 SlowDown from the kill on, so that the new leader's takeover fails
+STALL = ("a takeover that fails with a storage error (not Fenced) is not retried: zonebus/stream/cluster.py "
+         "_lead retries only Fenced, the meta record names a leader that never adopted the stream, and publishes "
+         "get no responders until the next leader change")
+STORM_XFAIL = pytest.mark.xfail(strict=True, raises=TimeoutError, reason=STALL)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,11 @@ async def stream_leader(nc: nats.NATS, stream: str) -> str:
 
 
 @pytest.mark.timeout(120)
-async def test_r1_leader_killed_on_s3(tmp_path: Path, slow_s3: MotoS3) -> None:
+@pytest.mark.parametrize("storm", [0.0, pytest.param(10.0, marks=STORM_XFAIL)], ids=["clean", "storm"])
+async def test_r1_leader_killed_on_s3(tmp_path: Path, slow_s3: MotoS3, storm: float) -> None:
+    proxy = slow_s3.proxy
+    assert proxy is not None
+    proxy.clear_faults()
     servers = start_cluster(tmp_path, failover="2s", shared=f"s3://{slow_s3.bucket}/killed-{tmp_path.name}",
                             env=slow_s3.env())
     try:
@@ -56,7 +67,11 @@ async def test_r1_leader_killed_on_s3(tmp_path: Path, slow_s3: MotoS3) -> None:
                 victim = next(s for s in servers if s.info["server_name"] == leader)
                 victim.kill()
                 killed = time.monotonic()
-                new = await until(lambda: _other(nc, leader), "another leader", timeout=30)
+                if storm:  # every request answered 503 SlowDown while another server takes the stream over
+                    await asyncio.to_thread(proxy.set_faults, slowdown=1.0)
+                    await asyncio.sleep(storm)
+                    await asyncio.to_thread(proxy.clear_faults)
+                new = await until(lambda: _other(nc, leader), "another leader", timeout=15 if storm else 30)
                 await until(lambda: all_acked_since(pubs, killed, 10), "every publisher acknowledged after the kill",
                             timeout=30, show=lambda: [p.acked_since(killed) for p in pubs])
                 healed = time.monotonic() - killed
