@@ -15,6 +15,8 @@ from pathlib import Path
 import nats
 import pytest
 
+from zonebus.storage.fs import ObjectExists
+from zonebus.storage.s3client import S3Objects
 from zonebus.testing.faultload import PHASES, FaultPublisher, check, read_back, run_phases
 from zonebus.testing.motos3 import MotoS3
 from zonebus.testing.processes import ServerProcess
@@ -55,3 +57,25 @@ async def test_publishes_under_s3_faults(tmp_path: Path, proxied: MotoS3) -> Non
     assert report.dup_acks == 0
     assert all(k == "timeout" or k.startswith("js ") for k in report.failures), report.failures
     assert report.acked >= 10 * PUBLISHERS, report.line()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("fault", "kind"), [("slowdown", "LIST"), ("slowdown", "DELETE"), ("reset", "GET"),
+                                             ("reset", "PUT"), ("lost", "DELETE")])
+def test_every_s3_failure_is_an_oserror(proxied: MotoS3, fault: str, kind: str) -> None:
+    """What the broker's S3 client raises once botocore's retries are spent: always an OSError (the callers,
+    zone-router trimming and batch reads among them, catch OSError), never botocore's own exception types."""
+    assert proxied.proxy is not None
+    objects = S3Objects(proxied.bucket, proxied.endpoint, proxied.region)
+    path = f"{proxied.bucket}/errors/{fault}-{kind}"
+    objects.put(path, b"x")
+    proxied.proxy.set_faults(kind=kind, **{fault: 1.0})
+    call = {"LIST": lambda: objects.list(f"{proxied.bucket}/errors"), "DELETE": lambda: objects.delete(path),
+            "GET": lambda: objects.get(path), "PUT": lambda: objects.put(path, b"y", if_absent=True)}[kind]
+    with pytest.raises(OSError) as err:
+        call()
+    assert not isinstance(err.value, ObjectExists | FileNotFoundError), err.value
+    assert proxied.proxy.counts()["faults"][fault] >= 3  # botocore's 3 attempts (at least)
+    proxied.proxy.clear_faults()
+    if kind != "DELETE":
+        assert objects.get(path) == b"x"
