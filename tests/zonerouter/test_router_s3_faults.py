@@ -2,9 +2,10 @@
 publishers in z1 and z3 whose batches cross through channel objects (`zone_router_path: storage`), all through
 `zonebus.testing.s3proxy` (S3-like latency) answering PUTs (channel objects and stream batches alike) with
 `503 SlowDown`, holding them, resetting connections mid-upload and losing answers, each in turn
-(`faultload.PHASES`), then healing. Every acknowledged message is in the stream at its acknowledged sequence,
-every failed publish failed visibly (a JetStream error or a timeout), each publisher's messages are in order,
-and publishing heals in both zones; duplicates are printed."""
+(`faultload.PHASES`), then GETs (the leader's reads of channel objects) with `503 SlowDown`, then healing.
+Every acknowledged message is in the stream at its acknowledged sequence, every failed publish failed visibly
+(a JetStream error or a timeout), each publisher's messages are in order, and publishing heals in both zones;
+duplicates are printed."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from zonebus.testing.polling import wait_until
 LAYOUT = [("a1", "z1"), ("b1", "z2"), ("c1", "z3")]
 FULL = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}
 PER_ZONE = 4
+# the usual phases, a little shorter, then GETs failing (the leader's reads of channel objects, 3 attempts each)
+PHASES_HERE = [(name, faults, seconds * 0.75) for name, faults, seconds in PHASES] + [
+    ("get", {"kind": "GET", "slowdown": 0.5}, 3.0)]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,7 @@ async def test_router_publishes_under_s3_faults(tmp_path: Path, faulty_s3: MotoS
             stop = asyncio.Event()
             tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
             try:
-                injected = await run_phases(proxy, pubs, PHASES)
+                injected = await run_phases(proxy, pubs, PHASES_HERE)
             finally:
                 stop.set()
                 await asyncio.gather(*tasks)

@@ -22,6 +22,7 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import nats
 import nats.errors
@@ -34,7 +35,8 @@ from zonebus.testing.s3proxy import S3Proxy
 # (name, s3proxy fault settings, seconds): each on PUTs in turn, healed after it. The storm fails uploads even
 # after botocore's 3 attempts (the broker's own retries and the publishers' errors); `lost` PUTs land but their
 # answer does not (a create-only retry then finds the object: 412)
-PHASES: list[tuple[str, dict[str, float], float]] = [
+Phase = tuple[str, dict[str, Any], float]
+PHASES: list[Phase] = [
     ("slowdown", {"slowdown": 0.3}, 4.0), ("storm", {"slowdown": 0.9}, 3.0),
     ("timeout", {"timeout": 0.2, "hold": 8.0}, 4.0), ("reset", {"reset": 0.3}, 4.0), ("lost", {"lost": 0.3}, 4.0)]
 
@@ -87,14 +89,15 @@ def all_acked_since(pubs: list[FaultPublisher], t: float, n: int = 5) -> bool:
 
 
 async def run_phases(proxy: S3Proxy | None, pubs: list[FaultPublisher],
-                     phases: list[tuple[str, dict[str, float], float]], kind: str = "PUT", clean: float = 1.0,
+                     phases: list[Phase], kind: str = "PUT", clean: float = 1.0,
                      heal_timeout: float = 30.0) -> dict[str, int]:
-    """Inject each phase's faults on `kind` requests for its seconds, then clear them and wait until every
+    """Inject each phase's faults on `kind` requests (unless the phase names its own) for its seconds, then
+    clear them and wait until every
     publisher was acknowledged 3 times since (a stall that does not heal fails here); the faults injected."""
     assert proxy is not None
     await asyncio.sleep(clean)
     for name, faults, seconds in phases:
-        await asyncio.to_thread(proxy.set_faults, kind=kind, **faults)
+        await asyncio.to_thread(proxy.set_faults, **{"kind": kind, **faults})
         await asyncio.sleep(seconds)
         await asyncio.to_thread(proxy.clear_faults)
         healed = time.monotonic()
