@@ -12,7 +12,8 @@ import botocore.exceptions
 import pytest
 from boto3.s3.transfer import TransferConfig
 
-from zonebus.storage.fs import filesystem
+from zonebus.storage.fs import ObjectExists, filesystem
+from zonebus.storage.s3client import S3Objects
 from zonebus.testing.motos3 import MotoS3
 from zonebus.testing.polling import wait_until
 from zonebus.testing.s3proxy import KINDS, S3Proxy, classify, kind_totals, prefix_of
@@ -62,7 +63,7 @@ def test_counts_match_the_operations(proxied: MotoS3) -> None:
     proxy = proxied.proxy
     assert _kinds(proxy) == {"PUT": 4 + 4, "GET": 1, "HEAD": 1, "LIST": 2, "COPY": 1, "DELETE": 2}
     counts = proxy.counts()  # type: ignore[union-attr]
-    assert counts["total"] == 15 and counts["faults"] == {"slowdown": 0, "timeout": 0, "reset": 0}
+    assert counts["total"] == 15 and counts["faults"] == {"slowdown": 0, "timeout": 0, "reset": 0, "lost": 0}
     log = counts["prefixes"]["zb/streams/S/log/"]
     assert log["PUT"]["requests"] == 3 and log["PUT"]["req_bytes"] == 3000
     assert log["GET"]["resp_bytes"] == 1000 and log["HEAD"]["requests"] == 1 and log["LIST"]["requests"] == 1
@@ -161,3 +162,20 @@ def test_reset_in_the_middle_of_an_upload(proxied: MotoS3, body: bytes | io.Byte
     proxied.client(retries={"total_max_attempts": 3, "mode": "standard"}).put_object(
         Bucket=proxied.bucket, Key="reset/b", Body=body)  # reset once, then retried and stored
     assert _kinds(proxy) == {"PUT": 2} and "reset/b" in proxied.keys("reset/")
+
+
+@pytest.mark.timeout(60)
+def test_lost_answer_after_the_put_landed(proxied: MotoS3) -> None:
+    proxy = proxied.proxy
+    assert proxy is not None
+    proxy.set_faults(lost=1.0, kind="PUT", limit=1)
+    with pytest.raises(botocore.exceptions.HTTPClientError):
+        proxied.client(**NO_RETRY).put_object(Bucket=proxied.bucket, Key="lost/a", Body=b"l")
+    assert "lost/a" in proxied.keys("lost/")  # stored although the client saw its connection reset
+    assert proxy.counts()["faults"]["lost"] == 1
+    # the broker's client: botocore retries the create-only PUT, which then finds the object (412)
+    proxy.set_faults(lost=1.0, kind="PUT", limit=2)
+    objects = S3Objects(proxied.bucket, proxied.endpoint, proxied.region)
+    with pytest.raises(ObjectExists):
+        objects.put(f"{proxied.bucket}/lost/b", b"l", if_absent=True)
+    assert "lost/b" in proxied.keys("lost/") and proxy.counts()["faults"]["lost"] == 2

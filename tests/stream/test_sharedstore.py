@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -246,3 +247,45 @@ def test_s3_takeover_and_reader(tmp_path: Path, moto_s3) -> None:
     assert [view.load(s).data for s in view.index.live_seqs()] == [f"m{i}".encode() for i in range(30)] + [
         b"m200", b"m201"]
     assert s3("c4").list_streams() == ["S"]
+
+
+class FlakyDocs(ObjectStore):
+    """An object store whose consumer document writes fail while `fail` is set."""
+
+    fail = False
+
+    def put(self, key: str, data: bytes, if_absent: bool = False) -> None:
+        if self.fail and "/consumers/" in key:
+            raise OSError("injected document write failure")
+        super().put(key, data, if_absent)
+
+
+@pytest.mark.timeout(30)
+async def test_failed_document_write_is_retried(tmp_path: Path) -> None:
+    st = storage(tmp_path)
+    flaky = FlakyDocs(st.objects.fs, st.objects.root)
+    st.objects = flaky
+    s = st.create_stream("S", {"name": "S"}, 0)
+    s.attach(asyncio.get_running_loop(), st.executor)
+    flaky.fail = True
+    s.put_doc("consumers/c", "meta", {"name": "c"})
+    s.put_doc("consumers/c", "state", {"n": 1})
+    s.put_doc("consumers/d", "meta", {"name": "d"})
+    await until(lambda: s.docs.failures >= 2, "document writes failing (and retried)", timeout=5)
+    s.put_doc("consumers/c", "state", {"n": 2})  # supersedes the queued state
+    s.delete_docs("consumers/d")  # a consumer deleted meanwhile: its failed meta write must not bring it back
+    flaky.fail = False
+    reader = SharedStorage(f"file://{tmp_path}/shared", create=False)
+    consumers = await until(lambda: (c := reader.open_view("S").consumers()).get("c", (None, None))[1] and c,
+                            "the consumer's meta and latest state written once the store heals", timeout=5)
+    assert consumers == {"c": ({"name": "c"}, {"n": 2})}
+    # without an event loop: the failed write is written by the next flush
+    inline = st.takeover("S")
+    flaky.fail = True
+    inline.put_doc("consumers/e", "meta", {"name": "e"})
+    assert inline.docs.failures == 1 and "e" not in reader.open_view("S").consumers()
+    flaky.fail = False
+    assert inline.docs.flush(time.monotonic() + 5)
+    assert reader.open_view("S").consumers()["e"] == ({"name": "e"}, None)
+    inline.close()
+    st.shutdown()

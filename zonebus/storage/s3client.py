@@ -7,14 +7,18 @@ attempt, retries included (botocore retries throttling and 5xx answers), is repo
 `ObjectStore` installs (`on_request(kind, "bucket/key", request bytes)`), read off the request itself, so
 what is counted is what a provider bills. Endpoint, region and credentials come from the standard AWS
 environment variables unless given; a custom endpoint uses path-style addressing. boto3 is imported when
-the first S3 store is opened.
+the first S3 store is opened. Every failure is an `OSError` (what the callers catch): S3's error answers
+(`ClientError`) and botocore's own errors after its retries (a connection closed or refused: `BotoCoreError`s
+that are not `OSError`s) are wrapped; 404 on a GET is `FileNotFoundError`, 412 on a create-only PUT
+`ObjectExists`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
 from urllib.parse import parse_qs, unquote, urlparse
 
 Hook = Callable[[str, str, int], None]  # (kind, "bucket/key", request body bytes)
@@ -41,6 +45,24 @@ def request_kind(method: str, query: str, headers: Any, has_key: bool) -> str:
     if method == "DELETE":
         return "DELETE"
     return method
+
+
+def _reraise(op: str, path: str, exc: Exception) -> NoReturn:
+    """Raise `exc` as an OSError: itself when it is one (botocore's read and connect timeouts are)."""
+    if isinstance(exc, OSError):
+        raise exc
+    raise OSError(f"S3 {op} {path}: {exc}") from exc
+
+
+@contextmanager
+def _as_oserror(op: str, path: str) -> Iterator[None]:
+    """Re-raise botocore's errors (S3's error answers, its own errors after its retries) as OSErrors."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (ClientError, BotoCoreError) as exc:
+        _reraise(op, path, exc)
 
 
 class S3Objects:
@@ -86,7 +108,7 @@ class S3Objects:
         return path[len(self.bucket) + 1:]
 
     def put(self, path: str, data: bytes, if_absent: bool = False) -> None:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         from zonebus.storage.fs import ObjectExists
 
@@ -95,6 +117,8 @@ class S3Objects:
             args["IfNoneMatch"] = "*"
         try:
             self.client.put_object(**args)
+        except BotoCoreError as exc:
+            _reraise("PUT", path, exc)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -103,23 +127,28 @@ class S3Objects:
             raise OSError(f"S3 PUT {path}: {exc}") from exc
 
     def _get(self, path: str, **extra: Any) -> dict:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._split(path), **extra)
+        except BotoCoreError as exc:
+            _reraise("GET", path, exc)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 raise FileNotFoundError(path) from None
             raise OSError(f"S3 GET {path}: {exc}") from exc
 
     def get(self, path: str) -> bytes:
-        return self._get(path)["Body"].read()
+        body = self._get(path)["Body"]
+        with _as_oserror("GET", path):
+            return body.read()
 
     def get_range(self, path: str, start: int, length: int) -> tuple[bytes, int]:
         if length <= 0:
             length = 1
         resp = self._get(path, Range=f"bytes={start}-{start + length - 1}")
-        data = resp["Body"].read()
+        with _as_oserror("GET", path):
+            data = resp["Body"].read()
         total = resp.get("ContentRange", "").rpartition("/")[2]
         return data, int(total) if total.isdigit() else len(data)
 
@@ -128,30 +157,35 @@ class S3Objects:
         prefix = self._split(path).rstrip("/") + "/" if self._split(path + "/") else ""
         files: list[str] = []
         dirs: list[str] = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
-                                                                           Delimiter="/"):
-            files += [o["Key"][len(prefix):] for o in page.get("Contents", ())]
-            dirs += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", ())]
+        with _as_oserror("LIST", path):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                               Delimiter="/"):
+                files += [o["Key"][len(prefix):] for o in page.get("Contents", ())]
+                dirs += [p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", ())]
         return [f for f in files if f], dirs
 
     def list_recursive(self, path: str) -> list[str]:
         """Paths (`bucket/key`) of every object under `path`."""
         prefix = self._split(path).rstrip("/") + "/" if self._split(path + "/") else ""
         out = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-            out += [f"{self.bucket}/{o['Key']}" for o in page.get("Contents", ())]
+        with _as_oserror("LIST", path):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                out += [f"{self.bucket}/{o['Key']}" for o in page.get("Contents", ())]
         return out
 
     def exists(self, path: str) -> bool:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._split(path))
             return True
+        except BotoCoreError as exc:
+            _reraise("HEAD", path, exc)
         except ClientError as exc:
             if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
                 return False
             raise OSError(f"S3 HEAD {path}: {exc}") from exc
 
     def delete(self, path: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._split(path))
+        with _as_oserror("DELETE", path):
+            self.client.delete_object(Bucket=self.bucket, Key=self._split(path))

@@ -5,8 +5,10 @@ only ever writes its own epoch's name, so an older writer that still runs cannot
 documents; readers take the highest epoch of each kind. Writes of the same name that queue up are coalesced
 (only the latest content is written). After the first write of a kind in a folder the lower-epoch versions
 are deleted. A delete of a folder (a consumer removed) drops the writes queued for it and runs after the ones
-already running, so a late state write cannot bring a deleted consumer back. Nothing is written once the
-writer is fenced.
+already running, so a late state write cannot bring a deleted consumer back. A write that fails (S3 503s,
+timeouts) is queued again at the front, unless a newer write of that name or a delete of its folder was queued
+meanwhile, and retried after a backoff (`later`; without an event loop, on the next write or `flush`), so a
+consumer's meta or last state is not silently dropped. Nothing is written once the writer is fenced.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from zonebus.stream import sharedlayout as L
 log = logging.getLogger(__name__)
 
 Runner = Callable[[Callable, object, Callable[[BaseException | None], None]], Future | None]
+Later = Callable[[float, Callable[[], None]], bool]  # call fn after delay seconds (on the loop); False: no loop
+RETRY_FIRST, RETRY_MAX = 0.1, 2.0  # backoff of a failed write's retries, seconds
 
 
 class DocQueue:
     def __init__(self, objects: ObjectStore, prefix: str, epoch: int, run: Runner,
-                 fenced: Callable[[], bool]) -> None:
+                 fenced: Callable[[], bool], later: Later | None = None) -> None:
         self.objects = objects
         self.prefix = prefix
         self.epoch = epoch
@@ -39,6 +43,10 @@ class DocQueue:
         self._ids = 0
         self._future: Future | None = None
         self._cleaned: set[tuple[str, str]] = set()
+        self._later = later
+        self._current: tuple[str, tuple[str, bytes | None]] | None = None  # the job running
+        self._backoff = False  # a retry is scheduled: no job starts before it
+        self._streak = 0  # failures in a row
         self.failures = 0
 
     def _folder(self, sub: str) -> str:
@@ -60,12 +68,13 @@ class DocQueue:
         self._queue.clear()
 
     def _kick(self) -> None:
-        if self._busy or not self._queue or self._fenced():
+        if self._busy or self._backoff or not self._queue or self._fenced():
             return
         key = next(iter(self._queue))
         op = self._queue.pop(key)
         self._ids += 1
         job = self._busy = self._ids
+        self._current = (key, op)
         self._future = None
         fut = self._run(self._job, (key, op), lambda err: self._done(job, err))
         if self._busy == job:
@@ -93,10 +102,30 @@ class DocQueue:
             return  # already handled by flush()
         self._busy = 0
         self._future = None
-        if err is not None:
-            self.failures += 1
-            log.error("shared store %s: document write failed: %s", self.prefix, err)
+        item, self._current = self._current, None
+        if err is None:
+            self._streak = 0
+            self._kick()
+            return
+        self.failures += 1
+        self._streak += 1
+        log.error("shared store %s: document write failed (retrying): %s", self.prefix, err)
+        if item is not None:
+            self._requeue(*item)
+        delay = min(RETRY_FIRST * 2 ** (self._streak - 1), RETRY_MAX)
+        if self._later is not None and self._later(delay, self._retry):
+            self._backoff = True
+        # else (no event loop): the next put or flush writes it
+
+    def _retry(self) -> None:
+        self._backoff = False
         self._kick()
+
+    def _requeue(self, key: str, op: tuple[str, bytes | None]) -> None:
+        """Put a failed job back at the front, unless something queued since supersedes it."""
+        if key in self._queue or any(k.endswith("/") and key.startswith(k) for k in self._queue):
+            return  # a newer write of that name, or a delete of its folder
+        self._queue = {key: op, **self._queue}
 
     def flush(self, deadline: float) -> bool:
         """Blocking: finish the running job and write the queued ones inline; True when all are written."""
@@ -110,8 +139,12 @@ class DocQueue:
                     return False
                 self._busy = 0  # the loop callback for `job` will find another job id and do nothing
                 self._future = None
+                item, self._current = self._current, None
                 if fut.exception() is not None:
+                    self.failures += 1
                     log.error("shared store %s: document write failed: %s", self.prefix, fut.exception())
+                    if item is not None:
+                        self._requeue(*item)
                 continue
             if not self._queue:
                 return True
@@ -122,4 +155,6 @@ class DocQueue:
             except Exception as exc:
                 self.failures += 1
                 log.error("shared store %s: document write failed: %s", self.prefix, exc)
+                self._requeue(key, op)
+                time.sleep(min(RETRY_FIRST, max(deadline - time.monotonic(), 0)))
         return not self._queue and not self._busy

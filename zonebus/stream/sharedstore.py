@@ -145,7 +145,7 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
         self._failing = False
         self._failing_reason = ""
         self._base_busy = False
-        self.docs = DocQueue(objects, self.prefix, epoch, self._run_job, lambda: bool(self.fenced))
+        self.docs = DocQueue(objects, self.prefix, epoch, self._run_job, lambda: bool(self.fenced), self._later)
         self._last_base_move = time.monotonic()
         self.uploads = 0
         self.put_times = PutTimes()
@@ -484,6 +484,13 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
 
         fut.add_done_callback(done)
         return fut
+
+    def _later(self, delay: float, fn: Callable[[], None]) -> bool:
+        """Call `fn` on the loop after `delay` seconds unless the store is closed by then; False without a loop."""
+        if self.loop is None:
+            return False
+        self.loop.call_later(delay, lambda: None if self.closed else fn())
+        return True
 
     # -- documents (stream config, consumer meta and state) -------------------------------------------
     def put_doc(self, sub: str, kind: str, doc: dict) -> None:

@@ -10,7 +10,7 @@ loop and no GIL with the load generator or with moto) and talks to its admin end
                           #                    "upstream_ms"}, ...},
                           #  "prefixes": {"zb/streams/ORDERS/log/": {"PUT": {...}}}, "faults": {...}, "total": n}
         proxy.reset()
-        proxy.set_faults(slowdown=0.1, timeout=0.0, reset=0.0, kind="PUT", prefix="zb/zonerouter/", limit=None)
+        proxy.set_faults(slowdown=0.1, timeout=0.0, reset=0.0, lost=0.0, kind="PUT", prefix="zb/zonerouter/")
 
 Every request is forwarded to moto unchanged (path-style addressing; keep-alive, chunked bodies and
 `Expect: 100-continue` work: the proxy answers `100 Continue` itself, reads the body, then forwards the whole
@@ -29,8 +29,9 @@ folder marker, is counted under `<folder> (folder marker)`).
 
 Faults (admin `POST /faults`): with probability `slowdown` a `503 SlowDown` with S3's XML error body, with
 `timeout` the request is held unanswered until the client gives up (or `hold` seconds), with `reset` the
-connection is reset (RST) halfway through the request body (right after the headers if it has none);
-`kind`/`prefix` restrict them, `limit` caps how many are injected.
+connection is reset (RST) halfway through the request body (right after the headers if it has none), with
+`lost` the request is carried out upstream but the connection is reset before the answer (a PUT that landed
+although its client saw an error); `kind`/`prefix` restrict them, `limit` caps how many are injected.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from zonebus.testing.processes import stop_child
 
 HOST = "127.0.0.1"
 CHUNK = 256 * 1024
+FAULTS = ("slowdown", "timeout", "reset", "lost")
 KINDS = ("PUT", "COPY", "GET", "LIST", "HEAD", "DELETE")
 DEFAULT_LATENCY_MS: dict[str, tuple[float, float]] = {
     "PUT": (20.0, 80.0), "COPY": (20.0, 80.0),
@@ -153,7 +155,7 @@ class S3ProxyServer:
     def reset(self) -> None:
         self.kinds: defaultdict[str, dict[str, float]] = defaultdict(_stat)
         self.prefixes: defaultdict[str, defaultdict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(_stat))
-        self.injected = {"slowdown": 0, "timeout": 0, "reset": 0}
+        self.injected = {name: 0 for name in FAULTS}
 
     def snapshot(self) -> dict[str, Any]:
         return {"kinds": {k: dict(v) for k, v in self.kinds.items()},
@@ -174,11 +176,11 @@ class S3ProxyServer:
             self.latency[kind] = (float(p50), float(p99))
 
     def set_faults(self, spec: Mapping[str, Any]) -> None:
-        known = {"slowdown", "timeout", "reset", "kind", "prefix", "limit", "hold"}
+        known = {*FAULTS, "kind", "prefix", "limit", "hold"}
         unknown = set(spec) - known
         if unknown:
             raise ValueError(f"unknown fault keys {sorted(unknown)} (known: {sorted(known)})")
-        total = sum(float(spec.get(k) or 0) for k in ("slowdown", "timeout", "reset"))
+        total = sum(float(spec.get(k) or 0) for k in FAULTS)
         if total > 1.0:
             raise ValueError("fault probabilities add up to more than 1")
         self.faults = dict(spec)
@@ -198,7 +200,7 @@ class S3ProxyServer:
         if f.get("limit") is not None and sum(self.injected.values()) >= int(f["limit"]):
             return ""
         r, edge = self.rng.random(), 0.0
-        for name in ("slowdown", "timeout", "reset"):
+        for name in FAULTS:
             edge += float(f.get(name) or 0)
             if r < edge:
                 self.injected[name] += 1
@@ -298,6 +300,10 @@ class S3ProxyServer:
                 if attempt:
                     raise _Dropped
         status = int(rhead.first.split(" ")[1])
+        if fault == "lost":  # done upstream; the client never hears of it
+            up[1].close()
+            _reset(writer)
+            raise _Dropped
         if status >= 400:
             self._count(kind, prefix, "errors", 1)
         writer.write(rhead.raw)
@@ -492,10 +498,11 @@ class S3Proxy:
     def reset(self) -> None:
         self._call("/reset", {})
 
-    def set_faults(self, slowdown: float = 0.0, timeout: float = 0.0, reset: float = 0.0, kind: str | None = None,
-                   prefix: str | None = None, limit: int | None = None, hold: float | None = None) -> dict:
-        spec = {"slowdown": slowdown, "timeout": timeout, "reset": reset, "kind": kind, "prefix": prefix,
-                "limit": limit, "hold": hold}
+    def set_faults(self, slowdown: float = 0.0, timeout: float = 0.0, reset: float = 0.0, lost: float = 0.0,
+                   kind: str | None = None, prefix: str | None = None, limit: int | None = None,
+                   hold: float | None = None) -> dict:
+        spec = {"slowdown": slowdown, "timeout": timeout, "reset": reset, "lost": lost, "kind": kind,
+                "prefix": prefix, "limit": limit, "hold": hold}
         return self._call("/faults", {k: v for k, v in spec.items() if v is not None})
 
     def clear_faults(self) -> None:

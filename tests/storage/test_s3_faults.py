@@ -1,0 +1,81 @@
+"""Publishes stay correct while S3 misbehaves (issue #24, item 6): a zonebus server with a stream on s3://
+through `zonebus.testing.s3proxy` (S3-like latency), publishers running while the proxy answers PUTs with
+`503 SlowDown`, holds them until the client gives up (timeouts), and resets connections in the middle of an
+upload, and carries PUTs out but resets the connection before the answer (lost answers); then the faults
+stop. Every acknowledged message is stored at its acknowledged sequence (lost = 0),
+every failed publish failed visibly (a JetStream error or a timeout, nothing else), each publisher's messages
+are in order, and publishing heals for everybody. Duplicates (a failed publish stored after all, then sent
+again) are allowed and printed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nats
+import pytest
+
+from zonebus.storage.fs import ObjectExists
+from zonebus.storage.s3client import S3Objects
+from zonebus.testing.faultload import PHASES, FaultPublisher, check, read_back, run_phases
+from zonebus.testing.motos3 import MotoS3
+from zonebus.testing.processes import ServerProcess
+
+PUBLISHERS = 8
+
+
+def server_config(local: Path, url: str) -> str:
+    return f'jetstream {{ store_dir: "{local}", shared_store: "{url}" }}\n'
+
+
+@pytest.mark.timeout(90)
+async def test_publishes_under_s3_faults(tmp_path: Path, proxied: MotoS3) -> None:
+    url = f"s3://{proxied.bucket}/faults-{tmp_path.name}"
+    server = ServerProcess(impl="zonebus", config=server_config(tmp_path / "local", url), env=proxied.env(),
+                           workdir=tmp_path)
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=5)
+        await js.add_stream(name="FAULTS", subjects=["f.>"])
+        pubs = [FaultPublisher(server.url, f"p{k}", f"f.p{k}") for k in range(PUBLISHERS)]
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
+        try:
+            injected = await run_phases(proxied.proxy, pubs, PHASES)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        report = check(pubs, await read_back(nc, "FAULTS"))
+        await nc.close()
+    finally:
+        server.stop()
+    print(f"s3 faults, one server: injected {injected}; {report.line()}")
+    assert all(injected[name] > 0 for name in ("slowdown", "timeout", "reset", "lost")), injected
+    assert report.lost == [], report.lost[:10]
+    assert report.order == [] and report.unknown == [], (report.order[:10], report.unknown[:10])
+    assert report.dup_acks == 0
+    assert all(k == "timeout" or k.startswith("js ") for k in report.failures), report.failures
+    assert report.acked >= 10 * PUBLISHERS, report.line()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("fault", "kind"), [("slowdown", "LIST"), ("slowdown", "DELETE"), ("reset", "GET"),
+                                             ("reset", "PUT"), ("lost", "DELETE")])
+def test_every_s3_failure_is_an_oserror(proxied: MotoS3, fault: str, kind: str) -> None:
+    """What the broker's S3 client raises once botocore's retries are spent: always an OSError (the callers,
+    zone-router trimming and batch reads among them, catch OSError), never botocore's own exception types."""
+    assert proxied.proxy is not None
+    objects = S3Objects(proxied.bucket, proxied.endpoint, proxied.region)
+    path = f"{proxied.bucket}/errors/{fault}-{kind}"
+    objects.put(path, b"x")
+    proxied.proxy.set_faults(kind=kind, **{fault: 1.0})
+    call = {"LIST": lambda: objects.list(f"{proxied.bucket}/errors"), "DELETE": lambda: objects.delete(path),
+            "GET": lambda: objects.get(path), "PUT": lambda: objects.put(path, b"y", if_absent=True)}[kind]
+    with pytest.raises(OSError) as err:
+        call()
+    assert not isinstance(err.value, ObjectExists | FileNotFoundError), err.value
+    assert proxied.proxy.counts()["faults"][fault] >= 3  # botocore's 3 attempts (at least)
+    proxied.proxy.clear_faults()
+    if kind != "DELETE":
+        assert objects.get(path) == b"x"
