@@ -4,7 +4,8 @@ over from the bucket, publishing heals, and every acknowledged message is in the
 sequence, each publisher's in order; failed publishes (timeouts, 503s while the stream has no leader) and
 duplicates (a message stored whose PubAck died with the leader, then sent again) are counted and printed. The
 `storm` variant answers every S3 request with 503 SlowDown for 10 s from the kill on (the takeover's requests
-fail even after botocore's retries), then heals: publishing should heal too; it does not yet (`STALL`)."""
+fail even after botocore's retries), then heals: the new leader retries its takeover while the store fails, and
+publishing heals too."""
 
 from __future__ import annotations
 
@@ -24,13 +25,6 @@ from zonebus.testing.polling import until
 from zonebus.testing.processes import stop_all
 
 PUBLISHERS = 6
-# the storm: every request answered 503 SlowDown from the kill on, so that the new leader's takeover fails
-STALL = ("a takeover that fails with a storage error (not Fenced) is not retried: zonebus/stream/cluster.py "
-         "_lead retries only Fenced, the meta record names a leader that never adopted the stream, and publishes "
-         "get no responders until the next leader change")
-STORM_XFAIL = pytest.mark.xfail(strict=True, raises=TimeoutError, reason=STALL)
-
-
 @pytest.fixture(scope="module")
 def slow_s3() -> Iterator[MotoS3]:
     with proxied_s3("zonebus-killed", seed=5) as s3:
@@ -44,7 +38,7 @@ async def stream_leader(nc: nats.NATS, stream: str) -> str:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("storm", [0.0, pytest.param(10.0, marks=STORM_XFAIL)], ids=["clean", "storm"])
+@pytest.mark.parametrize("storm", [0.0, 10.0], ids=["clean", "storm"])
 async def test_r1_leader_killed_on_s3(tmp_path: Path, slow_s3: MotoS3, storm: float) -> None:
     proxy = slow_s3.proxy
     assert proxy is not None

@@ -108,7 +108,10 @@ async def test_latency_budget_fills_batches_and_keeps_acks_within_it(tmp_path: P
         await asyncio.sleep(0.01)
     await until(lambda: len(waits) == n, "every ack", timeout=10)
     assert n > 100
-    assert s.uploads <= 1.5 / (budget * 0.9 - s.put_times.p99()) + 2  # a few objects a second, not one per turn
+    # a few objects a second, not one per loop turn (the first batches fill for the PUT time guessed before
+    # any was measured)
+    slowest = max(s.put_times.p99(), s.put_times.guess)
+    assert s.uploads <= 1.5 / (budget * 0.9 - slowest) + 2
     assert s.uploads < n / 20
     assert max(waits) < budget * 2  # (generous: a loaded machine; the bench measures the p99)
     s.close()

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 API = "$JS.API."
 CATCH_UP_POLL = 0.05  # seconds between looks at whether the meta state caught up
 TAKEOVER_ATTEMPTS = 3
+TAKEOVER_RETRY_MAX = 2.0  # seconds between takeover attempts while the shared store fails
 FORWARD = "$JSC."
 EXISTED = "X."  # after the forward prefix: a create that found the same stream (answered without did_create)
 PROPOSE_TIMEOUT = 4.0  # nats-py waits 5 s for an API answer
@@ -276,15 +277,24 @@ class ClusteredJetStream:
             shared = self.svc.shared
             if shared is None:
                 raise RuntimeError("file streams in a cluster need jetstream { shared_store }")
-            for attempt in range(TAKEOVER_ATTEMPTS):
+            fenced = failed = 0
+            while True:
                 try:
                     store, meta, consumers = await asyncio.to_thread(self._take_over, name, cfg,
                                                                      _created_ns(rec.created))
                     break
                 except Fenced:  # another writer claimed a higher epoch meanwhile (a stale one): claim above it
-                    if attempt == TAKEOVER_ATTEMPTS - 1 or self._still_mine(name) is None:
+                    fenced += 1
+                    if fenced == TAKEOVER_ATTEMPTS or self._still_mine(name) is None:
                         raise
                     await asyncio.sleep(CATCH_UP_POLL)
+                except OSError as exc:  # the store failed (503s, resets, timeouts): again while it is still ours
+                    if self._still_mine(name) is None:
+                        return
+                    if not failed:
+                        self.server.log(f"JetStream: taking stream {name} over failed ({exc}); retrying", "WRN")
+                    failed += 1
+                    await asyncio.sleep(min(0.1 * 2 ** min(failed, 5), TAKEOVER_RETRY_MAX))
             if self._still_mine(name) is None:
                 store.close()  # lost the stream again while taking it over
                 return

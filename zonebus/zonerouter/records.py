@@ -9,7 +9,7 @@ Every frame starts with the magic `ZR`, a version byte and a kind byte:
 - 3 hand-off (a server -> its zone's proxy, inside one zone): leader, stream, subject, reply, headers and
   payload, their lengths (u16 x 4, u32 x 2) first;
 - 4 bye: a server shutting down asks its peers to leave it out of the mapping;
-- 12 inline batch (proxy -> leader, crosses zones; the link path of `paths.PathChooser`): a link record's
+- 14 inline batch (proxy -> leader, crosses zones; the link path of `paths.PathChooser`): a link record's
   fields, then the batch object itself, zstd-compressed, instead of a channel object on the shared store.
 
 Answer entries, one or more per message in batch order: `1` run (first sequence u64, count u32: that many
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 MAGIC = b"ZR"
 VERSION = 1
 LINK, ANSWER, HANDOFF, BYE = 1, 2, 3, 4
-INLINE = 12  # (5-11 are the read path's, `readframes`)
+INLINE = 14  # (5-13 are the read path's, `readframes`)
 
 _HEAD = struct.Struct("!2sBB")
 _LINK = struct.Struct("!2sBB8sQIQI")
