@@ -38,14 +38,13 @@ from zonebus.meta import MetaError, MetaGroup, MetaTiming, NoQuorum, RoutePeer, 
 from zonebus.meta.assign import matches
 from zonebus.meta.state import Change, StreamRecord
 from zonebus.server.internal import InternalClient
-from zonebus.stream import api as jsapi
 from zonebus.stream import direct, stream_config
+from zonebus.stream.clusterlists import FORWARD, StreamLists, _error, _reply
 from zonebus.stream.errors import JSError
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
 from zonebus.stream.sharedstore import Fenced
 from zonebus.stream.store import now_ns
-from zonebus.subjects.patterns import overlaps
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
@@ -59,21 +58,11 @@ API = "$JS.API."
 CATCH_UP_POLL = 0.05  # seconds between looks at whether the meta state caught up
 TAKEOVER_ATTEMPTS = 3
 TAKEOVER_RETRY_MAX = 2.0  # seconds between takeover attempts while the shared store fails
-FORWARD = "$JSC."
 EXISTED = "X."  # after the forward prefix: a create that found the same stream (answered without did_create)
 PROPOSE_TIMEOUT = 4.0  # nats-py waits 5 s for an API answer
 READY_TIMEOUT = 4.0
-GATHER_TIMEOUT = 2.0
 EARLY_FRAMES = 10_000
 CONSUMER_STEPDOWN = ["CONSUMER", "LEADER", "STEPDOWN"]
-
-
-def _reply(kind: str, body: dict[str, Any]) -> bytes:
-    return json.dumps({"type": jsapi.PREFIX + kind, **body}, separators=(",", ":")).encode()
-
-
-def _error(kind: str, err: JSError) -> bytes:
-    return _reply(kind, {"error": err.to_dict()})
 
 
 def _stepdown_placement(payload: bytes) -> dict[str, Any] | None:
@@ -105,7 +94,7 @@ def _created_ns(created: str) -> int:
         return now_ns()
 
 
-class ClusteredJetStream:
+class ClusteredJetStream(StreamLists):
     """One account's clustered JetStream (the global account's unless `account` names another: then its own
     meta group on the `meta.<account>` channel, its store under `<store_dir>/jetstream/<account>`, its shared
     streams under `<shared_store>/accounts/<account>`; zonebus.stream.accounts)."""
@@ -580,52 +569,3 @@ class ClusteredJetStream:
             self.svc.send(reply, _error(kind, err))
             return
         self.svc.send(reply, _reply(kind, {"success": True}))
-
-    # -- names and lists -------------------------------------------------------------------------------
-    def _matching(self, payload: bytes) -> tuple[list[str], int]:
-        req = self.svc.api._paged(payload)
-        streams = self.meta.state.streams if self.meta is not None else {}
-        subj = req.get("subject")
-        names = sorted(n for n, r in streams.items()
-                       if not subj or any(overlaps(subj, s) for s in r.config.get("subjects", [n])))
-        return names, max(req.get("offset", 0), 0)
-
-    def _names(self, kind: str, payload: bytes) -> bytes:
-        try:
-            names, off = self._matching(payload)
-        except JSError as err:
-            return _error(kind, err)
-        page = names[off : off + jsapi.NAMES_LIMIT]
-        return _reply(kind, {"total": len(names), "offset": off, "limit": jsapi.NAMES_LIMIT, "streams": page})
-
-    def _local_infos(self, payload: bytes) -> list[dict[str, Any]]:
-        names = set(json.loads(payload or b"[]"))
-        return [self.svc.streams[n].info() for n in sorted(names) if n in self.svc.streams]
-
-    async def _list(self, kind: str, payload: bytes, reply: str) -> None:
-        try:
-            names, off = self._matching(payload)
-        except JSError as err:
-            self.svc.send(reply, _error(kind, err))
-            return
-        page = names[off : off + jsapi.LIST_LIMIT]
-        streams = self.meta.state.streams if self.meta is not None else {}
-        by_leader: dict[str, list[str]] = {}
-        for n in page:
-            by_leader.setdefault(streams[n].leader, []).append(n)
-        infos: list[dict[str, Any]] = []
-        missing: list[str] = []
-        for leader, wanted in by_leader.items():
-            body = json.dumps(wanted).encode()
-            if leader == self.name:
-                infos += self._local_infos(body)
-                continue
-            answer = await self.client.request(f"{FORWARD}{server_hash(leader)}.LIST", body, GATHER_TIMEOUT)
-            got = json.loads(answer[1]) if answer is not None else []
-            infos += got
-            missing += sorted(set(wanted) - {i["config"]["name"] for i in got})
-        infos.sort(key=lambda i: i["config"]["name"])
-        body: dict[str, Any] = {"total": len(names), "offset": off, "limit": jsapi.LIST_LIMIT, "streams": infos}
-        if missing:
-            body["missing"] = missing
-        self.svc.send(reply, _reply(kind, body))
