@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from zonebus.storage.meter import METER, RequestMeter, purpose_of
+from zonebus.storage.s3client import s3_location
 
 
 class StorageError(Exception):
@@ -39,18 +40,9 @@ class ObjectExists(FileExistsError):
     """A create-only put found the object there already."""
 
 
-def _env(*names: str) -> str:
-    for n in names:
-        v = os.environ.get(n, "")
-        if v:
-            return v
-    return ""
-
-
 def s3_filesystem(endpoint: str = "", region: str = "", bucket: str = "") -> pafs.S3FileSystem:
     """An S3 filesystem; empty `endpoint`/`region` fall back to the AWS environment variables."""
-    endpoint = endpoint or _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-    region = region or _env("AWS_REGION", "AWS_DEFAULT_REGION")
+    endpoint, region = s3_location(endpoint, region)
     kwargs: dict = {"background_writes": False, "allow_delayed_open": True}
     if endpoint:
         u = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")

@@ -32,6 +32,12 @@ def _env(*names: str) -> str:
     return ""
 
 
+def s3_location(endpoint: str = "", region: str = "") -> tuple[str, str]:
+    """(endpoint, region) as given, else from the standard AWS environment variables ("" when unset)."""
+    return (endpoint or _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
+            region or _env("AWS_REGION", "AWS_DEFAULT_REGION"))
+
+
 def request_kind(method: str, query: str, headers: Any, has_key: bool) -> str:
     """What a provider bills an S3 HTTP request as: PUT, COPY, GET, LIST, HEAD, DELETE."""
     if method == "PUT":
@@ -72,8 +78,8 @@ class S3Objects:
         import boto3
         from botocore.config import Config
 
-        endpoint = endpoint or _env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
-        region = region or _env("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1"
+        endpoint, region = s3_location(endpoint, region)
+        region = region or "us-east-1"
         if endpoint and "://" not in endpoint:
             endpoint = f"https://{endpoint}"
         # a hung request fails within seconds (the publishers waiting on it are told to retry), not minutes
