@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from zonebus.storage.meter import METER, RequestMeter, purpose_of
-from zonebus.storage.s3client import s3_location
+from zonebus.storage.s3client import S3Objects, s3_location
 
 
 class StorageError(Exception):
@@ -141,8 +141,6 @@ class ObjectStore:
         if u.scheme == "s3":
             if not u.netloc:
                 raise StorageError(f"{url}: an s3:// URL needs a bucket (s3://bucket/prefix)")
-            from zonebus.storage.s3client import S3Objects
-
             return cls(S3Objects(u.netloc, endpoint, region), (u.netloc + u.path).rstrip("/"))
         fs, root = filesystem(url, endpoint, region)
         return cls(fs, root)
