@@ -6,17 +6,16 @@ its HTTP monitor), counts into the process's meter directly and reads both pages
 through prometheus_client's parser). Each run uses a store label of its own, so counts other tests made in this
 process do not matter.
 
-`test_counts_agree_with_moto` DEPENDS ON ObjectStore COUNTING (zonebus/storage/fs.py counting every request into
-`zonebus.storage.meter.METER`, the lead's change): a real `zonebus server` process with a stream on `s3://` on
+`test_counts_agree_with_moto`: `zonebus/storage/fs.py` counts every request into `zonebus.storage.meter.METER`;
+a real `zonebus server` process with a stream on `s3://` on
 moto's S3 server, publishes and consumes; the ledger's storage rows, `/jsz` and `/metrics` must agree within 2%
 with the requests moto's server recorded (its request recorder, `/moto-api/recorder/`), counted by HTTP method
-and URL. It is skipped, saying so, while fs.py does not count into the meter.
+and URL.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import tempfile
 import urllib.request
@@ -96,12 +95,6 @@ async def test_jsz_and_metrics_show_the_meters_counts(tmp_path: Path) -> None:
 
 
 # -- reconciliation with moto's own request log ------------------------------------------------------------
-def _objectstore_counts() -> bool:
-    import zonebus.storage.fs as fs
-
-    return "METER" in inspect.getsource(fs)
-
-
 def moto_kind(entry: dict[str, Any], bucket: str) -> str | None:
     """The S3 request kind of one recorded request (None: not a request to the bucket)."""
     url = urlparse(entry["url"])
@@ -139,8 +132,6 @@ def _post(endpoint: str, path: str) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not _objectstore_counts(),
-                    reason="DEPENDS ON ObjectStore COUNTING: zonebus/storage/fs.py does not count into METER yet")
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_counts_agree_with_moto(tmp_path: Path, workers: int) -> None:
     """With 2 worker processes only worker 0 touches storage: every request must be in the ledger once (none lost
