@@ -238,14 +238,15 @@ async def test_s3_shared_store_leader_killed(tmp_path: Path, moto_s3) -> None:
         pub = Publisher(js, "s3c.x")
         task = asyncio.create_task(pub.run())
         deadline = time.monotonic() + 30
-        while len(pub.acked) < 100:
+        # (on s3:// a batch fills for the 250 ms latency budget: this one-at-a-time publisher gets ~4 acks a second)
+        while len(pub.acked) < 30:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
         leader = await leader_of(nc, "S3C")
         by_name(servers, leader).kill()
         await leader_of(nc, "S3C", not_=leader)
         before = len(pub.acked)
-        while len(pub.acked) < before + 50:
+        while len(pub.acked) < before + 20:
             assert time.monotonic() < deadline + 30
             await asyncio.sleep(0.05)
         pub.stop.set()
