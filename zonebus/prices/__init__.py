@@ -129,6 +129,13 @@ def storage_prices(spec: str = DEFAULT_STORAGE) -> StoragePrices:
                          currency=str(doc.get("currency", "USD")), **texts)
 
 
+def transfer_per_byte(doc: dict) -> float:
+    """Dollars per byte crossing a zone boundary under a transfer list's raw JSON
+    (cross_zone_per_gb_each_side x sides_charged / bytes_per_gb, with the pipeline's defaults)."""
+    return (float(doc["cross_zone_per_gb_each_side"]) * float(doc.get("sides_charged", 2))
+            / float(doc.get("bytes_per_gb", 1e9)))
+
+
 def transfer_doc(spec: str) -> tuple[dict, str]:
     """A transfer price list's raw JSON and its path (parsed and checked by `zonebus.pipeline.prices`)."""
     return _read(spec, TRANSFER_DIR, transfer_names(), "transfer")

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from zonebus.prices import TRANSFER_DIR
+from zonebus.prices import TRANSFER_DIR, transfer_per_byte
 from zonebus.server.monitor import connz, subsz, varz
 
 if TYPE_CHECKING:
@@ -293,8 +293,7 @@ def price_per_byte() -> dict[str, float]:
                 doc = json.loads(path.read_text())
                 if doc.get("currency", "USD") != "USD":
                     continue
-                per_gb = float(doc["cross_zone_per_gb_each_side"]) * float(doc.get("sides_charged", 2))
-                prices[str(doc.get("provider") or path.stem)] = per_gb / float(doc.get("bytes_per_gb", 1e9))
+                prices[str(doc.get("provider") or path.stem)] = transfer_per_byte(doc)
             except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
                 continue
         _prices = prices

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import zstandard
 
-from zonebus.prices import storage_prices, transfer_doc
+from zonebus.prices import storage_prices, transfer_doc, transfer_per_byte
 
 WINDOW = 2.0  # seconds over which the byte rate is averaged
 STORAGE, LINK = "storage", "link"
@@ -44,13 +44,11 @@ class PathChooser:
                  transfer: str = "aws") -> None:
         self.mode = mode  # auto | storage | link
         self.billed = billed  # the store bills requests (s3://)
-        self.storage_linger = max(storage_linger, 0.001)
+        self.storage_linger = storage_linger  # how long a storage-path batch fills (the proxy's timer)
         sp = storage_prices(storage)
         self.per_batch = sp.per_request("PUT") + sp.per_request("GET")
         self.per_get = sp.per_request("GET")
-        doc, _ = transfer_doc(transfer)
-        self.per_byte = (float(doc.get("cross_zone_per_gb_each_side", 0.01)) * float(doc.get("sides_charged", 2))
-                         / float(doc.get("bytes_per_gb", 1e9)))
+        self.per_byte = transfer_per_byte(transfer_doc(transfer)[0])
         self.flows: dict[str, _Flow] = {}
         self._cctx = zstandard.ZstdCompressor(level=_LEVEL)
         self._dctx = zstandard.ZstdDecompressor()
@@ -78,10 +76,11 @@ class PathChooser:
             f.path, f.why = STORAGE, "the store bills no requests"
         else:
             link = f.rate * f.ratio * self.per_byte
-            storage = self.per_batch / self.storage_linger
+            per_s = 1 / max(self.storage_linger, 0.001)  # batches a second through storage
+            storage = self.per_batch * per_s
             f.path = LINK if link < storage else STORAGE
             f.why = (f"{f.rate / 1e3:.0f} kB/s x {f.ratio:.2f} compressed over the link costs ${link * 3600:.4f}/h; "
-                     f"{1 / self.storage_linger:.0f} batches/s through storage cost ${storage * 3600:.4f}/h")
+                     f"{per_s:.0f} batches/s through storage cost ${storage * 3600:.4f}/h")
         f.batches[f.path] += 1
         return f.path
 

@@ -94,8 +94,11 @@ class ZoneRouter:
         if stale:
             self.server.log(f"zone router: removed {stale} channel(s) of earlier runs of this server")
         billed = self.opts.shared_store.startswith("s3://")
-        self.paths = PathChooser(self.opts.zone_router_path, billed,
-                                 max(self.opts.zone_router_linger, self.opts.shared_store_latency_budget / 5))
+        # a channel object costs two requests on a billed store: there its batches fill for a fifth of the
+        # latency budget; elsewhere (file://) the router's own linger, as before
+        linger = self.opts.zone_router_linger
+        storage_linger = max(linger, self.opts.shared_store_latency_budget / 5) if billed else linger
+        self.paths = PathChooser(self.opts.zone_router_path, billed, storage_linger)
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
                            self.opts.zone_router_batch, self.paths)
         self.serving.inline_limit = self.paths.inline_limit()
