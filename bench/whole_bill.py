@@ -5,7 +5,9 @@ Topology: three zones, one server per zone (s1..s3 tagged `az:z1..z3`), every ro
 proxy process (`zonebus.testing.zonecluster`), the stream led in z2.
 - nats-server: `cluster { compression: s2_best }`, stream `num_replicas: 3` (its own file store), leader
   moved to s2 by stepdowns.
-- zonebus: `jetstream { shared_store: "s3://bucket/zb", zone_router: true, s3 { endpoint, region } }`, the
+- zonebus: `jetstream { shared_store: "s3://bucket/zb", zone_router: true, zone_router_ack: replicas|storage,
+  s3 { endpoint, region } }` (`--ack`: `replicas`, the default, acks once a proxy in another zone holds a
+  message and writes the log object every 5 s; `storage` acks once the log object is stored), the
   endpoint being `zonebus.testing.s3proxy` in front of moto (its own process): S3-like latency (PUT p50 20 ms /
   p99 80 ms, GET/LIST/HEAD/DELETE 10/40 ms; `--latency off` drops it, a flattering figure, labelled) and every
   request counted by kind and key prefix. Stream R1 placed in z2 (`placement: {tags: ["az:z2"]}`).
@@ -27,7 +29,7 @@ whether each publisher's order was kept in the stream. Storage kept (GB-month) i
 assumption. Progress goes to stderr, the tables to stdout.
 
 Run: `python bench/whole_bill.py [--seconds 20] [--rate 600] [--size 1024] [--only nats|zonebus]
-[--workloads steady,burst] [--latency off]`.
+[--workloads steady,burst] [--latency off] [--ack replicas|storage]`.
 """
 
 from __future__ import annotations
@@ -222,13 +224,14 @@ async def run_consumer(url: str, con: Con, stream: str, done: asyncio.Event, tar
 class Bench:
     """One setup: its cluster, its S3 stand-in (zonebus), how its streams are made."""
 
-    def __init__(self, impl: str, latency: bool, prefix_depth: int = 4) -> None:
-        self.impl, self.latency, self.prefix_depth = impl, latency, prefix_depth
+    def __init__(self, impl: str, latency: bool, prefix_depth: int = 4, ack: str = "replicas") -> None:
+        self.impl, self.latency, self.prefix_depth, self.ack = impl, latency, prefix_depth, ack
         self.s3: MotoS3 | None = None
         if impl == "nats":
             self.label = "nats-server R3, s2_best"
         else:
-            self.label = "zonebus zone router, S3" + ("" if latency else " (latency off: flattering)")
+            self.label = (f"zonebus zone router, S3, ack: {ack}"
+                          + ("" if latency else " (latency off: flattering)"))
 
     def start(self, stack: ExitStack, tmp: Path) -> None:
         if self.impl == "nats":
@@ -241,7 +244,8 @@ class Bench:
             self.cluster = ZoneCluster(
                 self.label, "zonebus",
                 lambda i, t: (f'jetstream {{ store_dir: "{t}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
-                              f'zone_router: true, s3 {{ endpoint: "{ep}", region: "{region}" }} }}'),
+                              f'zone_router: true, zone_router_ack: "{self.ack}", '
+                              f's3 {{ endpoint: "{ep}", region: "{region}" }} }}'),
                 env=self.s3.env(endpoint=False))
         stack.callback(self.cluster.stop)
         self.cluster.start(tmp)
@@ -444,7 +448,7 @@ async def main_async(args: argparse.Namespace) -> None:
     started_load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     for impl in impls:
         for w in args.workloads:  # a fresh cluster (and bucket) per workload: nothing left over from the last
-            bench = Bench(impl, latency=args.latency != "off", prefix_depth=args.prefix_depth)
+            bench = Bench(impl, latency=args.latency != "off", prefix_depth=args.prefix_depth, ack=args.ack)
             with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-bill-") as tmp:
                 log(f"starting {bench.label} for {w}")
                 bench.start(stack, Path(tmp))
@@ -468,6 +472,8 @@ def main() -> None:
     ap.add_argument("--latency", choices=("default", "off"), default="default", help="S3 proxy latency")
     ap.add_argument("--drain", type=float, default=30,
                     help="after the publishers: stop reading after this many seconds without a message")
+    ap.add_argument("--ack", choices=("replicas", "storage"), default="replicas",
+                    help="zonebus's zone_router_ack: replicas (the default) or storage (a PUT before each ack)")
     ap.add_argument("--prefix-depth", type=int, default=4, help="key prefix depth of the storage request counts")
     args = ap.parse_args()
     bad = set(args.workloads) - {"steady", "burst"}

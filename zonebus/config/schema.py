@@ -483,6 +483,19 @@ def _router_path(opts: JetStreamOptions, v: Value, errors: _Errors) -> None:
     opts.zone_router_path = v.value
 
 
+def _router_ack(opts: JetStreamOptions, v: Value, errors: _Errors) -> None:
+    if v.kind != "string" or v.value not in ("replicas", "storage"):
+        raise BadValue(f"expected replicas or storage, got {show(v)}", v)
+    opts.zone_router_ack = v.value
+
+
+def _router_tier(v: Value) -> float:
+    seconds = get_duration(v)
+    if not 0.1 <= seconds <= 60:
+        raise BadValue(f"expected a duration from 100ms to 60s, got {show(v)}", v)
+    return seconds
+
+
 def _router_epoch(v: Value) -> float:
     seconds = get_duration(v)
     if not 0.1 <= seconds <= 3600:
@@ -514,6 +527,8 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "zone_router_batch": _positive_size("zone_router_batch"),
     "zone_router_path": _router_path,
     "zone_router_epoch": _setter("zone_router_epoch", _router_epoch),
+    "zone_router_ack": _router_ack,
+    "zone_router_tier": _setter("zone_router_tier", _router_tier),
 }
 
 

@@ -97,6 +97,7 @@ class JetStreamService:
         # True; `on_visible_hook(stream)` runs when a shared stream's store releases a batch with messages
         self.tap: Any = None
         self.on_visible_hook: Any = None
+        self.on_tail_hook: Any = None  # `on_tail_hook(stream)`: records were appended to a replicated tail
         # zone router: every subscription of a stream joins the queue group `STREAM_QUEUE + name`, so that
         # routes tell a stream's interest apart from core subscribers' (its only member is the leader)
         self.stream_queue = False
@@ -286,9 +287,11 @@ class JetStreamService:
     def _start_shared(self, cache_root: Path) -> None:
         o = self.opts
         billed = o.shared_store.startswith("s3://")  # each request costs: batches fill for the latency budget
+        tiered = billed and o.zone_router and o.zone_router_ack == "replicas"  # the proxies replicate the tail
         options = CommitOptions(linger=o.shared_store_linger, batch_bytes=o.shared_store_batch,
                                 inflight=o.shared_store_inflight,
-                                latency_budget=o.shared_store_latency_budget if billed else 0.0)
+                                latency_budget=o.shared_store_latency_budget if billed else 0.0,
+                                tier_interval=o.zone_router_tier if tiered else 0.0)
         # Blocking, like the local recovery above: no client is served before every stream is back (the
         # listener is open already, but its connections are not set up while the loop is busy here).
         # another account's streams are under `<shared_store>/accounts/<account>` (the same layout inside)
@@ -377,6 +380,9 @@ class JetStreamService:
                 hook(stream)
 
             store.on_visible = visible
+        if self.on_tail_hook is not None:
+            tail_hook = self.on_tail_hook
+            store.on_tail = lambda: tail_hook(stream)
         store.on_fenced = lambda reason: self._on_fenced(stream, reason)
         return stream
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream import sharedlayout as L
+from zonebus.stream.sharedfence import TailSource
 from zonebus.stream.sharedstore import CommitOptions, Fenced, SharedStore
 from zonebus.stream.sharedview import SharedView
 
@@ -39,6 +40,8 @@ class SharedStorage:
         self.objects = ObjectStore.from_url(url, endpoint, region)
         self.cache_root = Path(cache_root) if cache_root else None
         self.options = options or CommitOptions()
+        # set by the zone router: a new writer recovers the replicated tail of the one it fences from there
+        self.tail_source: TailSource | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._check_layout(create)
 
@@ -95,7 +98,8 @@ class SharedStorage:
         not above every earlier claim or a higher one appears during the takeover."""
         if epoch is None:
             epoch = self.next_epoch(stream)
-        return SharedStore(self.objects, stream, epoch, writer, self.cache_dir(stream), self.options)
+        return SharedStore(self.objects, stream, epoch, writer, self.cache_dir(stream), self.options,
+                           self.tail_source)
 
     def create_stream(self, stream: str, config: dict, created: int, epoch: int | None = None,
                       writer: str = "") -> SharedStore:
@@ -107,7 +111,7 @@ class SharedStorage:
         if cache is not None and cache.is_dir():
             for p in cache.glob("*"):
                 p.unlink(missing_ok=True)
-        store = SharedStore(self.objects, stream, epoch, writer, cache, self.options)
+        store = SharedStore(self.objects, stream, epoch, writer, cache, self.options, self.tail_source)
         self.objects.put(f"{L.stream_prefix(stream)}/{L.doc_name('stream', epoch)}",
                          json.dumps({"config": config, "created": created}).encode())
         return store

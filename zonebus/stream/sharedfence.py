@@ -11,6 +11,8 @@ its seal and lists the claims again. Base moves list the claims once more before
 from __future__ import annotations
 
 import json
+import struct
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zonebus.storage.fs import ObjectExists
@@ -19,6 +21,14 @@ from zonebus.stream.store import now_ns
 
 if TYPE_CHECKING:
     from zonebus.stream.sharedstore import SharedStore
+
+
+# (stream, the fenced writer's epoch, its first batch not in the chain, the new epoch, the fenced writer's name)
+# -> the records (no batch header) of that writer's batches from there on, as its replicas hold them (b"" when
+# none); raises OSError while a replica that may hold some cannot be asked. A replica asked stops taking records
+# of older epochs (`zonebus.stream.sharedtier`).
+TailSource = Callable[[str, int, int, int, str], bytes]
+_TOTAL = struct.Struct("<I")
 
 
 class Fenced(Exception):
@@ -51,9 +61,15 @@ class WriterFencing:
         else:
             raise Fenced(f"stream {self.stream}: the writer of epoch {chain.top_epoch} kept writing; takeover "
                          f"by epoch {self.epoch} gave up")
+        recovered = b""
+        if chain.top_epoch and self.tail_source is not None:  # what the fenced writer acknowledged from replicas
+            recovered = self.tail_source(self.stream, chain.top_epoch, self.next_batch, self.epoch,
+                                         self._claim_writer(chain.top_epoch))
         seal = dict(info, prev=chain.top_epoch, start_batch=self.next_batch, next_seq=self.index.last_seq + 1)
         self.objects.put(self._epochs_key("seal"), json.dumps(seal).encode())
         self._check_fence()
+        if recovered:
+            self._store_recovered(recovered)
         self.top_epoch, self.pending_takeover = self.epoch, False
         self.durable_seq = self.index.last_seq
         self.durable_batch = self.next_batch - 1
@@ -61,6 +77,27 @@ class WriterFencing:
         self.prune_cache()
 
     FENCE_ATTEMPTS = 100
+
+    def _claim_writer(self: SharedStore, epoch: int) -> str:
+        try:
+            return str(json.loads(self.objects.get(f"{self.prefix}/epochs/{L.num(epoch)}.claim")).get("writer", ""))
+        except (FileNotFoundError, ValueError):
+            return ""
+
+    def _store_recovered(self: SharedStore, records: bytes) -> None:
+        """The fenced writer's replicated tail becomes this writer's first batch (one create-only PUT)."""
+        n, last = self.next_batch, self.index.last_seq
+        off = nrec = 0
+        while off + 4 <= len(records):
+            off += _TOTAL.unpack_from(records, off)[0]
+            nrec += 1
+        if off != len(records):
+            raise L.LayoutError(f"stream {self.stream}: a replica's tail ends inside a record")
+        probe = L.batch_header(self.epoch, n, last + 1, last, nrec) + records
+        top = max((seq for _o, kind, seq, *_r in L.iter_records(probe) if kind == L.MSG), default=last)
+        data = L.batch_header(self.epoch, n, last + 1, max(top, last), nrec) + records
+        self.objects.put(self._key(n, self.epoch), data, if_absent=True)
+        self._apply_batch(n, self.epoch, data)
 
     def _fence_previous(self: SharedStore, epoch: int) -> bool:
         """Write an empty batch of writer `epoch` into the slot after the chain, create-only, so that writer

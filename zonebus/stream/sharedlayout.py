@@ -156,22 +156,37 @@ def read_header(data: bytes | memoryview) -> BatchHeader:
 def iter_records(data: bytes) -> Iterator[tuple[int, int, int, int, int, int, int]]:
     """(offset, kind, seq, ts, subj_len, hdr_len, data_len) of each record; LayoutError on any damage."""
     head = read_header(data)
-    off = BATCH_HDR_LEN
+    end = BATCH_HDR_LEN
+    n = 0
+    for rec in iter_records_from(data, BATCH_HDR_LEN, head.batch, head.nrec):
+        n += 1
+        end = rec[0] + HDR_LEN + rec[4] + rec[5] + rec[6] + 4
+        yield rec
+    if n != head.nrec:
+        raise LayoutError(f"batch {head.batch}: truncated record at {end}")
+    if end != len(data):
+        raise LayoutError(f"batch {head.batch}: {len(data) - end} bytes after the last record")
+
+
+def iter_records_from(data: bytes | bytearray, start: int, batch: int = 0,
+                      limit: int = -1) -> Iterator[tuple[int, int, int, int, int, int, int]]:
+    """The records from offset `start` to the end of `data` (or the first `limit` of them): of a batch object,
+    or of the part of one that a replica holds; each checked, LayoutError on any damage or a record cut short."""
+    off = start
     size = len(data)
     view = memoryview(data)
-    for _ in range(head.nrec):
+    while off < size and limit != 0:
+        limit -= 1
         if size - off < HDR_LEN + 4:
-            raise LayoutError(f"batch {head.batch}: truncated record at {off}")
+            raise LayoutError(f"batch {batch}: truncated record at {off}")
         total, kind, seq, ts, slen, hlen, dlen = _REC_HDR.unpack_from(data, off)
         if total != HDR_LEN + slen + hlen + dlen + 4 or off + total > size or kind not in (MSG, DEL, MARK):
-            raise LayoutError(f"batch {head.batch}: bad record at {off}")
+            raise LayoutError(f"batch {batch}: bad record at {off}")
         end = off + total - 4
         if zlib.crc32(view[off:end]) != _CRC.unpack_from(data, end)[0]:
-            raise LayoutError(f"batch {head.batch}: record checksum mismatch at {off}")
+            raise LayoutError(f"batch {batch}: record checksum mismatch at {off}")
         yield off, kind, seq, ts, slen, hlen, dlen
         off += total
-    if off != size:
-        raise LayoutError(f"batch {head.batch}: {size - off} bytes after the last record")
 
 
 def record_body(data: bytes | memoryview, off: int) -> tuple[bytes | None, bytes]:

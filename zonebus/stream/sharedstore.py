@@ -1,36 +1,34 @@
 """The writer of one stream on a shared store: takeover by epoch, group commit, acks once durable.
 
 `SharedStore(objects, stream, epoch)` takes the stream over (blocking; run it in a thread): it writes
-`epochs/<epoch>.claim`, checks that no higher claim exists, loads the whole chain (`SharedView.reload`), and
-writes `epochs/<epoch>.seal` naming the batch it continues from. From then on it is a `MsgStore`: every
-MSG/DEL/MARK record goes into the open batch (an in-memory object in the file store's record encoding), and
-a worker thread uploads sealed batches (at most `inflight` at once). Group commit is adaptive: a batch opened
-while no upload is in flight is sealed at the end of the loop turn (an idle stream acknowledges at once); one
-opened while uploads run keeps filling until one of them completes or `linger` seconds have passed (then it
-gets its own upload if a slot is free), so a busy stream writes fewer, bigger batches. With a
-`latency_budget` (a store that bills each request) every batch instead fills for the budget less the p99 of
-the last PUTs' durations (`PutTimes`), so a stream writes a few objects a second at any rate and its acks
-still come within the budget. `batch_bytes` seals a
-batch at once. A worker PUTs the object create-only (`If-None-Match: *` on S3, `link(2)` on a file system): no
-LIST per upload. A new writer fences the one before it at takeover by writing an empty batch, create-only,
-into that writer's next slot (`log/<next>.<its epoch>.blk`); the old writer's own PUT of that slot then
-fails, it finds bytes that are not its batch, and nothing more is acknowledged, since batches are released
+`epochs/<epoch>.claim`, checks that no higher claim exists, loads the whole chain (`SharedView.reload`), and writes
+`epochs/<epoch>.seal` naming the batch it continues from. From then on it is a `MsgStore`: every MSG/DEL/MARK
+record goes into the open batch (an in-memory object in the file store's record encoding), and a worker thread
+uploads sealed batches (at most `inflight` at once). Group commit is adaptive: a batch opened while no upload is in
+flight is sealed at the end of the loop turn (an idle stream acknowledges at once); one opened while uploads run
+keeps filling until one of them completes or `linger` seconds have passed (then it gets its own upload if a slot is
+free), so a busy stream writes fewer, bigger batches. With a `latency_budget` (a store that bills each request)
+every batch instead fills for the budget less the p99 of the last PUTs' durations (`PutTimes`), so a stream writes
+a few objects a second at any rate and its acks still come within the budget (a replicated tail: `sharedtier`).
+`batch_bytes` seals a batch at once. A worker PUTs the object create-only (`If-None-Match: *` on S3, `link(2)` on a
+file system): no LIST per upload. A new writer fences the one before it at takeover by writing an empty batch,
+create-only, into that writer's next slot (`log/<next>.<its epoch>.blk`); the old writer's own PUT of that slot
+then fails, it finds bytes that are not its batch, and nothing more is acknowledged, since batches are released
 strictly in order (see the layout doc for why every acknowledged batch is part of the new writer's chain). A
-retried PUT that finds its own earlier attempt stored counts as done. Batches are released strictly in batch order: the
-store advances `durable_seq`, calls `on_visible(first, last)` (the stream announces the messages to its
-consumers only then) and the waiters registered with `ack_when_durable` (the PubAcks). On an s3:// store the
-worker copies a batch into the local cache directory after it told the loop that the batch is durable; on a
-file:// store it does not (the batch is a file already: a second copy would double the disk writes that the
-next batch's fsync waits behind), and the cache fills when a batch is read back (`SharedView._fetch`).
+retried PUT that finds its own earlier attempt stored counts as done. Batches are released in batch order: the
+store advances `durable_seq`, calls `on_visible(first, last)` (the stream announces the messages to its consumers
+only then) and the waiters registered with `ack_when_durable` (the PubAcks). On an s3:// store the worker copies a
+batch into the local cache directory after it told the loop that the batch is durable; on a file:// store it does
+not (the batch is a file already: a second copy would double the disk writes that the next batch's fsync waits
+behind), and the cache fills when a batch is read back (`SharedView._fetch`).
 
-A failed upload is retried with backoff (the same object, so retries are idempotent); the publishers waiting
-on it and on every later batch are told at once (`on_durable` callbacks get an error text) so that they retry;
-the messages still appear once the retry succeeds. Without an event loop (`attach` not called) the store is
+A failed upload is retried with backoff (the same object, so retries are idempotent); the publishers waiting on it
+and on every later batch are told at once (`on_durable` callbacks get an error text) so that they retry; the
+messages still appear once the retry succeeds. Without an event loop (`attach` not called) the store is
 synchronous: batches are written inline on `sync()`, `close()` or when full.
 
-Front batches whose messages are all gone (durably) are dropped by writing `base/<b>.<epoch>.json` and
-deleting the objects below it. Stream and consumer documents go through one serial queue per store
-(`shareddocs.DocQueue`).
+Front batches whose messages are all gone (durably) are dropped by writing `base/<b>.<epoch>.json` and deleting the
+objects below it. Stream and consumer documents go through one serial queue per store (`shareddocs.DocQueue`).
 
 Threads only run `_upload`, `_put_base` and document jobs; all state is owned by the event loop thread.
 """
@@ -52,7 +50,8 @@ from zonebus.stream import sharedlayout as L
 from zonebus.stream.filestore import encode_into
 from zonebus.stream.sharedbase import BaseMoves
 from zonebus.stream.shareddocs import DocQueue
-from zonebus.stream.sharedfence import Fenced, WriterFencing
+from zonebus.stream.sharedfence import Fenced, TailSource, WriterFencing
+from zonebus.stream.sharedtier import ReplicatedTail
 from zonebus.stream.sharedview import SharedView
 
 log = logging.getLogger(__name__)
@@ -70,6 +69,11 @@ class CommitOptions:
     inflight: int = 4  # uploads in flight at once
     backlog_bytes: int = 64 * 1024 * 1024  # unreleased bytes above which publishes are refused
     close_timeout: float = 10.0
+    # > 0: a replicated tail (`sharedtier`): acks once `tier_acks` replicas in other zones hold the records, and
+    # the batch object fills for this many seconds (or `tier_batch_bytes`) before its one PUT
+    tier_interval: float = 0.0
+    tier_acks: int = 1
+    tier_batch_bytes: int = 8 * 1024 * 1024
 
 
 class PutTimes:
@@ -100,7 +104,7 @@ class PutTimes:
 
 class _Batch:
     __slots__ = ("num", "buf", "nrec", "first_seq", "last_seq", "msgs", "removed", "waiters", "data", "state",
-                 "future", "error", "attempts", "size")
+                 "future", "error", "attempts", "size", "marks")
 
     def __init__(self, num: int, first_seq: int) -> None:
         self.num = num
@@ -117,11 +121,13 @@ class _Batch:
         self.error: BaseException | None = None
         self.attempts = 0
         self.size = 0
+        self.marks: list[tuple[int, int]] = []  # (end offset, seq) of each message (a replicated tail only)
 
 
-class SharedStore(WriterFencing, BaseMoves, SharedView):
+class SharedStore(ReplicatedTail, WriterFencing, BaseMoves, SharedView):
     def __init__(self, objects: ObjectStore, stream: str, epoch: int, writer: str = "",
-                 cache_dir: str | Path | None = None, options: CommitOptions | None = None) -> None:
+                 cache_dir: str | Path | None = None, options: CommitOptions | None = None,
+                 tail_source: TailSource | None = None) -> None:
         super().__init__(objects, stream, cache_dir, load=False)
         if epoch < 1:
             raise ValueError("a writer epoch is a positive integer")
@@ -149,7 +155,11 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
         self._last_base_move = time.monotonic()
         self.uploads = 0
         self.put_times = PutTimes()
+        self._tail_init()
+        self.tail_source = tail_source
+        self._limit = self.opts.batch_bytes
         self._takeover()
+        self.announced_seq = self.durable_seq
 
     def attach(self, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
         """Run asynchronously from now on: uploads on `executor`, completions on `loop`."""
@@ -167,13 +177,14 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
         return None
 
     def visible_seq(self) -> int:
-        return self.durable_seq
+        return self.rep_seq if self.rep_seq > self.durable_seq else self.durable_seq
 
     def count(self, start: int, filters: tuple[str, ...] | None) -> int:
         idx = self.index
         n = idx.count(start, filters)
-        if self.durable_seq < idx.last_seq:
-            n -= idx.count(max(start, self.durable_seq + 1), filters)
+        visible = self.visible_seq()
+        if visible < idx.last_seq:
+            n -= idx.count(max(start, visible + 1), filters)
         return n
 
     def _batch(self) -> _Batch:
@@ -188,8 +199,12 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
             self._by_num[num] = b
             self.batch_first[num] = b.first_seq
             self.live.setdefault(num, 0)
+            self._tail_on = self.tail_ready()
+            self._limit = self.opts.tier_batch_bytes if self._tail_on else self.opts.batch_bytes
             if self.loop is not None:
-                if self.opts.latency_budget > 0:  # fill for what the budget leaves after a PUT
+                if self._tail_on:  # acks follow the replicas: the object fills for the tier interval
+                    self._linger_handle = self.loop.call_later(self.opts.tier_interval, self._linger_done)
+                elif self.opts.latency_budget > 0:  # fill for what the budget leaves after a PUT
                     self._linger_handle = self.loop.call_later(self.put_times.linger(self.opts.latency_budget),
                                                                self._linger_done)
                 elif self.opts.linger > 0 and self._flight:  # busy: sealed when an upload completes, or after linger
@@ -207,7 +222,9 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
         return b, off
 
     def _after_append(self, b: _Batch) -> None:
-        if len(b.buf) >= self.opts.batch_bytes:
+        if self.tiered:
+            self._tail_news()
+        if len(b.buf) >= self._limit:
             self._seal()
             self._pump()
 
@@ -222,8 +239,11 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
         b.last_seq = seq
         b.msgs += 1
         self.live[b.num] = self.live.get(b.num, 0) + 1
+        if self._tail_on:
+            b.marks.append((len(buf), seq))
+            self._tail_news()
         # the index records the message after this returns: seal (and maybe upload) on the next append
-        if len(b.buf) >= self.opts.batch_bytes:
+        if len(buf) >= self._limit:
             self._seal()
             if self.loop is not None:
                 self.loop.call_soon(self._pump)
@@ -267,6 +287,8 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
                     break
         if target is None:
             return False
+        if self._tail_on and target is self._open or target.marks:
+            return self._tail_wait(seq, cb)
         if self._failing and target.state != "open":
             cb(f"shared store write failed: {self._failing_reason}")
             return True
@@ -423,13 +445,10 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
             self._dec_live_n(target, n)
         if b.msgs:
             self.durable_seq = max(self.durable_seq, b.last_seq)
-            if self.on_visible is not None:
-                try:
-                    self.on_visible(b.last_seq - b.msgs + 1, b.last_seq)
-                except Exception:
-                    log.exception("shared store %s: visibility callback failed", self.stream)
+            self._tail_release(self.durable_seq)  # consumers see them (unless the replicas' quorum showed them)
         elif self.durable_seq < b.first_seq - 1:
             self.durable_seq = b.first_seq - 1
+            self.announced_seq = max(self.announced_seq, self.durable_seq)
         for cb in b.waiters:  # (_call inlined: one per PubAck)
             try:
                 cb(None)
@@ -460,6 +479,7 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
             waiters, x.waiters = x.waiters, []
             for cb in waiters:
                 self._call(cb, f"stream fenced: {reason}")
+        self._tail_fail(f"stream fenced: {reason}")
         if self.on_fenced is not None:
             try:
                 self.on_fenced(reason)
@@ -554,6 +574,7 @@ class SharedStore(WriterFencing, BaseMoves, SharedView):
                 waiters, x.waiters = x.waiters, []
                 for cb in waiters:
                     self._call(cb, "stream store closed before the write completed")
+            self._tail_fail("stream store closed before the write completed")
         self.closed = True
         if self._linger_handle is not None:
             self._linger_handle.cancel()

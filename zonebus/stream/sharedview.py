@@ -62,6 +62,10 @@ class SharedView(MsgStore):
         self.batch_first: dict[int, int] = {}  # batch -> its header's first_seq
         self.top_epoch = 0
         self.pending_takeover = False
+        # a replicated tail (`sharedtier`): the batch being received from the writer, not stored yet
+        self._part: bytearray | None = None
+        self.part_epoch = 0
+        self._unstored: dict[int, tuple[int, bytes]] = {}  # batch -> (epoch, object) completed from parts
         if load:
             self.reload()
 
@@ -133,6 +137,8 @@ class SharedView(MsgStore):
             self.index.skip_to(self.base_seq, self.base_seq - 1)
         self.top_epoch = chain.top_epoch
         self.pending_takeover = chain.pending
+        self._part = None
+        self._unstored = {}
 
     def _apply_chain(self, chain: L.Chain, settled_only: bool) -> int:
         todo = chain.batches[: chain.settled] if settled_only else chain.batches
@@ -172,7 +178,63 @@ class SharedView(MsgStore):
 
     def apply_batch(self, b: int, e: int, data: bytes) -> None:
         """Apply the next batch of the chain (`b` must be `next_batch`), its bytes fetched by the caller."""
+        part = self._part
+        if part is not None:  # the replicated tail brought its first records: the object must continue them
+            if e != self.part_epoch or data[L.BATCH_HDR_LEN : len(part)] != part[L.BATCH_HDR_LEN :]:
+                raise L.LayoutError(f"{self.stream}: batch {b} does not continue the part held of it")
+            if not self.apply_part(b, e, len(part), data[: L.BATCH_HDR_LEN], data[len(part) :]):
+                raise L.LayoutError(f"{self.stream}: batch {b} could not complete its part")
+            return
         self._apply_batch(b, e, data)
+
+    # -- a replicated tail ---------------------------------------------------------------------------
+    def part_position(self) -> tuple[int, int, int]:
+        """(epoch, batch, bytes held): the part of `next_batch` received so far (0 bytes: none)."""
+        if self._part is None:
+            return self.top_epoch, self.next_batch, 0
+        return self.part_epoch, self.next_batch, len(self._part)
+
+    def apply_part(self, b: int, e: int, off: int, header: bytes, chunk: bytes) -> bool:
+        """Records of batch `b` (writer epoch `e`) from offset `off`, as the writer's replicated tail sends them;
+        `header` (once the writer sealed the batch) completes it. False when they do not continue what is held."""
+        if b != self.next_batch:
+            return False
+        if self._part is None:
+            if off != L.BATCH_HDR_LEN:
+                return False
+            self._part, self.part_epoch = bytearray(L.BATCH_HDR_LEN), e
+            self.live.setdefault(b, 0)
+        part = self._part
+        if e != self.part_epoch or off != len(part):
+            return False
+        part += chunk
+        self._apply_records(b, part, off)
+        if header:
+            head = L.read_header(header)
+            if head.batch != b or head.epoch != e:
+                raise L.LayoutError(f"{self.stream}: a header of batch {head.batch} epoch {head.epoch} for {b}")
+            part[: L.BATCH_HDR_LEN] = header
+            data = bytes(part)
+            self._part = None
+            self.batches[b] = e
+            self.batch_first[b] = head.first_seq
+            self.next_batch = b + 1
+            self._unstored[b] = (e, data)
+            self._remember(b, data)
+        return True
+
+    def stored(self, upto: int) -> None:
+        """The writer stored every batch up to `upto`: parts completed before are ordinary batches now."""
+        for b in [x for x in self._unstored if x <= upto]:
+            del self._unstored[b]
+
+    def tail_records(self, epoch: int, batch: int) -> bytes:
+        """The records of writer `epoch`'s batches from `batch` on that this view holds and the store may not
+        (its replicated tail), in log order: what a new writer takes over."""
+        out = [data[L.BATCH_HDR_LEN :] for b, (e, data) in sorted(self._unstored.items()) if b >= batch and e == epoch]
+        if self._part is not None and self.part_epoch == epoch and self.next_batch >= batch:
+            out.append(bytes(self._part[L.BATCH_HDR_LEN :]))
+        return b"".join(out)
 
     def recent_batch(self, b: int) -> bytes | None:
         """A batch's bytes if this view holds them in memory (a writer: its latest batches), else None."""
@@ -183,10 +245,19 @@ class SharedView(MsgStore):
         if head.batch != b or head.epoch != e:
             raise L.LayoutError(f"{self.stream}: object {L.batch_name(b, e)} holds batch {head.batch} "
                                 f"of epoch {head.epoch}")
+        self.live.setdefault(b, 0)
+        self._apply_records(b, data, -1)
+        self.batches[b] = e
+        self.batch_first[b] = head.first_seq
+        self.next_batch = b + 1
+        self._remember(b, data)
+
+    def _apply_records(self, b: int, data: bytes | bytearray, start: int) -> None:
+        """Index the records of batch `b`: all of an object (`start` -1), or a part's from offset `start`."""
         idx = self.index
         loc0 = b << L.LOC_SHIFT
-        self.live.setdefault(b, 0)
-        for off, kind, seq, ts, slen, hlen, dlen in L.iter_records(data):
+        records = L.iter_records(data) if start < 0 else L.iter_records_from(data, start, b)  # type: ignore[arg-type]
+        for off, kind, seq, ts, slen, hlen, dlen in records:
             if kind == L.MSG:
                 if seq <= idx.last_seq:
                     continue
@@ -201,10 +272,6 @@ class SharedView(MsgStore):
                 while idx.msgs and idx.first_seq < seq:
                     self._index_remove(idx.first_seq)
                 idx.skip_to(seq, ts)
-        self.batches[b] = e
-        self.batch_first[b] = head.first_seq
-        self.next_batch = b + 1
-        self._remember(b, data)
 
     def _index_remove(self, seq: int) -> None:
         gone = self.index.remove(seq)
@@ -228,6 +295,9 @@ class SharedView(MsgStore):
         if data is not None:
             self._mem.move_to_end(b)
             return data
+        held = self._unstored.get(b)
+        if held is not None and held[0] == e:
+            return held[1]
         path = self._cache_path(b, e)
         if path is not None:
             try:
@@ -263,7 +333,7 @@ class SharedView(MsgStore):
     def _batch_bytes(self, b: int) -> bytes | None:
         e = self.batches.get(b)
         if e is None:
-            return None
+            return self._part if self._part is not None and b == self.next_batch else None  # type: ignore[return-value]
         data = self._fetch(b, e)
         self._remember(b, data)
         return data

@@ -78,6 +78,7 @@ class Reader:
         self.syncs: dict[int, asyncio.Future] = {}  # sync id -> the leader's `Synced`
         self._next_sid = 0
         self.snapshots: dict[str, Snapshot] = {}
+        self.min_epochs: dict[str, int] = {}  # stream -> a new writer took the tail: older writers are ignored
         self.reqs: dict[int, _Req] = {}
         self.lanes: dict[tuple[str, str, str], _Lane] = {}  # (leader, stream, consumer) -> its lane
         self._next = 0
@@ -94,6 +95,7 @@ class Reader:
         if snap is None or snap._task is None or snap._task.done():
             snap = self.snapshots[stream] = Snapshot(self.objects, stream, lambda: self.leader_of(stream),
                                                      self.send)
+            snap.min_epoch = self.min_epochs.get(stream, 0)
             snap.start()
         snap.used = time.monotonic()
         return snap
@@ -208,7 +210,7 @@ class Reader:
         try:
             if self.send(leader, rf.Sync(sid, stream).encode()):
                 synced: rf.Synced = await asyncio.wait_for(fut, SYNC_TIMEOUT)
-                if synced.status == rf.SNAP_OK and await snap.caught_up(synced.batch):
+                if synced.status == rf.SNAP_OK and await snap.caught_up(synced.batch, synced.offset):
                     resp = await snap.msg_get(subject, payload)
         except Exception as exc:  # (a timeout among them) the leader answers
             log.info("zone router: message get on %s goes to the leader: %r", stream, exc)
@@ -265,6 +267,14 @@ class Reader:
             self.publish(reply, b"", None, None, None)
 
     # -- housekeeping --------------------------------------------------------------------------------
+    def tail(self, stream: str, epoch: int, batch: int, new_epoch: int) -> asyncio.Future | None:
+        """A new writer of `stream` asks for the replicated tail of writer `epoch` (`tailrecovery`)."""
+        self.min_epochs[stream] = max(self.min_epochs.get(stream, 0), new_epoch)
+        snap = self.snapshots.get(stream)
+        if snap is None:
+            return None
+        return asyncio.ensure_future(snap.tail(epoch, batch, new_epoch))
+
     def leader_down(self, leader: str) -> None:
         for rid, req in list(self.reqs.items()):
             if req.leader == leader and not req.queued:

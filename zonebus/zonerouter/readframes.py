@@ -1,11 +1,14 @@
 """The read path's frames on the `zr` link channel (binary, network byte order, after `records`' 4-byte head).
 
 Cross zones (proxy <-> leader), all small:
-- 5 poll (proxy -> leader): stream, next batch the proxy's snapshot lacks u64, hold ms u16;
+- 5 poll (proxy -> leader): stream, next batch the proxy's snapshot lacks u64, hold ms u16, then (optional) its
+  replicated tail's position: writer epoch u64, bytes held of that batch u32, compression context u32;
 - 6 snapshot (leader -> proxy): stream, status u8 (0 ok, 1 not led here), writer epoch u64, chain start u64,
   last sequence u64, count u16, then (batch u64, epoch u64) per new batch object of the stream's log, then
   (optional) per batch a u32-prefixed zstd-compressed copy of the object (length 0: read it from the store):
-  small objects cross cheaper inline than as a GET each (`serving.inline_limit`);
+  small objects cross cheaper inline than as a GET each (`serving.inline_limit`); then (optional, a replicated
+  tail) compression context u32, count u16, per part (batch u64, epoch u64, offset u32, u16-prefixed header
+  (empty while the batch is open), u32-prefixed record bytes compressed by the context's zstd stream);
 - 7 pull (proxy -> leader): request id u64, stream, consumer, the pull request's JSON body;
 - 8 deliveries (leader -> proxy): request id u64, flags u8 (1 done, 2 headers only), runs u16, then per run
   (stream seq u64, consumer seq u64, n u32, delivery count u32, num pending u64: n messages whose stream and
@@ -16,7 +19,8 @@ Cross zones (proxy <-> leader), all small:
 - 10 acks done (leader -> proxy): batch id u32;
 - 12 sync (proxy -> leader): sync id u64, stream: which batch must a read see (a `STREAM.MSG.GET`);
 - 13 synced (leader -> proxy): sync id u64, status u8 (0 ok, 1 not led here), batch u64 (the stream's newest
-  batch: the view must have applied every batch up to it to show every change the leader made so far).
+  batch: the view must have applied every batch up to it to show every change the leader made so far), then
+  (optional) offset u32: of that batch, the bytes a replicated tail must hold.
 
 Inside one zone:
 - 11 API hand-off (a server -> its zone's proxy): a client's pull request or ack, as subject, reply,
@@ -43,6 +47,9 @@ _ACK = struct.Struct("!QQI")
 _SNAPHEAD = struct.Struct("!BQQQH")
 _APIHEAD = struct.Struct("!HHII")
 _SYNCED = struct.Struct("!QBQ")
+_TAILPOS = struct.Struct("!QII")
+_PART = struct.Struct("!QQI")
+TailPart = tuple[int, int, int, bytes, bytes]  # (batch, epoch, offset, header or b"", compressed records)
 
 Run = tuple[int, int, int, int, int]  # (stream seq, consumer seq, n, delivery count, pending)
 AckEntry = tuple[int, int, int, bytes]  # (stream seq, consumer seq, n, body)
@@ -97,14 +104,19 @@ class Poll:
     stream: str
     next_batch: int
     hold_ms: int
+    epoch: int = 0  # the writer epoch of the part held (0: no tail position)
+    offset: int = 0  # bytes held of `next_batch`
+    gen: int = 0  # the compression context the proxy decodes parts with
 
     def encode(self) -> bytes:
-        return _head(POLL) + _s(self.stream) + _U64.pack(self.next_batch) + _U16.pack(self.hold_ms)
+        tail = _TAILPOS.pack(self.epoch, self.offset, self.gen) if self.epoch else b""
+        return _head(POLL) + _s(self.stream) + _U64.pack(self.next_batch) + _U16.pack(self.hold_ms) + tail
 
     @classmethod
     def decode(cls, frame: bytes) -> Poll:
         r = _Reader(frame)
-        return cls(r.text(), r.take(_U64)[0], r.take(_U16)[0])
+        stream, nb, hold = r.text(), r.take(_U64)[0], r.take(_U16)[0]
+        return cls(stream, nb, hold, *r.take(_TAILPOS)) if r.left() else cls(stream, nb, hold)
 
 
 @dataclass(frozen=True)
@@ -116,13 +128,20 @@ class Snap:
     last_seq: int = 0
     batches: tuple[tuple[int, int], ...] = ()
     inline: tuple[bytes, ...] = ()  # per batch: its object, zstd-compressed, or b"" (read it from the store)
+    gen: int = 0  # the compression context of `parts`
+    parts: tuple[TailPart, ...] = ()  # a replicated tail: records of batches not stored yet
 
     def encode(self) -> bytes:
         parts = [_head(SNAP), _s(self.stream),
                  _SNAPHEAD.pack(self.status, self.epoch, self.chain_start, self.last_seq, len(self.batches))]
         parts += [_PAIR.pack(b, e) for b, e in self.batches]
-        if any(self.inline):
-            parts += [_U32.pack(len(x)) + x for x in self.inline]
+        if any(self.inline) or (self.parts and self.batches):
+            inline = self.inline or (b"",) * len(self.batches)
+            parts += [_U32.pack(len(x)) + x for x in inline]
+        if self.parts:
+            parts.append(_U32.pack(self.gen) + _U16.pack(len(self.parts)))
+            for b, e, off, header, chunk in self.parts:
+                parts += [_PART.pack(b, e, off), _s(header), _U32.pack(len(chunk)), chunk]
         return b"".join(parts)
 
     @classmethod
@@ -135,7 +154,14 @@ class Snap:
         if n and r.left():
             for _ in range(n):
                 inline.append(r.sized(r.take(_U32)[0]))
-        return cls(stream, status, epoch, start, last, batches, tuple(inline))
+        gen, tail = 0, []
+        if r.left():
+            gen, count = r.take(_U32)[0], r.take(_U16)[0]
+            for _ in range(count):
+                b, e, off = r.take(_PART)
+                header = r.raw()
+                tail.append((b, e, off, header, r.sized(r.take(_U32)[0])))
+        return cls(stream, status, epoch, start, last, batches, tuple(inline), gen, tuple(tail))
 
 
 @dataclass(frozen=True)
@@ -157,13 +183,17 @@ class Synced:
     sid: int
     status: int
     batch: int = 0
+    offset: int = 0  # a replicated tail: the bytes of `batch` the view must hold (0: all of it)
 
     def encode(self) -> bytes:
-        return _head(SYNCED) + _SYNCED.pack(self.sid, self.status, self.batch)
+        tail = _U32.pack(self.offset) if self.offset else b""
+        return _head(SYNCED) + _SYNCED.pack(self.sid, self.status, self.batch) + tail
 
     @classmethod
     def decode(cls, frame: bytes) -> Synced:
-        return cls(*_Reader(frame).take(_SYNCED))
+        r = _Reader(frame)
+        sid, status, batch = r.take(_SYNCED)
+        return cls(sid, status, batch, r.take(_U32)[0] if r.left() else 0)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from zonebus.zonerouter.paths import PathChooser
 from zonebus.zonerouter.proxy import Proxy
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
+from zonebus.zonerouter.tailrecovery import TAIL, TAILQ, TailQuery, TailRecovery
 from zonebus.zonerouter.view import RouterView, derive
 
 if TYPE_CHECKING:
@@ -73,11 +74,15 @@ class ZoneRouter:
         self.serving = ReadServer(js.svc, self._send)
         js.svc.tap = self.serving.tap
         js.svc.on_visible_hook = self.serving.on_visible
+        js.svc.on_tail_hook = self.serving.on_tail
+        self.tails: TailRecovery | None = None
+        self.tiered = False  # streams keep a replicated tail: this server's proxies are their replicas
         js.svc.stream_queue = True  # a stream's interest is its queue group: `forwarder` leaves it out
         js.api_hook = self._api_request
         self.client.shown_forwarder = js.client.shown_forwarder  # deliveries keep the stream subject
         self._routes: dict[bytes, Target | None] = {}
         self._task: asyncio.Task | None = None
+        self._bg: set[asyncio.Task] = set()
         self.changes = 0  # how many times the mapping changed
         cluster.zone_local_urls = True
         self.link = cluster.channels.register(CHANNEL, self._frame, self._peer_up, self._peer_down)
@@ -109,6 +114,11 @@ class ZoneRouter:
         self.epochs.meta = self.meta
         self._epoch_task = asyncio.get_running_loop().create_task(self._epoch_loop())
         self.reader = Reader(store, self._send, self._publish, self._foreign_leader, self._msg_get_to_leader)
+        self.tiered = billed and self.opts.zone_router_ack == "replicas"
+        self.tails = TailRecovery(self.name, self.link.send, self._members, self._is_live, self.reader.tail)
+        self.tails.loop = asyncio.get_running_loop()
+        if self.js.svc.shared is not None:
+            self.js.svc.shared.tail_source = self.tails.collect
         self.client.subscribe(REPLY_PREFIX + ">", lambda *_: None, local=True)  # interest for `serving`'s replies
         self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
         self.server.log(f"zone router on: zone {self.zone or '?'}, channel {self.channel.id.hex()}")
@@ -150,6 +160,25 @@ class ZoneRouter:
         fenced = self.epochs.fenced if self.epochs is not None else 0
         return fenced if fenced > 0 else -1
 
+    def _members(self) -> list[str]:
+        return list(self.meta.membership.members) if self.meta is not None else []
+
+    def _pin_replicas(self) -> None:
+        """This server's snapshots of the streams it is the proxy of in its zone run while led elsewhere: they
+        hold those streams' replicated tails."""
+        if not self.tiered or self.reader is None or self.meta is None or not self.active:
+            return
+        want = set()
+        for rec in self.meta.state.streams.values():
+            target = self.stream_target(rec.name)
+            if target is not None and target[2] == self.name:
+                want.add(rec.name)
+        for name in want:
+            self.reader.snapshot(name).pinned = True
+        for name, snap in self.reader.snapshots.items():
+            if snap.pinned and name not in want:
+                snap.pinned = False
+
     def _live_servers(self) -> set[str]:
         return {s for servers in self.view.zones.values() for s in servers}
 
@@ -188,6 +217,8 @@ class ZoneRouter:
             await asyncio.sleep(REFRESH)
             try:
                 self.recompute()
+                self.serving.tail_check()
+                self._pin_replicas()
                 if self.reader is not None:
                     await self.reader.expire()
                 if self.proxy is not None:
@@ -336,6 +367,17 @@ class ZoneRouter:
         elif kind == records.BYE:
             self.leaving.add(peer)
             self.recompute()
+        elif kind == TAILQ and self.tails is not None:
+            try:
+                query = TailQuery.decode(frame)
+            except records.RecordError as exc:
+                log.warning("zone router: bad frame from %s: %s", peer, exc)
+                return
+            task = asyncio.get_running_loop().create_task(self.tails.on_query(peer, query))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+        elif kind == TAIL and self.tails is not None:
+            self.tails.on_tail(frame)
         elif self.serving.frame(peer, kind, frame):
             pass
         elif self.reader is not None:
@@ -387,5 +429,7 @@ class ZoneRouter:
             out["reader"] = self.reader.info()
         if self.epochs is not None:
             out["epochs"] = self.epochs.info()
+        if self.tails is not None:
+            out["tail"] = {"ack": "replicas" if self.tiered else "storage", **self.tails.stats}
         out["serving"] = {**self.serving.stats, "requests": len(self.serving.reqs)}
         return out

@@ -5,6 +5,10 @@
   store releases a batch with messages (`on_visible`), else after the poll's hold (at most 100 ms). A batch
   object the store still holds in memory and whose compressed size is below `inline_limit` (the router's
   prices: a GET costs what that many bytes crossing cost) goes with the answer, compressed.
+- A replicated tail (`zonebus.stream.sharedtier`): a poll also says how much of the unstored batches the proxy
+  holds; that is the replica's acknowledgement (`store.on_replica`), and the answer carries the records since
+  (`store.tail_parts`), compressed by one zstd stream per proxy and stream (flushed per answer, so small answers
+  compress like a whole batch); new records (`on_tail`) answer the held polls at once.
 - Pull requests: the proxy's request becomes an ordinary pull request of the consumer here, with the reply
   `$ZR.D.<id>`; the JetStream service hands what the consumer sends there to `tap` instead of publishing it
   (a router hook in `zonebus.stream.service`), and this side sends the proxy one `Deliveries` record per
@@ -24,6 +28,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import zstandard
+
+from zonebus.stream import sharedlayout as L
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.records import RecordError
 
@@ -36,10 +43,21 @@ SWEEP = 1.0
 
 
 class _Held:
-    __slots__ = ("peer", "next_batch", "timer")
+    __slots__ = ("peer", "poll", "timer")
 
-    def __init__(self, peer: str, next_batch: int, timer: Any) -> None:
-        self.peer, self.next_batch, self.timer = peer, next_batch, timer
+    def __init__(self, peer: str, poll: rf.Poll, timer: Any) -> None:
+        self.peer, self.poll, self.timer = peer, poll, timer
+
+
+class _Ctx:
+    """The zstd stream of one proxy's tail parts of one stream."""
+
+    __slots__ = ("gen", "obj", "expect")
+
+    def __init__(self, gen: int) -> None:
+        self.gen = gen
+        self.obj = zstandard.ZstdCompressor(level=3).compressobj()
+        self.expect: tuple[int, int] = (0, 0)  # the proxy's position after it applied the last answer
 
 
 class _Req:
@@ -65,13 +83,15 @@ class ReadServer:
         self.inline_limit = 0
         self.compress: Callable[[bytes], bytes] | None = None
         self._packed: dict[tuple[str, int, int], bytes] = {}  # (stream, batch, epoch) -> compressed, recent
+        self._ctx: dict[tuple[str, str], _Ctx] = {}  # (proxy, stream) -> its tail's compression stream
         self.held: dict[str, list[_Held]] = {}
         self.reqs: dict[int, _Req] = {}
         self._next = 0
         self._flush: list[_Req] = []
         self._sweep_at = 0.0
         self.stats = {"polls": 0, "snap_bytes": 0, "inline_batches": 0, "pulls": 0, "delivered": 0,
-                      "deliver_bytes": 0, "acks": 0, "syncs": 0}
+                      "deliver_bytes": 0, "acks": 0, "syncs": 0, "tail_parts": 0, "tail_bytes": 0,
+                      "tail_wire_bytes": 0}
 
     # -- snapshots -----------------------------------------------------------------------------------
     def _store(self, name: str) -> Any:
@@ -82,29 +102,61 @@ class ReadServer:
     def on_poll(self, peer: str, poll: rf.Poll) -> None:
         self.stats["polls"] += 1
         store = self._store(poll.stream)
+        if store is not None and poll.epoch:
+            store.on_replica(peer, poll.epoch, poll.next_batch, poll.offset)
         if store is None or store.durable_batch >= poll.next_batch or poll.next_batch < store.chain_start \
-                or poll.hold_ms == 0:
-            self._answer(peer, poll.stream, poll.next_batch)
+                or poll.hold_ms == 0 or self._tail_news(store, poll):
+            self._answer(peer, poll.stream, poll)
             return
         loop = self.svc.loop
-        held = _Held(peer, poll.next_batch, None)
+        held = _Held(peer, poll, None)
         held.timer = loop.call_later(min(poll.hold_ms / 1000, MAX_HOLD), self._expire, poll.stream, held)
         self.held.setdefault(poll.stream, []).append(held)
+
+    @staticmethod
+    def _tail_news(store: Any, poll: rf.Poll) -> bool:
+        """The writer holds records (or a sealed batch's header) the proxy does not."""
+        if not poll.epoch or not store.tiered:
+            return False
+        b, off = store.tail_position()
+        return (b, max(off, L.BATCH_HDR_LEN)) > (poll.next_batch, max(poll.offset, L.BATCH_HDR_LEN))
 
     def _expire(self, stream: str, held: _Held) -> None:
         waiting = self.held.get(stream, [])
         if held in waiting:
             waiting.remove(held)
-            self._answer(held.peer, stream, held.next_batch)
+            self._answer(held.peer, stream, held.poll)
 
     def on_visible(self, stream: Any) -> None:
         """Store hook: a batch with messages was released; answer the polls held for this stream."""
         waiting = self.held.pop(stream.name, None)
         for held in waiting or ():
             held.timer.cancel()
-            self._answer(held.peer, stream.name, held.next_batch)
+            self._answer(held.peer, stream.name, held.poll)
 
-    def _answer(self, peer: str, name: str, next_batch: int) -> None:
+    def on_tail(self, stream: Any) -> None:
+        """Store hook: records were appended to a replicated tail; the held polls of replicas get them."""
+        waiting = self.held.get(stream.name)
+        if not waiting:
+            return
+        keep = []
+        for held in waiting:
+            if held.poll.epoch:
+                held.timer.cancel()
+                self._answer(held.peer, stream.name, held.poll)
+            else:
+                keep.append(held)
+        self.held[stream.name] = keep
+
+    def tail_check(self) -> None:
+        """Periodic: stores whose replicas went away seal their open batch (acks then follow its PUT)."""
+        for stream in list(self.svc.streams.values()):
+            store = getattr(stream, "store", None)
+            if store is not None and getattr(store, "tiered", False):
+                store.tail_check()
+
+    def _answer(self, peer: str, name: str, poll: rf.Poll) -> None:
+        next_batch = poll.next_batch
         store = self._store(name)
         if store is None:
             frame = rf.Snap(name, rf.SNAP_NOT_LEADER).encode()
@@ -112,10 +164,32 @@ class ReadServer:
             first = max(next_batch, store.chain_start)
             last = min(store.durable_batch, first + SNAP_BATCHES - 1)
             batches = tuple((b, store.batches[b]) for b in range(first, last + 1) if b in store.batches)
-            frame = rf.Snap(name, rf.SNAP_OK, store.epoch, store.chain_start, store.durable_seq, batches,
-                            self._inline(name, store, batches)).encode()
+            gen, parts = 0, ()
+            if poll.epoch and store.tiered and last == store.durable_batch:
+                gen, parts = self._parts(peer, name, store, poll)
+            frame = rf.Snap(name, rf.SNAP_OK, store.epoch, store.chain_start, store.visible_seq(), batches,
+                            self._inline(name, store, batches), gen, parts).encode()
         self.stats["snap_bytes"] += len(frame)
         self.send(peer, frame)
+
+    def _parts(self, peer: str, name: str, store: Any, poll: rf.Poll) -> tuple[int, tuple[rf.TailPart, ...]]:
+        raw = store.tail_parts(poll.next_batch, poll.offset)
+        if not raw:
+            return 0, ()
+        key = (peer, name)
+        ctx = self._ctx.get(key)
+        if ctx is None or poll.gen != ctx.gen or (poll.next_batch, poll.offset) != ctx.expect:
+            ctx = self._ctx[key] = _Ctx(((ctx.gen + 1) & 0xFFFFFFFF or 1) if ctx is not None else 1)
+        out = []
+        for b, e, off, header, chunk in raw:
+            packed = ctx.obj.compress(chunk) + ctx.obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+            out.append((b, e, off, header, packed))
+            self.stats["tail_parts"] += 1
+            self.stats["tail_bytes"] += len(chunk)
+            self.stats["tail_wire_bytes"] += len(packed)
+        b, _e, off, header, chunk = raw[-1]
+        ctx.expect = (b + 1, 0) if header else (b, off + len(chunk))
+        return ctx.gen, tuple(out)
 
     def _inline(self, name: str, store: Any, batches: tuple[tuple[int, int], ...]) -> tuple[bytes, ...]:
         """Per batch its object compressed, when small enough to cross cheaper than a GET (else b"")."""
@@ -234,6 +308,8 @@ class ReadServer:
                 del self.reqs[lid]
                 if req.pull is not None and not req.pull.done:
                     req.cons.waiting._finish(req.pull, None)
+        for key in [k for k in self._ctx if k[0] == peer]:
+            del self._ctx[key]
         for name, waiting in list(self.held.items()):
             keep = [h for h in waiting if h.peer != peer]
             for h in waiting:
@@ -258,6 +334,9 @@ class ReadServer:
         store = self._store(sync.stream)
         if store is None:
             answer = rf.Synced(sync.sid, rf.SNAP_NOT_LEADER)
+        elif store.tiered:  # a replicated tail: the view must hold the records written so far
+            b, off = store.tail_position()
+            answer = rf.Synced(sync.sid, rf.SNAP_OK, b if off else b - 1, off)
         else:  # the newest batch (maybe still open): it holds the last change made here (a publish, a delete)
             answer = rf.Synced(sync.sid, rf.SNAP_OK, max(store.durable_batch, max(store.batch_first, default=0)))
         self.stats["syncs"] += 1

@@ -5,10 +5,14 @@ change of the view runs there, in order). A poll loop long-polls the leader (`re
 lacks, held up to 100 ms) and applies the batch objects each answer names, in order, fetched from the shared
 store (or decompressed from the answer, where the leader sent a small one inline); when the answer shows the view
 fell behind a base move, or the next batch is not the one named, the view is reloaded from a listing.
-`read(seqs)` waits until the view holds the sequences (or gives up after `WAIT`, reloading once) and returns the
-stored messages; `direct_get` answers a direct get from the view; `caught_up(batch)` waits until the view applied
-a batch the leader named (a sync) and `msg_get` answers a `STREAM.MSG.GET` from the view. The loop stops after
-`IDLE` seconds without use.
+With a replicated tail (`zonebus.stream.sharedtier`) the poll also says how much of the batches not stored yet
+the view holds (the leader's acknowledgement that this replica has them), the answer brings the records since
+(decompressed with one zstd stream per leader), and the view keeps them until the leader stored them; `tail`
+hands them to a new writer and from then on takes nothing from older writers. A pinned snapshot (a replica,
+`pinned`) never stops for idleness. `read(seqs)` waits until the view holds the sequences (or gives up after
+`WAIT`, reloading once) and returns the stored messages; `direct_get` answers a direct get from the view;
+`caught_up(batch)` waits until the view applied a batch the leader named (a sync) and `msg_get` answers a
+`STREAM.MSG.GET` from the view. The loop stops after `IDLE` seconds without use.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import zstandard
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream import direct
+from zonebus.stream import sharedlayout as L
 from zonebus.stream.api import JSApi
 from zonebus.stream.sharedview import SharedView
 from zonebus.stream.store import StoredMsg
@@ -54,8 +59,15 @@ class Snapshot:
         self._answer: asyncio.Future | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.stats = {"polls": 0, "batches": 0, "reloads": 0, "gets": 0, "get_bytes": 0, "inline": 0}
+        self.stats = {"polls": 0, "batches": 0, "reloads": 0, "gets": 0, "get_bytes": 0, "inline": 0,
+                      "tail_parts": 0, "tail_bytes": 0, "tail_resets": 0}
         self._dctx = zstandard.ZstdDecompressor()  # used on the worker thread only
+        self.pinned = False  # a replica of the stream's tail: runs while the stream is led in another zone
+        self.writer_epoch = 0  # the epoch of the writer whose answers this view follows
+        self.min_epoch = 0  # a new writer took this view's tail: answers of older writers are ignored
+        self.part = (0, 0)  # (epoch, bytes held of `next_batch`) of the replicated tail
+        self.gen = 0  # the compression context of the tail's parts (0: none, the leader starts one)
+        self._dobj: Any = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -70,7 +82,7 @@ class Snapshot:
 
     @property
     def idle(self) -> bool:
-        return time.monotonic() - self.used > IDLE
+        return not self.pinned and time.monotonic() - self.used > IDLE
 
     async def _in_thread(self, fn: Callable, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.exec, fn, *args)
@@ -93,12 +105,16 @@ class Snapshot:
             loop = asyncio.get_running_loop()
             self._answer = loop.create_future()
             self.stats["polls"] += 1
-            if not self.send(leader, rf.Poll(self.stream, self.next_batch, HOLD_MS).encode()):
+            epoch, held = self.part if self.part[1] else (self.writer_epoch, 0)
+            poll = rf.Poll(self.stream, self.next_batch, HOLD_MS, epoch if epoch >= self.min_epoch else 0, held,
+                           self.gen)
+            if not self.send(leader, poll.encode()):
                 await asyncio.sleep(0.05)
                 continue
             try:
                 snap: rf.Snap = await asyncio.wait_for(self._answer, HOLD_MS / 1000 + ANSWER_TIMEOUT)
             except TimeoutError:
+                self.gen = 0  # an answer may be lost: the leader starts a new compression stream
                 continue
             if snap.status != rf.SNAP_OK:
                 await asyncio.sleep(0.05)
@@ -123,9 +139,16 @@ class Snapshot:
     def _note(self) -> None:
         self.last_seq = self.view.index.last_seq
         self.next_batch = self.view.next_batch
+        epoch, _b, held = self.view.part_position()
+        self.part = (epoch, held)
 
     def _apply(self, snap: rf.Snap) -> None:
         view = self.view
+        if snap.epoch < self.min_epoch:
+            return  # a writer that a newer one fenced (it took this view's tail)
+        if view.part_position()[2] and view.part_epoch != snap.epoch:
+            self._reload()  # a new writer: the old one's unstored part comes back in its first batch
+        self.writer_epoch = snap.epoch
         if view.next_batch < snap.chain_start:
             self._reload()  # a base move dropped batches the view never applied
             return
@@ -146,9 +169,46 @@ class Snapshot:
                 data = view.objects.get(view.batch_key(b, e))
                 self.stats["gets"] += 1
                 self.stats["get_bytes"] += len(data)
-            view.apply_batch(b, e, data)
+            try:
+                view.apply_batch(b, e, data)
+            except L.LayoutError:  # it does not continue the part the tail brought (a new writer's batch)
+                self._reload()
+                return
             self.stats["batches"] += 1
+        if snap.batches:
+            view.stored(snap.batches[-1][0])
+        if snap.parts:
+            self._apply_parts(snap)
         self._note()
+
+    def _apply_parts(self, snap: rf.Snap) -> None:
+        view = self.view
+        if snap.gen != self.gen or self._dobj is None:
+            self.gen = snap.gen
+            self._dobj = self._dctx.decompressobj()
+            self.stats["tail_resets"] += 1
+        for b, e, off, header, packed in snap.parts:
+            try:
+                chunk = self._dobj.decompress(packed)
+            except zstandard.ZstdError:
+                self.gen, self._dobj = 0, None
+                return
+            self.stats["tail_parts"] += 1
+            self.stats["tail_bytes"] += len(chunk)
+            if b < view.next_batch:
+                continue  # applied already (the stored batch came first)
+            if not view.apply_part(b, e, off, header, chunk):
+                self.gen = 0  # the leader's idea of this view is off: it starts over from the view's position
+                return
+
+    async def tail(self, epoch: int, batch: int, new_epoch: int) -> bytes:
+        """A new writer (`new_epoch`) takes the stream over: the records of writer `epoch`'s batches from `batch`
+        on that this view holds; from now on answers of writers before `new_epoch` are ignored."""
+        self.min_epoch = max(self.min_epoch, new_epoch)
+        self.used = time.monotonic()
+        if not self.loaded.is_set():
+            return b""
+        return await self._in_thread(self.view.tail_records, epoch, batch)
 
     def _read(self, seqs: list[int]) -> list[StoredMsg | None]:
         if seqs and max(seqs) > self.view.index.last_seq:
@@ -171,20 +231,23 @@ class Snapshot:
                 await asyncio.wait_for(self._changed.wait(), max(deadline - time.monotonic(), 0.001))
         return await self._in_thread(self._read, seqs)
 
-    async def caught_up(self, batch: int) -> bool:
-        """Wait until the view applied every batch up to `batch` (the poll brings them; after `WAIT`, a
-        listing); False when it still has not."""
+    def _has(self, batch: int, offset: int) -> bool:
+        return self.next_batch > batch or (offset > 0 and self.next_batch == batch and self.part[1] >= offset)
+
+    async def caught_up(self, batch: int, offset: int = 0) -> bool:
+        """Wait until the view applied every batch up to `batch` (or, `offset` > 0, that many bytes of it from the
+        replicated tail; the poll brings them; after `WAIT`, a listing); False when it still has not."""
         self.used = time.monotonic()
         if not self.loaded.is_set():
             await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
         deadline = time.monotonic() + WAIT
-        while self.next_batch <= batch and time.monotonic() < deadline:
+        while not self._has(batch, offset) and time.monotonic() < deadline:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), max(deadline - time.monotonic(), 0.001))
-        if self.next_batch <= batch:
+        if not self._has(batch, offset):
             await self._in_thread(self._refresh)
-        return self.next_batch > batch
+        return self._has(batch, offset)
 
     def _refresh(self) -> None:
         self.view.refresh()
@@ -207,4 +270,5 @@ class Snapshot:
                                      payload)
 
     def info(self) -> dict[str, Any]:
-        return {"last_seq": self.last_seq, "next_batch": self.next_batch, **self.stats}
+        return {"last_seq": self.last_seq, "next_batch": self.next_batch, "pinned": self.pinned,
+                "tail_held": self.part[1], **self.stats}

@@ -1,0 +1,144 @@
+"""A new stream writer gathers the replicated tail of the writer it fences (`zonebus.stream.sharedtier`).
+
+With `zone_router_ack: replicas` a leader acknowledges a publish once a proxy in another zone holds it; the
+batch object follows seconds later. When the leader dies in between, the records it acknowledged are only in its
+replicas' snapshots. The new leader's takeover (`SharedStore._takeover`, in a worker thread) calls `collect`,
+which asks every live member of the cluster but the fenced writer (and this server's own snapshot) for the
+records of the old writer's batches from the first one missing in the store, and takes the longest answer
+(each replica holds a prefix of the same log). A member asked stops taking that writer's records before it
+answers, so nothing the old writer acknowledges later is missed. A live member that does not answer within
+`WAIT` fails the takeover with an OSError (the takeover is retried while this server still leads the stream):
+it may hold an acknowledged record.
+
+Frames on the `zr` link channel (after `records`' 4-byte head):
+- 15 tail query (new leader -> member): query id u64, stream, fenced epoch u64, batch u64, new epoch u64;
+- 16 tail (member -> new leader): query id u64, then the zstd-compressed records (empty: none held).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import zstandard
+
+from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
+
+log = logging.getLogger(__name__)
+
+TAILQ, TAIL = 15, 16
+WAIT = 5.0  # seconds the new leader waits for every live member's answer
+_Q = struct.Struct("!QQQQ")
+_U16 = struct.Struct("!H")
+_U64 = struct.Struct("!Q")
+
+
+@dataclass(frozen=True)
+class TailQuery:
+    qid: int
+    stream: str
+    epoch: int
+    batch: int
+    new_epoch: int
+
+    def encode(self) -> bytes:
+        raw = self.stream.encode()
+        return (_HEAD.pack(MAGIC, VERSION, TAILQ) + _U16.pack(len(raw)) + raw
+                + _Q.pack(self.qid, self.epoch, self.batch, self.new_epoch))
+
+    @classmethod
+    def decode(cls, frame: bytes) -> TailQuery:
+        try:
+            pos = _HEAD.size
+            (n,) = _U16.unpack_from(frame, pos)
+            stream = bytes(frame[pos + 2 : pos + 2 + n]).decode()
+            qid, epoch, batch, new_epoch = _Q.unpack_from(frame, pos + 2 + n)
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise RecordError(f"bad tail query: {exc}") from None
+        return cls(qid, stream, epoch, batch, new_epoch)
+
+
+def tail_frame(qid: int, compressed: bytes) -> bytes:
+    return _HEAD.pack(MAGIC, VERSION, TAIL) + _U64.pack(qid) + compressed
+
+
+def decode_tail(frame: bytes) -> tuple[int, bytes]:
+    if len(frame) < _HEAD.size + 8:
+        raise RecordError("truncated tail frame")
+    return _U64.unpack_from(frame, _HEAD.size)[0], bytes(frame[_HEAD.size + 8 :])
+
+
+class TailRecovery:
+    def __init__(self, name: str, send: Callable[[str, bytes], bool], members: Callable[[], Iterable[str]],
+                 is_live: Callable[[str], bool], local_tail: Callable[[str, int, int, int], asyncio.Future | None]
+                 ) -> None:
+        self.name = name
+        self.send = send
+        self.members = members  # the cluster's members
+        self.is_live = is_live
+        self.local_tail = local_tail  # (stream, epoch, batch, new epoch) -> this server's snapshot's records
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._next = 0
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._cctx = zstandard.ZstdCompressor(level=3)
+        self._dctx = zstandard.ZstdDecompressor()
+        self.stats = {"queries": 0, "answered": 0, "recovered_bytes": 0}
+
+    def collect(self, stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
+        """Worker thread (a takeover): the fenced writer's replicated records; OSError when a live member does
+        not answer."""
+        loop = self.loop
+        if loop is None:
+            return b""
+        fut = asyncio.run_coroutine_threadsafe(self._collect(stream, epoch, batch, new_epoch, fenced_writer), loop)
+        return fut.result(WAIT + 5)
+
+    async def _collect(self, stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
+        loop = asyncio.get_running_loop()
+        asked: dict[str, asyncio.Future] = {}
+        for peer in self.members():
+            if peer in (self.name, fenced_writer) or not self.is_live(peer):
+                continue
+            self._next += 1
+            fut = loop.create_future()
+            self._waiting[self._next] = fut
+            if not self.send(peer, TailQuery(self._next, stream, epoch, batch, new_epoch).encode()):
+                self._waiting.pop(self._next, None)
+                raise OSError(f"zone router: cannot ask {peer} for the tail of {stream}")
+            asked[peer] = fut
+        self.stats["queries"] += len(asked)
+        answers: list[bytes] = []
+        local = self.local_tail(stream, epoch, batch, new_epoch)
+        if local is not None:
+            answers.append(await local)
+        try:
+            done = await asyncio.wait_for(asyncio.gather(*asked.values()), WAIT)
+        except TimeoutError:
+            missing = sorted(p for p, f in asked.items() if not f.done())
+            raise OSError(f"zone router: {', '.join(missing)} did not give the tail of {stream}") from None
+        finally:
+            for qid in [q for q, f in self._waiting.items() if f in asked.values()]:
+                del self._waiting[qid]
+        answers += [self._dctx.decompress(x) if x else b"" for x in done]
+        best = max(answers, key=len, default=b"")
+        self.stats["recovered_bytes"] += len(best)
+        if best:
+            log.warning("zone router: stream %s: %d bytes of epoch %d's replicated tail recovered from %d "
+                        "answer(s)", stream, len(best), epoch, len(answers))
+        return best
+
+    def on_tail(self, frame: bytes) -> None:
+        qid, data = decode_tail(frame)
+        fut = self._waiting.get(qid)
+        if fut is not None and not fut.done():
+            fut.set_result(data)
+
+    async def on_query(self, peer: str, query: TailQuery) -> None:
+        """A member's side: stop taking the old writer's records, then answer with what this server holds."""
+        self.stats["answered"] += 1
+        fut = self.local_tail(query.stream, query.epoch, query.batch, query.new_epoch)
+        data = await fut if fut is not None else b""
+        self.send(peer, tail_frame(query.qid, self._cctx.compress(data) if data else b""))
