@@ -7,12 +7,29 @@ from __future__ import annotations
 import pytest
 
 from zonebus.zonerouter import readframes as rf
-from zonebus.zonerouter import records
+from zonebus.zonerouter import records, tailrecovery
 
 
 @pytest.mark.timeout(10)
 def test_every_frame_kind_is_used_once() -> None:
-    kinds = [records.LINK, records.ANSWER, records.HANDOFF, records.BYE, records.INLINE,
-             rf.POLL, rf.SNAP, rf.PULL, rf.DELIVER, rf.ACKS, rf.ACKED, rf.API, rf.SYNC, rf.SYNCED]
+    kinds = [records.LINK, records.ANSWER, records.HANDOFF, records.BYE, records.INLINE, records.STREAMED,
+             rf.POLL, rf.SNAP, rf.PULL, rf.DELIVER, rf.ACKS, rf.ACKED, rf.API, rf.SYNC, rf.SYNCED,
+             tailrecovery.TAILQ, tailrecovery.TAIL]
     assert len(set(kinds)) == len(kinds), sorted(kinds)
     assert records.kind_of(rf.Sync(7, "S").encode()) == rf.SYNC != records.INLINE
+
+
+@pytest.mark.timeout(10)
+def test_tail_frames_round_trip() -> None:
+    """The replicated tail's frames: a poll with its position, a snapshot answer with parts, a tail query."""
+    poll = rf.Poll("S", 4, 100, 3, 77, 9)
+    assert rf.Poll.decode(poll.encode()) == poll
+    assert rf.Poll.decode(rf.Poll("S", 4, 100).encode()) == rf.Poll("S", 4, 100)  # no position: not a replica
+    snap = rf.Snap("S", rf.SNAP_OK, 3, 1, 10, ((4, 3),), (), 7, ((5, 3, 48, b"", b"xyz"), (6, 3, 48, b"h" * 48, b"")),
+                   4)
+    assert rf.Snap.decode(snap.encode()) == rf.Snap("S", rf.SNAP_OK, 3, 1, 10, ((4, 3),), (b"",), 7, snap.parts, 4)
+    q = tailrecovery.TailQuery(5, "ORDERS", 3, 12, 4)
+    assert tailrecovery.TailQuery.decode(q.encode()) == q
+    assert tailrecovery.decode_tail(tailrecovery.tail_frame(5, b"zz")) == (5, b"zz")
+    rec = records.LinkRecord(b"12345678", 9, 2, 123, 4)
+    assert records.decode_streamed(records.streamed_frame(rec, 77, b"data")) == (rec, 77, b"data")

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_FLUSH_DELAY = 0.05
-BILLED_STATE_FLUSH_DELAY = 5.0  # a consumer's state on s3:// (a billed PUT each): every 5 s at most, not per ack
+BILLED_STATE_FLUSH_DELAY = 15.0  # a consumer's state on s3:// (a billed PUT each): every 15 s at most, not per ack
 HOUSEKEEPING_INTERVAL = 0.5
 STREAM_QUEUE = "$JSQ."  # with `stream_queue`: a stream's subscriptions join the queue group STREAM_QUEUE + name
 
@@ -508,7 +508,7 @@ class JetStreamService:
             _write_json(d / "state.json", cons.state_dict())
 
     def schedule_state_flush(self, cons: Consumer) -> None:
-        """Write the consumer's state soon: within 50 ms, or within 5 s on a store that bills each request
+        """Write the consumer's state soon: within 50 ms, or within 15 s on a store that bills each request
         (s3://): acks a crash loses there come back as redeliveries, never as losses. A release, a stepdown or
         a stop writes what is pending at once."""
         self._dirty.add(cons)

@@ -66,6 +66,7 @@ class SharedView(MsgStore):
         self._part: bytearray | None = None
         self.part_epoch = 0
         self._unstored: dict[int, tuple[int, bytes]] = {}  # batch -> (epoch, object) completed from parts
+        self._held_tail: tuple[dict, bytearray | None, int, int] = ({}, None, 0, 0)
         if load:
             self.reload()
 
@@ -117,6 +118,7 @@ class SharedView(MsgStore):
                 lst, chain, base = self.resolve()
                 self._reset(chain, base)
                 self._apply_chain(chain, settled_only)
+                self._reapply_tail()
                 return chain
             except FileNotFoundError:
                 if attempt == LOAD_ATTEMPTS - 1:
@@ -125,6 +127,7 @@ class SharedView(MsgStore):
         raise AssertionError("unreachable")
 
     def _reset(self, chain: L.Chain, base: L.Base | None) -> None:
+        self._held_tail = (self._unstored, self._part, self.part_epoch, self.next_batch)  # see `_reapply_tail`
         MsgStore.__init__(self)
         self._mem.clear()
         self._mem_bytes = 0
@@ -139,6 +142,19 @@ class SharedView(MsgStore):
         self.pending_takeover = chain.pending
         self._part = None
         self._unstored = {}
+
+    def _reapply_tail(self) -> None:
+        """After a reload from the store: the replicated tail this view held (records its writer acknowledged
+        because this view had them) is applied again where it continues the chain, and kept in any case."""
+        unstored, part, part_epoch, part_batch = self._held_tail
+        self._held_tail = ({}, None, 0, 0)
+        for b, (e, data) in sorted(unstored.items()):
+            if b == self.next_batch and (not self.batches or e >= self.top_epoch):
+                self._apply_batch(b, e, data)
+            if b >= self.next_batch - 1:
+                self._unstored[b] = (e, data)
+        if part is not None and part_batch == self.next_batch and self._part is None:
+            self.apply_part(part_batch, part_epoch, L.BATCH_HDR_LEN, b"", bytes(part[L.BATCH_HDR_LEN :]))
 
     def _apply_chain(self, chain: L.Chain, settled_only: bool) -> int:
         todo = chain.batches[: chain.settled] if settled_only else chain.batches
@@ -159,13 +175,16 @@ class SharedView(MsgStore):
         for attempt in range(LOAD_ATTEMPTS):
             try:
                 lst, chain, base = self.resolve()
-                last = self.next_batch - 1
+                last = min(self._unstored, default=self.next_batch) - 1  # the last batch read from the store
                 stale = (base is not None and base.batch > self.next_batch) or (
                     last >= chain.start and last in self.batches
                     and (last - chain.start >= len(chain.batches) or chain.batches[last - chain.start][1]
                          != self.batches[last]))
                 if stale:
                     self._reset(chain, base)
+                    n = self._apply_chain(chain, True)
+                    self._reapply_tail()
+                    return n
                 return self._apply_chain(chain, True)
             except FileNotFoundError:
                 if attempt == LOAD_ATTEMPTS - 1:

@@ -33,6 +33,7 @@ class RouterChannel:
         self.epoch = 0
         self._next = 0
         self.puts = self.gets = self.put_bytes = self.get_bytes = self.deletes = 0
+        self._written: set[int] = set()  # epochs this run wrote objects of, not trimmed yet
 
     # -- writer --------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -60,7 +61,15 @@ class RouterChannel:
             self.store.put(key, data)
         self.puts += 1
         self.put_bytes += len(data)
+        self._written.add(epoch)
 
+    def written_up_to(self, epoch: int) -> bool:
+        """Whether this run wrote objects of epochs <= `epoch` (a new channel id each run: nothing else is ours)."""
+        return any(e <= epoch for e in self._written)
+
+    def trimmed(self, epoch: int) -> None:
+        """Every folder of this channel up to `epoch` was deleted."""
+        self._written = {e for e in self._written if e > epoch}
     def trim(self, batches: list[tuple[int, int]]) -> None:
         """Worker thread: delete batches the leaders are done with (answered, or given up on)."""
         for epoch, offset in batches:

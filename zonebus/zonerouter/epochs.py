@@ -38,6 +38,8 @@ FENCE_LAG = 2
 PROPOSE_TIMEOUT = 4.0
 
 
+SWEEP_EVERY = 6  # trims (route epochs) between the meta leader's sweeps of channels nobody runs
+
 class RouteEpochs:
     def __init__(self, name: str, channel: RouterChannel, interval: float,
                  inflight_floor: Callable[[], int | None], live: Callable[[], set[str]]) -> None:
@@ -50,6 +52,7 @@ class RouteEpochs:
         self._last_bump = time.monotonic()
         self._busy = False
         self._trimmed = 0
+        self._trims = 0  # the meta leader sweeps channels nobody runs on one trim in SWEEP_EVERY
         self.stats = {"bumps": 0, "reports": 0, "trimmed_epochs": 0, "removed_channels": 0}
 
     # -- the replicated values -----------------------------------------------------------------------
@@ -135,6 +138,10 @@ class RouteEpochs:
         channels nobody runs); remove such channels once empty. Returns (folders deleted, channels removed)."""
         store = self.channel.store
         own = self.channel.id.hex()
+        self._trims += 1
+        leader = leader and self._trims % SWEEP_EVERY == 1  # a LIST and a GET per channel: not every epoch
+        if not leader and not self.channel.written_up_to(committed):
+            return 0, 0  # our channel has no object of a committed epoch: nothing to list (a billed LIST)
         cids = [own] if not leader else store.list(PREFIX, dirs=True)
         owners: dict[str, tuple[str, float]] = {}
         if leader:
@@ -158,6 +165,8 @@ class RouteEpochs:
                     deleted += 1
                 else:
                     left += 1
+            if cid == own:
+                self.channel.trimmed(committed)
             if cid == own or not leader:
                 continue
             server, started = owners.get(cid, ("", 0.0))

@@ -17,6 +17,7 @@ or `link`). `info()` says per leader which path is taken and why, for `/jsz`.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -52,6 +53,11 @@ class PathChooser:
         self.flows: dict[str, _Flow] = {}
         self._cctx = zstandard.ZstdCompressor(level=_LEVEL)
         self._dctx = zstandard.ZstdDecompressor()
+        # the link path's batches to a leader are blocks of one zstd stream (small batches compress like a large
+        # one); a new generation starts after anything that may have lost a block (a failed send, a lost link)
+        self._gen = random.getrandbits(31) | 1
+        self._out: dict[str, tuple[int, object]] = {}  # leader -> (generation, compressobj)
+        self._in: dict[str, tuple[int, object]] = {}  # proxy -> (generation, decompressobj)
 
     def _flow(self, leader: str) -> _Flow:
         f = self.flows.get(leader)
@@ -89,6 +95,39 @@ class PathChooser:
         f = self._flow(leader)
         f.ratio = 0.8 * f.ratio + 0.2 * (len(out) / max(len(data), 1))
         return out
+
+    def compress_stream(self, leader: str, data: bytes) -> tuple[int, bytes]:
+        """(generation, the batch as the next block of the stream to `leader`)."""
+        s = self._out.get(leader)
+        if s is None:
+            self._gen = (self._gen + 1) & 0x7FFFFFFF or 1
+            # a compressor of its own: compressobj()s of one ZstdCompressor share its context
+            s = self._out[leader] = (self._gen, zstandard.ZstdCompressor(level=_LEVEL).compressobj())
+        obj: zstandard.ZstdCompressionObj = s[1]  # type: ignore[assignment]
+        out = obj.compress(data) + obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        f = self._flow(leader)
+        f.ratio = 0.8 * f.ratio + 0.2 * (len(out) / max(len(data), 1))
+        return s[0], out
+
+    def reset_stream(self, leader: str) -> None:
+        """A block to `leader` may be lost: the next batch starts a new stream."""
+        self._out.pop(leader, None)
+
+    def decompress_stream(self, proxy: str, gen: int, data: bytes) -> bytes:
+        """The leader's side: the next block of `proxy`'s stream `gen` (zstandard.ZstdError when out of step)."""
+        s = self._in.get(proxy)
+        if s is None or s[0] != gen:
+            s = self._in[proxy] = (gen, zstandard.ZstdDecompressor().decompressobj())
+        try:
+            return s[1].decompress(data)  # type: ignore[attr-defined, no-any-return]
+        except zstandard.ZstdError:
+            self._in.pop(proxy, None)
+            raise
+
+    def forget(self, peer: str) -> None:
+        """The link to `peer` went down: both directions' streams start over."""
+        self._out.pop(peer, None)
+        self._in.pop(peer, None)
 
     def sample(self, leader: str, data: bytes, n: int) -> None:
         """On the storage path, measure the ratio on one batch in 16 (the link path measures every one)."""

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from zonebus.zonerouter import batch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.paths import LINK, PathChooser
-from zonebus.zonerouter.records import BatchAnswer, LinkRecord, inline_frame
+from zonebus.zonerouter.records import BatchAnswer, LinkRecord, streamed_frame
 
 log = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT = 3.0  # nats-py waits 5 s for a PubAck
+OUT_OF_STEP = "compression stream out of step"  # the leader could not decode a streamed batch
 
 
 def retry_error(why: str) -> bytes:
@@ -47,7 +48,7 @@ class _Batch:
     offset: int = -1
     state: str = "open"  # open -> uploading -> uploaded -> sent (-> answered) | failed
     sent_at: float = 0.0
-    inline: bytes | None = None  # the link path: the compressed batch, sent instead of a link record
+    inline: bytes | None = None  # the link path: the batch, sent (compressed) instead of a link record
     stored: bool = False  # a channel object was written (to be trimmed once the leader is done with it)
 
 
@@ -109,7 +110,7 @@ class Proxy:
         self.stats["batches"] += 1
         data = batchfmt.encode(b.messages)
         if self.paths.choose(leader) == LINK:
-            b.inline = self.paths.compress(leader, data)
+            b.inline = data  # compressed when sent: blocks of the stream to the leader go in send order
             b.state = "uploaded"
             self.stats["inline_batches"] += 1
             self._send_ready(target)
@@ -136,9 +137,11 @@ class Proxy:
             if b.state != "uploaded":
                 continue
             link = LinkRecord(self.channel.id, b.offset, b.epoch, time.time_ns(), len(b.messages))
-            rec = link.encode() if b.inline is None else inline_frame(link, b.inline)
+            rec = link.encode() if b.inline is None else streamed_frame(link, *self.paths.compress_stream(
+                b.leader, b.inline))
             b.inline = None
             if not self.send_link(b.leader, rec):
+                self.paths.reset_stream(b.leader)
                 self._fail(b, f"leader {b.leader} unreachable")
                 continue
             self.stats["link_bytes"] += len(rec)
@@ -155,6 +158,8 @@ class Proxy:
         if b.stored:
             self.done.append((b.epoch, b.offset))
         outcomes = ans.outcomes()
+        if any(k == "err" and isinstance(v, bytes) and OUT_OF_STEP.encode() in v for k, v in outcomes):
+            self.paths.reset_stream(peer)
         for i, reply in enumerate(b.replies):
             kind, value = outcomes[i] if i < len(outcomes) else ("err", retry_error("short answer"))
             stream = b.messages[i].stream
@@ -180,6 +185,7 @@ class Proxy:
 
     def leader_down(self, leader: str) -> None:
         """The link to `leader` went down: every batch it has not answered fails (the clients retry)."""
+        self.paths.forget(leader)
         for offset, b in list(self.waiting.items()):
             if b.leader == leader:
                 del self.waiting[offset]

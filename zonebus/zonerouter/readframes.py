@@ -7,8 +7,9 @@ Cross zones (proxy <-> leader), all small:
   last sequence u64, count u16, then (batch u64, epoch u64) per new batch object of the stream's log, then
   (optional) per batch a u32-prefixed zstd-compressed copy of the object (length 0: read it from the store):
   small objects cross cheaper inline than as a GET each (`serving.inline_limit`); then (optional, a replicated
-  tail) compression context u32, count u16, per part (batch u64, epoch u64, offset u32, u16-prefixed header
-  (empty while the batch is open), u32-prefixed record bytes compressed by the context's zstd stream);
+  tail) compression context u32, the last batch stored u64, count u16, per part (batch u64, epoch u64,
+  offset u32, u16-prefixed header (empty while the batch is open), u32-prefixed record bytes compressed by the
+  context's zstd stream);
 - 7 pull (proxy -> leader): request id u64, stream, consumer, the pull request's JSON body;
 - 8 deliveries (leader -> proxy): request id u64, flags u8 (1 done, 2 headers only), runs u16, then per run
   (stream seq u64, consumer seq u64, n u32, delivery count u32, num pending u64: n messages whose stream and
@@ -130,6 +131,7 @@ class Snap:
     inline: tuple[bytes, ...] = ()  # per batch: its object, zstd-compressed, or b"" (read it from the store)
     gen: int = 0  # the compression context of `parts`
     parts: tuple[TailPart, ...] = ()  # a replicated tail: records of batches not stored yet
+    stored: int = 0  # with parts: the last batch the writer stored
 
     def encode(self) -> bytes:
         parts = [_head(SNAP), _s(self.stream),
@@ -139,7 +141,7 @@ class Snap:
             inline = self.inline or (b"",) * len(self.batches)
             parts += [_U32.pack(len(x)) + x for x in inline]
         if self.parts:
-            parts.append(_U32.pack(self.gen) + _U16.pack(len(self.parts)))
+            parts.append(_U32.pack(self.gen) + _U64.pack(self.stored) + _U16.pack(len(self.parts)))
             for b, e, off, header, chunk in self.parts:
                 parts += [_PART.pack(b, e, off), _s(header), _U32.pack(len(chunk)), chunk]
         return b"".join(parts)
@@ -154,14 +156,14 @@ class Snap:
         if n and r.left():
             for _ in range(n):
                 inline.append(r.sized(r.take(_U32)[0]))
-        gen, tail = 0, []
+        gen, stored, tail = 0, 0, []
         if r.left():
-            gen, count = r.take(_U32)[0], r.take(_U16)[0]
+            gen, stored, count = r.take(_U32)[0], r.take(_U64)[0], r.take(_U16)[0]
             for _ in range(count):
                 b, e, off = r.take(_PART)
                 header = r.raw()
                 tail.append((b, e, off, header, r.sized(r.take(_U32)[0])))
-        return cls(stream, status, epoch, start, last, batches, tuple(inline), gen, tuple(tail))
+        return cls(stream, status, epoch, start, last, batches, tuple(inline), gen, tuple(tail), stored)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 MAGIC = b"ZR"
 VERSION = 1
 LINK, ANSWER, HANDOFF, BYE = 1, 2, 3, 4
-INLINE = 14  # (5-13 are the read path's, `readframes`)
+INLINE = 14  # (5-13 are the read path's, `readframes`; 15-16 `tailrecovery`'s)
+STREAMED = 17  # an inline batch compressed by the proxy's zstd stream to that leader (generation u32 first)
 
 _HEAD = struct.Struct("!2sBB")
 _LINK = struct.Struct("!2sBB8sQIQI")
@@ -34,6 +35,7 @@ _HANDOFF = struct.Struct("!2sBBHHHHII")
 _RUN = struct.Struct("!BQI")
 _DUP = struct.Struct("!BQ")
 _ERR = struct.Struct("!BH")
+_GEN = struct.Struct("!I")
 
 
 class RecordError(ValueError):
@@ -71,6 +73,20 @@ class LinkRecord:
 def inline_frame(rec: LinkRecord, compressed: bytes) -> bytes:
     """An inline batch: the record's fields under kind INLINE, then the compressed batch object."""
     return _LINK.pack(MAGIC, VERSION, INLINE, rec.source, rec.offset, rec.epoch, rec.timestamp, rec.count) + compressed
+
+
+def streamed_frame(rec: LinkRecord, gen: int, compressed: bytes) -> bytes:
+    """An inline batch compressed as the next block of the proxy's stream `gen` to this leader."""
+    return (_LINK.pack(MAGIC, VERSION, STREAMED, rec.source, rec.offset, rec.epoch, rec.timestamp, rec.count)
+            + _GEN.pack(gen) + compressed)
+
+
+def decode_streamed(frame: bytes) -> tuple[LinkRecord, int, bytes]:
+    if len(frame) < _LINK.size + _GEN.size:
+        raise RecordError(f"streamed batch of {len(frame)} bytes, shorter than its head")
+    _, _, _, source, offset, epoch, ts, count = _LINK.unpack_from(frame)
+    (gen,) = _GEN.unpack_from(frame, _LINK.size)
+    return LinkRecord(source, offset, epoch, ts, count), gen, bytes(frame[_LINK.size + _GEN.size :])
 
 
 def decode_inline(frame: bytes) -> tuple[LinkRecord, bytes]:

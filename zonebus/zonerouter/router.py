@@ -16,6 +16,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+import zstandard
+
 from zonebus.server.internal import InternalClient
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream import direct
@@ -27,7 +29,7 @@ from zonebus.zonerouter.clientzones import ClientZones
 from zonebus.zonerouter.epochs import RouteEpochs
 from zonebus.zonerouter.leader import LeaderSide
 from zonebus.zonerouter.paths import PathChooser
-from zonebus.zonerouter.proxy import Proxy
+from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
 from zonebus.zonerouter.tailrecovery import TAIL, TAILQ, TailQuery, TailRecovery
@@ -359,6 +361,15 @@ class ZoneRouter:
         elif kind == records.INLINE and self.leader is not None and self.paths is not None:
             rec, data = records.decode_inline(frame)
             self.leader.on_link(peer, rec, self.paths.decompress(data))
+        elif kind == records.STREAMED and self.leader is not None and self.paths is not None:
+            rec, gen, data = records.decode_streamed(frame)
+            try:
+                raw = self.paths.decompress_stream(peer, gen, data)
+            except zstandard.ZstdError:
+                self.link.send(peer, records.BatchAnswer(rec.source, rec.offset, records.answer_entries(
+                    [("err", retry_error(OUT_OF_STEP))] * rec.count)).encode())
+                return
+            self.leader.on_link(peer, rec, raw)
         elif kind == records.ANSWER and self.proxy is not None:
             self.proxy.on_answer(peer, records.BatchAnswer.decode(frame))
         elif kind == records.HANDOFF and self.proxy is not None:
@@ -405,6 +416,8 @@ class ZoneRouter:
         self.recompute()
 
     def _peer_down(self, peer: str) -> None:
+        if self.paths is not None:
+            self.paths.forget(peer)
         if self.proxy is not None:
             self.proxy.leader_down(peer)
         if self.reader is not None:

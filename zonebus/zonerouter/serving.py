@@ -168,7 +168,7 @@ class ReadServer:
             if poll.epoch and store.tiered and last == store.durable_batch:
                 gen, parts = self._parts(peer, name, store, poll)
             frame = rf.Snap(name, rf.SNAP_OK, store.epoch, store.chain_start, store.visible_seq(), batches,
-                            self._inline(name, store, batches), gen, parts).encode()
+                            self._inline(name, store, batches), gen, parts, store.durable_batch).encode()
         self.stats["snap_bytes"] += len(frame)
         self.send(peer, frame)
 

@@ -177,6 +177,8 @@ class Snapshot:
             self.stats["batches"] += 1
         if snap.batches:
             view.stored(snap.batches[-1][0])
+        if snap.stored:
+            view.stored(snap.stored)
         if snap.parts:
             self._apply_parts(snap)
         self._note()
@@ -185,7 +187,7 @@ class Snapshot:
         view = self.view
         if snap.gen != self.gen or self._dobj is None:
             self.gen = snap.gen
-            self._dobj = self._dctx.decompressobj()
+            self._dobj = zstandard.ZstdDecompressor().decompressobj()  # its own context (inline objects use _dctx)
             self.stats["tail_resets"] += 1
         for b, e, off, header, packed in snap.parts:
             try:

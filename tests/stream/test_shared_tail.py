@@ -1,0 +1,106 @@
+"""The replicated tail's storage side (`zonebus.stream.sharedtier`, `SharedView.apply_part`), without servers: a
+writer on a `file://` store whose acks follow a replica's position, a view fed the writer's parts (records land
+at the offsets of the object to come), the stored object completing the part, a reload that keeps the tail, and a
+new writer that takes the dead writer's unstored tail over from a replica (`tail_source`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from zonebus.storage.fs import ObjectStore
+from zonebus.stream.shared import CommitOptions, SharedStorage, SharedView
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _storage(tmp: Path, tail_source=None) -> SharedStorage:
+    st = SharedStorage(f"file://{tmp}/store", options=CommitOptions(tier_interval=5.0))
+    st.tail_source = tail_source
+    return st
+
+
+def _payloads(view: SharedView, last: int) -> list[bytes | None]:
+    out = []
+    for seq in range(1, last + 1):
+        m = view.load(seq)
+        out.append(m.data if m is not None else None)
+    return out
+
+
+def test_acks_follow_the_replica_and_the_view_holds_the_tail(tmp_path: Path) -> None:
+    storage = _storage(tmp_path)
+    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
+    objects = ObjectStore.from_url(f"file://{tmp_path}/store")
+    w.on_replica("r1", w.epoch, w.next_batch, 0)  # a fresh replica: the next batch follows the tail rule
+    assert w.tail_ready()
+    for i in range(10):
+        w.store(f"s.{i}", None, f"m{i}".encode())
+    acked: list[str | None] = []
+    assert w.ack_when_durable(10, acked.append)  # nobody holds message 10 yet
+    assert w.visible_seq() == 0
+
+    view = SharedView(objects, "S", load=True)
+    (b, e, off, header, chunk), = w.tail_parts(*view.part_position()[1:])
+    assert (b, header) == (1, b"") and off == 48
+    assert view.apply_part(b, e, off, header, chunk)
+    assert _payloads(view, 10) == [f"m{i}".encode() for i in range(10)]
+    assert not view.apply_part(b, e, off, header, chunk)  # does not continue what it holds
+
+    _epoch, nb, held = view.part_position()
+    w.on_replica("r1", w.epoch, nb, held)  # the poll that says so is the acknowledgement
+    assert acked == [None] and w.visible_seq() == 10
+    assert not objects.list("streams/S/log")  # nothing stored yet: the object is still filling
+
+    for i in range(10, 15):
+        w.store(f"s.{i}", None, f"m{i}".encode())
+    assert w.flush(5)  # the writer's PUT: the stored object continues the part
+    data = objects.get(view.batch_key(1, w.epoch))
+    view.apply_batch(1, w.epoch, data)
+    assert _payloads(view, 15) == [f"m{i}".encode() for i in range(15)]
+    assert view.next_batch == 2
+
+    # a part of the next batch survives a reload from the store (records this replica acknowledged)
+    w.on_replica("r1", w.epoch, 2, 0)
+    w.store("s.x", None, b"unstored")
+    (b, e, off, header, chunk), = w.tail_parts(2, 0)
+    assert view.apply_part(b, e, off, header, chunk)
+    view.reload()
+    assert view.load(16) is not None and view.load(16).data == b"unstored"
+    assert view.tail_records(w.epoch, 2) == chunk
+
+
+def test_a_new_writer_takes_the_dead_writers_tail_from_a_replica(tmp_path: Path) -> None:
+    storage = _storage(tmp_path)
+    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
+    objects = ObjectStore.from_url(f"file://{tmp_path}/store")
+    w.store("s.0", None, b"stored")
+    assert w.flush(5)
+    view = SharedView(objects, "S", load=True)
+    w.on_replica("r1", w.epoch, w.next_batch, 0)
+    for i in range(1, 6):
+        w.store(f"s.{i}", None, f"tail{i}".encode())
+    for b, e, off, header, chunk in w.tail_parts(*view.part_position()[1:]):
+        assert view.apply_part(b, e, off, header, chunk)
+    _epoch, nb, held = view.part_position()
+    w.on_replica("r1", w.epoch, nb, held)
+    assert w.visible_seq() == 6  # acknowledged, and only the replica holds messages 2..6: the writer dies now
+
+    asked = []
+
+    def tail_source(stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
+        asked.append((stream, epoch, batch, new_epoch, fenced_writer))
+        return view.tail_records(epoch, batch)
+
+    new = _storage(tmp_path, tail_source).takeover("S", writer="w2")
+    assert asked == [("S", w.epoch, 2, new.epoch, "w1")]
+    assert new.index.last_seq == 6
+    fresh = SharedView(objects, "S", load=True)  # what any reader finds in the store now
+    assert _payloads(fresh, 6) == [b"stored"] + [f"tail{i}".encode() for i in range(1, 6)]
+    seq, _ts = new.store("s.7", None, b"after")
+    assert seq == 7
+    assert new.flush(5)
+    # the dead writer's own PUT of its next slot now fails: the new writer fenced it
+    w.store("s.late", None, b"late")
+    assert not w.flush(1)
