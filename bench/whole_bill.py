@@ -333,10 +333,25 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     finally:
         ticker.cancel()
     cross = bench.cluster.cross_zone()
+    if bench.impl == "zonebus":
+        log(f"{bench.label} {workload}: zone router link bytes {router_bytes(bench)}")
     counts = bench.storage_counts()
     stored, where = await bench.stored_bytes(stream)
     return {"pubs": pubs, "cons": cons, "cross": cross, "counts": counts, "stored": stored, "where": where,
             "pub_elapsed": pub_elapsed, "elapsed": time.perf_counter() - t0}
+
+
+def router_bytes(bench: Bench) -> str:
+    """Where the router's link bytes went, from each server's /jsz: the replicated tail (records raw ->
+    compressed), the snapshot answers in all, the publish path's batches and their answers."""
+    out = []
+    for srv in bench.cluster.servers:
+        zr = srv.http_get("/jsz").get("zone_router", {})
+        sv, px, ld = zr.get("serving", {}), zr.get("proxy", {}), zr.get("leader", {})
+        out.append(f"{srv.info.get('server_name', '?')}: tail {sv.get('tail_bytes', 0)}->{sv.get('tail_wire_bytes', 0)}"
+                   f" snap {sv.get('snap_bytes', 0)} polls {sv.get('polls', 0)} deliver-frames "
+                   f"{sv.get('delivered', 0)} publish {px.get('link_bytes', 0)} answers {ld.get('answer_bytes', 0)}")
+    return "; ".join(out)
 
 
 # -- the bill and the table --------------------------------------------------------------------------------
