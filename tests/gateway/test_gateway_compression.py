@@ -1,22 +1,40 @@
 """Gateway compression between zonebus clusters (nats-server has none on gateways): `gateway { compression:
 s2_best }` on both sides negotiates zstd at level 7 on the outbound and the inbound connection, messages and
-interest still cross, and /gatewayz shows the mode and a ratio well under 1 for JSON payloads."""
+interest still cross, /gatewayz shows the mode and a ratio well under 1 for JSON payloads, and the traffic
+ledger counts the gateway's bytes as they are on the wire (compressed)."""
 
 from __future__ import annotations
 
 import json
 import random
+import tempfile
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from gwkit import connect, gatewayz, in_thread, start_supercluster, wait_for_full_mesh, wait_remote_interest
 
-from zonebus.testing.polling import until
+from zonebus.testing.polling import until, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 
+def ledger_out(ledger_dir: Path, prefix: str) -> tuple[int, int]:
+    """(msgs, bytes) of the `gateway` rows out with this subject prefix in a server's ledger."""
+    msgs = nbytes = 0
+    for path in sorted((ledger_dir / "ledger" / "traffic").rglob("*.parquet")):
+        if not path.name.startswith("."):
+            for row in pq.read_table(path).to_pylist():
+                if row["link_kind"] == "gateway" and row["direction"] == "out" and row["subject_prefix"] == prefix:
+                    msgs += row["msgs"]
+                    nbytes += row["bytes"]
+    return msgs, nbytes
+
+
 async def test_gateways_compress_between_zonebus_clusters() -> None:
-    sc = start_supercluster("zonebus", names=("A", "B"), per_cluster=1, gateway_extra="compression: s2_best")
+    ledger = Path(tempfile.mkdtemp(prefix="zb-gw-compression-"))
+    sc = start_supercluster("zonebus", names=("A", "B"), per_cluster=1, gateway_extra="compression: s2_best",
+                            extra={"A": f"ledger {{ dir: {json.dumps(str(ledger))}, interval: 1s }}"})
     try:
         await in_thread(wait_for_full_mesh, sc)
         a1, b1 = sc.server("A1"), sc.server("B1")
@@ -48,5 +66,8 @@ async def test_gateways_compress_between_zonebus_clusters() -> None:
         inbound = (await in_thread(gatewayz, b1, False))["inbound_gateways"]["A"][0]["connection"]
         assert inbound["compression"] == "zstd_best"
         assert inbound["compression_bytes"]["raw_in"] > 200 * 400
+        msgs, nbytes = await in_thread(wait_until, lambda: (r := ledger_out(ledger, "gw.json"))[0] == 200 and r,
+                                       "200 gateway messages in A's ledger", 15)
+        assert nbytes < 0.5 * sum(map(len, sent)), (nbytes, sum(map(len, sent)))
     finally:
         sc.stop()

@@ -205,6 +205,7 @@ class LinkCompression:
         self.deflater: StreamDeflater | None = None
         self.inflater: StreamInflater | None = None
         self.raw_out = self.wire_out = self.raw_in = self.wire_in = 0
+        self._mark = (0, 0, 0, 0)  # the counts at the ledger's last handover (`take_window`)
 
     @property
     def negotiated(self) -> bool:
@@ -266,6 +267,15 @@ class LinkCompression:
         """Wire bytes per protocol byte, both directions since the switch (1.0 when nothing was compressed)."""
         raw = self.raw_out + self.raw_in
         return round((self.wire_out + self.wire_in) / raw, 4) if raw else 1.0
+
+    def take_window(self) -> tuple[float, float]:
+        """Wire bytes per protocol byte out and in since the last call (1.0 for a direction that compressed
+        nothing): the traffic ledger scales a link's per-subject counts by them, so that its `bytes` stay
+        the bytes on the wire."""
+        now = (self.raw_out, self.wire_out, self.raw_in, self.wire_in)
+        ro, wo, ri, wi = (a - b for a, b in zip(now, self._mark, strict=True))
+        self._mark = now
+        return (wo / ro if ro > 0 else 1.0), (wi / ri if ri > 0 else 1.0)
 
     def monitoring(self) -> dict[str, Any]:
         """The fields /routez and /gatewayz add to a link's entry."""
