@@ -17,28 +17,12 @@ import nats
 import pytest
 
 from zonebus.testing.jsapi import create_stream_retrying
+from zonebus.testing.payloads import json_event
 from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all, wait_for_mesh
 from zonebus.testing.zonecluster import ZoneCluster
 
 pytestmark = pytest.mark.timeout(150)
-
-
-def json_payload(rng: random.Random, i: int, size: int = 750) -> bytes:
-    """An order event of about `size` bytes of JSON."""
-    doc = {"seq": i, "order_id": f"ord-{rng.getrandbits(48):012x}", "event": rng.choice(["created", "paid"]),
-           "customer": {"id": rng.randrange(10**7), "tier": rng.choice(["free", "plus", "pro"]),
-                        "country": rng.choice(["DE", "FR", "US", "JP"])},
-           "items": [{"sku": f"SKU-{rng.randrange(10**5):05d}", "qty": rng.randint(1, 9),
-                      "price": round(rng.uniform(1, 500), 2)} for _ in range(rng.randint(2, 5))],
-           "note": ""}
-    text = json.dumps(doc)
-    words = ["shipping", "express", "gift", "wrap", "door", "leave", "call", "before", "the", "at"]
-    note = []
-    while len(text) + sum(len(w) + 1 for w in note) < size:
-        note.append(rng.choice(words))
-    doc["note"] = " ".join(note)
-    return json.dumps(doc).encode()
 
 
 def collect(into: list, take=lambda m: m.data):  # noqa: ANN001, ANN201
@@ -99,7 +83,7 @@ async def test_compressed_cluster_pubsub_queue_groups_and_a_stream(tmp_path: Pat
         for x in s:  # s2_auto on loopback: the lowest level (nats-server would send S2 frames uncompressed)
             assert set(route_modes(x).values()) == {"zstd_fast"}, route_modes(x)
         rng = random.Random(7)
-        payloads = [json_payload(rng, i) for i in range(300)]
+        payloads = [json_event(rng, i) for i in range(300)]
         await fan_out(zc, 300, payloads)
 
         # a queue group with members on s2 and s3: every message once
@@ -148,7 +132,7 @@ async def test_cross_zone_bytes_per_json_payload_byte(tmp_path: Path, mode: str)
     zc = started(tmp_path, mode, jetstream=False)
     try:
         rng = random.Random(11)
-        payloads = [json_payload(rng, i) for i in range(400)]
+        payloads = [json_event(rng, i) for i in range(400)]
         zc.reset_bytes()
         await fan_out(zc, 400, payloads)
         per_byte = zc.cross_zone() / sum(map(len, payloads))
@@ -200,7 +184,7 @@ async def test_mixed_cluster_negotiates_per_peer(dialer: str) -> None:
                 for dst in names:
                     if dst != src:
                         for i in range(50):
-                            p = json_payload(rng, i, 400)
+                            p = json_event(rng, i, 400)
                             sent[dst].append(p)
                             await nc.publish(f"to.{dst}", p)
                 await nc.flush()

@@ -27,7 +27,7 @@ parser stops after every INFO (`FrameParser.stop_after`), so no compressed byte 
 level change (`s2_auto` after an RTT change) ends the zstd frame and starts the next one at the new level.
 
 Levels, measured with `bench/route_compression.py` (~750 B JSON payloads, route-framed, per write batch):
-`s2_fast` -> zstd 1, `s2_better` -> zstd 5, `s2_best` -> zstd 7. Below the first RTT threshold nats-server sends
+`s2_fast` -> zstd 1, `s2_better` -> zstd 3, `s2_best` -> zstd 7. Below the first RTT threshold nats-server sends
 S2 frames uncompressed (`s2_uncompressed`); zonebus uses level 1 there too, since bytes between zones are billed
 whatever the RTT and level 1 costs ~1.5 us per message.
 """
@@ -56,8 +56,8 @@ MARKER_FIELD = "zonebus_compress"
 MARKER = b'INFO {"zonebus_compress":"zstd"}\r\n'
 
 # zstd level per (resolved) mode, and the name /routez shows for it
-ZSTD_LEVELS = {S2_UNCOMPRESSED: 1, S2_FAST: 1, S2_BETTER: 5, S2_BEST: 7}
-ZSTD_NAMES = {1: "zstd_fast", 5: "zstd_better", 7: "zstd_best"}
+ZSTD_LEVELS = {S2_UNCOMPRESSED: 1, S2_FAST: 1, S2_BETTER: 3, S2_BEST: 7}
+ZSTD_NAMES = {1: "zstd_fast", 3: "zstd_better", 7: "zstd_best"}
 
 _ALIASES = {
     "not supported": NOT_SUPPORTED, "not_supported": NOT_SUPPORTED,
