@@ -71,3 +71,44 @@ async def test_gateways_compress_between_zonebus_clusters() -> None:
         assert nbytes < 0.5 * sum(map(len, sent)), (nbytes, sum(map(len, sent)))
     finally:
         sc.stop()
+
+
+async def test_s2_auto_follows_the_rtt() -> None:
+    """`s2_auto` on both sides, A's writes to B delayed 150 ms (the zonebus test hook): B sees A's INFO late
+    and picks the best level at once; A's first view of the RTT is short, and its level moves to best once its
+    PINGs measure the RTT (a new zstd frame mid-stream); messages cross before and after the change."""
+    sc = start_supercluster("zonebus", names=("A", "B"), per_cluster=1, gateway_extra="compression: s2_auto",
+                            env={"A": {"ZONEBUS_GATEWAY_DELAY_MS": "B:150"}})
+    try:
+        await in_thread(wait_for_full_mesh, sc)
+        a1, b1 = sc.server("A1"), sc.server("B1")
+        sub_nc, pub_nc = await connect(b1), await connect(a1)
+        got: list[bytes] = []
+
+        async def on_msg(msg) -> None:  # noqa: ANN001
+            got.append(msg.data)
+
+        try:
+            await sub_nc.subscribe("gw.auto", cb=on_msg)
+            await sub_nc.flush()
+            await in_thread(wait_remote_interest, a1, "B", "gw.auto")
+            for i in range(20):
+                await pub_nc.publish("gw.auto", b"before %d" % i)
+            await pub_nc.flush()
+
+            def out_mode() -> str:
+                return gatewayz(a1, False)["outbound_gateways"]["B"]["connection"]["compression"]
+            await in_thread(wait_until, lambda: out_mode() == "zstd_best", "A's outbound level follows the RTT",
+                            15, show=out_mode)
+            for i in range(20):
+                await pub_nc.publish("gw.auto", b"after %d" % i)
+            await pub_nc.flush()
+            await until(lambda: len(got) == 40, "40 messages in B", show=lambda: len(got))
+            assert got == [b"before %d" % i for i in range(20)] + [b"after %d" % i for i in range(20)]
+        finally:
+            await sub_nc.close()
+            await pub_nc.close()
+        inbound = (await in_thread(gatewayz, b1, False))["inbound_gateways"]["A"][0]["connection"]
+        assert inbound["compression"] == "zstd_best"
+    finally:
+        sc.stop()
