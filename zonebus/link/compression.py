@@ -173,7 +173,7 @@ class StreamDeflater:
 class StreamInflater:
     """The reading side: zstd frames one after the other (a new one after each level change)."""
 
-    MAX_WINDOW = 1 << 23  # bytes of history a peer's frame may ask for (level 7 uses 2 MiB; zstd's default cap: 128 MiB)
+    MAX_WINDOW = 1 << 23  # history a peer's frame may ask for (level 7 uses 2 MiB; zstd's own cap: 128 MiB)
 
     def __init__(self) -> None:
         self._dctx = zstandard.ZstdDecompressor(max_window_size=self.MAX_WINDOW)
