@@ -20,6 +20,7 @@ from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.payloads import json_event
 from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all, wait_for_mesh
+from zonebus.testing import tlscerts
 from zonebus.testing.zonecluster import ZoneCluster
 
 pytestmark = pytest.mark.timeout(150)
@@ -197,3 +198,49 @@ async def test_mixed_cluster_negotiates_per_peer(dialer: str) -> None:
                 await nc.close()
     finally:
         stop_all(list(servers.values()))
+
+
+async def test_compression_over_tls_routes_with_credentials(tmp_path: Path) -> None:
+    """Compression sits above TLS, and works when the accepting side's INFO waits for the dialler's CONNECT
+    (route credentials): then its INFO and its switch marker leave in one write, and the dialler's parser has
+    to stop after the INFO to read the marker and switch (zonebus.link.compression)."""
+    ca = tlscerts.TestCA(tmp_path / "ca")
+    cert = ca.server_cert()
+    tls = (f'tls {{ cert_file: "{cert.cert}", key_file: "{cert.key}", ca_file: "{ca.ca_file}", verify: true }}'
+           '\n  authorization { user: r, password: pw }\n  compression: s2_fast')
+    p1, p2 = free_port(), free_port()
+    servers = [ServerProcess("zonebus", cluster_config(name, mine, route_urls=[f"nats-route://r:pw@127.0.0.1:{other}"],
+                                                       cluster_extra=tls), http_port=free_port())
+               for name, mine, other in (("t1", p1, p2), ("t2", p2, p1))]
+    start_parallel(servers)
+    try:
+        await asyncio.to_thread(wait_for_mesh, servers, time.monotonic() + 20)
+        for s in servers:
+            assert set(route_modes(s).values()) == {"zstd_fast"}, route_modes(s)
+        conns = [await nats.connect(s.url) for s in servers]
+        got: list[list[bytes]] = [[], []]
+        try:
+            for k, nc in enumerate(conns):
+                await nc.subscribe(f"tls.{k}", cb=collect(got[k]))
+                await nc.flush()
+
+            def interest() -> bool:
+                return all(any(f"tls.{1 - k}" in x for r in s.http_get("/routez?subs=1")["routes"]
+                               for x in r.get("subscriptions_list", [])) for k, s in enumerate(servers))
+            await until(lambda: asyncio.to_thread(interest), "interest both ways")
+            rng = random.Random(9)
+            sent = [[json_event(rng, i) for i in range(100)] for _ in range(2)]
+            for k, nc in enumerate(conns):
+                for p in sent[1 - k]:
+                    await nc.publish(f"tls.{1 - k}", p)
+                await nc.flush()
+            await until(lambda: len(got[0]) == 100 and len(got[1]) == 100, "100 messages each way",
+                        show=lambda: [len(g) for g in got])
+            assert got == sent
+        finally:
+            for nc in conns:
+                await nc.close()
+        for s in servers:
+            assert "Traceback" not in s.log()
+    finally:
+        stop_all(servers)
