@@ -16,11 +16,11 @@ from pathlib import Path
 import nats
 import pytest
 
+from zonebus.testing import tlscerts
 from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.payloads import json_event
 from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all, wait_for_mesh
-from zonebus.testing import tlscerts
 from zonebus.testing.zonecluster import ZoneCluster
 
 pytestmark = pytest.mark.timeout(150)
