@@ -140,5 +140,6 @@ def varz_gateway(mgr: GatewayManager) -> dict[str, Any]:
         "port": int(port) if port.isdigit() else mgr.opts.port,
         "auth_timeout": mgr.opts.auth_timeout,
         "reject_unknown": mgr.opts.reject_unknown_cluster,
+        "compression": mgr.opts.compression.mode,  # zonebus's (nats-server's gateways have no compression)
         "gateways": [{"name": name, "urls": sorted(r.urls)} for name, r in sorted(mgr.remotes.items())],
     }
