@@ -58,8 +58,10 @@ JSZ_DETAIL_SCOPE = ["account_details[].name", "account_details[].id", "account_d
 # zonebus's own additions (zones), and fields nats-server 2.11+ has that belong to other work (issue 17,
 # point 3: request metadata; nats-server's default consumer limit, which zonebus does not enforce)
 ZONEBUS_EXTRA = {"/varz": {"max_subscriptions"}, "/connz": {"connections[].zone"},
-                 "/routez": {"routes[].tags", "routes[].zone", "routes[].tag_match"}}
-ZONEBUS_EXTRA_BLOCKS = {"/jsz": ("storage_requests",)}  # zonebus's own blocks, with whatever they hold
+                 "/routez": {"routes[].tags", "routes[].zone", "routes[].tag_match", "routes[].compression_peer",
+                             "routes[].compression_ratio"}}
+# zonebus's own blocks, with whatever they hold
+ZONEBUS_EXTRA_BLOCKS = {"/jsz": ("storage_requests",), "/routez": ("routes[].compression_bytes",)}
 NATS_ONLY_JSZ = ("limits.default_max_consumers", ".config.metadata", ".config.metadata._nats.req.level")
 
 

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, tags_overlap
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels, json_line
+from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, WORKER
@@ -137,6 +138,7 @@ class ClusterManager:
             "peers": peers,
             "headers": True,
             "version": server._info_base.get("version", ""),
+            **offer_fields(self.opts.compression, nats_field=True),
             **({"gateway": self.gateway_gossip} if self.gateway_gossip else {}),
             **self.info_extras,
         }

@@ -1,7 +1,10 @@
 """`/routez` and the `cluster` section of `/varz`, with nats-server's field names (data builders only).
 
-Route entries carry nats-server's `start`, `last_activity` (RFC 3339), `rtt` (a Go duration), `uptime` and
-`idle` (nats-server's uptime form), plus zonebus's `tags`, `zone` and `tag_match`.
+Route entries carry nats-server's `start`, `last_activity` (RFC 3339), `rtt` (a Go duration), `uptime`,
+`idle` (nats-server's uptime form) and `compression` (the negotiated mode: nats-server's names, or zonebus's
+`zstd_fast`/`zstd_better`/`zstd_best` between zonebus servers), plus zonebus's `tags`, `zone`, `tag_match`,
+`compression_peer` (what the peer offered), `compression_ratio` (wire bytes per protocol byte) and
+`compression_bytes` (zonebus.link.compression).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def routez(mgr: ClusterManager, subs: bool) -> dict[str, Any]:
             "tags": c.remote_tags,
             "zone": c.zone,
             "tag_match": c.tag_match,
+            **(c.compression.monitoring() if c.compression is not None else {}),
         }
         if subs:
             entry["subscriptions_list"] = sorted(
@@ -70,4 +74,5 @@ def varz_cluster(mgr: ClusterManager) -> dict[str, Any]:
     opts = mgr.opts
     return {"name": opts.name, "addr": opts.host,
             "cluster_port": int(mgr.route_url.rsplit(":", 1)[-1]) if mgr.route_url else 0,
-            "urls": list(opts.routes), "prefer_matching_tags": opts.prefer_matching_tags, "tags": mgr.tags}
+            "urls": list(opts.routes), "prefer_matching_tags": opts.prefer_matching_tags, "tags": mgr.tags,
+            "compression": opts.compression.mode}

@@ -45,6 +45,8 @@ class RouteConnection(LinkConnection):
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}  # the global account's
         self.account_subs: dict[tuple[bytes, bytes, bytes | None], Subscription] = {}  # other accounts'
         self.gateway_info: dict[str, Any] | None = None  # the peer's gateway gossip, from its INFO
+        if self.kind == ROUTE:  # not the links between a server's own workers (zonebus.workers)
+            self.enable_compression(manager.opts.compression, nats_field=True)
 
     # -- link hooks ----------------------------------------------------------------------------------
     def greet(self) -> None:

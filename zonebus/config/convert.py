@@ -10,6 +10,8 @@ import json
 import re
 
 from zonebus.config.parser import SIZE_SUFFIXES, Value
+from zonebus.link.compression import OFF, S2_AUTO, S2_FAST, normalize_mode, normalize_thresholds
+from zonebus.server.options import CompressionOptions
 
 
 class BadValue(Exception):
@@ -209,3 +211,37 @@ def get_host_port(v: Value) -> tuple[str, int]:
     if not re.fullmatch(r"-?\d+", port_text) or not -1 <= int(port_text) <= 65535:
         raise BadValue(f"could not parse port {json.dumps(port_text)}", v)
     return host, int(port_text)
+
+
+def get_compression(v: Value) -> CompressionOptions:
+    """`compression` of a cluster or gateway block, as nats-server reads it: a mode name, a boolean (`true`
+    is `s2_fast`), or `{mode, rtt_thresholds}` (durations, for `s2_auto`). Modes are checked here (nats-server
+    checks them when the server starts)."""
+    opts = CompressionOptions()
+    thresholds: list[float] | None = None
+    if v.kind == "bool":
+        opts.mode = S2_FAST if v.value else OFF
+        return opts
+    if v.kind == "string":
+        text = v.value
+    elif v.kind == "map":
+        text = opts.mode
+        for key, item in v.value.items():
+            low = key.lower()
+            if low == "mode":
+                text = get_str(item)
+            elif low in ("rtt_thresholds", "thresholds", "rtts", "rtt"):
+                if item.kind != "array":
+                    raise expected("array of durations", item)
+                thresholds = [get_duration(t) for t in item.value]
+            elif not item.used:
+                raise BadValue(f"unknown field {json.dumps(key)}", item)
+    else:
+        raise BadValue(f"should be a boolean or a structure, got {show(v)}", v)
+    try:
+        opts.mode = normalize_mode(text)
+        if opts.mode == S2_AUTO and thresholds is not None:
+            opts.rtt_thresholds = normalize_thresholds(thresholds)
+    except ValueError as exc:
+        raise BadValue(str(exc), v)
+    return opts

@@ -20,6 +20,7 @@ from zonebus.config.convert import (
     BadValue,
     expected,
     get_bool,
+    get_compression,
     get_duration,
     get_host_port,
     get_int,
@@ -364,6 +365,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "no_advertise": _bool("no_advertise"),
     "connect_retries": _int("connect_retries", 0),
     "tls": _tls("cluster tls: "),
+    "compression": _setter("compression", get_compression),
 }
 
 
@@ -412,6 +414,7 @@ _GATEWAY_HANDLERS: dict[str, Handler] = {
     "authorization": _block_auth("Gateway"),
     "interest_only_threshold": _int("interest_only_threshold", 0),
     "tls": _tls("gateway tls: "),
+    "compression": _setter("compression", get_compression),
 }
 
 

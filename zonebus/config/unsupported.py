@@ -31,11 +31,7 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "cluster": {
         "pool_size": "route connection pools",
-        "compression": "route compression",
         "accounts": "dedicated per-account routes",
-    },
-    "gateway": {
-        "compression": "gateway compression",
     },
     "account": {
         "mappings": "subject mappings",

@@ -77,6 +77,7 @@ class GatewayConnection(LinkConnection):
         self.delay = manager.delays.get(remote_gateway, 0.0) if outbound else 0.0
         self._delayed: deque[tuple[float, bytes]] = deque()
         self._delay_timer: asyncio.TimerHandle | None = None
+        self.enable_compression(manager.opts.compression, nats_field=False)
 
     # -- link hooks ----------------------------------------------------------------------------------
     def greet(self) -> None:
@@ -173,6 +174,7 @@ class GatewayConnection(LinkConnection):
         if self.closed or not self.out:
             self.out.clear()
             return
+        self.deflate_out()
         data = b"".join(self.out)
         self.out.clear()
         loop = self.server.loop

@@ -47,6 +47,7 @@ from zonebus.gateway.interest import (
 )
 from zonebus.gateway.routing import GR_PREFIX, GatewayRouting
 from zonebus.link import Backoff, json_line
+from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.subjects.sublist import Subscription
 
@@ -221,6 +222,8 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
         }
         if cmd:
             info["gateway_cmd"] = cmd
+        else:
+            info.update(offer_fields(self.opts.compression, nats_field=False))  # nats-server gateways: none
         return info
 
     def connect_fields(self, url: str = "") -> dict[str, Any]:

@@ -4,7 +4,8 @@ Data builders only (the HTTP handler in `zonebus.server.monitor` serialises them
 per-account interest state (`interest_mode` is "Optimistic", "Transitioning" or "Interest-Only");
 `subs=1` the subjects the remote declared (`subs=detail`: with queue names); `gw_name=X` keeps only
 gateway X. Connection entries also carry `zone` (from the remote's zone tag) when known, as `/connz`
-does for clients.
+does for clients, and the link's compression (`compression`, `compression_peer`, `compression_ratio`,
+`compression_bytes`: zonebus.link.compression; nats-server's gateways have none).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def connection_info(conn: GatewayConnection) -> dict[str, Any]:
     }
     if conn.zone:
         info["zone"] = conn.zone
+    if conn.compression is not None:
+        info.update(conn.compression.monitoring())
     return info
 
 
@@ -137,5 +140,6 @@ def varz_gateway(mgr: GatewayManager) -> dict[str, Any]:
         "port": int(port) if port.isdigit() else mgr.opts.port,
         "auth_timeout": mgr.opts.auth_timeout,
         "reject_unknown": mgr.opts.reject_unknown_cluster,
+        "compression": mgr.opts.compression.mode,  # zonebus's (nats-server's gateways have no compression)
         "gateways": [{"name": name, "urls": sorted(r.urls)} for name, r in sorted(mgr.remotes.items())],
     }

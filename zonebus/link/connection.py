@@ -9,7 +9,9 @@ What it owns, for every kind:
   sublist generation holds;
 - PING/PONG with RTT, and closing a link whose PING stays unanswered (`STALE_AFTER`, 0 = never);
 - a handshake deadline, counters (in the `Connection` base) and the logging of link errors;
-- channel frames (`LMSG <channel> <size>`), handed to the `LinkChannels` the owner attached.
+- channel frames (`LMSG <channel> <size>`), handed to the `LinkChannels` the owner attached;
+- compression (`zonebus.link.compression`), when the kind enables it: negotiated on the peer's first INFO,
+  the switch marker, zstd per write batch out (`flush`) and before the parser in (`data_received`).
 
 A kind subclasses it and fills in the hooks: `greet` (what to send once connected), `credentials` and
 `authorized_by_connect` (the CONNECT check itself is here), `on_info`, `on_interest`, `build_memo` (local
@@ -27,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from zonebus.link.compression import MARKER, S2_MODES, LinkCompression, is_marker, needs_compression
 from zonebus.protocol import errors
 from zonebus.protocol.route_parser import (
     A_MINUS,
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     import ssl
 
     from zonebus.link.channels import LinkChannels
+    from zonebus.server.options import CompressionOptions
     from zonebus.server.server import Server
 
 _INTEREST = (RS_PLUS, RS_MINUS, A_PLUS, A_MINUS)
@@ -119,6 +123,14 @@ class LinkConnection(Connection, asyncio.Protocol):
         self._memos: dict[MsgHeader, tuple[int, list[tuple] | None]] = {}
         # stands in for a subscription in a client's fast-path memo entries (conn, line, sub)
         self.memo_sub = Subscription(self, b">", None, b"")
+        self.compression: LinkCompression | None = None  # set by `enable_compression` (routes, gateways)
+        self._began = time.monotonic()
+
+    def enable_compression(self, opts: CompressionOptions, nats_field: bool) -> None:
+        """This link negotiates compression on the peer's first INFO (`nats_field`: nats-server's INFO
+        field counts for a peer that sends no zonebus offer, as on routes)."""
+        self.compression = LinkCompression(opts, nats_field)
+        self.parser.stop_after = INFO  # until the peer's switch marker, or the mode says none will come
 
     # -- hooks for the kinds -------------------------------------------------------------------------
     def greet(self) -> None:
@@ -164,6 +176,7 @@ class LinkConnection(Connection, asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._began = time.monotonic()
         self.transport = transport  # type: ignore[assignment]
         self.peer_address(transport)
         self.server.links[self.cid] = self
@@ -177,6 +190,28 @@ class LinkConnection(Connection, asyncio.Protocol):
             self.closed_future.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        zc = self.compression
+        if zc is not None and zc.inflater is not None:
+            data = self._inflate(zc, data)
+        self._process(data)
+        parser = self.parser
+        while parser.held and not self.closed:  # stopped after an INFO: the rest may be compressed from here on
+            rest = parser.take_rest()
+            if zc is not None and zc.inflater is not None:
+                rest = self._inflate(zc, rest)
+            self._process(rest)
+
+    def _inflate(self, zc: LinkCompression, data: bytes) -> bytes:
+        try:
+            return zc.inflate(data)
+        except ValueError as exc:
+            self.log_error(f"{self.kind} {self.describe()}: corrupt compressed stream ({exc}), closing")
+            self.close(abort=True)
+            return b""
+
+    def _process(self, data: bytes) -> None:
         if self.closed:
             return
         ops, error = self.parser.feed(data)
@@ -227,6 +262,8 @@ class LinkConnection(Connection, asyncio.Protocol):
                 if self._ping_sent:
                     self.rtt = max(time.monotonic() - self._ping_sent, 1e-6)
                     self._ping_sent = 0.0
+                    if self.compression is not None:
+                        self.compression.rtt_changed(self.rtt)
                     self.on_rtt()
             elif code == INFO:
                 info = self._json_object(op[1])
@@ -235,6 +272,14 @@ class LinkConnection(Connection, asyncio.Protocol):
                 if not self.authorized:
                     self.reject(errors.AUTH_VIOLATION)
                     return
+                zc = self.compression
+                if zc is not None:
+                    if is_marker(info):
+                        if not self._switch_inbound(zc):
+                            return
+                        continue
+                    if not zc.negotiated and not self._negotiate(zc, info):
+                        return
                 if not self.on_info(info):
                     return
             elif code == CONNECT:
@@ -284,6 +329,47 @@ class LinkConnection(Connection, asyncio.Protocol):
         entries = self.build_memo(hdr.subject, hdr.size)
         self._memos[hdr] = (self.server.sublist.generation, entries)
         return entries
+
+    # -- compression ---------------------------------------------------------------------------------
+    def _negotiate(self, zc: LinkCompression, info: dict[str, Any]) -> bool:
+        """The peer's first INFO: settle the mode; when it compresses, send the marker (uncompressed, written
+        at once) and compress everything queued after it."""
+        try:
+            compress = zc.negotiate(info, time.monotonic() - self._began)
+        except ValueError as exc:
+            self.log_error(f"{self.kind} {self.describe()}: {exc}, closing")
+            return self.reject(str(exc))
+        if compress:
+            self.send(MARKER)
+            self.flush()
+            zc.start_deflate()
+        else:
+            self.parser.stop_after = None  # no marker will come
+        if compress or zc.peer_mode in S2_MODES:
+            self.server.log(f"{self.kind} {self.describe()}: compression {zc.name} (peer offered {zc.peer_mode})")
+        return True
+
+    def _switch_inbound(self, zc: LinkCompression) -> bool:
+        """The peer's marker: what follows it is its zstd stream."""
+        if not needs_compression(zc.mode) or zc.inflater is not None:
+            self.log_error(f"{self.kind} {self.describe()}: compression marker without negotiated compression")
+            return self.reject(errors.UNKNOWN_OP)
+        zc.start_inflate()
+        self.parser.stop_after = None
+        return True
+
+    def deflate_out(self) -> None:
+        """Compressing: replace what is queued this turn by its compressed bytes (one zstd block)."""
+        zc = self.compression
+        out = self.out
+        if zc is not None and zc.deflater is not None and out and not self.closed:
+            data = b"".join(out) if len(out) > 1 else out[0]
+            out.clear()
+            out.append(zc.deflate(data))
+
+    def flush(self) -> None:
+        self.deflate_out()
+        super().flush()
 
     # -- handshake -----------------------------------------------------------------------------------
     def on_connect(self, fields: dict[str, Any]) -> bool:

@@ -6,7 +6,9 @@ op and returns None, or returns a header object with a `size` for a payload that
 then `(PAYLOAD_OP, header, payload + CRLF)`). Lines of payload-carrying ops that repeat are cached by their
 bytes (`_remember`), so a stream of identical PUB lines is parsed once; a cached header's `again` (CRLF, its
 line, CRLF; None when not cached) lets a run of messages with that line be framed by one check per message.
-No I/O, no routing.
+`stop_after` (an op code, None by default) makes `_parse` stop right after a control op of that code: the
+bytes behind it stay unparsed (`held`) until the owner takes them with `take_rest()` (links stop after INFO
+while a switch to a compressed stream may come, zonebus.link.compression). No I/O, no routing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ class FrameParser:
         self._chunks: list[bytes] = []  # payload bytes received so far for _pending
         self._have = 0
         self._lines: dict[bytes, Any] = {}
+        self.stop_after: int | None = None
+        self.held = False  # parsing stopped after a `stop_after` op; the rest is in `_buf`
+
+    def take_rest(self) -> bytes:
+        """The bytes left unparsed after a `stop_after` op (the parser goes on with the next feed)."""
+        rest, self._buf, self.held = self._buf, b"", False
+        return rest
 
     def feed(self, data: bytes) -> tuple[list[tuple], ProtocolError | None]:
         ops: list[tuple] = []
@@ -79,6 +88,7 @@ class FrameParser:
         lines = self._lines
         header = self._header
         payload_op = self.PAYLOAD_OP
+        hold = self.stop_after
         prev = None
         while pos < n:
             eol = find(b"\n", pos)
@@ -97,6 +107,10 @@ class FrameParser:
                 hdr = header(line, ops)
                 if hdr is None:
                     pos = eol + 1
+                    if hold is not None and ops and ops[-1][0] == hold:
+                        self._buf = buf[pos:]
+                        self.held = True
+                        return
                     continue
             size = hdr.size
             start = eol + 1

@@ -17,6 +17,10 @@ The handover also adds each window to running totals (`LedgerTotals`, read by `/
 transfers per (link kind, source zone, destination zone), each crossing once as the cost pipeline counts it
 (a server-to-server copy on the sending server, client traffic in both directions on the client's server),
 and queue decisions per (publisher zone, chosen zone). Only the handover writes them; readers only read.
+
+A compressing route or gateway (zonebus.link.compression) counts protocol bytes on the data path; at the
+handover they are scaled by the link's wire bytes per protocol byte in that window (`take_window`), so that
+`bytes` are the bytes on the wire on every link.
 """
 
 from __future__ import annotations
@@ -220,6 +224,10 @@ class LedgerHooks:
         if cin is None or cout is None or (not cin and not cout):
             return
         conn.ledger_in, conn.ledger_out = {}, {}
+        zc = getattr(conn, "compression", None)  # a compressing link: its counts become wire bytes
+        if zc is not None and zc.deflater is not None:
+            out_ratio, in_ratio = zc.take_window()
+            cin, cout = _scaled(cin, in_ratio), _scaled(cout, out_ratio)
         peer = _peer_name(conn)
         # a client's traffic is its account's; a link's is `$G`'s except what it counted under `ledger_key`
         account = conn.account.display if conn.kind == CLIENT else ACCOUNT_NAME
@@ -229,6 +237,13 @@ class LedgerHooks:
                     self.acc.record_traffic(window, conn.kind, peer, conn.zone, conn.zone_known, direction,
                                             name, part)
                 self.totals.add_traffic(conn.kind, self.acc.server_zone, conn.zone, direction, counts)
+
+
+def _scaled(counts: dict[bytes, list[int]], ratio: float) -> dict[bytes, list[int]]:
+    """Protocol byte counts of a compressed link as wire bytes (`ratio`: wire per protocol byte)."""
+    if ratio == 1.0:
+        return counts
+    return {subject: [msgs, round(nbytes * ratio)] for subject, (msgs, nbytes) in counts.items()}
 
 
 def _add(counts: dict[bytes, list[int]] | None, subject: bytes, msgs: int, nbytes: int) -> None:

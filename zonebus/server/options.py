@@ -41,6 +41,16 @@ class TLSOptions:
 
 
 @dataclass
+class CompressionOptions:
+    """`cluster { compression }` / `gateway { compression }`: nats-server's mode names, normalised by
+    `zonebus.link.compression.normalize_mode` (`accept`: compress only when the peer asks, nats-server's
+    default for routes). `rtt_thresholds` (seconds) choose the level of `s2_auto` from the link's RTT."""
+
+    mode: str = "accept"
+    rtt_thresholds: tuple[float, ...] = (0.010, 0.050, 0.100)
+
+
+@dataclass
 class RouteOptions:
     """`cluster { ... }` block."""
 
@@ -55,6 +65,7 @@ class RouteOptions:
     connect_retries: int = 0
     auth_timeout: float = AUTH_TIMEOUT  # cluster { authorization { timeout } }
     tls: TLSOptions | None = None  # cluster { tls {} }: routes over TLS
+    compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
 
 
 @dataclass
@@ -77,6 +88,7 @@ class GatewayOptions:
     interest_only_threshold: int = 1000
     auth_timeout: float = AUTH_TIMEOUT  # gateway { authorization { timeout } }
     tls: TLSOptions | None = None  # gateway { tls {} }: gateways over TLS
+    compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
 
 
 @dataclass
