@@ -41,6 +41,7 @@ from zonebus.server.internal import InternalClient
 from zonebus.stream import direct, stream_config
 from zonebus.stream.clusterlists import FORWARD, StreamLists, _error, _reply
 from zonebus.stream.errors import JSError
+from zonebus.stream.hooks import ApiHook
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
 from zonebus.stream.sharedstore import Fenced
@@ -120,7 +121,7 @@ class ClusteredJetStream(StreamLists):
         self.meta_formed: list[Any] = []  # callables (MetaGroup) -> None, e.g. the zone router's
         # zone router hook: (stream, subject, reply, headers, payload) -> True when it serves a request about a
         # stream led in another zone through this zone's proxy (pull requests, direct gets); None without it
-        self.api_hook: Any = None
+        self.api_hook: ApiHook | None = None  # (zonebus.stream.hooks)
         self.channel = cluster.channels.register(f"meta.{acc_name}" if acc_name else "meta", self._meta_frame,
                                                  self._meta_up, self._meta_down)
         routed.attach(self.client)
@@ -372,14 +373,14 @@ class ClusteredJetStream(StreamLists):
                 if self.meta is None or self.meta.leader is None:
                     self.svc.send(reply, _error("consumer_leader_stepdown_response", NoQuorum("no meta leader")))
                 else:
-                    self._to_leader(toks[3], subject, reply, headers, payload, "consumer_leader_stepdown_response")
+                    self.to_leader(toks[3], subject, reply, headers, payload, "consumer_leader_stepdown_response")
             return
         if subject.startswith(direct.PREFIX):  # served by the stream's leader; no stream: no responders
             name = direct.split_subject(subject)[0]
             if self.meta is None or name not in self.meta.state.streams:
                 self.svc.send(reply, b"", headers=direct.no_responders(subject))
             elif self.api_hook is None or not self.api_hook(name, subject, reply, headers, payload):
-                self._to_leader(name, subject, reply, headers, payload, "")
+                self.to_leader(name, subject, reply, headers, payload, "")
             return
         meta = self.meta
         if meta is None or meta.leader is None or self.name not in meta.state.peers:  # not placeable yet
@@ -399,7 +400,7 @@ class ClusteredJetStream(StreamLists):
         elif toks[0] == "STREAM" and op == "DELETE" and len(toks) == 3:
             self._spawn(self._delete_request(toks[2], kind, reply))
         elif self.api_hook is None or not self.api_hook(self._stream_of(toks), subject, reply, headers, payload):
-            self._to_leader(self._stream_of(toks), subject, reply, headers, payload, kind)
+            self.to_leader(self._stream_of(toks), subject, reply, headers, payload, kind)
 
     @staticmethod
     def _stream_of(toks: list[str]) -> str:
@@ -410,7 +411,7 @@ class ClusteredJetStream(StreamLists):
             return toks[3] if len(toks) > 3 else ""
         return toks[2] if len(toks) > 2 else ""
 
-    def _to_leader(self, name: str, subject: str, reply: str, headers: bytes | None, payload: bytes,
+    def to_leader(self, name: str, subject: str, reply: str, headers: bytes | None, payload: bytes,
                    kind: str, existed: bool = False) -> None:
         """Hand a request to the stream's leader (here or over a route). `existed`: a create that found the
         same stream already there (nats-server's cluster then answers without `did_create`)."""
@@ -491,7 +492,7 @@ class ClusteredJetStream(StreamLists):
             self.svc.send(reply, _error(kind, err))
             return
         # the leader answers the client with the stream's info once it serves the stream
-        self._to_leader(name, f"{API}STREAM.{op}.{name}", reply, headers, payload, kind, existed)
+        self.to_leader(name, f"{API}STREAM.{op}.{name}", reply, headers, payload, kind, existed)
 
     async def _delete_request(self, name: str, kind: str, reply: str) -> None:
         try:

@@ -102,7 +102,7 @@ class PullQueue:
             if req.done:
                 return
         if no_wait and not more and (not expires or req.sent):
-            self._finish(req, status(404, "No Messages"))
+            self.finish(req, status(404, "No Messages"))
             return
         self.q.append(req)
         loop = svc.loop
@@ -119,7 +119,7 @@ class PullQueue:
         svc = c.service
         n = 0
         if not svc.has_interest(req.reply):
-            self._finish(req, None)
+            self.finish(req, None)
             return 0
         while n < limit and req.batch > 0:
             seq, redelivery = c.next_seq()
@@ -128,7 +128,7 @@ class PullQueue:
             size = c.msg_size(seq)
             if req.max_bytes and size > req.max_bytes:
                 extra = {"Nats-Pending-Messages": req.batch, "Nats-Pending-Bytes": req.max_bytes}
-                self._finish(req, None if req.sent else status(409, "Message Size Exceeds MaxBytes", extra))
+                self.finish(req, None if req.sent else status(409, "Message Size Exceeds MaxBytes", extra))
                 return n
             if not c.deliver(seq, redelivery, req.reply):
                 continue  # the message vanished under us; the cursor moved past it
@@ -141,7 +141,7 @@ class PullQueue:
                 if req.max_bytes <= 0:
                     req.batch = 0
         if req.batch <= 0:
-            self._finish(req, None)
+            self.finish(req, None)
         return n
 
     def serve(self, limit: int) -> bool:
@@ -155,12 +155,12 @@ class PullQueue:
             used += self._fill(req, limit - used)
             if not req.done:
                 if req.no_wait and (req.sent or not req.expires) and used < limit:
-                    self._finish(req, status(404, "No Messages"))
+                    self.finish(req, status(404, "No Messages"))
                     continue
                 return used >= limit
         return used >= limit
 
-    def _finish(self, req: PullRequest, final: bytes | None) -> None:
+    def finish(self, req: PullRequest, final: bytes | None) -> None:
         if req.done:
             return
         req.done = True
@@ -178,7 +178,7 @@ class PullQueue:
         if req.done:
             return
         extra = {"Nats-Pending-Messages": req.batch, "Nats-Pending-Bytes": req.max_bytes}
-        self._finish(req, status(408, "Request Timeout", extra))
+        self.finish(req, status(408, "Request Timeout", extra))
 
     def _heartbeat(self, req: PullRequest) -> None:
         if req.done:
@@ -191,5 +191,5 @@ class PullQueue:
 
     def close(self, final: bytes | None) -> None:
         for req in list(self.q):
-            self._finish(req, final)
+            self.finish(req, final)
         self.q.clear()

@@ -43,6 +43,7 @@ from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.filestore import FileStore
+from zonebus.stream.hooks import TailHook, TapHook, VisibleHook
 from zonebus.stream.memstore import MemStore
 from zonebus.stream.shared import CommitOptions, SharedStorage, SharedStore
 from zonebus.stream.store import MsgStore, now_ns
@@ -95,9 +96,10 @@ class JetStreamService:
         # zone router hooks (zonebus.zonerouter.serving), None without the router: `tap` takes deliveries and
         # status messages sent to `$ZR.` subjects (pull requests a proxy in another zone serves) and returns
         # True; `on_visible_hook(stream)` runs when a shared stream's store releases a batch with messages
-        self.tap: Any = None
-        self.on_visible_hook: Any = None
-        self.on_tail_hook: Any = None  # `on_tail_hook(stream)`: records were appended to a replicated tail
+        self.tap: TapHook | None = None
+        self.tap_prefix = "\x00"  # the subjects `tap` may take (the router's `$ZR.`); none by default
+        self.on_visible_hook: VisibleHook | None = None
+        self.on_tail_hook: TailHook | None = None  # records were appended to a replicated tail
         # zone router: every subscription of a stream joins the queue group `STREAM_QUEUE + name`, so that
         # routes tell a stream's interest apart from core subscribers' (its only member is the leader)
         self.stream_queue = False
@@ -186,13 +188,15 @@ class JetStreamService:
 
     # -- sending -------------------------------------------------------------------------------------
     def send(self, subject: str, payload: bytes, reply: str | None = None, headers: bytes | None = None) -> None:
-        if self.tap is not None and subject.startswith("$ZR.") and self.tap(subject, None, payload, reply, headers):
+        if self.tap is not None and subject.startswith(self.tap_prefix) and self.tap(subject, None, payload, reply,
+                                                                                    headers):
             return  # zone router hook
         self.client.publish(subject, payload, reply, headers)
 
     def deliver(self, to: str, msg_subject: str, payload: bytes, reply: str | None, headers: bytes | None) -> None:
         """Send a stored message to `to` (deliver subject or pull inbox), keeping its stream subject."""
-        if self.tap is not None and to.startswith("$ZR.") and self.tap(to, msg_subject, payload, reply, headers):
+        if self.tap is not None and to.startswith(self.tap_prefix) and self.tap(to, msg_subject, payload, reply,
+                                                                               headers):
             return  # zone router hook
         self.client.publish(to, payload, reply, headers, msg_subject=msg_subject)
 

@@ -135,7 +135,7 @@ class Stream:
     def _durable_reply(self, reply: str, resp: bytes, err: str | None) -> None:
         if err is not None:
             resp = _pub_error(self.name, JSError("stream_store_failed", err=err))
-        if self._reply is None or (self.service.tap is not None and reply.startswith("$ZR.")):
+        if self._reply is None or (self.service.tap is not None and reply.startswith(self.service.tap_prefix)):
             self.service.send(reply, resp)
         else:
             self._reply(reply.encode(), resp)  # (as _send_ack, one call less per PubAck)
@@ -144,7 +144,7 @@ class Stream:
         """A PubAck (or a publish error) to `reply`: as `service.send` does, on the internal client's short
         reply path unless the zone router's tap takes it."""
         svc = self.service
-        if self._reply is None or (svc.tap is not None and reply.startswith("$ZR.")):
+        if self._reply is None or (svc.tap is not None and reply.startswith(svc.tap_prefix)):
             svc.send(reply, resp)
         else:
             self._reply(reply.encode(), resp)

@@ -75,6 +75,7 @@ class ZoneRouter:
         self._epoch_task: asyncio.Task | None = None
         self.serving = ReadServer(js.svc, self._send)
         js.svc.tap = self.serving.tap
+        js.svc.tap_prefix = "$ZR."  # (REPLY_PREFIX's root)
         js.svc.on_visible_hook = self.serving.on_visible
         js.svc.on_tail_hook = self.serving.on_tail
         self.tails: TailRecovery | None = None
@@ -119,7 +120,7 @@ class ZoneRouter:
         self.tiered = billed and self.opts.zone_router_ack == "replicas"
         self.tails = TailRecovery(self.name, self.link.send, self._members, self._is_live, self.reader.tail)
         self.tails.loop = asyncio.get_running_loop()
-        if self.js.svc.shared is not None:
+        if self.tiered and self.js.svc.shared is not None:  # a takeover gathers the fenced writer's tail
             self.js.svc.shared.tail_source = self.tails.collect
         self.client.subscribe(REPLY_PREFIX + ">", lambda *_: None, local=True)  # interest for `serving`'s replies
         self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
@@ -319,7 +320,7 @@ class ZoneRouter:
             if target is not None:
                 self.reader.direct_get(name, key, payload, reply)
             else:
-                self.js._to_leader(name, subject, reply, headers, payload, "")
+                self.js.to_leader(name, subject, reply, headers, payload, "")
             return True
         if subject.startswith(MSG_GET_PREFIX):
             target = self.stream_target(toks[5])
@@ -335,12 +336,12 @@ class ZoneRouter:
             return True
         if target is not None and self.reader.pull(toks[5], toks[6], reply, payload, target[1]):
             return True
-        self.js._to_leader(toks[5], subject, reply, headers, payload, "")
+        self.js.to_leader(toks[5], subject, reply, headers, payload, "")
         return True
 
     def _msg_get_to_leader(self, stream: str, subject: str, reply: str, headers: bytes | None,
                            payload: bytes) -> None:
-        self.js._to_leader(stream, subject, reply, headers, payload, "stream_msg_get_response")
+        self.js.to_leader(stream, subject, reply, headers, payload, "stream_msg_get_response")
 
     def ack_target(self, subject: bytes) -> Target | None:
         """For a client's `$JS.ACK.<stream>....`: the target when the stream is led in another zone."""

@@ -307,7 +307,7 @@ class ReadServer:
             if req.peer == peer:
                 del self.reqs[lid]
                 if req.pull is not None and not req.pull.done:
-                    req.cons.waiting._finish(req.pull, None)
+                    req.cons.waiting.finish(req.pull, None)
         for key in [k for k in self._ctx if k[0] == peer]:
             del self._ctx[key]
         for name, waiting in list(self.held.items()):
