@@ -9,16 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from zonebus.config import accounts, schema
+from zonebus.config import accounts, authorization, jetstream, ledger, links, queue_groups, schema, tls
 from zonebus.config.unsupported import UNSUPPORTED
 from zonebus.testing.processes import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG_MODULES = (schema, authorization, tls, links, jetstream, ledger, queue_groups, accounts)  # key tables
 pytestmark = pytest.mark.timeout(60)
 
 
 def _handler_tables() -> dict[str, dict]:
-    return {name: table for module in (schema, accounts) for name, table in vars(module).items()
+    return {name: table for module in CONFIG_MODULES for name, table in vars(module).items()
             if name.endswith("_HANDLERS") and isinstance(table, dict)}
 
 
