@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from zonebus import version_text
 
 if TYPE_CHECKING:
-    from zonebus.server.options import ServerOptions
+    from zonebus.options import ServerOptions
 
 USAGE = """usage: zonebus <command> [options]
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from zonebus.config.parser import ConfigError, Value, parse_file, parse_text
 from zonebus.config.schema import apply_config
-from zonebus.server.options import ServerOptions
+from zonebus.options import ServerOptions
 
 
 def parse_config_text(

@@ -32,7 +32,7 @@ from zonebus.config.convert import (
 )
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers
-from zonebus.server.options import AccountJetStream, AccountOptions, ExportOptions, ImportOptions, ServerOptions
+from zonebus.options import AccountJetStream, AccountOptions, ExportOptions, ImportOptions, ServerOptions
 from zonebus.subjects.patterns import is_subset
 from zonebus.subjects.validate import is_valid_subject
 

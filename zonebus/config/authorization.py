@@ -10,7 +10,7 @@ from collections.abc import Callable
 from zonebus.config.convert import BadValue, expected, get_duration, get_map, get_seconds, get_str, show
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, int_field, setter, str_field
-from zonebus.server.options import (
+from zonebus.options import (
     GatewayOptions,
     Permissions,
     ResponsePermission,

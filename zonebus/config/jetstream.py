@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 from zonebus.config.convert import BadValue, expected, get_duration, get_map, get_storage_size, get_str, show
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, int_field, setter, str_field
-from zonebus.server.options import JetStreamOptions, ServerOptions
+from zonebus.options import JetStreamOptions, ServerOptions
 
 
 def _sync_interval(js: JetStreamOptions, v: Value, errors: Errors) -> None:

@@ -8,7 +8,7 @@ import json
 from zonebus.config.convert import BadValue, get_duration, get_map, get_str_list
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, int_field, setter, str_field
-from zonebus.server.options import LedgerOptions, ServerOptions
+from zonebus.options import LedgerOptions, ServerOptions
 
 
 def _client_zones(ledger: LedgerOptions, v: Value, errors: Errors) -> None:

@@ -17,7 +17,7 @@ from zonebus.config.readers import (
     str_field,
 )
 from zonebus.config.tls import tls_block
-from zonebus.server.options import GatewayOptions, RemoteGatewayOptions, ServerOptions
+from zonebus.options import GatewayOptions, RemoteGatewayOptions, ServerOptions
 
 
 def _url(v: Value) -> str:

@@ -7,7 +7,7 @@ import json
 from zonebus.config.convert import BadValue, get_duration, get_map, get_str, get_str_list, show
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, int_field, setter
-from zonebus.server.options import QueueGroupOptions, ServerOptions
+from zonebus.options import QueueGroupOptions, ServerOptions
 from zonebus.subjects.patterns import overlaps
 from zonebus.subjects.validate import is_valid_subject
 

@@ -34,7 +34,7 @@ from zonebus.config.readers import (
     str_field,
 )
 from zonebus.config.tls import tls_block
-from zonebus.server.options import ServerOptions
+from zonebus.options import ServerOptions
 
 MAX_PAYLOAD_LIMIT = 2**31 - 1  # nats-server: "max_payload value is too big"
 MAX_WORKERS = 256  # `workers`: processes of one server (zonebus.workers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from zonebus.config.convert import BadValue, get_map, get_seconds, show
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, setter, str_field
-from zonebus.server.options import GatewayOptions, RouteOptions, ServerOptions, TLSOptions
+from zonebus.options import GatewayOptions, RouteOptions, ServerOptions, TLSOptions
 
 
 def _handshake_first(t: TLSOptions, v: Value, errors: Errors) -> None:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from zonebus.options import TLSOptions, advertised_host
 from zonebus.protocol import errors
 from zonebus.protocol.route_parser import (
     A_MINUS,
@@ -47,7 +48,6 @@ from zonebus.protocol.route_parser import (
 from zonebus.server.accounts import ledger_key
 from zonebus.server.connection import ACCOUNT, Connection, deliver_run
 from zonebus.server.listening import naming
-from zonebus.server.options import TLSOptions, advertised_host
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:

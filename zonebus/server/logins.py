@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zonebus import SERVER_VERSION
+from zonebus.options import ServerOptions
 from zonebus.server.auth import Authenticator, ClientPermissions
-from zonebus.server.options import ServerOptions
 
 if TYPE_CHECKING:
     from zonebus.server.accounts import Accounts

@@ -14,7 +14,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
-from zonebus.server.options import ServerOptions
+from zonebus.options import ServerOptions
 
 
 def prepare_runtime() -> None:

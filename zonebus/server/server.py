@@ -22,6 +22,7 @@ from typing import Any
 
 from zonebus import SERVER_VERSION
 from zonebus.ledger.zones import server_zone
+from zonebus.options import ServerOptions
 from zonebus.server.accounts import Account, Accounts
 from zonebus.server.auth import Authenticator
 from zonebus.server.client import ClientConnection
@@ -39,7 +40,6 @@ from zonebus.server.hooks import (
 from zonebus.server.identity import new_server_id
 from zonebus.server.listening import naming, reuse_port
 from zonebus.server.logins import ClientLogins
-from zonebus.server.options import ServerOptions
 from zonebus.server.routing import MessageRouting
 from zonebus.subjects.sublist import Sublist, Subscription
 

@@ -48,8 +48,8 @@ from zonebus.stream.store import now_ns
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
+    from zonebus.options import AccountJetStream
     from zonebus.server.accounts import Account
-    from zonebus.server.options import AccountJetStream
     from zonebus.server.server import Server
 
 log = logging.getLogger(__name__)
