@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 from zonebus.meta import MetaError, MetaGroup, MetaTiming, NoQuorum, RoutePeer, decide_members, server_hash
 from zonebus.meta.assign import matches
 from zonebus.meta.state import Change, StreamRecord
+from zonebus.protocol.jserrors import JSError
 from zonebus.server.internal import InternalClient
 from zonebus.stream import direct, stream_config
 from zonebus.stream.clusterlists import FORWARD, StreamLists, _error, _reply
-from zonebus.stream.errors import JSError
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
 from zonebus.stream.sharedstore import Fenced
