@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from zonebus.cli.flags import parse_server_args
 from zonebus.options import DEFAULT_PORT
-from zonebus.server.flags import parse_server_args
 
 
 def test_no_arguments_gives_defaults() -> None:

@@ -161,7 +161,7 @@ class ServerProcess:
     def worker_count(self) -> int:
         if self.impl != "zonebus":
             return 1
-        if self.workers == 0:  # the server's own default (zonebus.server.flags.default_workers)
+        if self.workers == 0:  # the server's own default (zonebus.cli.flags.default_workers)
             return len(os.sched_getaffinity(0))
         if self.workers is not None:
             return self.workers

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from zonebus.options import ServerOptions
-from zonebus.server.main import prepare_runtime
+from zonebus.server.runtime import prepare_runtime
 from zonebus.workers import OPTIONS_FILE, WorkerSpec
 
 MESH_WAIT = 10.0  # seconds a starting worker waits for the others before it serves clients anyway
