@@ -172,9 +172,12 @@ def run_demo_cli(argv: list[str]) -> int:
     if args.messages <= 0 or args.size < 0 or args.seconds < 0:
         ap.error("--messages must be > 0, --size and --seconds >= 0")
     from zonebus.pipeline.errors import PipelineEnvironmentError
-    from zonebus.pipeline.session import check_java
+    from zonebus.pipeline.extra import require_pipeline_extra
 
     try:
+        require_pipeline_extra()  # PySpark, and nats-py for the clients
+        from zonebus.pipeline.session import check_java
+
         check_java()  # before the servers run: the report at the end needs it
     except PipelineEnvironmentError as exc:
         print(f"zonebus demo: {exc}", file=sys.stderr)
