@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from zonebus.server.options import ServerOptions
+from zonebus.options import ServerOptions
 from zonebus.server.server import Server
 
 if TYPE_CHECKING:

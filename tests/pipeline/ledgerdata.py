@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zonebus.ledger.accumulator import LedgerAccumulator
-from zonebus.server.options import LedgerOptions
+from zonebus.options import LedgerOptions
 
 W1 = 1709287200.0  # 2024-03-01T10:00:00Z
 W2 = 1709290800.0  # 2024-03-01T11:00:00Z

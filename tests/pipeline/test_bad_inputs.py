@@ -9,7 +9,7 @@ import pytest
 from ledgerdata import W1, write_hand_ledger
 
 from zonebus.ledger.accumulator import LedgerAccumulator
-from zonebus.server.options import LedgerOptions
+from zonebus.options import LedgerOptions
 
 
 def _assert_clean(err: str) -> None:

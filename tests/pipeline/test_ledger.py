@@ -15,7 +15,7 @@ from zonebus.ledger import accumulator as acc_mod
 from zonebus.ledger import schema as S
 from zonebus.ledger.accumulator import LedgerAccumulator, window_start_for
 from zonebus.ledger.zones import CidrZoneMap, ClientZoneResolver, server_zone, zone_from_name
-from zonebus.server.options import LedgerOptions
+from zonebus.options import LedgerOptions
 
 W = 1709287200.0  # 2024-03-01T10:00:00Z
 

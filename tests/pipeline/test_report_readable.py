@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from zonebus.ledger.accumulator import LedgerAccumulator
+from zonebus.options import LedgerOptions
 from zonebus.pipeline.report import bucket_seconds
 from zonebus.pipeline.units import duration, money, size
-from zonebus.server.options import LedgerOptions
 
 START = 1709287200.0  # 2024-03-01T10:00:00Z
 

@@ -20,7 +20,7 @@ from ledgerdata import W1, W2, write_hand_ledger
 
 from zonebus.ledger import schema as S
 from zonebus.ledger.accumulator import LedgerAccumulator
-from zonebus.server.options import LedgerOptions
+from zonebus.options import LedgerOptions
 
 STORE = "s3://bucket/zb"
 # server, window, (store, kind, purpose) -> (requests, bytes)

@@ -18,7 +18,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from zonebus.server.flags import parse_server_args
+from zonebus.cli.flags import parse_server_args
 from zonebus.testing.processes import ServerProcess, nats_server_binary, wait_for_info
 from zonebus.testing.tlscerts import CertFiles, TestCA
 

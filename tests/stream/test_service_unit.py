@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from js_kit import FakeClient
 
-from zonebus.server.options import JetStreamOptions
+from zonebus.options import JetStreamOptions
 from zonebus.stream.service import JetStreamService
 
 

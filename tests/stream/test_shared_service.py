@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from js_kit import FakeClient
 
-from zonebus.server.options import JetStreamOptions
+from zonebus.options import JetStreamOptions
 from zonebus.stream.service import JetStreamService
 from zonebus.testing.polling import until
 

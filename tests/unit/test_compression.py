@@ -25,8 +25,8 @@ from zonebus.link.compression import (
     offer_fields,
     select_mode,
 )
+from zonebus.options import CompressionOptions
 from zonebus.protocol.route_parser import INFO, RMSG, RouteParser
-from zonebus.server.options import CompressionOptions
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from zonebus.config import ConfigError, load_config, parse_config_text, parse_text
 from zonebus.config.convert import parse_go_duration
-from zonebus.server.options import RemoteGatewayOptions
+from zonebus.options import RemoteGatewayOptions
 
 
 def plain(text: str, env: dict[str, str] | None = None) -> dict:

@@ -9,16 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from zonebus.config import accounts, schema
+from zonebus.config import accounts, authorization, jetstream, ledger, links, queue_groups, schema, tls
 from zonebus.config.unsupported import UNSUPPORTED
 from zonebus.testing.processes import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG_MODULES = (schema, authorization, tls, links, jetstream, ledger, queue_groups, accounts)  # key tables
 pytestmark = pytest.mark.timeout(60)
 
 
 def _handler_tables() -> dict[str, dict]:
-    return {name: table for module in (schema, accounts) for name, table in vars(module).items()
+    return {name: table for module in CONFIG_MODULES for name, table in vars(module).items()
             if name.endswith("_HANDLERS") and isinstance(table, dict)}
 
 
@@ -85,3 +86,15 @@ def test_readme_accounts_example_is_a_valid_config(tmp_path: Path) -> None:
     example = next(b for b in blocks if b.startswith("accounts {"))
     done = check_config(tmp_path / "accounts.conf", example)
     assert done.returncode == 0, done.stderr
+
+
+def test_readme_layout_table_matches_the_tree() -> None:
+    """Every package of zonebus, and every module at its top level (but the package's own files), has a row in
+    the README's layout table, and every row names something that exists."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Layout\n"):]
+    rows = set(re.findall(r"^\| `(zonebus/[^`]*)` \|", section, re.M))
+    package = ROOT / "zonebus"
+    tree = {f"zonebus/{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    tree |= {f"zonebus/{p.name}" for p in package.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    assert rows == tree, f"missing from the table: {sorted(tree - rows)}; not in the tree: {sorted(rows - tree)}"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zonebus.server.flags import parse_server_args
-from zonebus.server.options import DEFAULT_PORT
+from zonebus.cli.flags import parse_server_args
+from zonebus.options import DEFAULT_PORT
 
 
 def test_no_arguments_gives_defaults() -> None:

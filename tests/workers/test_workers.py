@@ -313,7 +313,7 @@ async def test_clients_are_spread_and_a_publisher_moves_to_its_subscriber() -> N
 def test_default_is_one_worker_per_core_with_any_config(tmp_path) -> None:
     """Neither config nor flag says `workers`: one per core this process may run on, whatever the config
     (durable queue groups, the zone router); `--workers 1` keeps one."""
-    from zonebus.server.flags import parse_server_args
+    from zonebus.cli.flags import parse_server_args
 
     cores = len(os.sched_getaffinity(0))
     assert parse_server_args([])[0].workers == cores

@@ -14,6 +14,7 @@ import sys
 from typing import Any, NoReturn
 
 from zonebus.pipeline.errors import PipelineInputError, PipelineOptionError
+from zonebus.pipeline.extra import require_pipeline_extra
 
 PROG = "zonebus cost"
 
@@ -105,6 +106,7 @@ def run_cost_cli(argv: list[str]) -> int:
         print(build_parser().format_help(), file=sys.stderr)
         return 2
     try:
+        require_pipeline_extra()
         if args.command == "report":
             return _report(args)
         return _simulate(args)

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from zonebus.localservers import LocalServer, free_port
 from zonebus.pipeline.units import SECONDS_PER_MONTH, money, percent, size
 from zonebus.pipeline.wording import saving_sentence
-from zonebus.testing.processes import ServerProcess, free_port
 
 ZONES = ("us-east-1a", "us-east-1b")
 SUBJECT = "orders.created"
@@ -70,7 +70,7 @@ def _wait(cond, what: str, timeout: float = 20.0) -> None:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def _route_has_queue(server: ServerProcess, count: int) -> bool:
+def _route_has_queue(server: LocalServer, count: int) -> bool:
     routes = server.http_get("/routez?subs=1").get("routes", [])
     have = sum(1 for r in routes for s in r.get("subscriptions_list", []) if s == f"orders.> {QUEUE}")
     return have >= count
@@ -81,10 +81,8 @@ def run_workload(policy: str, workdir: Path, messages: int, size: int, seconds: 
     (0: as fast as the clients go)."""
     ledger_dir = workdir / policy
     shutil.rmtree(ledger_dir, ignore_errors=True)
-    servers = [ServerProcess("zonebus", conf, port=port, http_port=free_port(), workdir=workdir / f"{policy}-{name}")
+    servers = [LocalServer(conf, port=port, http_port=free_port(), workdir=workdir / f"{policy}-{name}")
                for name, conf, port in _configs(policy == "prefer_matching_tags", ledger_dir)]
-    for s in servers:
-        s.workdir.mkdir(parents=True, exist_ok=True)
     try:
         for s in servers:
             s.start()
@@ -97,7 +95,7 @@ def run_workload(policy: str, workdir: Path, messages: int, size: int, seconds: 
     return RunResult(policy, ledger_dir / "ledger", 2 * messages, q, cross, audit)
 
 
-async def _clients(servers: list[ServerProcess], messages: int, size: int, seconds: float
+async def _clients(servers: list[LocalServer], messages: int, size: int, seconds: float
                    ) -> tuple[int, int, int]:
     import nats
 
@@ -174,9 +172,12 @@ def run_demo_cli(argv: list[str]) -> int:
     if args.messages <= 0 or args.size < 0 or args.seconds < 0:
         ap.error("--messages must be > 0, --size and --seconds >= 0")
     from zonebus.pipeline.errors import PipelineEnvironmentError
-    from zonebus.pipeline.session import check_java
+    from zonebus.pipeline.extra import require_pipeline_extra
 
     try:
+        require_pipeline_extra()  # PySpark, and nats-py for the clients
+        from zonebus.pipeline.session import check_java
+
         check_java()  # before the servers run: the report at the end needs it
     except PipelineEnvironmentError as exc:
         print(f"zonebus demo: {exc}", file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from zonebus import version_text
 
 if TYPE_CHECKING:
-    from zonebus.server.options import ServerOptions
+    from zonebus.options import ServerOptions
 
 USAGE = """usage: zonebus <command> [options]
 
@@ -77,7 +77,7 @@ def _dispatch(argv: list[str]) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "server":
-        from zonebus.server.main import run_server_cli
+        from zonebus.cli.server import run_server_cli
 
         return run_server_cli(rest, _serve)
     if cmd == "demo":

@@ -96,13 +96,19 @@ def _open_stream(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from zonebus.pipeline.errors import PipelineEnvironmentError
+    from zonebus.pipeline.extra import require_pipeline_extra
+
+    try:
+        require_pipeline_extra()
+    except PipelineEnvironmentError as exc:
+        raise OptionProblem(f"{PROG} export: {exc}")
     _check_output(args.to, args.overwrite)
     try:
         _open_stream(args)
     except OSError as exc:
         print(f"{PROG} export: cannot read {args.store}: {exc}", file=sys.stderr)
         return EXIT_INPUT
-    from zonebus.pipeline.errors import PipelineEnvironmentError
     from zonebus.pipeline.session import check_java, spark_session
 
     try:

@@ -25,15 +25,15 @@ from zonebus.link import Backoff, LinkChannels, json_line
 from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
+from zonebus.options import advertised_host
 from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, WORKER
-from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     import ssl
 
+    from zonebus.options import RouteOptions
     from zonebus.server.accounts import Account
-    from zonebus.server.options import RouteOptions
     from zonebus.server.server import Server
 
 IMPLICIT_RETRIES = 5

@@ -2,7 +2,9 @@
 
 `load_config(path)` and `parse_config_text(text, filename)` return a `ServerOptions`; any problem raises
 `ConfigError` (a ValueError) whose message names file, line and column, one line per problem.
-The grammar lives in `parser`, the key-by-key mapping in `schema`, value readers in `convert`.
+The grammar lives in `parser`, value readers in `convert`, the key-by-key mapping in `schema` (the top
+level) and a module per block (`authorization`, `tls`, `links`, `jetstream`, `ledger`, `queue_groups`,
+`accounts`), built on `readers`.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Mapping
 
 from zonebus.config.parser import ConfigError, Value, parse_file, parse_text
 from zonebus.config.schema import apply_config
-from zonebus.server.options import ServerOptions
+from zonebus.options import ServerOptions
 
 
 def parse_config_text(

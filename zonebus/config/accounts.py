@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from zonebus.config.authorization import AuthBlock, read_permissions, read_users
 from zonebus.config.convert import (
     BadValue,
     expected,
@@ -30,8 +31,8 @@ from zonebus.config.convert import (
     show,
 )
 from zonebus.config.parser import Value
-from zonebus.config.schema import Handler, _apply, _Auth, _Errors, _permissions, _users
-from zonebus.server.options import AccountJetStream, AccountOptions, ExportOptions, ImportOptions, ServerOptions
+from zonebus.config.readers import Errors, Handler, apply_handlers
+from zonebus.options import AccountJetStream, AccountOptions, ExportOptions, ImportOptions, ServerOptions
 from zonebus.subjects.patterns import is_subset
 from zonebus.subjects.validate import is_valid_subject
 
@@ -39,7 +40,7 @@ GLOBAL = "$G"
 RESPONSE_TYPES = ("singleton", "stream", "chunked")
 
 
-def read_accounts(opts: ServerOptions, v: Value, errors: _Errors) -> None:
+def read_accounts(opts: ServerOptions, v: Value, errors: Errors) -> None:
     """`accounts { NAME: {users, exports, imports, default_permissions} }`."""
     seen_users = {u.user or u.nkey for u in opts.users}
     for name, body in get_map(v).items():
@@ -48,7 +49,7 @@ def read_accounts(opts: ServerOptions, v: Value, errors: _Errors) -> None:
             continue
         acc = AccountOptions(name=name)
         if body.kind == "map":
-            _apply(body.value, _ACCOUNT_HANDLERS, acc, errors, "account")
+            apply_handlers(body.value, _ACCOUNT_HANDLERS, acc, errors, "account")
         elif body.kind != "string" or body.value:  # `A: {}` or the bare name form
             errors.add(body, f"accounts: {name}: expected map, got {show(body)}")
             continue
@@ -66,9 +67,9 @@ def read_accounts(opts: ServerOptions, v: Value, errors: _Errors) -> None:
     _check_imports(opts, v, errors)
 
 
-def _account_users(acc: AccountOptions, v: Value, errors: _Errors) -> None:
-    auth = _Auth()
-    _users(auth, v, errors)
+def _account_users(acc: AccountOptions, v: Value, errors: Errors) -> None:
+    auth = AuthBlock()
+    read_users(auth, v, errors)
     acc.users = auth.users
 
 
@@ -82,7 +83,7 @@ def _subject(v: Value, what: str) -> str:
 def _entries(what: str, read: Callable[[Value], object]) -> Handler:
     """A handler for `exports` / `imports`: an array whose entries `read` turns into options (a bad entry is
     reported with its place, the others are kept)."""
-    def handler(acc: AccountOptions, v: Value, errors: _Errors) -> None:
+    def handler(acc: AccountOptions, v: Value, errors: Errors) -> None:
         if v.kind != "array":
             raise expected(f"array of {what}", v)
         for item in v.value:
@@ -144,7 +145,7 @@ def _import(item: Value) -> ImportOptions:
     return imp
 
 
-def _check_imports(opts: ServerOptions, v: Value, errors: _Errors) -> None:
+def _check_imports(opts: ServerOptions, v: Value, errors: Errors) -> None:
     """Each import must name a known account that exports (to the importer) what it imports."""
     by_name = {a.name: a for a in opts.accounts}
     for acc in opts.accounts:
@@ -159,7 +160,7 @@ def _check_imports(opts: ServerOptions, v: Value, errors: _Errors) -> None:
                 errors.add(v, f"{where}: account {json.dumps(imp.account)} does not export it to {acc.name}")
 
 
-def _jetstream(acc: AccountOptions, v: Value, errors: _Errors) -> None:
+def _jetstream(acc: AccountOptions, v: Value, errors: Errors) -> None:
     """`jetstream: enabled | disabled | true | false` or `{max_mem, max_file, max_streams, max_consumers}`."""
     if v.kind == "string":
         word = v.value.lower()
@@ -179,7 +180,7 @@ def _jetstream(acc: AccountOptions, v: Value, errors: _Errors) -> None:
         "max_streams": lambda t, x, e: setattr(t, "max_streams", get_int(x, -1)),
         "max_consumers": lambda t, x, e: setattr(t, "max_consumers", get_int(x, -1)),
     }
-    _apply(get_map(v), handlers, limits, errors)
+    apply_handlers(get_map(v), handlers, limits, errors)
     acc.jetstream = limits
 
 
@@ -188,9 +189,9 @@ _ACCOUNT_HANDLERS = {
     "users": _account_users,
     "exports": _entries("exports", _export),
     "imports": _entries("imports", _import),
-    "default_permissions": lambda a, v, e: setattr(a, "default_permissions", _permissions(v, e)),
+    "default_permissions": lambda a, v, e: setattr(a, "default_permissions", read_permissions(v, e)),
 }
 
 
-def read_system_account(opts: ServerOptions, v: Value, errors: _Errors) -> None:
+def read_system_account(opts: ServerOptions, v: Value, errors: Errors) -> None:
     opts.system_account = get_str(v).strip()

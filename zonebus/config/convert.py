@@ -11,7 +11,7 @@ import re
 
 from zonebus.config.parser import SIZE_SUFFIXES, Value
 from zonebus.link.compression import OFF, S2_AUTO, S2_FAST, normalize_mode, normalize_thresholds
-from zonebus.server.options import CompressionOptions
+from zonebus.options import CompressionOptions
 
 
 class BadValue(Exception):

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     import ssl
 
     from zonebus.cluster.manager import ClusterManager
-    from zonebus.server.options import GatewayOptions
+    from zonebus.options import GatewayOptions
     from zonebus.server.server import Server
 
 IMPLICIT_RETRIES = 10

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from zonebus.ledger import schema as S
 from zonebus.ledger.writer import LedgerWriter
-from zonebus.server.options import LedgerOptions
+from zonebus.options import LedgerOptions
 
 log = logging.getLogger("zonebus.ledger")
 

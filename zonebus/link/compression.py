@@ -40,7 +40,7 @@ from typing import Any
 
 import zstandard
 
-from zonebus.server.options import CompressionOptions
+from zonebus.options import CompressionOptions
 
 NOT_SUPPORTED = "not supported"
 OFF = "off"

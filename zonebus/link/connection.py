@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zonebus.link.compression import MARKER, S2_MODES, LinkCompression, is_marker, needs_compression
+from zonebus.options import TLSOptions, advertised_host
 from zonebus.protocol import errors
 from zonebus.protocol.route_parser import (
     A_MINUS,
@@ -50,14 +51,13 @@ from zonebus.protocol.route_parser import (
 from zonebus.server.accounts import ledger_key
 from zonebus.server.connection import ACCOUNT, Connection, deliver_run
 from zonebus.server.listening import naming
-from zonebus.server.options import TLSOptions, advertised_host
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     import ssl
 
     from zonebus.link.channels import LinkChannels
-    from zonebus.server.options import CompressionOptions
+    from zonebus.options import CompressionOptions
     from zonebus.server.server import Server
 
 _INTEREST = (RS_PLUS, RS_MINUS, A_PLUS, A_MINUS)

@@ -1,6 +1,6 @@
 """Meta-group errors, shaped like JetStream API errors so the API layer can answer with them unchanged.
 
-`MetaError` is a `zonebus.stream.errors.JSError`: it has `code`, `err_code`, `description` and `to_dict()`.
+`MetaError` is a `zonebus.protocol.jserrors.JSError`: it has `code`, `err_code`, `description` and `to_dict()`.
 The texts are nats-server's (server/errors.json): a meta group without a leader or without quorum answers
 10008 "JetStream system temporarily unavailable" (JSClusterNotAvailErr, HTTP 503); a placement that finds
 too few servers answers 10005 (JSClusterNoPeersErrF, HTTP 400) whose description is the placement error,
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from zonebus.stream.errors import REGISTRY, JSError
+from zonebus.protocol.jserrors import REGISTRY, JSError
 
-# name -> (http code, err_code, description); names not in zonebus.stream.errors.REGISTRY
+# name -> (http code, err_code, description); names not in zonebus.protocol.jserrors.REGISTRY
 META_REGISTRY: dict[str, tuple[int, int, str]] = {
     "cluster_not_avail": (503, 10008, "JetStream system temporarily unavailable"),
     "cluster_no_peers": (400, 10005, "{err}"),

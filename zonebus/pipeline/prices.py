@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from zonebus.pipeline.errors import PipelineInputError, PipelineOptionError
-from zonebus.prices import TRANSFER_DIR
+from zonebus.prices import TRANSFER, is_builtin_spec, read_builtin, transfer_names
 
-PRICES_DIR = TRANSFER_DIR
 DEFAULT_PRICES = "aws"
 KNOWN_KEYS = frozenset(
     {"cross_zone_per_gb_each_side", "sides_charged", "bytes_per_gb", "currency", "provider", "description"}
@@ -54,27 +53,33 @@ class Prices:
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.stem for p in PRICES_DIR.glob("*.json"))
+    return transfer_names()
 
 
 def load_prices(spec: str | None = None, option: str = "--prices") -> Prices:
-    """Prices from a built-in name (`aws`) or a JSON file path."""
+    """Prices from a built-in name (`aws`, read from the package's data, `zonebus.prices`) or a JSON file path."""
     spec = spec or DEFAULT_PRICES
-    path = Path(spec)
-    if not path.exists() and "/" not in spec and not spec.endswith(".json"):
-        builtin = PRICES_DIR / f"{spec}.json"
-        if not builtin.exists():
+    if is_builtin_spec(spec):
+        builtin = read_builtin(TRANSFER, spec)
+        if builtin is None:
             raise PipelineOptionError(
                 f"{option}: {spec!r} is neither a file nor a built-in price list ({', '.join(builtin_names())})"
             )
-        path = builtin
-    if not path.is_file():
-        raise PipelineOptionError(f"{option}: prices file {spec!r} not found")
+        text, source = builtin
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise PipelineOptionError(f"{option}: prices file {spec!r} not found")
+        source = str(path)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PipelineInputError(f"prices file {source!r}: not valid JSON: {exc}")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PipelineInputError(f"prices file {str(path)!r}: not valid JSON: {exc}")
-    return parse_prices(data, str(path))
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PipelineInputError(f"prices file {source!r}: not valid JSON: {exc}")
+    return parse_prices(data, source)
 
 
 def parse_prices(data: object, source: str = "<prices>") -> Prices:

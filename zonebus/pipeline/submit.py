@@ -4,8 +4,9 @@ Takes the same arguments as `zonebus cost` and uses the master spark-submit was 
 spark://HOST:PORT` for a standalone cluster: tests/pipeline/test_standalone_cluster.py). The cost jobs use no
 Python UDFs, so executors need no zonebus code; only the driver imports it (this file puts the checkout on
 sys.path when zonebus is not installed). `--streams` reads through the `zonebus` data source, whose tasks run
-zonebus code on the executors: install zonebus there, or ship it with `--py-files` (the driver still needs it
-installed or checked out: zonebus.prices reads its price lists as files, which a zip does not have).
+zonebus code on the executors: install zonebus there, or ship it with `--py-files` (the price lists load from
+the zip too, through importlib.resources; the driver is best installed or checked out all the same: its Spark
+log configuration, `log4j2.properties`, is passed to Java as a file).
 """
 
 from __future__ import annotations

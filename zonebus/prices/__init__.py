@@ -12,7 +12,9 @@ keeps (GB-month):
     bytes_per_gb         1e9 (GB) or 1073741824 (GiB)
 
 `storage_prices("s3-standard")` loads a built-in list (or a JSON file by path); `StoragePrices.bill(...)`
-prices counted requests and bytes.
+prices counted requests and bytes. The built-in lists are package data read through `importlib.resources`
+(`read_builtin`), never by file path, so they load wherever the package is: installed, or in a zip
+(`spark-submit --py-files zonebus.zip`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-TRANSFER_DIR = HERE / "transfer"
-STORAGE_DIR = HERE / "storage"
+TRANSFER = "transfer"  # the kinds of built-in list: a folder of JSON files each
+STORAGE = "storage"
 REQUEST_KINDS = ("PUT", "COPY", "LIST", "GET", "HEAD", "DELETE")
 DEFAULT_STORAGE = "s3-standard"
 SECONDS_PER_MONTH = 30 * 86400  # AWS bills GB-months over the hours of the month; 30 days as the unit
@@ -72,29 +74,56 @@ class StoragePrices:
         return out
 
 
+def builtin_names(kind: str) -> list[str]:
+    """The built-in price lists of a kind (`TRANSFER`, `STORAGE`), by name (`aws`, `s3-standard`, ...)."""
+    return sorted(p.name[:-5] for p in files(__name__).joinpath(kind).iterdir() if p.name.endswith(".json"))
+
+
 def storage_names() -> list[str]:
-    return sorted(p.stem for p in STORAGE_DIR.glob("*.json"))
+    return builtin_names(STORAGE)
 
 
 def transfer_names() -> list[str]:
-    return sorted(p.stem for p in TRANSFER_DIR.glob("*.json"))
+    return builtin_names(TRANSFER)
 
 
-def _read(spec: str, folder: Path, names: list[str], what: str) -> tuple[dict, str]:
-    path = Path(spec)
-    if not path.exists() and "/" not in spec and not spec.endswith(".json"):
-        path = folder / f"{spec}.json"
-        if not path.exists():
-            raise PriceListError(f"{spec!r} is neither a file nor a built-in {what} price list ({', '.join(names)})")
+def read_builtin(kind: str, name: str) -> tuple[str, str] | None:
+    """A built-in list's JSON text and a label for messages (`zonebus/prices/transfer/aws.json`), or None when
+    there is no such list."""
+    if name not in builtin_names(kind):
+        return None
+    return _builtin_text(kind, name), f"zonebus/prices/{kind}/{name}.json"
+
+
+def _builtin_text(kind: str, name: str) -> str:
+    return files(__name__).joinpath(kind, f"{name}.json").read_text()
+
+
+def is_builtin_spec(spec: str) -> bool:
+    """Whether `spec` names a built-in list rather than a file: no such file, and not path-like."""
+    return not Path(spec).exists() and "/" not in spec and not spec.endswith(".json")
+
+
+def _read(spec: str, kind: str) -> tuple[dict, str]:
+    if is_builtin_spec(spec):
+        builtin = read_builtin(kind, spec)
+        if builtin is None:
+            raise PriceListError(f"{spec!r} is neither a file nor a built-in {kind} price list "
+                                 f"({', '.join(builtin_names(kind))})")
+        text, where = builtin
+    else:
+        where = spec
+        try:
+            text = Path(spec).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PriceListError(f"{kind} price list {where!r}: {exc}")
     try:
-        doc = json.loads(path.read_text())
-    except OSError as exc:
-        raise PriceListError(f"{what} price list {str(path)!r}: {exc}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PriceListError(f"{what} price list {str(path)!r}: not valid JSON: {exc}")
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PriceListError(f"{kind} price list {where!r}: not valid JSON: {exc}")
     if not isinstance(doc, dict):
-        raise PriceListError(f"{what} price list {str(path)!r}: expected a JSON object")
-    return doc, str(path)
+        raise PriceListError(f"{kind} price list {where!r}: expected a JSON object")
+    return doc, where
 
 
 def _number(doc: dict, key: str, where: str, default: float = 0.0) -> float:
@@ -110,7 +139,7 @@ STORAGE_KEYS = frozenset({"name", "provider", "description", "source", "currency
 
 def storage_prices(spec: str = DEFAULT_STORAGE) -> StoragePrices:
     """A storage price list: a built-in name (`s3-standard`, `s3-express`, ...) or a JSON file's path."""
-    doc, where = _read(spec, STORAGE_DIR, storage_names(), "storage")
+    doc, where = _read(spec, STORAGE)
     unknown = sorted(set(doc) - STORAGE_KEYS)
     if unknown:
         raise PriceListError(f"storage price list {where!r}: unknown key {unknown[0]!r}; known keys: "
@@ -137,5 +166,10 @@ def transfer_per_byte(doc: dict) -> float:
 
 
 def transfer_doc(spec: str) -> tuple[dict, str]:
-    """A transfer price list's raw JSON and its path (parsed and checked by `zonebus.pipeline.prices`)."""
-    return _read(spec, TRANSFER_DIR, transfer_names(), "transfer")
+    """A transfer price list's raw JSON and its path or label (parsed and checked by `zonebus.pipeline.prices`)."""
+    return _read(spec, TRANSFER)
+
+
+def transfer_lists() -> dict[str, dict]:
+    """Every built-in transfer list's raw JSON, by name."""
+    return {name: json.loads(_builtin_text(TRANSFER, name)) for name in transfer_names()}

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from zonebus.cluster.queue_policy import weighted_choice
+from zonebus.options import QueueGroupOptions
 from zonebus.queue.log import GroupLog
 from zonebus.queue.model import Record, ack_subject
 from zonebus.server.connection import CLIENT, ROUTE, WORKER
-from zonebus.server.options import QueueGroupOptions
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from zonebus.options import QueueGroupOptions
 from zonebus.queue.model import group_of
 from zonebus.server.connection import CLIENT, INTERNAL
-from zonebus.server.options import QueueGroupOptions
 from zonebus.subjects.sublist import MatchResult
 
 # (group, subject, reply, hdr_len, data) of a captured message

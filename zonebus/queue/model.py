@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from zonebus.server.options import QueueGroupOptions
+from zonebus.options import QueueGroupOptions
 from zonebus.subjects.patterns import matches
 
 ACK_PREFIX = "$JS.ACK."  # nats-py's Msg.ack()/nak()/term()/in_progress() publish to the reply subject

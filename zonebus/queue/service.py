@@ -30,6 +30,7 @@ from urllib.parse import urlparse
 
 from zonebus.cluster.queue_policy import weighted_choice
 from zonebus.meta import server_hash
+from zonebus.options import QueueGroupOptions, ServerOptions
 from zonebus.queue import wire
 from zonebus.queue.dispatcher import Dispatcher
 from zonebus.queue.intercept import Interceptor
@@ -37,7 +38,6 @@ from zonebus.queue.log import GroupLog
 from zonebus.queue.model import durable_groups, parse_ack_subject, pub_ack, stream_name
 from zonebus.server.connection import CLIENT, WORKER
 from zonebus.server.internal import InternalClient
-from zonebus.server.options import QueueGroupOptions, ServerOptions
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager

@@ -29,7 +29,7 @@ from zonebus.subjects.patterns import is_subset, matches, overlaps
 from zonebus.subjects.sublist import Sublist, Subscription
 
 if TYPE_CHECKING:
-    from zonebus.server.options import ImportOptions, ServerOptions
+    from zonebus.options import ImportOptions, ServerOptions
     from zonebus.server.server import Server
 
 GLOBAL = b"$G"

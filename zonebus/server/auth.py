@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zonebus.server.options import Permissions, ResponsePermission, ServerOptions, UserOptions
+from zonebus.options import Permissions, ResponsePermission, ServerOptions, UserOptions
 from zonebus.subjects.patterns import is_subset, matches
 
 if TYPE_CHECKING:  # bcrypt, nkeys and nacl are imported where used: a server without such users never loads them

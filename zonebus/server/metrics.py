@@ -15,7 +15,7 @@ registered, read by nats-server's field names), so the two never disagree.
 zonebus's own series, `zonebus_ledger_*`, are counters of what the traffic ledger counted, each crossing
 once across a cluster (a server-to-server copy on its sender, client traffic on the client's server):
 bytes and message transfers by zone pair and link kind, the cross-zone part of them, its estimated cost in
-dollars under each built-in price list (`zonebus/prices/transfer/*.json`, read as plain JSON), and queue
+dollars under each built-in price list (`zonebus.prices.transfer_lists`, read as plain JSON), and queue
 routing decisions by publisher zone and chosen zone. They move once per ledger interval (the handover, see
 `zonebus.server.ledger_hooks`), never on the message path.
 
@@ -28,20 +28,18 @@ them at S3 Standard (`zonebus.storage.usage`).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from zonebus.prices import TRANSFER_DIR, transfer_per_byte
+from zonebus.prices import transfer_lists, transfer_per_byte
 from zonebus.server.monitor import connz, subsz, varz
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PRICES_DIR = TRANSFER_DIR
 
 # the exporter's generic collector: fields it never exports, and the string fields it exports
 SKIP_FQN = frozenset({"leaf", "trusted_operators_claim", "cluster_tls_timeout", "cluster_cluster_port",
@@ -284,17 +282,20 @@ _prices: dict[str, float] | None = None
 
 def price_per_byte() -> dict[str, float]:
     """Dollars per byte crossing a zone boundary, per built-in price list (`aws`, `gcp`, `azure`): the
-    pipeline's price files read as plain JSON (the server does not import the Spark pipeline)."""
+    transfer lists of `zonebus.prices` read as plain JSON (the server does not import the Spark pipeline)."""
     global _prices
     if _prices is None:
         prices: dict[str, float] = {}
-        for path in sorted(PRICES_DIR.glob("*.json")):
+        try:
+            lists = transfer_lists()
+        except (OSError, ValueError):
+            lists = {}
+        for name, doc in lists.items():
             try:
-                doc = json.loads(path.read_text())
                 if doc.get("currency", "USD") != "USD":
                     continue
-                prices[str(doc.get("provider") or path.stem)] = transfer_per_byte(doc)
-            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+                prices[str(doc.get("provider") or name)] = transfer_per_byte(doc)
+            except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
                 continue
         _prices = prices
     return _prices

@@ -24,7 +24,7 @@ import socket
 import ssl
 from typing import TYPE_CHECKING
 
-from zonebus.server.options import TLSOptions
+from zonebus.options import TLSOptions
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from zonebus.stream.api import PREFIX, JSApi
 
 if TYPE_CHECKING:
+    from zonebus.options import AccountJetStream, ServerOptions
     from zonebus.server.accounts import Account
-    from zonebus.server.options import AccountJetStream, ServerOptions
     from zonebus.server.server import Server
 
 NOT_ENABLED = {"code": 503, "err_code": 10039, "description": "JetStream not enabled for account"}

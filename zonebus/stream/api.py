@@ -13,11 +13,11 @@ import secrets
 import string
 from typing import TYPE_CHECKING, Any
 
+from zonebus.protocol.jserrors import JSError
 from zonebus.stream import config as jsconfig
 from zonebus.stream import consumer_config, limits, stream_config
 from zonebus.stream.config import decode, decode_consumer_request, parse_json
 from zonebus.stream.consumer_config import CreateContext
-from zonebus.stream.errors import JSError
 from zonebus.stream.subjects import valid_subject
 from zonebus.subjects.patterns import overlaps
 

@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, Any
 from zonebus.meta import MetaError, MetaGroup, MetaTiming, NoQuorum, RoutePeer, decide_members, server_hash
 from zonebus.meta.assign import matches
 from zonebus.meta.state import Change, StreamRecord
+from zonebus.protocol.jserrors import JSError
 from zonebus.server.internal import InternalClient
 from zonebus.stream import direct, stream_config
 from zonebus.stream.clusterlists import FORWARD, StreamLists, _error, _reply
-from zonebus.stream.errors import JSError
 from zonebus.stream.hooks import ApiHook
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
@@ -49,8 +49,8 @@ from zonebus.stream.store import now_ns
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
+    from zonebus.options import AccountJetStream
     from zonebus.server.accounts import Account
-    from zonebus.server.options import AccountJetStream
     from zonebus.server.server import Server
 
 log = logging.getLogger(__name__)

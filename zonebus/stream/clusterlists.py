@@ -12,8 +12,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from zonebus.meta import server_hash
+from zonebus.protocol.jserrors import JSError
 from zonebus.stream import api as jsapi
-from zonebus.stream.errors import JSError
 from zonebus.subjects.patterns import overlaps
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from zonebus.stream.errors import invalid_json
+from zonebus.protocol.jserrors import invalid_json
 
 I64 = (-(1 << 63), (1 << 63) - 1)
 RANGES = {

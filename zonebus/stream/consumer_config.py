@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from zonebus.stream.errors import JSError, invalid_config
+from zonebus.protocol.jserrors import JSError, invalid_config
 from zonebus.stream.subjects import valid_name, valid_subject
 from zonebus.subjects.patterns import has_wildcards, is_subset, overlaps
 

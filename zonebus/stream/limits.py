@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zonebus.stream.errors import JSError
+from zonebus.protocol.jserrors import JSError
 
 if TYPE_CHECKING:
     from zonebus.stream.service import JetStreamService

@@ -50,7 +50,7 @@ from zonebus.stream.store import MsgStore, now_ns
 from zonebus.stream.stream import Stream
 
 if TYPE_CHECKING:
-    from zonebus.server.options import AccountJetStream, JetStreamOptions
+    from zonebus.options import AccountJetStream, JetStreamOptions
 
 log = logging.getLogger(__name__)
 

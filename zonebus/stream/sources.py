@@ -14,8 +14,8 @@ import hashlib
 import time
 from typing import TYPE_CHECKING, Any
 
+from zonebus.protocol.jserrors import JSError
 from zonebus.stream.config import decode, parse_time
-from zonebus.stream.errors import JSError
 from zonebus.stream.subjects import valid_name, valid_subject
 from zonebus.stream.transform import SubjectTransform
 from zonebus.subjects.patterns import matches

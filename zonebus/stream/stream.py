@@ -21,9 +21,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zonebus.protocol.jserrors import JSError
 from zonebus.stream import limits
 from zonebus.stream.config import format_time
-from zonebus.stream.errors import JSError
 from zonebus.stream.sources import SourceLink
 from zonebus.stream.store import MsgStore, now_ns
 from zonebus.stream.transform import SubjectTransform, compile_transform

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from zonebus.stream.errors import JSError, invalid_config
+from zonebus.protocol.jserrors import JSError, invalid_config
 from zonebus.stream.sources import normalize_sources
 from zonebus.stream.subjects import valid_name, valid_subject
 from zonebus.stream.transform import compile_transform

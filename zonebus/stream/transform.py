@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from zonebus.stream.errors import JSError
+from zonebus.protocol.jserrors import JSError
 from zonebus.stream.subjects import valid_subject
 from zonebus.subjects.patterns import matches
 

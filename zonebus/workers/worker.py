@@ -22,8 +22,8 @@ import signal
 import sys
 from pathlib import Path
 
-from zonebus.server.main import prepare_runtime
-from zonebus.server.options import ServerOptions
+from zonebus.options import ServerOptions
+from zonebus.server.runtime import prepare_runtime
 from zonebus.workers import OPTIONS_FILE, WorkerSpec
 
 MESH_WAIT = 10.0  # seconds a starting worker waits for the others before it serves clients anyway

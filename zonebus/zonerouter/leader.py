@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from zonebus.stream.errors import JSError
+from zonebus.protocol.jserrors import JSError
 from zonebus.zonerouter import batch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.proxy import retry_error

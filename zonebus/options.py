@@ -1,7 +1,9 @@
 """Server options: every setting a zonebus server runs with, with nats-server's defaults.
 
-Filled from a config file (`zonebus.config`) and command-line flags (`zonebus.server.flags`); the server
-only reads this object. Durations are seconds (float), sizes are bytes (int).
+A leaf: it imports nothing of zonebus, so that every layer can read it (`config` and `ledger` below the
+server, the server and its extensions above). Filled from a config file (`zonebus.config`) and command-line
+flags (`zonebus.cli.flags`); the server only reads this object.
+Durations are seconds (float), sizes are bytes (int).
 """
 
 from __future__ import annotations
@@ -276,7 +278,7 @@ class ServerOptions:
     ledger: LedgerOptions = field(default_factory=LedgerOptions)
     queue_groups: dict[str, QueueGroupOptions] = field(default_factory=dict)  # zonebus.queue
     # processes serving clients on one port (zonebus.workers); 1 = this process alone; 0 = not set, which
-    # `zonebus server` makes one per core (zonebus.server.flags.default_workers)
+    # `zonebus server` makes one per core (zonebus.cli.flags.default_workers)
     workers: int = 0
 
     @property

@@ -1,4 +1,5 @@
-"""`zonebus server`: parse flags and config, then run a node (`zonebus.node`) on asyncio (uvloop when installed).
+"""`zonebus server`: parse flags (`zonebus.cli.flags`) and config, then run a node (`zonebus.node`) on
+asyncio (uvloop when installed).
 
 SIGTERM/SIGINT shut down cleanly; SIGHUP reloads the config file (server_tags and
 `cluster.prefer_matching_tags`) without dropping connections (`Node.reload`). `--signal reload[=PID]` sends SIGHUP to a
@@ -8,30 +9,17 @@ running server (PID from the flag or the pid file).
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
 
-from zonebus.server.options import ServerOptions
-
-
-def prepare_runtime() -> None:
-    """What a server process sets before its loop runs: uvloop when installed, and a young generation
-    collected every 20,000 container allocations instead of 700 (the data path makes thousands of short-lived
-    tuples and lists per loop turn and no cycles: the default spent ~8% of its instructions collecting)."""
-    gc.set_threshold(20_000, 10, 10)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+from zonebus.options import ServerOptions
+from zonebus.server.runtime import prepare_runtime
 
 
 def _parse(argv: list[str]) -> tuple[ServerOptions, bool]:
-    from zonebus.server.flags import parse_server_args
+    from zonebus.cli.flags import parse_server_args
 
     return parse_server_args(argv)
 
@@ -67,7 +55,7 @@ def _send_signal(opts: ServerOptions, spec: str) -> int:
 
 def run_server_cli(argv: list[str], run: Callable[[ServerOptions], Awaitable[None]]) -> int:
     """Parse `argv`; then `--signal`, `-t`, or run the server with `run` (the composition root's
-    `zonebus.node.run`, handed in so that this package imports none of its extensions)."""
+    `zonebus.node.run`, handed in by `zonebus.cli.main`)."""
     from zonebus.config import ConfigError
 
     try:

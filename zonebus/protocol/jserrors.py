@@ -3,6 +3,9 @@
 Texts and codes are the ones nats-server 2.15 returns. The error object sent on the wire has exactly the
 keys `code`, `err_code` and `description` (nats-py raises TypeError on any other key). Descriptions with
 `{...}` placeholders are filled from keyword arguments.
+
+A leaf of the protocol package (it imports nothing of zonebus): JetStream (`zonebus.stream`) and the meta
+group (`zonebus.meta.errors`, which adds the cluster errors) both answer with it.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from zonebus.config import ConfigError, load_config
 from zonebus.config.convert import is_url, split_host_port
 from zonebus.config.schema import MAX_WORKERS
-from zonebus.server.options import ServerOptions, TLSOptions
+from zonebus.options import ServerOptions, TLSOptions
 
 PROG = "zonebus server"
 SIGNALS = ("ldm", "stop", "quit", "term", "reload")

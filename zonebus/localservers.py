@@ -1,0 +1,159 @@
+"""zonebus server processes on 127.0.0.1, each started from a config text: what `zonebus demo` runs.
+
+`free_port()` picks a port nothing listens on, `wait_for_info(port)` waits until a server there sends its
+INFO line, and `LocalServer` starts `python -m zonebus server` in a folder of its own, waits until its
+client port (and its monitoring port, when set) answers, and stops it (SIGTERM) on exit. The tests'
+harness (`zonebus.testing.processes`) builds on the same two helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Picked below the kernel's ephemeral range, so that no outgoing connection (a client, a route dialling
+    out) can be given it as its local port between now and the moment a server binds it; never the same
+    port twice in one process."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randint(min(10000, low - 2000), low - 1)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = None) -> dict:
+    """Poll until a server on `port` sends its INFO line; return the parsed INFO. Gives up at once when
+    `proc` (the server process) has exited."""
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                data = b""
+                while b"\r\n" not in data:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                if data.startswith(b"INFO "):
+                    return json.loads(data[5 : data.index(b"\r\n")])
+        except OSError as exc:
+            last = exc
+        time.sleep(0.02)
+    raise TimeoutError(f"server on port {port} did not send INFO: {last}")
+
+
+@dataclass
+class LocalServer:
+    """One `zonebus server` process on 127.0.0.1: `config` in `workdir/server.conf`, its log in
+    `workdir/server.log`; `workers` processes (one by default: several servers share this machine)."""
+
+    config: str = ""
+    port: int = field(default_factory=free_port)
+    http_port: int | None = None
+    workdir: Path | None = None
+    workers: int = 1
+    proc: subprocess.Popen | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    _log: IO[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> LocalServer:
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="zb-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        conf = self.workdir / "server.conf"
+        conf.write_text(self.config)
+        args = [sys.executable, "-m", "zonebus", "server", "-c", str(conf), "-a", "127.0.0.1", "-p", str(self.port),
+                "--workers", str(self.workers)]
+        if self.http_port:
+            args += ["-m", str(self.http_port)]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        deadline = time.monotonic() + timeout
+        try:
+            self.info = wait_for_info(self.port, deadline, self.proc)
+            if self.http_port:
+                self._wait_http(deadline)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"zonebus server failed to start; log:\n{self.log()}")
+        return self
+
+    def _wait_http(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            try:
+                self.http_get("/healthz")
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise TimeoutError("monitoring port did not answer")
+
+    def http_get(self, path: str) -> dict:
+        """A monitoring page as JSON (`{"text": ...}` for a page that is not JSON)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as resp:
+            body = resp.read()
+        return json.loads(body) if body.strip().startswith(b"{") else {"text": body.decode()}
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return (self.workdir or Path(".")) / "server.log"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

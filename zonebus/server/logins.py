@@ -1,0 +1,155 @@
+"""What a client is told and how it logs in: the INFO it gets, the check of its CONNECT credentials, and the
+SIGHUP reloads of users, permissions, accounts and the client TLS certificate.
+
+A base class of `zonebus.server.server.Server`, whose attributes (options, authenticator, clients) it uses.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from zonebus import SERVER_VERSION
+from zonebus.options import ServerOptions
+from zonebus.server.auth import Authenticator, ClientPermissions
+
+if TYPE_CHECKING:
+    from zonebus.server.accounts import Accounts
+    from zonebus.server.client import ClientConnection
+
+
+class ClientLogins:
+    """`Server`'s INFO and login methods (see the module's docstring)."""
+
+    opts: ServerOptions
+    server_id: str
+    name: str
+    accounts: Accounts
+    authenticator: Authenticator
+    clients: dict[int, ClientConnection]
+    connect_urls: Callable[[], list[str]] | None
+    url_watchers: list[Callable[[], None]]
+    info_extras: dict[str, Any]
+    client_tls_context: Any
+    _info_base: dict[str, Any]
+
+    def client_info(self, conn: ClientConnection) -> bytes:
+        info = dict(self._info_base)
+        info["client_id"] = conn.cid
+        info["client_ip"] = conn.ip
+        if self.authenticator.needs_nonce:
+            conn.nonce = info["nonce"] = self.authenticator.new_nonce()
+        if self.connect_urls is not None:
+            urls = self.connect_urls()
+            if urls:
+                info["connect_urls"] = urls
+        return b"INFO " + _json(info) + b"\r\n"
+
+    def client_urls_changed(self) -> None:
+        """The cluster's client URLs changed: tell the clients that take asynchronous INFO, as nats-server
+        does, so that they can fail over to any server of the cluster."""
+        for conn in self.clients.values():
+            if conn.connected and conn.protocol >= 1 and not conn.closed:
+                conn.info_changed()  # (after the client's first PONG, as nats-server)
+        for watcher in self.url_watchers:
+            watcher()
+
+    def _build_info(self) -> dict[str, Any]:
+        opts = self.opts
+        info: dict[str, Any] = {
+            "server_id": self.server_id,
+            "server_name": self.name,
+            "version": SERVER_VERSION,
+            "proto": 1,
+            "go": f"python{sys.version_info.major}.{sys.version_info.minor}",
+            "host": opts.host,
+            "port": opts.port,
+            "headers": True,
+            "max_payload": opts.max_payload,
+        }
+        if opts.auth_required:
+            info["auth_required"] = True
+        if opts.tls is not None:
+            info["tls_required"] = True
+            if opts.tls.verify or opts.tls.verify_and_map:
+                info["tls_verify"] = True
+        if opts.cluster.name:
+            info["cluster"] = opts.cluster.name
+        info.update(self.info_extras)
+        return info
+
+    def check_auth(self, conn: ClientConnection, connect: dict[str, Any]) -> bool:
+        """Log `conn` in with its CONNECT fields: sets its user and permissions, or logs the refusal."""
+        login, why = self.authenticator.authenticate(connect, conn.nonce, conn.peercert)
+        if login is None:
+            self.auth_log(conn, "authentication error" + why)
+            return False
+        conn.connect_opts = connect
+        conn.auth_user = login.user
+        conn.account = self.accounts.lookup(login.account)
+        conn.perms = ClientPermissions(login.perms) if login.perms is not None else None
+        return True
+
+    def reload_tls(self, new: ServerOptions) -> None:
+        """SIGHUP: a changed certificate, key, CA or `verify` of the top-level tls block applies to the
+        handshakes that follow. Turning TLS on or off needs a restart (the listener changes kind)."""
+        if self.client_tls_context is None or new.tls is None:
+            if (self.client_tls_context is None) != (new.tls is None):
+                self.log("reload: adding or removing the tls block needs a restart; TLS left as it was", "WRN")
+            return
+        from zonebus.server.tls import TLSConfigError, reload_context
+
+        try:
+            reload_context(self.client_tls_context, new.tls, "tls: ")
+        except TLSConfigError as exc:
+            self.log(f"reload: {exc}; the previous certificate stays", "ERR")
+            return
+        self.opts.tls = new.tls
+        self.log(f"reload: client TLS certificate {new.tls.cert_file}")
+
+    def reload_auth(self, new: ServerOptions) -> None:
+        """Apply changed users, permissions, token and `no_auth_user` (SIGHUP): each logged-in client is
+        checked again with the CONNECT it sent; refused ones are closed, the others get their (maybe new)
+        permissions, and subscriptions these no longer allow are removed with a Permissions Violation."""
+        opts = self.opts
+        if new.accounts or opts.accounts:
+            opts.accounts, opts.system_account = new.accounts, new.system_account
+            self.accounts.reload(new)
+        opts.auth_user, opts.auth_password, opts.auth_token = new.auth_user, new.auth_password, new.auth_token
+        opts.users, opts.default_permissions = new.users, new.default_permissions
+        opts.no_auth_user, opts.auth_timeout = new.no_auth_user, new.auth_timeout
+        self.authenticator = Authenticator(opts)
+        self._info_base = self._build_info()
+        for conn in list(self.clients.values()):
+            if not conn.connected or conn.closed:
+                continue
+            if not opts.auth_required:
+                conn.perms, conn.auth_user = None, ""
+                continue
+            login, _ = self.authenticator.authenticate(conn.connect_opts, conn.nonce, conn.peercert)
+            if login is None:
+                self.auth_log(conn, "authorization removed on reload")  # closed without -ERR, as nats-server
+                conn.close()
+                continue
+            if self.accounts.lookup(login.account) is not conn.account:
+                self.auth_log(conn, "account changed on reload")
+                conn.close()
+                continue
+            conn.auth_user = login.user
+            conn.perms = perms = ClientPermissions(login.perms) if login.perms is not None else None
+            if perms is None:
+                continue
+            for sub in list(conn.subs.values()):
+                if not perms.can_subscribe(sub.subject, sub.queue):
+                    conn.send(b"-ERR 'Permissions Violation for Subscription to \"%b\" (sid \"%b\")'\r\n"
+                              % (sub.subject, sub.sid))
+                    del conn.subs[sub.sid]
+                    self.remove_subscription(sub)
+        for acc in self.accounts.by_name.values():
+            acc.sublist.touch()  # cached fast-path deliveries were built under the old permissions
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()

@@ -1,0 +1,273 @@
+"""The one routing point: where every published message goes, whatever connection kind it came from.
+
+`process_msg` matches the subject (cached), hands the message to each plain subscriber, picks one member per
+queue group, and forwards to routes/gateways that have interest; `_memoize` leaves the delivery list of a
+client's control line on it for the fast path (`zonebus.server.connection`). A base class of
+`zonebus.server.server.Server`, whose attributes (sublist, accounts, hooks) it reads; it runs on the event
+loop thread, on the hot path.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any
+
+from zonebus.protocol.client_parser import PubHeader
+from zonebus.protocol.route_parser import msg_line
+from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, LINKS, ROUTE, Connection
+from zonebus.server.hooks import AccountForwarder, Forwarder, PublishInterceptor, QueuePicker
+from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
+
+if TYPE_CHECKING:
+    from zonebus.server.accounts import Account, Accounts
+    from zonebus.server.client import ClientConnection
+
+
+class MessageRouting:
+    """`Server`'s routing methods (see the module's docstring)."""
+
+    sublist: Sublist
+    global_account: Account
+    accounts: Accounts
+    ledger: Any
+    random: random.Random
+    forwarder: Forwarder | None
+    account_forwarder: AccountForwarder | None
+    queue_picker: QueuePicker | None
+    publish_interceptor: PublishInterceptor | None
+
+    def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                    queues: list[bytes] | None = None, memo_for: PubHeader | None = None,
+                    account: Account | None = None) -> bool:
+        """Deliver one message; `data` is the payload (header block included) plus CRLF.
+
+        `queues` is set only for messages that arrived over a route or a gateway: the queue groups this
+        server (route) or this cluster (gateway) was chosen to serve. `memo_for` is the client's cached
+        control line: when the message goes only to plain client subscribers (and gateways), their lines are
+        remembered there for the client's fast path. `account`: the account a link named (default: the
+        source connection's). Returns whether anything received the message.
+        """
+        acc = account or src.account
+        if acc is not self.global_account:
+            return self._process_in_account(src, acc, subject, reply, hdr_len, data, queues, memo_for)
+        r = self.sublist.match(subject)
+        taken = False
+        if self.publish_interceptor is not None:  # e.g. durable queue groups (zonebus.queue), see hooks.py
+            took = self.publish_interceptor(src, subject, reply, hdr_len, data, r)
+            if took is not None:
+                r, taken = took
+                if memo_for is not None:
+                    memo_for.memo = memo_for.qmemo = None
+                    memo_for = None
+                if not r:
+                    return taken
+        if memo_for is not None:
+            self._memoize(src, memo_for, r)
+        if self.forwarder is not None and src.kind != ROUTE:  # e.g. gateways: zonebus.gateway.routing
+            return self.forwarder.process_msg(src, subject, reply, hdr_len, data, queues, r)
+        if not r:
+            if reply and src.kind == CLIENT and src.no_responders:
+                self._no_responders(src, subject, reply)
+            return False
+        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
+        if not delivered and reply and src.kind == CLIENT and src.no_responders:
+            self._no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
+        return delivered
+
+    def _process_in_account(self, src: Connection, acc: Account, subject: bytes, reply: bytes | None,
+                            hdr_len: int, data: bytes, queues: list[bytes] | None,
+                            memo_for: PubHeader | None) -> bool:
+        """`process_msg` in an account other than `$G`: service imports first (for what clients publish),
+        then the account's own subscribers in the cluster, and other clusters through the account forwarder
+        (gateways). Durable queue groups and the zone router serve the global account only."""
+        delivered = False
+        took = None
+        if acc.service_imports is not None and src.kind == CLIENT:
+            took = self.accounts.service_request(src, acc, subject, reply, hdr_len, data)
+            if took is not None:
+                delivered = took
+                memo_for = None
+        r = acc.sublist.match(subject)
+        fwd = self.account_forwarder
+        if fwd is not None and src.kind != ROUTE and took is None:  # gateways (a service request stays here)
+            return fwd.process_msg(src, subject, reply, hdr_len, data, queues, r, acc)
+        if memo_for is not None and fwd is None:
+            self._memoize(src, memo_for, r)
+        if r:
+            delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) or delivered
+        if not delivered and reply and src.kind == CLIENT and src.no_responders:
+            self._no_responders(src, subject, reply)
+        return delivered
+
+    def deliver_in_cluster(self, src: Connection, r: MatchResult, subject: bytes, reply: bytes | None,
+                           hdr_len: int, data: bytes, queues: list[bytes] | None, acc: Account | None = None) -> bool:
+        """Local subscribers, routes with interest, one member per queue group in this cluster.
+
+        From a route: local subscribers only, and the queue groups named in `queues`. From a gateway: local
+        and routes, and only the queue groups named in `queues`. One hop per link kind: a message from a route
+        goes to no other route, one from another worker process of this server (`WORKER`, zonebus.workers) to
+        no other worker, but the worker that holds the routes passes a route's message on to the other
+        workers and a worker's message on to the routes. `r` must be non-empty.
+        """
+        src_kind = src.kind
+        from_link = src_kind in LINKS
+        delivered = False
+        routes: dict[Connection, list[bytes]] | None = None
+        echo = src_kind != CLIENT or src.echo
+        for sub in r.psubs:
+            conn = sub.conn
+            kind = conn.kind
+            if kind in (CLIENT, INTERNAL):
+                if conn is src and not echo:
+                    continue
+                if sub.max_msgs and sub.delivered >= sub.max_msgs:
+                    continue
+                self._deliver_one(sub, subject, reply, hdr_len, data)
+                delivered = True
+            elif kind != src_kind:
+                if routes is None:
+                    routes = {}
+                routes.setdefault(conn, [])
+        if r.qsubs:
+            if from_link:
+                routes, d = self._serve_named_queues(src, r.qsubs, routes, queues, subject, reply, hdr_len, data)
+                delivered |= d
+            else:
+                only = (queues or ()) if src.kind == GATEWAY else None
+                routes, d = self._route_queues(src, r.qsubs, routes, subject, reply, hdr_len, data, echo, only)
+                delivered |= d
+        if routes:
+            name = self.global_account.name if acc is None else acc.name
+            for conn, qnames in routes.items():
+                conn.forward(subject, reply, hdr_len, data, qnames, name)
+            delivered = True
+        return delivered
+
+    def _memoize(self, src: Connection, hdr: PubHeader, r: MatchResult) -> None:
+        """Remember the delivery list of a reply-less PUB line that reaches only plain client subs."""
+        if hdr.ledger_n and self.ledger is not None:
+            self.ledger.settle(src, hdr)
+        acc = src.account
+        hdr.gen = acc.sublist.generation
+        hdr.memo = hdr.qmemo = None
+        fwd = self.forwarder if acc is self.global_account else None
+        if hdr.reply is not None or hdr.hdr_len >= 0:
+            return
+        memo = self._memo_entries(src, hdr, r.psubs)
+        if memo is None or (fwd is not None and not fwd.memo_entries(hdr.subject, hdr.size, memo)):
+            return
+        if r.qsubs:
+            # queue groups: only on a lone server without a ledger (elsewhere the cluster policy, gateways
+            # and the decision counts need the full path); one member is drawn per message on the fast path
+            if self.queue_picker is not None or fwd is not None or self.ledger is not None:
+                return
+            qmemo = []
+            for group in r.qsubs:
+                entries = self._memo_entries(src, hdr, group)
+                if entries is None:
+                    return
+                if entries:
+                    qmemo.append(entries)
+            hdr.qmemo = qmemo
+        hdr.memo = memo
+
+    @staticmethod
+    def _memo_entries(src: Connection, hdr: PubHeader, subs: list[Subscription]) -> list[tuple] | None:
+        """(conn, line, sub) per client subscription (MSG) and per route with interest (RMSG), or None when
+        one of them needs the full path."""
+        entries = []
+        routes: set[Connection] = set()
+        for sub in subs:
+            conn = sub.conn
+            if conn.kind in LINKS and sub.queue is None:  # one RMSG per route (or worker) with interest
+                if conn not in routes:
+                    routes.add(conn)
+                    entries.append((conn, msg_line(src.account.name, hdr.subject, None, None, -1, hdr.size),
+                                    conn.memo_sub))
+                continue
+            if conn.kind != CLIENT or sub.max_msgs or (conn.perms is not None and conn.perms.deliver_deny):
+                return None
+            if conn is src and not src.echo:
+                continue
+            entries.append((conn, b"MSG %b %b %d\r\n" % (hdr.subject, sub.sid, hdr.size), sub))
+        return entries
+
+    def _route_queues(self, src: Connection, groups: list[list[Subscription]], routes, subject: bytes,
+                      reply: bytes | None, hdr_len: int, data: bytes, echo: bool, only=None):
+        """Pick one member per queue group: local clients and remote routes alike (cluster policy).
+
+        `only`: serve just these queue names (a message a gateway sent for the groups it named)."""
+        delivered = False
+        pick = self.queue_picker
+        for group in groups:
+            if only is not None and group[0].queue not in only:
+                continue
+            if pick is not None:
+                sub = pick(src, group, subject, len(data) - 2)
+            else:
+                members = group if echo else [s for s in group if s.conn is not src]
+                if not members:
+                    continue
+                sub = members[self.random.randrange(len(members))] if len(members) > 1 else members[0]
+            if sub is None:
+                continue
+            if self._serve_member(sub, subject, reply, hdr_len, data):
+                delivered = True
+            else:
+                if routes is None:
+                    routes = {}
+                routes.setdefault(sub.conn, []).append(sub.queue)
+        return routes, delivered
+
+    def _serve_named_queues(self, src: Connection, groups: list[list[Subscription]], routes,
+                            queues: list[bytes] | None, subject: bytes, reply: bytes | None, hdr_len: int,
+                            data: bytes):
+        """A link named the queue groups this server is to serve: one member of each, among the local ones
+        and those behind links of another kind than the sender's (see `deliver_in_cluster`)."""
+        delivered = False
+        if not queues:
+            return routes, delivered
+        src_kind = src.kind
+        for group in groups:
+            if group[0].queue not in queues:
+                continue
+            members = [s for s in group if s.conn.kind != src_kind]
+            if not members:
+                continue
+            if self.queue_picker is not None and any(s.conn.kind in LINKS for s in members):
+                sub = self.queue_picker(src, members, subject, len(data) - 2)
+                if sub is None:
+                    continue
+            else:  # local members only: each as likely
+                sub = members[self.random.randrange(len(members))] if len(members) > 1 else members[0]
+            if self._serve_member(sub, subject, reply, hdr_len, data):
+                delivered = True
+            else:
+                if routes is None:
+                    routes = {}
+                routes.setdefault(sub.conn, []).append(sub.queue)
+        return routes, delivered
+
+    def _serve_member(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int,
+                      data: bytes) -> bool:
+        """The queue member picked: delivered here when it is local (True); else (False) the caller names
+        its queue to the link it stands for."""
+        if sub.conn.kind in (CLIENT, INTERNAL):
+            self._deliver_one(sub, subject, reply, hdr_len, data)
+            return True
+        return False
+
+    def _deliver_one(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int,
+                     data: bytes) -> None:
+        conn = sub.conn
+        sub.delivered += 1
+        conn.deliver(sub, subject, reply, hdr_len, data)
+        if sub.max_msgs and sub.delivered >= sub.max_msgs:
+            conn.subscription_done(sub)
+
+    def _no_responders(self, src: ClientConnection, subject: bytes, reply: bytes) -> None:
+        hdr = b"NATS/1.0 503\r\nNats-Subject: " + subject + b"\r\n\r\n"
+        for sub in src.account.sublist.match(reply).psubs:
+            if sub.conn is src:
+                src.deliver(sub, reply, None, len(hdr), hdr + b"\r\n")
+                return
