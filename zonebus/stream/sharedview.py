@@ -319,16 +319,32 @@ class SharedView(MsgStore):
             return held[1]
         path = self._cache_path(b, e)
         if path is not None:
-            try:
-                data = path.read_bytes()
-                head = L.read_header(data)
-                if head.batch == b and head.epoch == e:
-                    return data
-            except (OSError, L.LayoutError):
-                pass
+            data = self._cached(path, b, e)
+            if data is not None:
+                return data
         data = self.objects.get(self._key(b, e))
         if path is not None:
             self._cache_write(path, data)
+        return data
+
+    def _cached(self, path: Path, b: int, e: int) -> bytes | None:
+        """The cache directory's copy of batch `b` of epoch `e`, every record checked; None when there is none or
+        it is damaged (then it is deleted: the caller reads the shared store's object instead)."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        try:
+            head = L.read_header(data)
+            if head.batch != b or head.epoch != e:
+                raise L.LayoutError(f"it holds batch {head.batch} of epoch {head.epoch}")
+            for _rec in L.iter_records(data):
+                pass
+        except L.LayoutError as exc:
+            log.warning("shared store %s: cached copy %s is damaged (%s); reading the shared store's object",
+                        self.stream, path, exc)
+            path.unlink(missing_ok=True)
+            return None
         return data
 
     def _cache_write(self, path: Path, data: bytes) -> None:
@@ -379,7 +395,12 @@ class SharedView(MsgStore):
             return None
         if data is None:
             return None
-        return L.record_body(data, off)
+        try:  # (a copy checked when it was read may have been evicted and read again from the store since)
+            return L.record_body(data, off, check=True)
+        except L.LayoutError as exc:
+            log.error("shared store %s: message %d is damaged in %s (%s); not served", self.stream, seq,
+                      self._key(b, self.batches.get(b, 0)), exc)
+            return None
 
     def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
         raise ReadOnlyError(f"stream {self.stream}: a shared view is read-only")
