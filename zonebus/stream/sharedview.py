@@ -164,7 +164,10 @@ class SharedView(MsgStore):
                 continue
             if b != self.next_batch:
                 break
-            self._apply_batch(b, e, self._fetch(b, e))
+            try:
+                self._apply_batch(b, e, self._fetch(b, e))
+            except L.LayoutError as exc:  # name the object: damaged data on the store is for an operator to see
+                raise L.LayoutError(f"{self._key(b, e)}: {exc}") from exc
             n += 1
         self.top_epoch = chain.top_epoch
         self.pending_takeover = chain.pending
