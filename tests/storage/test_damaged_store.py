@@ -164,6 +164,8 @@ async def test_damaged_batch_objects(cluster: Cluster) -> None:
         await _acked(ctl, stepped, 10, "the other stream keeps taking publishes")
         assert cluster.alive()
         print(f"{new.info['server_name']} refused to lead DMG: {err['description']}")
+        await nc.jetstream(timeout=5).delete_stream("DMG")  # an operator gives the damaged stream up
+        await until(lambda: not cluster.log_dir("DMG").parent.exists(), "the damaged stream's objects deleted")
     finally:
         stop_ctl.set()
         await ctl_task

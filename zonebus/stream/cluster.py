@@ -214,7 +214,7 @@ class ClusteredJetStream(StreamLists):
             return
         name, before, after = change.key, change.before, change.after
         if after is None:
-            if name in self.svc.streams:
+            if name in self.svc.streams or name in self._damaged:
                 self._chain(name, self._delete(name))
         elif change.gained_leader(self.name):
             self._chain(name, self._lead(after))
@@ -333,11 +333,11 @@ class ClusteredJetStream(StreamLists):
 
     async def _delete(self, name: str) -> None:
         self._ready.pop(name, None)
-        self._damaged.pop(name, None)
+        damaged = self._damaged.pop(name, None) is not None  # (deleting is how an operator gives a stream up)
         stream = self.svc.streams.get(name)
         if stream is not None:
             self.svc.delete_stream(stream)
-        if self.svc.shared is not None and stream is not None and stream.cfg.get("storage") == "file":
+        if self.svc.shared is not None and (damaged or stream is not None and stream.cfg.get("storage") == "file"):
             await asyncio.to_thread(self.svc.shared.delete_stream, name)
 
     async def _wait_ready(self, name: str) -> bool:
