@@ -11,7 +11,10 @@ writer subclass, `SharedStore`, does its own I/O in threads).
 
 Message locations are `(batch << 32) | offset in the batch object`. Batch bytes are kept in a small LRU in
 memory; the cache directory holds copies of batch objects under their shared names (immutable, so a cached
-copy is valid forever and needs no invalidation).
+copy is valid forever and needs no invalidation). A cached copy is checked whole (header and every record's
+CRC) before it is used; a damaged one is deleted and the store's object read instead. A message's record is
+checked again when it is served: a damaged object never yields a payload (`docs/shared-store-layout.md`,
+"Damaged objects").
 """
 
 from __future__ import annotations
