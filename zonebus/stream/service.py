@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
+from zonebus.stream.errors import JSError
 from zonebus.stream.filestore import FileStore
 from zonebus.stream.memstore import MemStore
 from zonebus.stream.shared import CommitOptions, SharedStorage, SharedStore
@@ -91,6 +92,9 @@ class JetStreamService:
         self._timers: list[asyncio.TimerHandle] = []
         self._tmpdir: str | None = None
         self.shared: SharedStorage | None = None
+        # streams on the shared store that a lone server could not take over at start: name -> why (creating
+        # one of them again would delete what is left of it)
+        self.unrecovered: dict[str, str] = {}
         self.started = False
         # zone router hooks (zonebus.zonerouter.serving), None without the router: `tap` takes deliveries and
         # status messages sent to `$ZR.` subjects (pull requests a proxy in another zone serves) and returns
@@ -271,6 +275,10 @@ class JetStreamService:
         if d.exists():
             shutil.rmtree(d, ignore_errors=True)
         created = now_ns()
+        why = self.unrecovered.get(cfg["name"]) if cfg["storage"] == "file" else None
+        if why is not None:
+            raise JSError("stream_store_failed", err=f"stream {cfg['name']} is on the shared store but could not "
+                                                     f"be recovered ({why}); not overwriting it")
         if self.shared is not None and cfg["storage"] == "file":
             # blocking: a takeover is a few round trips to the shared store (stream creation is rare)
             store = self.shared.create_stream(cfg["name"], cfg, created, writer=self.server_name)
@@ -307,8 +315,9 @@ class JetStreamService:
                 continue
             try:
                 self._recover_shared(name)
-            except Exception:
+            except Exception as exc:
                 log.exception("JetStream: could not recover stream %s from the shared store", name)
+                self.unrecovered[name] = f"{type(exc).__name__}: {exc}"
 
     def _recover_shared(self, name: str) -> None:
         assert self.shared is not None
