@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import nats
+import nats.js.errors
 import pytest
 
 from zonebus.storage.fs import ObjectStore
@@ -281,3 +282,34 @@ async def test_claims_deleted_then_leader_killed(cluster: Cluster) -> None:
         await nc.close()
         if victim is not None:
             restart(victim)
+
+
+@pytest.mark.timeout(30)
+async def test_lone_server_does_not_overwrite_a_stream_it_could_not_recover(tmp_path: Path) -> None:
+    """A lone server that starts on a store holding a damaged stream logs why, and an application's usual
+    add_stream at start gets a JetStream error instead of a new, empty stream that would delete the old one."""
+    url = f"file://{tmp_path}/shared"
+    conf = f'jetstream {{ store_dir: "{tmp_path}/local", shared_store: "{url}" }}'
+    server = ServerProcess("zonebus", conf).start()
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=5)
+        await js.add_stream(name="LONE", subjects=["lone.>"])
+        acked = [(await js.publish("lone.x", f"m{i}".encode())).seq for i in range(20)]
+        await nc.close()
+        server.stop()
+        blocks = sorted((tmp_path / "shared" / "streams" / "LONE" / "log").glob("*.blk"))
+        truncate(blocks[1], 0.5)
+        server.start()
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=5)
+        with pytest.raises(nats.js.errors.APIError) as err:
+            await js.add_stream(name="LONE", subjects=["lone.>"])
+        assert err.value.err_code == 10077 and "not overwriting it" in str(err.value.description), err.value
+        await js.add_stream(name="OTHER", subjects=["other.>"])  # the server works on
+        assert (await js.publish("other.x", b"y")).seq == 1
+        await nc.close()
+        assert all(b.exists() for b in blocks) and len(acked) == 20  # nothing deleted
+        assert "could not recover stream LONE" in server.log() and blocks[1].name in server.log()
+    finally:
+        server.stop()
