@@ -271,14 +271,14 @@ class JetStreamService:
         return FileStore(directory / "msgs", sync_always=self._sync_always())
 
     def create_stream(self, cfg: dict[str, Any]) -> Stream:
-        d = self._stream_dir(cfg["name"])
-        if d.exists():
-            shutil.rmtree(d, ignore_errors=True)
-        created = now_ns()
         why = self.unrecovered.get(cfg["name"]) if cfg["storage"] == "file" else None
         if why is not None:
             raise JSError("stream_store_failed", err=f"stream {cfg['name']} is on the shared store but could not "
                                                      f"be recovered ({why}); not overwriting it")
+        d = self._stream_dir(cfg["name"])
+        if d.exists():
+            shutil.rmtree(d, ignore_errors=True)
+        created = now_ns()
         if self.shared is not None and cfg["storage"] == "file":
             # blocking: a takeover is a few round trips to the shared store (stream creation is rare)
             store = self.shared.create_stream(cfg["name"], cfg, created, writer=self.server_name)
