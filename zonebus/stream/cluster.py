@@ -44,6 +44,7 @@ from zonebus.stream.clusterlists import FORWARD, StreamLists, _error, _reply
 from zonebus.stream.hooks import ApiHook
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
+from zonebus.stream.sharedlayout import LayoutError
 from zonebus.stream.sharedstore import Fenced
 from zonebus.stream.store import now_ns
 
@@ -116,6 +117,7 @@ class ClusteredJetStream(StreamLists):
         self.meta: MetaGroup | None = None
         self._early: list[tuple[str, bytes]] = []  # meta frames that came before the group was formed
         self._ready: dict[str, asyncio.Event] = {}  # streams this server serves, once open
+        self._damaged: dict[str, str] = {}  # streams this server leads but cannot serve: why (a damaged object)
         self._chains: dict[str, asyncio.Task] = {}  # per-stream leadership work, in order
         self._tasks: set[asyncio.Task] = set()
         self.meta_formed: list[Any] = []  # callables (MetaGroup) -> None, e.g. the zone router's
@@ -213,7 +215,7 @@ class ClusteredJetStream(StreamLists):
             return
         name, before, after = change.key, change.before, change.after
         if after is None:
-            if name in self.svc.streams:
+            if name in self.svc.streams or name in self._damaged:
                 self._chain(name, self._delete(name))
         elif change.gained_leader(self.name):
             self._chain(name, self._lead(after))
@@ -261,6 +263,7 @@ class ClusteredJetStream(StreamLists):
         rec = current
         name, cfg = rec.name, rec.config
         self._ready.setdefault(name, asyncio.Event()).clear()
+        self._damaged.pop(name, None)
         if cfg.get("storage") == "memory":
             self.svc.adopt_memory(cfg, _created_ns(rec.created))
         else:
@@ -273,6 +276,9 @@ class ClusteredJetStream(StreamLists):
                     store, meta, consumers = await asyncio.to_thread(self._take_over, name, cfg,
                                                                      _created_ns(rec.created))
                     break
+                except LayoutError as exc:  # an object of the stream is damaged: acknowledged messages are gone
+                    self._unservable(name, str(exc))
+                    return
                 except Fenced:  # another writer claimed a higher epoch meanwhile (a stale one): claim above it
                     fenced += 1
                     if fenced == TAKEOVER_ATTEMPTS or self._still_mine(name) is None:
@@ -294,6 +300,14 @@ class ClusteredJetStream(StreamLists):
         self._ready[name].set()
         self.server.log(f"JetStream: leading stream {name} (epoch {rec.epoch})")
 
+    def _unservable(self, name: str, why: str) -> None:
+        """Leading stream `name` is impossible: its shared store holds a damaged object. Requests about it are
+        answered with that error (not left to time out) until the stream moves or is deleted; serving what is
+        left would reuse acknowledged sequences, so an operator decides (repair the object, then step down)."""
+        self._damaged[name] = why
+        self.server.log(f"JetStream: stream {name} cannot be served: its shared store is damaged ({why})", "ERR")
+        self._ready[name].set()
+
     def _take_over(self, name: str, cfg: dict[str, Any], created: int) -> tuple[Any, dict, dict]:
         """Worker thread: become the stream's writer on the shared store (a new epoch fences older writers)."""
         shared = self.svc.shared
@@ -309,6 +323,7 @@ class ClusteredJetStream(StreamLists):
 
     async def _release(self, name: str) -> None:
         self._ready.pop(name, None)
+        self._damaged.pop(name, None)
         self.svc.release(name)
         self.server.log(f"JetStream: no longer leading stream {name}")
 
@@ -319,10 +334,11 @@ class ClusteredJetStream(StreamLists):
 
     async def _delete(self, name: str) -> None:
         self._ready.pop(name, None)
+        damaged = self._damaged.pop(name, None) is not None  # (deleting is how an operator gives a stream up)
         stream = self.svc.streams.get(name)
         if stream is not None:
             self.svc.delete_stream(stream)
-        if self.svc.shared is not None and stream is not None and stream.cfg.get("storage") == "file":
+        if self.svc.shared is not None and (damaged or stream is not None and stream.cfg.get("storage") == "file"):
             await asyncio.to_thread(self.svc.shared.delete_stream, name)
 
     async def _wait_ready(self, name: str) -> bool:
@@ -429,6 +445,12 @@ class ClusteredJetStream(StreamLists):
     async def _serve_local(self, name: str, subject: str, reply: str, headers: bytes | None,
                            payload: bytes, existed: bool = False) -> None:
         if not await self._wait_ready(name):
+            why = self._damaged.get(name)
+            route = self.svc.api._route(subject.split(".")[2:]) if why else None
+            if why and reply:
+                err = JSError("stream_store_failed", err=f"stream {name} is unavailable: its shared store is "
+                                                         f"damaged ({why})")
+                self.svc.send(reply, _error(route[0] if route else "api_response", err))
             return
         toks = subject.split(".")[2:]
         if toks[:3] == CONSUMER_STEPDOWN and len(toks) == 5:

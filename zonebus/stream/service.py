@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
+from zonebus.stream.errors import JSError
 from zonebus.stream.filestore import FileStore
 from zonebus.stream.hooks import TailHook, TapHook, VisibleHook
 from zonebus.stream.memstore import MemStore
@@ -92,6 +93,9 @@ class JetStreamService:
         self._timers: list[asyncio.TimerHandle] = []
         self._tmpdir: str | None = None
         self.shared: SharedStorage | None = None
+        # streams on the shared store that a lone server could not take over at start: name -> why (creating
+        # one of them again would delete what is left of it)
+        self.unrecovered: dict[str, str] = {}
         self.started = False
         # zone router hooks (zonebus.zonerouter.serving), None without the router: `tap` takes deliveries and
         # status messages sent to `$ZR.` subjects (pull requests a proxy in another zone serves) and returns
@@ -271,6 +275,10 @@ class JetStreamService:
         return FileStore(directory / "msgs", sync_always=self._sync_always())
 
     def create_stream(self, cfg: dict[str, Any]) -> Stream:
+        why = self.unrecovered.get(cfg["name"]) if cfg["storage"] == "file" else None
+        if why is not None:
+            raise JSError("stream_store_failed", err=f"stream {cfg['name']} is on the shared store but could not "
+                                                     f"be recovered ({why}); not overwriting it")
         d = self._stream_dir(cfg["name"])
         if d.exists():
             shutil.rmtree(d, ignore_errors=True)
@@ -311,8 +319,9 @@ class JetStreamService:
                 continue
             try:
                 self._recover_shared(name)
-            except Exception:
+            except Exception as exc:
                 log.exception("JetStream: could not recover stream %s from the shared store", name)
+                self.unrecovered[name] = f"{type(exc).__name__}: {exc}"
 
     def _recover_shared(self, name: str) -> None:
         assert self.shared is not None

@@ -189,9 +189,15 @@ def iter_records_from(data: bytes | bytearray, start: int, batch: int = 0,
         off += total
 
 
-def record_body(data: bytes | memoryview, off: int) -> tuple[bytes | None, bytes]:
-    """(headers or None, payload) of the MSG record at `off` (its checksum was checked when it was indexed)."""
-    _total, _k, _seq, _ts, slen, hlen, dlen = _REC_HDR.unpack_from(data, off)
+def record_body(data: bytes | memoryview, off: int, check: bool = False) -> tuple[bytes | None, bytes]:
+    """(headers or None, payload) of the MSG record at `off` (its checksum was checked when it was indexed;
+    `check`: check it again, LayoutError when it fails)."""
+    total, _k, _seq, _ts, slen, hlen, dlen = _REC_HDR.unpack_from(data, off)
+    if check:
+        end = off + total - 4
+        if (total != HDR_LEN + slen + hlen + dlen + 4 or end + 4 > len(data)
+                or zlib.crc32(memoryview(data)[off:end]) != _CRC.unpack_from(data, end)[0]):
+            raise LayoutError(f"record checksum mismatch at {off}")
     p = off + HDR_LEN + slen
     hdrs = bytes(data[p : p + hlen]) if hlen else None
     return hdrs, bytes(data[p + hlen : p + hlen + dlen])

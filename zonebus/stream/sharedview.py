@@ -11,7 +11,10 @@ writer subclass, `SharedStore`, does its own I/O in threads).
 
 Message locations are `(batch << 32) | offset in the batch object`. Batch bytes are kept in a small LRU in
 memory; the cache directory holds copies of batch objects under their shared names (immutable, so a cached
-copy is valid forever and needs no invalidation).
+copy is valid forever and needs no invalidation). A cached copy is checked whole (header and every record's
+CRC) before it is used; a damaged one is deleted and the store's object read instead. A message's record is
+checked again when it is served: a damaged object never yields a payload (`docs/shared-store-layout.md`,
+"Damaged objects").
 """
 
 from __future__ import annotations
@@ -164,7 +167,10 @@ class SharedView(MsgStore):
                 continue
             if b != self.next_batch:
                 break
-            self._apply_batch(b, e, self._fetch(b, e))
+            try:
+                self._apply_batch(b, e, self._fetch(b, e))
+            except L.LayoutError as exc:  # name the object: damaged data on the store is for an operator to see
+                raise L.LayoutError(f"{self._key(b, e)}: {exc}") from exc
             n += 1
         self.top_epoch = chain.top_epoch
         self.pending_takeover = chain.pending
@@ -319,16 +325,32 @@ class SharedView(MsgStore):
             return held[1]
         path = self._cache_path(b, e)
         if path is not None:
-            try:
-                data = path.read_bytes()
-                head = L.read_header(data)
-                if head.batch == b and head.epoch == e:
-                    return data
-            except (OSError, L.LayoutError):
-                pass
+            data = self._cached(path, b, e)
+            if data is not None:
+                return data
         data = self.objects.get(self._key(b, e))
         if path is not None:
             self._cache_write(path, data)
+        return data
+
+    def _cached(self, path: Path, b: int, e: int) -> bytes | None:
+        """The cache directory's copy of batch `b` of epoch `e`, every record checked; None when there is none or
+        it is damaged (then it is deleted: the caller reads the shared store's object instead)."""
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        try:
+            head = L.read_header(data)
+            if head.batch != b or head.epoch != e:
+                raise L.LayoutError(f"it holds batch {head.batch} of epoch {head.epoch}")
+            for _rec in L.iter_records(data):
+                pass
+        except L.LayoutError as exc:
+            log.warning("shared store %s: cached copy %s is damaged (%s); reading the shared store's object",
+                        self.stream, path, exc)
+            path.unlink(missing_ok=True)
+            return None
         return data
 
     def _cache_write(self, path: Path, data: bytes) -> None:
@@ -379,7 +401,12 @@ class SharedView(MsgStore):
             return None
         if data is None:
             return None
-        return L.record_body(data, off)
+        try:  # (a copy checked when it was read may have been evicted and read again from the store since)
+            return L.record_body(data, off, check=True)
+        except L.LayoutError as exc:
+            log.error("shared store %s: message %d is damaged in %s (%s); not served", self.stream, seq,
+                      self._key(b, self.batches.get(b, 0)), exc)
+            return None
 
     def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
         raise ReadOnlyError(f"stream {self.stream}: a shared view is read-only")

@@ -1,22 +1,26 @@
 """One RouterChannel object: the messages of one proxy batch, as the leader reads them back from shared storage.
 
-Layout: `ZRB1`, message count u32, then per message: stream name length u16, subject length u16, header
-block length u32, payload length u32, and those four byte strings. Replies stay with the proxy (the leader
-answers the proxy, which answers its clients).
+Layout: `ZRB2`, message count u32, then per message: stream name length u16, subject length u16, header
+block length u32, payload length u32, and those four byte strings; last, the CRC-32 (zlib/IEEE) of every byte
+before it, so that a damaged object is refused rather than stored (`ZRB1`, from servers before the checksum,
+is the same without it). Replies stay with the proxy (the leader answers the proxy, which answers its clients).
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 
-MAGIC = b"ZRB1"
+MAGIC = b"ZRB2"
+UNCHECKED = b"ZRB1"  # written by servers before the checksum (read during an upgrade)
 _HEAD = struct.Struct("!4sI")
 _MSG = struct.Struct("!HHII")
+_CRC = struct.Struct("!I")
 
 
 class BatchFormatError(ValueError):
-    """An object that is not a router batch, or a truncated one."""
+    """An object that is not a router batch, or a truncated or damaged one."""
 
 
 @dataclass(frozen=True)
@@ -33,13 +37,22 @@ def encode(messages: list[Message]) -> bytes:
         stream, subject = m.stream.encode(), m.subject.encode()
         parts.append(_MSG.pack(len(stream), len(subject), len(m.headers), len(m.payload)))
         parts += (stream, subject, m.headers, m.payload)
-    return b"".join(parts)
+    body = b"".join(parts)
+    return body + _CRC.pack(zlib.crc32(body))
 
 
-def decode(data: bytes) -> list[Message]:
+def decode(raw: bytes) -> list[Message]:
+    data: bytes | memoryview = raw
     try:
         magic, n = _HEAD.unpack_from(data)
-        if magic != MAGIC:
+        if magic == MAGIC:
+            if len(data) < _HEAD.size + _CRC.size:
+                raise BatchFormatError("truncated router batch")
+            end = len(data) - _CRC.size
+            if zlib.crc32(memoryview(data)[:end]) != _CRC.unpack_from(data, end)[0]:
+                raise BatchFormatError("router batch checksum mismatch (a damaged object)")
+            data = memoryview(raw)[:end]
+        elif magic != UNCHECKED:
             raise BatchFormatError(f"not a router batch (magic {magic!r})")
         pos = _HEAD.size
         out = []

@@ -1,0 +1,186 @@
+"""Damage on an s3:// shared store (issue #27): moto behind `zonebus.testing.s3proxy` (S3-like latency),
+publishers awaiting PubAcks.
+
+- A batch object damaged in the bucket under a 3-server cluster: a reader (`SharedView`, this process) refuses
+  it naming the object; servers without a copy answer the stream's requests with a JetStream error (10077);
+  the server that wrote it keeps a checked copy in its cache (on s3:// a writer caches what it uploads), so
+  when the stream is stepped down back to it, it serves every acknowledged message again.
+- Claim objects deleted under a replicated tail: three zones, acknowledged from the replicas while the
+  stream's log object fills (`zone_router_tier` 30 s: nothing stored before the kill). The test deletes every
+  `epochs/<n>.claim` of the stream, then kills the leader (-9). A new leader reads the fenced writer's name
+  from its claim to leave it out of the tail recovery; without the claim it asks every live member, still
+  recovers the dead leader's acknowledged tail from the replicas, and takes over with an epoch above every
+  seal: nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from zonebus.stream import sharedlayout as L
+from zonebus.stream.shared import SharedStorage
+from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
+from zonebus.testing.motos3 import MotoS3, proxied_s3
+from zonebus.testing.polling import until, wait_until
+from zonebus.testing.processes import stop_all
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zonerouter"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stream"))
+from jscluster import start_cluster, wait_meta_leader  # noqa: E402  (the clustered tests' helpers)
+from zrkit import api, full_view, router_info, start_zoned  # noqa: E402  (the zone router tests' helpers)
+
+LAYOUT = [("a1", "z1"), ("b1", "z2"), ("c1", "z3")]
+FULL = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}
+
+
+@pytest.fixture(scope="module")
+def damaged_s3() -> Iterator[MotoS3]:
+    with proxied_s3("zonebus-damaged", seed=4) as s3:
+        yield s3
+
+
+async def _info(nc: nats.NATS, stream: str) -> dict:
+    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+        return await api(nc, f"$JS.API.STREAM.INFO.{stream}", {}, timeout=1.0)
+    return {}
+
+
+async def _leader(nc: nats.NATS, not_: str = "", stream: str = "CLM") -> str:
+    leader = (await _info(nc, stream)).get("cluster", {}).get("leader", "")
+    return leader if leader != not_ else ""
+
+
+@pytest.mark.timeout(60)
+async def test_damaged_batch_object_on_s3(tmp_path: Path, damaged_s3: MotoS3) -> None:
+    url = f"s3://{damaged_s3.bucket}/blk-{tmp_path.name}"
+    servers = start_cluster(tmp_path, failover="1s", shared=url, env=damaged_s3.env())
+    log = f"blk-{tmp_path.name}/streams/S3D/log/"
+    try:
+        await wait_meta_leader(servers)
+        nc = await nats.connect(servers=[x.url for x in servers], max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+        try:
+            await nc.jetstream(timeout=5).add_stream(name="S3D", subjects=["s3d.>"], num_replicas=3)
+            writer = await until(lambda: _leader(nc, stream="S3D"), "the stream's leader")
+            pubs = [FaultPublisher([x.url for x in servers], f"d{k}", f"s3d.d{k}") for k in range(3)]
+            stop = asyncio.Event()
+            tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
+            try:
+                await until(lambda: all_acked_since(pubs, 0, 8), "every publisher acknowledged", timeout=20)
+                client = damaged_s3.client(direct=True)
+                key = [k for k in damaged_s3.keys(log) if k.endswith(".blk")][1]
+                raw = bytearray(client.get_object(Bucket=damaged_s3.bucket, Key=key)["Body"].read())
+                raw[-5] ^= 1  # the last payload byte of its last message
+                await asyncio.to_thread(client.put_object, Bucket=damaged_s3.bucket, Key=key, Body=bytes(raw))
+                name = key.rsplit("/", 1)[1]
+                with pytest.raises(L.LayoutError, match=f"{name}: batch {int(name.split('.')[0])}: record checksum"):
+                    store = SharedStorage(url, endpoint=damaged_s3.endpoint, region=damaged_s3.region, create=False)
+                    await asyncio.to_thread(store.open_view, "S3D")
+                refused: list[str] = []
+                current = writer
+                for _ in range(3):  # around the three servers, back to the one that wrote (and cached) the batch
+                    before = _refusals(servers)
+                    resp = await api(nc, "$JS.API.STREAM.LEADER.STEPDOWN.S3D", {}, timeout=5.0)
+                    assert resp.get("success"), resp
+                    kind, current = await until(lambda b=before, o=current: _moved(nc, servers, b, o),
+                                                "the stream moved", timeout=15)
+                    if kind == "served":
+                        break
+                    refused.append(current)
+                    err = (await _info(nc, "S3D")).get("error", {})
+                    assert err.get("err_code") == 10077 and name in err.get("description", ""), err
+                back = time.monotonic()
+                await until(lambda: all_acked_since(pubs, back, 5), "publishing healed on the writer", timeout=20)
+            finally:
+                stop.set()
+                await asyncio.gather(*tasks)
+            leader = await _leader(nc, stream="S3D")
+            report = check(pubs, await read_back(nc, "S3D"))
+        finally:
+            await nc.close()
+    finally:
+        stop_all(servers)
+    print(f"{name} damaged on s3; {len(refused)} server(s) refused the stream, {leader} (the writer {writer}) "
+          f"served it from its cache; {report.line()}")
+    assert leader == writer and len(refused) == 2, (leader, writer, refused)
+    assert report.lost == [] and report.unknown == [] and report.order == [], report.line()
+
+
+def _refusals(servers: list) -> dict[str, int]:
+    return {x.info["server_name"]: x.log().count("stream S3D cannot be served") for x in servers}
+
+
+async def _moved(nc: nats.NATS, servers: list, before: dict[str, int], old: str) -> tuple[str, str] | None:
+    """After a stepdown from `old`: ("refused", server) once a server logged that it cannot serve the stream,
+    ("served", server) once another server serves it; None before."""
+    grew = [n for n, c in _refusals(servers).items() if c > before[n]]
+    if grew:
+        return "refused", grew[0]
+    leader = (await _info(nc, "S3D")).get("cluster", {}).get("leader", "")
+    return ("served", leader) if leader and leader != old else None
+
+
+@pytest.mark.timeout(90)
+async def test_claims_deleted_on_s3_then_leader_killed(tmp_path: Path, damaged_s3: MotoS3) -> None:
+    prefix = f"claims-{tmp_path.name}"
+    extra = (f', zone_router_tier: "30s", s3 {{ endpoint: "{damaged_s3.endpoint}", region: "{damaged_s3.region}" }}')
+    zoned = start_zoned(tmp_path, LAYOUT, shared=f"s3://{damaged_s3.bucket}/{prefix}", js_extra=extra,
+                        env=damaged_s3.env(endpoint=False))
+    s = zoned.servers
+    epochs = f"{prefix}/streams/CLM/epochs/"
+    try:
+        await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
+        nc = await nats.connect(servers=[x.url for x in s.values()], max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.1)
+        try:
+            resp: dict = {}
+            for _ in range(50):
+                resp = await api(nc, "$JS.API.STREAM.CREATE.CLM", {"name": "CLM", "subjects": ["clm.>"],
+                                                                  "storage": "file"})
+                if "error" not in resp:
+                    break
+                await asyncio.sleep(0.2)
+            assert "error" not in resp, resp
+            leader = await until(lambda: _leader(nc), "the stream's leader")
+            pubs = [FaultPublisher(x.url, f"p-{n}", f"clm.{n}", zone=zoned.zones[n]) for n, x in s.items()]
+            stop = asyncio.Event()
+            tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
+            try:
+                started = time.monotonic()
+                await until(lambda: all_acked_since(pubs, started, 20), "every publisher acknowledged", timeout=30)
+                client = damaged_s3.client(direct=True)
+                claims = [k for k in damaged_s3.keys(epochs) if k.endswith(".claim")]
+                assert claims
+                for key in claims:
+                    await asyncio.to_thread(client.delete_object, Bucket=damaged_s3.bucket, Key=key)
+                seals = [int(k.rsplit("/", 1)[1].split(".")[0]) for k in damaged_s3.keys(epochs) if k.endswith(".seal")]
+                more = time.monotonic()
+                await until(lambda: all_acked_since(pubs, more, 10), "acks go on without claims", timeout=20)
+                assert router_info(s[leader])["tail"]["ack"] == "replicas"
+                s[leader].kill()
+                killed = time.monotonic()
+                new = await until(lambda: _leader(nc, not_=leader), "another leader", timeout=30)
+                await until(lambda: all_acked_since([p for p in pubs if p.who != f"p-{leader}"], killed, 10),
+                            "publishing healed after the kill", timeout=30)
+            finally:
+                stop.set()
+                await asyncio.gather(*tasks, return_exceptions=True)  # the dead server's publisher fails to close
+            recovered = router_info(s[new])["tail"]["recovered_bytes"]
+            report = check(pubs, await read_back(nc, "CLM"))
+            after = [int(k.rsplit("/", 1)[1].split(".")[0]) for k in damaged_s3.keys(epochs) if k.endswith(".seal")]
+        finally:
+            await nc.close()
+    finally:
+        zoned.stop()
+    print(f"claims {claims} deleted, leader {leader} killed; {new} recovered {recovered} bytes of its tail with "
+          f"seal {max(after)} (seals before: {seals}); {report.line()}")
+    assert recovered > 0
+    assert max(after) > max(seals), (seals, after)
+    assert report.lost == [], report.lost[:10]
+    assert report.order == [] and report.unknown == [], (report.order[:10], report.unknown[:10])
