@@ -21,7 +21,8 @@ worker, once its node started (its internal subscriptions made, JetStream's `$JS
 them), sends `wready` on each link after the interest it told there (`announce_ready`, and on every link
 that comes up later), and a starting worker accepts no client before every other worker's `wready` came
 (`peers_ready`). So a client that connects as soon as the port answers and at once asks JetStream for
-something finds its API on whichever worker the kernel gave it to.
+something finds its API on whichever worker the kernel gave it to. Once it accepts clients it says so
+(`wready serving`, `announce_serving`): only then do the others hand clients over to it (migrate.py).
 Owned by the event loop thread.
 """
 
@@ -182,6 +183,8 @@ class LocalMesh:
         self.channels.register(SYNC, self._on_sync)
         self.ready = False  # this worker's node started (announce_ready): its links are told `wready`
         self.ready_peers: set[int] = set()  # the workers whose `wready` came on their live link
+        self.serving = False  # this worker accepts clients (announce_serving)
+        self.serving_peers: set[int] = set()  # the workers that said so: clients may be handed over to them
         self._peers_changed = asyncio.Event()
         self.channels.register(READY, self._on_ready)
         # the worker that holds the server's routes and gateways (worker 0, when they are configured) relays:
@@ -222,6 +225,13 @@ class LocalMesh:
             if not link.closed:
                 link.send_frame(_READY, b"")
 
+    def announce_serving(self) -> None:
+        """This worker accepts clients: the others may hand clients over to it from now on."""
+        self.serving = True
+        for link in self.links.values():
+            if not link.closed:
+                link.send_frame(_READY, b"serving")
+
     async def peers_ready(self, link_deadline: float, cap: float) -> list[int]:
         """Wait until every other worker said `wready` (its start-up interest is here): a worker with a link
         is waited for until `cap`, one without a link only until `link_deadline` (loop times). Returns the
@@ -247,6 +257,8 @@ class LocalMesh:
         link = self.channels.links.get(peer)
         if isinstance(link, LocalLink) and self.links.get(link.peer) is link:
             self.ready_peers.add(link.peer)
+            if payload == b"serving":
+                self.serving_peers.add(link.peer)
             self._peers_changed.set()
 
     async def stop(self) -> None:
@@ -306,8 +318,9 @@ class LocalMesh:
         self.channels.link_up(conn)
         self._ask(conn)
         if self.ready:
-            conn.send_frame(_READY, b"")
+            conn.send_frame(_READY, b"serving" if self.serving else b"")
         self.ready_peers.discard(peer)  # (a restarted worker: ready once it says so again)
+        self.serving_peers.discard(peer)
         self._peers_changed.set()
         return True
 
@@ -322,6 +335,7 @@ class LocalMesh:
             return
         del self.links[conn.peer]
         self.ready_peers.discard(conn.peer)
+        self.serving_peers.discard(conn.peer)
         self._peers_changed.set()
         conn.drop_remote_interest()
         self.channels.link_down(conn)

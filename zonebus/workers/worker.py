@@ -107,6 +107,7 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
         await asyncio.wait((serving, waiting), return_when=asyncio.FIRST_COMPLETED)  # the others' has come
         if not serving.done():
             await server.serve_clients()
+            mesh.announce_serving()
             spec.ready_path(spec.index).touch()
         waiting.cancel()
         await serving
