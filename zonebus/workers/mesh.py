@@ -199,7 +199,8 @@ class LocalMesh:
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self, wait: float) -> None:
         """Listen, dial the lower workers, and wait (at most `wait` seconds) for a first confirmed exchange
-        with every other worker, so that clients of this worker find the others' interest from the start."""
+        with every other worker, so that what this worker's node tells them as it starts reaches them (clients
+        wait for more: `peers_ready`)."""
         self._running = True
         loop = self.server.loop
         path = self.spec.socket_path(self.index)
