@@ -99,10 +99,11 @@ class RouteConnection(LinkConnection):
         for sub in self.server.sublist.match(subject).psubs:
             conn = sub.conn
             kind = conn.kind
-            if kind == CLIENT and not sub.max_msgs:
+            if kind == CLIENT and not sub.max_msgs and (conn.perms is None or not conn.perms.deliver_deny):
                 entries.append((conn, b"MSG %b %b %d\r\n" % (subject, sub.sid, size), sub))
             elif kind in (INTERNAL, CLIENT):
-                return None  # internal subscribers and auto-unsubscribing ones take the full path
+                return None  # internal subscribers, auto-unsubscribing ones and deny patterns inside a wildcard
+                # subscription (checked per delivery, ClientConnection.deliver) take the full path
             elif kind != self.kind and kind in LINKS and conn not in links:
                 links.add(conn)
                 entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))

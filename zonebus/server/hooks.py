@@ -7,7 +7,7 @@ through the attributes below. The core calls them; it never imports them.
 
 | attribute on Server | type | called when |
 |---|---|---|
-| `add_extension(ext)` | `Extension` | `start()` after the client listener is up, `stop()` at shutdown (reverse order) |
+| `add_extension(ext)` | `Extension` | `start()` before clients are accepted, `stop()` at shutdown (reverse order) |
 | `interest_watchers` | list of `InterestWatcher` | every subscription added to / removed from the global account |
 | `account_watchers` | list of `AccountWatcher` | the same in any other account (routes carry accounts) |
 | `local_watchers` | list of `AccountWatcher` | an internal subscription that stays on this server (`local`) |

@@ -6,14 +6,26 @@ port)`; the command line prints the message and exits with status 1, as nats-ser
 
 `reuse_port(workers)`: whether the client listener shares its port with the other worker processes of the same
 server (`workers` above 1, zonebus.workers): SO_REUSEPORT, where the kernel spreads new connections over them.
+Every kind of client listener (plain, TLS after a plain INFO, `handshake_first`) shares it the same way.
+
+`open_clients(server)`: the client listener in two steps, `ClientListener`: its port is bound at once (a port
+in use fails there, a random one is known), but it listens (and accepts) only from `serve()`, which the
+server calls once its extensions (JetStream's API, ...) have started, or a worker once the other workers'
+interest has reached it (zonebus.workers). A socket bound but not listening gets no connections: the kernel
+gives them to the listening workers (SO_REUSEPORT) or refuses them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from zonebus.server.server import Server
 
 
 class ListenError(OSError):
@@ -34,3 +46,52 @@ def naming(what: str, host: str, port: int) -> Iterator[None]:
 def reuse_port(workers: int) -> bool:
     """The client listener binds with SO_REUSEPORT: this process is one of `workers` processes of one server."""
     return workers > 1 and hasattr(socket, "SO_REUSEPORT")
+
+
+class ClientListener(Protocol):
+    """The client port, bound; `serve()` starts listening and accepting, `close()` stops both."""
+
+    port: int
+
+    async def serve(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _PlainListener:
+    """Plain TCP, or TLS from the first byte (`handshake_first`): an asyncio server started later."""
+
+    def __init__(self, srv: asyncio.base_events.Server) -> None:
+        self.srv = srv
+        self.port = srv.sockets[0].getsockname()[1]
+
+    async def serve(self) -> None:
+        await self.srv.start_serving()
+        for sock in self.srv.sockets:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def close(self) -> None:
+        self.srv.close()
+
+
+async def open_clients(server: Server) -> ClientListener:
+    """Bind the client port of `server.opts` (host, port; port 0 picks one), with SO_REUSEPORT when the server
+    is one of several workers; TLS as its `tls {}` block says (`server.client_tls` / `client_tls_context`)."""
+    from zonebus.server.client import ClientConnection
+
+    opts = server.opts
+    shared = reuse_port(opts.workers)
+    with naming("clients", opts.host, opts.port):
+        if server.client_tls is not None:  # INFO in the clear, then TLS (zonebus.server.tls)
+            from zonebus.server.tls import InfoFirstListener
+
+            listener = InfoFirstListener(server, server.client_tls, opts.tls.timeout)  # type: ignore[union-attr]
+            listener.bind(opts.host, opts.port, shared)
+            return listener
+        tls_kw: dict[str, Any] = {}
+        if server.client_tls_context is not None:  # handshake_first: the listener itself is TLS
+            tls_kw = {"ssl": server.client_tls_context, "ssl_handshake_timeout": opts.tls.timeout}  # type: ignore[union-attr]
+        srv = await server.loop.create_server(
+            lambda: ClientConnection(server), opts.host, opts.port, reuse_address=True, backlog=1024,
+            reuse_port=shared, start_serving=False, **tls_kw)
+        return _PlainListener(srv)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from zonebus.server.hooks import (
     QueuePicker,
 )
 from zonebus.server.identity import new_server_id
-from zonebus.server.listening import naming, reuse_port
+from zonebus.server.listening import ClientListener, open_clients
 from zonebus.server.logins import ClientLogins
 from zonebus.server.routing import MessageRouting
 from zonebus.subjects.sublist import Sublist, Subscription
@@ -71,7 +70,10 @@ class Server(ClientLogins, MessageRouting):
         self.slow_consumers = 0
         self.stale_connections = 0
         self.total_connections = 0
-        self._servers: list[asyncio.base_events.Server] = []
+        self._servers: list[ClientListener] = []
+        self._listener: ClientListener | None = None  # the client port (zonebus.server.listening)
+        self._accepting = False  # serve_clients() ran
+        self.serve_at_start = True  # False: clients are accepted from serve_clients() (zonebus.workers)
         self.lame_duck = False  # `--signal ldm`: see zonebus.server.lameduck
         self._shutdown = asyncio.Event()
         self.monitor = None
@@ -117,32 +119,15 @@ class Server(ClientLogins, MessageRouting):
         self.system.start()
         if opts.port < 0:  # nats-server's "random port"
             opts.port = 0
-        tls_kw: dict[str, Any] = {}
         if opts.tls is not None:
             from zonebus.server.tls import server_context
 
             ctx = self.client_tls_context = server_context(opts.tls)
-            if opts.tls.handshake_first:
-                tls_kw = {"ssl": ctx, "ssl_handshake_timeout": opts.tls.timeout}
-            else:
+            if not opts.tls.handshake_first:
                 self.client_tls = ctx
-        if self.client_tls is not None:  # INFO in the clear, then TLS (zonebus.server.tls)
-            from zonebus.server.tls import InfoFirstListener
-
-            listener = InfoFirstListener(self, self.client_tls, opts.tls.timeout)  # type: ignore[union-attr]
-            with naming("clients", opts.host, opts.port):
-                opts.port = listener.start(opts.host, opts.port)
-            self._servers.append(listener)  # type: ignore[arg-type]
-        else:
-            with naming("clients", opts.host, opts.port):
-                srv = await self.loop.create_server(
-                    lambda: ClientConnection(self), opts.host, opts.port, reuse_address=True, backlog=1024,
-                    reuse_port=reuse_port(opts.workers), **tls_kw)
-            for sock in srv.sockets:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._servers.append(srv)
-            if opts.port == 0:
-                opts.port = srv.sockets[0].getsockname()[1]
+        self._listener = await open_clients(self)  # bound now, accepting from serve_clients()
+        self._servers.append(self._listener)
+        opts.port = self._listener.port
         self._info_base = self._build_info()
         if opts.ledger.enabled:
             from zonebus.server.ledger_hooks import LedgerHooks
@@ -161,13 +146,25 @@ class Server(ClientLogins, MessageRouting):
                 self.log(f"monitoring on http://{opts.http_host or opts.host}:{opts.http_port}")
             if opts.https_port:
                 self.log(f"monitoring on https://{opts.http_host or opts.host}:{opts.https_port}")
+        if self.serve_at_start:
+            await self.serve_clients()
+
+    async def serve_clients(self) -> None:
+        """Accept clients (once, after `start`): by `start` itself once the extensions started, or later by
+        whoever set `serve_at_start` False (a worker, once it has the other workers' interest)."""
+        if self._listener is None or self._accepting or self.lame_duck:
+            return
+        self._accepting = True
+        await self._listener.serve()
+        opts = self.opts
         self.log(f"zonebus {SERVER_VERSION} listening for clients on {opts.host}:{opts.port} ({self.name})")
         if opts.tls is not None:
             self.log("TLS required for client connections"
                      + (" (handshake first)" if opts.tls.handshake_first else ""))
 
     def add_extension(self, ext: Extension) -> None:
-        """Started after the client listener (in the order added), stopped at shutdown in reverse."""
+        """Started after the client port is bound and before clients are accepted (in the order added), stopped
+        at shutdown in reverse."""
         self.extensions.append(ext)
 
     async def serve_forever(self) -> None:

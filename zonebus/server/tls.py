@@ -164,16 +164,35 @@ class InfoFirstListener:
         self.ctx = ctx
         self.timeout = timeout
         self.sock: socket.socket | None = None
+        self.port = 0
         self._task: asyncio.Task | None = None
         self._pending: set[asyncio.Task] = set()
 
-    def start(self, host: str, port: int) -> int:
-        """Listen on host:port; returns the port bound."""
-        sock = socket.create_server((host or "0.0.0.0", port), backlog=1024)
+    def bind(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Bind host:port (not listening yet: `serve()`); returns the port bound. `reuse_port`: SO_REUSEPORT,
+        the port shared with the server's other worker processes, as the plain listener does it
+        (zonebus.server.listening)."""
+        host = host or "0.0.0.0"
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+        except BaseException:
+            sock.close()
+            raise
         sock.setblocking(False)
         self.sock = sock
+        self.port = sock.getsockname()[1]
+        return self.port
+
+    async def serve(self) -> None:
+        """Listen and accept (after `bind`)."""
+        if self.sock is None or self._task is not None:
+            return
+        self.sock.listen(1024)
         self._task = self.server.loop.create_task(self._accept_loop())
-        return sock.getsockname()[1]
 
     def close(self) -> None:
         if self._task is not None:

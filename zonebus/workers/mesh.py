@@ -16,7 +16,13 @@ forwarded, has not been confirmed by a peer (`wsync`: an ask the peer answers on
 sent before it), the PONGs this worker owes are held (`pong_gate`) and sent once every live peer confirmed.
 A held PONG goes out with `send_pong()`: a client's first one lets the async INFO (the cluster's client
 URLs) held back until then follow it, as nats-server does (nats-py's connect reads the line after its PING).
-A worker starts serving clients only after a first such exchange with every worker that is up.
+A worker starts serving clients only once it holds the whole start-up interest of every other worker: each
+worker, once its node started (its internal subscriptions made, JetStream's `$JS.API.>` on worker 0 among
+them), sends `wready` on each link after the interest it told there (`announce_ready`, and on every link
+that comes up later), and a starting worker accepts no client before every other worker's `wready` came
+(`peers_ready`). So a client that connects as soon as the port answers and at once asks JetStream for
+something finds its API on whichever worker the kernel gave it to. Once it accepts clients it says so
+(`wready serving`, `announce_serving`): only then do the others hand clients over to it (migrate.py).
 Owned by the event loop thread.
 """
 
@@ -49,11 +55,13 @@ REMOTE = "wremote"  # the part of a queue weight that stands for members behind 
 _REMOTE = REMOTE.encode()
 URLS = "wurls"  # the cluster's client URLs for the clients' INFO (worker 0 tells)
 _URLS = URLS.encode()
+READY = "wready"  # the sender's node started: all its start-up interest came before this frame
+_READY = READY.encode()
 USER = "worker"
 LINK_PENDING = 256 * 1024 * 1024  # bytes queued to a peer worker before its link is cut
 HOLD_MAX = 2.0  # seconds a PONG is held at most when a peer does not confirm (it is stuck or dying)
 _LOCAL = (CLIENT, INTERNAL)
-_NOT_MESSAGES = (_SYNC, b"wstats", b"wmove", _REMOTE, _URLS)
+_NOT_MESSAGES = (_SYNC, b"wstats", b"wmove", _REMOTE, _URLS, _READY)
 
 
 class _Everything:
@@ -173,6 +181,12 @@ class LocalMesh:
         self._running = False
         self._synced_once = asyncio.Event()
         self.channels.register(SYNC, self._on_sync)
+        self.ready = False  # this worker's node started (announce_ready): its links are told `wready`
+        self.ready_peers: set[int] = set()  # the workers whose `wready` came on their live link
+        self.serving = False  # this worker accepts clients (announce_serving)
+        self.serving_peers: set[int] = set()  # the workers that said so: clients may be handed over to them
+        self._peers_changed = asyncio.Event()
+        self.channels.register(READY, self._on_ready)
         # the worker that holds the server's routes and gateways (worker 0, when they are configured) relays:
         # it tells the others the routes' interest too (`remote`: its queue weights), and `>` with gateways
         self.relay = False
@@ -185,7 +199,8 @@ class LocalMesh:
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self, wait: float) -> None:
         """Listen, dial the lower workers, and wait (at most `wait` seconds) for a first confirmed exchange
-        with every other worker, so that clients of this worker find the others' interest from the start."""
+        with every other worker, so that what this worker's node tells them as it starts reaches them (clients
+        wait for more: `peers_ready`)."""
         self._running = True
         loop = self.server.loop
         path = self.spec.socket_path(self.index)
@@ -201,7 +216,51 @@ class LocalMesh:
                 await asyncio.wait_for(self._synced_once.wait(), wait)
         missing = [j for j in range(self.spec.count) if j != self.index and not self._confirmed(j)]
         if missing:
-            self.server.log(f"worker {self.index}: no local link to worker(s) {missing} yet; serving anyway", "WRN")
+            self.server.log(f"worker {self.index}: no local link to worker(s) {missing} yet", "WRN")
+
+    def announce_ready(self) -> None:
+        """This worker's node started: tell every link (and every link from now on) that all the interest it
+        has at start went before (`wready`)."""
+        self.ready = True
+        for link in self.links.values():
+            if not link.closed:
+                link.send_frame(_READY, b"")
+
+    def announce_serving(self) -> None:
+        """This worker accepts clients: the others may hand clients over to it from now on."""
+        self.serving = True
+        for link in self.links.values():
+            if not link.closed:
+                link.send_frame(_READY, b"serving")
+
+    async def peers_ready(self, link_deadline: float, cap: float) -> list[int]:
+        """Wait until every other worker said `wready` (its start-up interest is here): a worker with a link
+        is waited for until `cap`, one without a link only until `link_deadline` (loop times). Returns the
+        workers waited for in vain (logged: this worker serves clients without their interest)."""
+        loop = self.server.loop
+        while True:
+            now = loop.time()
+            waiting = [j for j in range(self.spec.count) if j != self.index and j not in self.ready_peers
+                       and (j in self.links or now < link_deadline)]
+            if not waiting or now >= cap:
+                break
+            self._peers_changed.clear()
+            until = cap if all(j in self.links for j in waiting) else min(cap, link_deadline)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._peers_changed.wait(), max(0.0, until - now))
+        missing = [j for j in range(self.spec.count) if j != self.index and j not in self.ready_peers]
+        if missing:
+            self.server.log(f"worker {self.index}: worker(s) {missing} not started; serving clients without "
+                            "their interest until they are", "WRN")
+        return missing
+
+    def _on_ready(self, peer: str, payload: bytes) -> None:
+        link = self.channels.links.get(peer)
+        if isinstance(link, LocalLink) and self.links.get(link.peer) is link:
+            self.ready_peers.add(link.peer)
+            if payload == b"serving":
+                self.serving_peers.add(link.peer)
+            self._peers_changed.set()
 
     async def stop(self) -> None:
         self._running = False
@@ -259,6 +318,11 @@ class LocalMesh:
             conn.send_frame(_URLS, json.dumps(self.server.connect_urls() if self.server.connect_urls else []).encode())
         self.channels.link_up(conn)
         self._ask(conn)
+        if self.ready:
+            conn.send_frame(_READY, b"serving" if self.serving else b"")
+        self.ready_peers.discard(peer)  # (a restarted worker: ready once it says so again)
+        self.serving_peers.discard(peer)
+        self._peers_changed.set()
         return True
 
     def route_info_update(self, conn: LocalLink, info: dict[str, Any]) -> None:
@@ -271,6 +335,9 @@ class LocalMesh:
         if self.links.get(conn.peer) is not conn:
             return
         del self.links[conn.peer]
+        self.ready_peers.discard(conn.peer)
+        self.serving_peers.discard(conn.peer)
+        self._peers_changed.set()
         conn.drop_remote_interest()
         self.channels.link_down(conn)
         if self._running:

@@ -18,6 +18,8 @@ generation) all go to exactly one local link and nowhere else; such a client is 
    leftover bytes first and reads on: the client notices nothing, and its next messages are delivered in
    the process of its subscribers. A client moves once; clients over TLS or of a server with authorization
    never move (their state is not all in the CONNECT options).
+Clients are handed only to a worker that accepts clients itself (`LocalMesh.serving_peers`): one still
+starting may not have the other workers' interest yet.
 Owned by the event loop thread.
 """
 
@@ -92,7 +94,7 @@ class Migrator:
             return False
         if isinstance(conn, _Adopted) or self.server.opts.tls is not None:
             return True
-        least = min((n, i) for i, n in enumerate(slots) if i in self.mesh.links or i == self.mesh.index)[1]
+        least = min((n, i) for i, n in enumerate(slots) if i in self.mesh.serving_peers or i == self.mesh.index)[1]
         if slots[least] >= own or least == self.mesh.index:
             return True
         return not self._hand_over(conn, self.mesh.links[least], fresh=True)
@@ -133,7 +135,8 @@ class Migrator:
             if memo is None or hdr.qmemo is not None or len(memo) != 1:
                 return None
             link = memo[0][0]
-            if not isinstance(link, LocalLink) or (target is not None and link is not target):
+            if not isinstance(link, LocalLink) or (target is not None and link is not target) \
+                    or link.peer not in self.mesh.serving_peers:  # (a worker still starting takes no clients)
                 return None
             target = link
         return target

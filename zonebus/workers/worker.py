@@ -1,8 +1,10 @@
 """One worker process: `python -m zonebus.workers.worker <dir> <index>`, started by the supervisor.
 
 It reads the server's options from the supervisor's directory, builds an ordinary node (`zonebus.node`)
-with the shared server id and name, joins the local mesh before it takes clients (`mesh.py`), and then
-serves the shared client port until SIGTERM/SIGINT (SIGHUP reloads, SIGUSR2 enters lame duck mode, as a
+with the shared server id and name, joins the local mesh (`mesh.py`), starts the node, and takes clients
+only once every other worker's start-up interest has reached it (`wready`: a client that asks worker 0's
+JetStream as soon as the port answers gets its answer from any worker); it then serves the shared client
+port until SIGTERM/SIGINT (SIGHUP reloads, SIGUSR2 enters lame duck mode, as a
 lone server). Worker 0 also runs the monitoring port (with `/varz` and `/connz` of all workers) and
 JetStream; the others announce JetStream in their INFO and reach it over the local links. Durable queue
 groups: worker 0 is their primary, the others forward to it over the local links (zonebus.queue.service).
@@ -26,7 +28,8 @@ from zonebus.options import ServerOptions
 from zonebus.server.runtime import prepare_runtime
 from zonebus.workers import OPTIONS_FILE, WorkerSpec
 
-MESH_WAIT = 10.0  # seconds a starting worker waits for the others before it serves clients anyway
+MESH_WAIT = 10.0  # seconds a starting worker waits for a link to each other worker before it serves clients anyway
+READY_WAIT = 60.0  # seconds it waits at most for a linked worker to finish starting (JetStream recovering its store)
 PARENT_CHECK = 0.5  # seconds between two looks at whether the supervisor is still there
 PR_SET_PDEATHSIG = 1
 
@@ -53,7 +56,8 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     server.name = opts.server_name or spec.server_id
     server._cid = spec.index * CID_BLOCK  # client ids unique across the workers (one /connz)
     server.system_requests = first  # $SYS.REQ.SERVER.* answered once, by the worker that sums the others
-    server.loop = asyncio.get_running_loop()
+    server.loop = loop = asyncio.get_running_loop()
+    server.serve_at_start = False  # clients once every worker's interest is here (below)
     mesh = LocalMesh(server, spec)
     server.interest_watchers.append(mesh)
     server.account_watchers.append(mesh)
@@ -83,6 +87,7 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     counts.start()
     if zoned:
         _client_zones(node, mesh, stats, counts, first)
+    began = loop.time()
     await mesh.start(MESH_WAIT)
     migrator = Migrator(server, mesh, counts)  # balanced clients; publishers join their subscribers
     migrator.start()
@@ -91,14 +96,21 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
         await node.start()
         if routed is not None and first and node.jetstream is not None:
             routed.attach(node.jetstream.service.client)
-        spec.ready_path(spec.index).touch()
-        loop = server.loop
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_shutdown)
         loop.add_signal_handler(signal.SIGHUP, node.reload)
         loop.add_signal_handler(signal.SIGUSR2, server.enter_lame_duck)
         _watch_parent(server, os.getppid())
-        await server.serve_forever()
+        serving = loop.create_task(server.serve_forever())  # done at SIGTERM, also while still waiting
+        mesh.announce_ready()  # this worker's start-up interest (JetStream's API on worker 0) is told
+        waiting = loop.create_task(mesh.peers_ready(began + MESH_WAIT, began + READY_WAIT))
+        await asyncio.wait((serving, waiting), return_when=asyncio.FIRST_COMPLETED)  # the others' has come
+        if not serving.done():
+            await server.serve_clients()
+            mesh.announce_serving()
+            spec.ready_path(spec.index).touch()
+        waiting.cancel()
+        await serving
     finally:
         await server.shutdown()
         await mesh.stop()
