@@ -78,8 +78,36 @@ def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = No
     raise TimeoutError(f"server on port {port} did not send INFO: {last}")
 
 
+class ServerPages:
+    """What a started server process on 127.0.0.1 offers its caller: its client URL and its monitoring pages
+    (shared by `LocalServer` and the test harness's `ServerProcess`)."""
+
+    port: int
+    http_port: int | None
+
+    def _wait_http(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            try:
+                self.http_get("/healthz")
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise TimeoutError("monitoring port did not answer")
+
+    def http_get(self, path: str) -> dict:
+        """A monitoring page as JSON (`{"text": ...}` for a page that is not JSON)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as resp:
+            body = resp.read()
+        return json.loads(body) if body.strip().startswith(b"{") else {"text": body.decode()}
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+
+
 @dataclass
-class LocalServer:
+class LocalServer(ServerPages):
     """One `zonebus server` process on 127.0.0.1: `config` in `workdir/server.conf`, its log in
     `workdir/server.log`; `workers` processes (one by default: several servers share this machine)."""
 
@@ -113,25 +141,6 @@ class LocalServer:
             self.stop()
             raise RuntimeError(f"zonebus server failed to start; log:\n{self.log()}")
         return self
-
-    def _wait_http(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            try:
-                self.http_get("/healthz")
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise TimeoutError("monitoring port did not answer")
-
-    def http_get(self, path: str) -> dict:
-        """A monitoring page as JSON (`{"text": ...}` for a page that is not JSON)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as resp:
-            body = resp.read()
-        return json.loads(body) if body.strip().startswith(b"{") else {"text": body.decode()}
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:

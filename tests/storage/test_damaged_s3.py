@@ -27,6 +27,7 @@ import pytest
 from zonebus.stream import sharedlayout as L
 from zonebus.stream.shared import SharedStorage
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
+from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, proxied_s3
 from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import stop_all
@@ -139,14 +140,8 @@ async def test_claims_deleted_on_s3_then_leader_killed(tmp_path: Path, damaged_s
         nc = await nats.connect(servers=[x.url for x in s.values()], max_reconnect_attempts=-1,
                                 reconnect_time_wait=0.1)
         try:
-            resp: dict = {}
-            for _ in range(50):
-                resp = await api(nc, "$JS.API.STREAM.CREATE.CLM", {"name": "CLM", "subjects": ["clm.>"],
-                                                                  "storage": "file"})
-                if "error" not in resp:
-                    break
-                await asyncio.sleep(0.2)
-            assert "error" not in resp, resp
+            await create_stream_retrying(nc, {"name": "CLM", "subjects": ["clm.>"], "storage": "file"},
+                                         time.monotonic() + 15, "CLM")
             leader = await until(lambda: _leader(nc), "the stream's leader")
             pubs = [FaultPublisher(x.url, f"p-{n}", f"clm.{n}", zone=zoned.zones[n]) for n, x in s.items()]
             stop = asyncio.Event()

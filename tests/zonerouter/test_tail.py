@@ -18,6 +18,7 @@ import pytest
 from zrkit import api, full_view, router_info, start_zoned
 
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
+from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, proxied_s3
 from zonebus.testing.polling import until, wait_until
 
@@ -54,13 +55,8 @@ async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: Mot
         nc = await nats.connect(servers=[x.url for x in s.values()], max_reconnect_attempts=-1,
                                 reconnect_time_wait=0.1)
         try:
-            for _ in range(50):
-                resp = await api(nc, "$JS.API.STREAM.CREATE.TAIL", {"name": "TAIL", "subjects": ["t.>"],
-                                                                    "storage": "file"})
-                if "error" not in resp:
-                    break
-                await asyncio.sleep(0.2)
-            assert "error" not in resp, resp
+            await create_stream_retrying(nc, {"name": "TAIL", "subjects": ["t.>"], "storage": "file"},
+                                         time.monotonic() + 15, "TAIL")
             leader = await until(lambda: _leader(nc), "the stream's leader")
             pubs = [FaultPublisher(x.url, f"p-{n}", f"t.{n}", zone=zoned.zones[n]) for n, x in s.items()]
             stop = asyncio.Event()

@@ -24,11 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zonebus.localservers import free_port, wait_for_info
+from zonebus.localservers import ServerPages, free_port, wait_for_info
 
 IMPLEMENTATIONS = ("nats", "zonebus")
 WORKERS_ENV = "ZONEBUS_TEST_WORKERS"
@@ -89,7 +88,7 @@ def _wait_exited(fds: dict[int, int], timeout: float) -> list[int]:
 
 
 @dataclass
-class ServerProcess:
+class ServerProcess(ServerPages):
     """One server process (nats-server or zonebus) started from a config text."""
 
     impl: str
@@ -168,24 +167,6 @@ class ServerProcess:
                 return [int(p) for p in f.read().split()]
         except OSError:
             return []
-
-    def _wait_http(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            try:
-                self.http_get("/healthz")
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise TimeoutError("monitoring port did not answer")
-
-    def http_get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as resp:
-            body = resp.read()
-        return json.loads(body) if body.strip().startswith(b"{") else {"text": body.decode()}
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
