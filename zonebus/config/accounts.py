@@ -30,7 +30,7 @@ from zonebus.config.convert import (
     show,
 )
 from zonebus.config.parser import Value
-from zonebus.config.schema import Handler, _apply, _Auth, _Errors, _permissions, _users
+from zonebus.config.schema import MAX_PAYLOAD_LIMIT, Handler, _apply, _Auth, _Errors, _permissions, _users
 from zonebus.server.options import AccountJetStream, AccountOptions, ExportOptions, ImportOptions, ServerOptions
 from zonebus.subjects.patterns import is_subset
 from zonebus.subjects.validate import is_valid_subject
@@ -183,7 +183,33 @@ def _jetstream(acc: AccountOptions, v: Value, errors: _Errors) -> None:
     acc.jetstream = limits
 
 
+_LIMIT_KEYS = {
+    "max_connections": "max_connections", "max_conn": "max_connections",
+    "max_subscriptions": "max_subscriptions", "max_subs": "max_subscriptions",
+    "max_payload": "max_payload", "max_pay": "max_payload",
+    "max_leafnodes": "max_leafnodes", "max_leafs": "max_leafnodes",
+}
+
+
+def _limits(acc: AccountOptions, v: Value, errors: _Errors) -> None:
+    """`limits { max_connections, max_subscriptions, max_payload, max_leafnodes }` (and nats-server's short
+    names), with nats-server's messages for a block that is not a map and for an unknown key."""
+    if v.kind != "map":
+        errors.add(v, f"Expected account limits to be a map/struct, got {show(v)}")
+        return
+    for key, val in v.value.items():
+        attr = _LIMIT_KEYS.get(key.lower())
+        if attr is None:
+            errors.add(val, f"Unknown field {json.dumps(key)} parsing account limits")
+            continue
+        try:
+            setattr(acc.limits, attr, get_int(val, -1, MAX_PAYLOAD_LIMIT))
+        except BadValue as exc:
+            errors.add(exc.at or val, f"{key}: {exc}")
+
+
 _ACCOUNT_HANDLERS = {
+    "limits": _limits,
     "jetstream": _jetstream,
     "users": _account_users,
     "exports": _entries("exports", _export),

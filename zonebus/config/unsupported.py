@@ -35,10 +35,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "account": {
         "mappings": "subject mappings",
-        "limits": "account limits",
-        "max_connections": "account limits",
-        "max_subscriptions": "account limits",
-        "max_payload": "account limits",
         "nkey": "account nkeys",
     },
     "jetstream": {

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from zonebus.server.account_limits import NO_LIMITS
 from zonebus.server.connection import INTERNAL, Connection
 from zonebus.subjects.patterns import is_subset, matches, overlaps
 from zonebus.subjects.sublist import Sublist, Subscription
@@ -59,7 +60,7 @@ def split_ledger_keys(counts: dict[bytes, list[int]], default: str) -> dict[str,
 
 class Account:
     __slots__ = ("name", "sublist", "stream_imports", "service_imports", "shadows", "conn", "response_prefix",
-                 "responses", "_response_sub", "_next_response")
+                 "responses", "_response_sub", "_next_response", "limits")
 
     def __init__(self, name: bytes, sublist: Sublist | None = None) -> None:
         self.name = name
@@ -72,6 +73,7 @@ class Account:
         self.responses: dict[bytes, tuple[Account, bytes, bool, float]] = {}
         self._response_sub: Subscription | None = None
         self._next_response = 0
+        self.limits = NO_LIMITS  # `limits {}` (zonebus.server.account_limits)
 
     def __repr__(self) -> str:
         return f"Account({self.name.decode()})"
@@ -224,8 +226,12 @@ class Accounts:
         for name in [a.name for a in opts.accounts] + [opts.system_account or "$SYS"]:
             self.by_name.setdefault(name.encode(), Account(name.encode()))
         exports = {a.name: a.exports for a in opts.accounts}
+        for acc in self.by_name.values():
+            acc.limits = NO_LIMITS
         for a in opts.accounts:
             acc = self.by_name[a.name.encode()]
+            if a.limits.any:
+                acc.limits = a.limits
             for imp in a.imports:
                 exporter = self.by_name[imp.account.encode()]
                 if imp.kind == "stream":

@@ -28,6 +28,7 @@ from zonebus.protocol.client_parser import (
     pub_wire_bytes,
 )
 from zonebus.protocol.errors import ProtocolError, malformed
+from zonebus.server import account_limits
 from zonebus.server.auth import ClientPermissions, pub_violation, sub_violation
 from zonebus.server.connection import CLIENT, Connection, deliver_run
 from zonebus.subjects.sublist import Subscription
@@ -342,6 +343,8 @@ class ClientConnection(Connection, asyncio.Protocol):
             self.send(errors.err(errors.AUTH_VIOLATION))
             self.close()
             return False
+        if not account_limits.login(self):
+            return False
         if self.no_responders and not self.headers:
             self.send(errors.err(errors.NO_RESPONDERS_NEEDS_HEADERS))
             self.close()
@@ -368,8 +371,8 @@ class ClientConnection(Connection, asyncio.Protocol):
                 what += f', Queue: "{queue.decode(errors="replace")}"'
             server.auth_log(self, f"Subscription Violation - {what}, SID {sid.decode(errors='replace')}")
             return
-        limit = server.opts.max_subscriptions
-        if limit and len(self.subs) >= limit:
+        limit = account_limits.subscription_limit(server.opts.max_subscriptions, self.account)
+        if 0 <= limit <= len(self.subs):
             self.send(errors.err(errors.MAX_SUBSCRIPTIONS))
             return
         if sid in self.subs:  # nats-server ignores a duplicate sid

@@ -221,6 +221,20 @@ class AccountJetStream:
 
 
 @dataclass
+class AccountLimits:
+    """An account's `limits {}` (zonebus.server.account_limits); -1 = no limit, as nats-server."""
+
+    max_connections: int = -1
+    max_subscriptions: int = -1
+    max_payload: int = -1
+    max_leafnodes: int = -1  # accepted; zonebus has no leaf node connections
+
+    @property
+    def any(self) -> bool:
+        return (self.max_connections, self.max_subscriptions, self.max_payload) != (-1, -1, -1)
+
+
+@dataclass
 class AccountOptions:
     """One entry of `accounts { NAME: {...} }` (zonebus.server.accounts)."""
 
@@ -230,6 +244,7 @@ class AccountOptions:
     imports: list[ImportOptions] = field(default_factory=list)
     default_permissions: Permissions | None = None
     jetstream: AccountJetStream | None = None  # None: no JetStream in this account
+    limits: AccountLimits = field(default_factory=AccountLimits)  # `limits {}`
 
 
 @dataclass

@@ -25,6 +25,7 @@ from zonebus import SERVER_VERSION
 from zonebus.ledger.zones import server_zone
 from zonebus.protocol.client_parser import PubHeader
 from zonebus.protocol.route_parser import msg_line
+from zonebus.server import account_limits
 from zonebus.server.accounts import Account, Accounts
 from zonebus.server.auth import Authenticator, ClientPermissions
 from zonebus.server.client import ClientConnection
@@ -266,6 +267,7 @@ class Server:
             urls = self.connect_urls()
             if urls:
                 info["connect_urls"] = urls
+        info.update(account_limits.info_fields(conn))
         return b"INFO " + _json(info) + b"\r\n"
 
     def client_urls_changed(self) -> None:
