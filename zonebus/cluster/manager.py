@@ -25,6 +25,7 @@ from zonebus.link import Backoff, LinkChannels, json_line
 from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
+from zonebus.link.reports import dial_error, should_report
 from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, WORKER
 from zonebus.server.options import advertised_host
 from zonebus.subjects.sublist import Subscription
@@ -274,6 +275,7 @@ class ClusterManager:
             self._dialing.discard(url)
             return
         backoff = Backoff()
+        connected = False  # (connect_error_reports until a route came up, then reconnect_error_reports)
         try:
             while self._running:
                 try:
@@ -283,12 +285,18 @@ class ClusterManager:
                 except OSError as exc:
                     if self.opts.tls is not None and not isinstance(exc, ConnectionRefusedError):
                         self.server.log(f"route {url}: TLS route handshake error: {exc}", "ERR")
-                    if backoff.failed() >= IMPLICIT_RETRIES and not configured:
+                    attempts = backoff.failed()
+                    report = should_report(self.server.opts, connected, attempts)
+                    if report or self.server.opts.debug:
+                        self.server.log(f"Error trying to connect to route (attempt {attempts}): "
+                                        f"{dial_error(host, port, exc)}", "ERR" if report else "DBG")
+                    if attempts >= IMPLICIT_RETRIES and not configured:
                         return
                     await backoff.wait()
                     continue
                 await conn.closed_future
                 if conn.established:
+                    connected = True
                     backoff.reset()  # a refused or failed handshake keeps backing off
                 if conn.remote_id == self.server.server_id:
                     return  # the seed is ourselves

@@ -366,6 +366,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "connect_retries": _int("connect_retries", 0),
     "tls": _tls("cluster tls: "),
     "compression": _setter("compression", get_compression),
+    "pool_size": _int("pool_size"),
 }
 
 
@@ -728,6 +729,12 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "pidfile": _str("pid_file"),
     "log_file": _str("log_file"),
     "logfile": _str("log_file"),
+    "syslog": _bool("syslog"),
+    "remote_syslog": _str("remote_syslog"),
+    "disable_sublist_cache": _bool("disable_sublist_cache"),
+    "no_header_support": _bool("no_header_support"),
+    "connect_error_reports": _int("connect_error_reports"),
+    "reconnect_error_reports": _int("reconnect_error_reports"),
     "cluster": _cluster,
     "gateway": _gateway,
     "jetstream": _jetstream,

@@ -22,15 +22,8 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "trusted": "operator JWT (decentralised) authentication",
         "mappings": "subject mappings",
         "ocsp": "OCSP stapling",
-        "syslog": "logging to syslog",
-        "remote_syslog": "logging to syslog",
-        "disable_sublist_cache": "turning the subject cache off",
-        "no_header_support": "turning message headers off",
-        "connect_error_reports": "connect error report throttling",
-        "reconnect_error_reports": "reconnect error report throttling",
     },
     "cluster": {
-        "pool_size": "route connection pools",
         "accounts": "dedicated per-account routes",
     },
     "account": {

@@ -335,6 +335,8 @@ class ClientConnection(Connection, asyncio.Protocol):
             value = opts.get(key)
             if value is not None:  # JSON null keeps the default, as in nats-server
                 setattr(self, key, value)
+        if server.opts.no_header_support:  # as nats-server: the client's `headers` is off, HPUB closes it
+            self.headers = False
         self.name = str(opts.get("name", "") or "")
         self.lang = str(opts.get("lang", "") or "")
         self.version = str(opts.get("version", "") or "")

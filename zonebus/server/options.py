@@ -66,6 +66,7 @@ class RouteOptions:
     auth_timeout: float = AUTH_TIMEOUT  # cluster { authorization { timeout } }
     tls: TLSOptions | None = None  # cluster { tls {} }: routes over TLS
     compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
+    pool_size: int = 3  # nats-server's route pool size, in /varz; zonebus dials one route per peer whatever it is
 
 
 @dataclass
@@ -283,6 +284,15 @@ class ServerOptions:
     logtime: bool = True
     pid_file: str = ""
     log_file: str = ""  # `log_file`/`logfile` key, `-l/--log` flag
+    # nats-server's small keys (docs/configuration.md): syslog (zonebus.server.syslogging), the match cache
+    # (zonebus.subjects.sublist), headers, and how often route/gateway dial errors are logged
+    # (zonebus.link.reports)
+    syslog: bool = False
+    remote_syslog: str = ""  # udp://host:port, tcp://host:port, unix:///path
+    disable_sublist_cache: bool = False
+    no_header_support: bool = False
+    connect_error_reports: int = 3600
+    reconnect_error_reports: int = 1
     signal: str = ""  # `--signal reload[=pid]`: send this signal to a running server instead of serving
     config_file: str = ""
     cluster: RouteOptions = field(default_factory=RouteOptions)

@@ -51,6 +51,7 @@ EARLY_FLUSH = 512 * 1024
 class Server:
     def __init__(self, opts: ServerOptions) -> None:
         self.opts = opts
+        Sublist.caching = not opts.disable_sublist_cache  # (one server per process)
         self.server_id = new_server_id()
         self.name = opts.server_name or self.server_id
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
@@ -289,7 +290,7 @@ class Server:
             "go": f"python{sys.version_info.major}.{sys.version_info.minor}",
             "host": opts.host,
             "port": opts.port,
-            "headers": True,
+            "headers": not opts.no_header_support,
             "max_payload": opts.max_payload,
         }
         if opts.auth_required:
