@@ -29,6 +29,7 @@ from zonebus.config.convert import (
     get_str_list,
     show,
 )
+from zonebus.config.mappings import read_mappings
 from zonebus.config.parser import Value
 from zonebus.config.schema import MAX_PAYLOAD_LIMIT, Handler, _apply, _Auth, _Errors, _permissions, _users
 from zonebus.server.options import AccountJetStream, AccountOptions, ExportOptions, ImportOptions, ServerOptions
@@ -210,6 +211,7 @@ def _limits(acc: AccountOptions, v: Value, errors: _Errors) -> None:
 
 _ACCOUNT_HANDLERS = {
     "limits": _limits,
+    "mappings": lambda a, v, e: setattr(a, "mappings", read_mappings(v, e)),
     "jetstream": _jetstream,
     "users": _account_users,
     "exports": _entries("exports", _export),

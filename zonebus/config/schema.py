@@ -743,7 +743,14 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "workers": _int("workers", 1, MAX_WORKERS),
     "accounts": lambda o, v, e: _accounts_block("read_accounts", o, v, e),
     "system_account": lambda o, v, e: _accounts_block("read_system_account", o, v, e),
+    "mappings": lambda o, v, e: _mappings_block(o, v, e),
 }
+
+
+def _mappings_block(target: Any, v: Value, errors: _Errors) -> None:
+    from zonebus.config.mappings import read_mappings  # (zonebus.subjects.mapping: what they do)
+
+    target.mappings = read_mappings(v, errors)
 
 
 def _accounts_block(reader: str, opts: ServerOptions, v: Value, errors: _Errors) -> None:

@@ -20,14 +20,12 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "resolver_preload": "the account JWT resolver",
         "trusted_keys": "operator JWT (decentralised) authentication",
         "trusted": "operator JWT (decentralised) authentication",
-        "mappings": "subject mappings",
         "ocsp": "OCSP stapling",
     },
     "cluster": {
         "accounts": "dedicated per-account routes",
     },
     "account": {
-        "mappings": "subject mappings",
         "nkey": "account nkeys",
     },
     "jetstream": {

@@ -31,6 +31,7 @@ from zonebus.protocol.errors import ProtocolError, malformed
 from zonebus.server import account_limits
 from zonebus.server.auth import ClientPermissions, pub_violation, sub_violation
 from zonebus.server.connection import CLIENT, Connection, deliver_run
+from zonebus.server.mapped import publish_mapped
 from zonebus.subjects.sublist import Subscription
 from zonebus.subjects.validate import is_valid_publish_subject, is_valid_subject
 
@@ -184,6 +185,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         server = self.server
         process_msg = server.process_msg
         sublist = self.account.sublist
+        mappings = self.account.mappings  # (zonebus.server.mapped)
         mark_dirty = server.mark_dirty
         rnd = server.random.random
         # messages right behind one that took the fast path, with its very line (`run_hdr`): nothing they could
@@ -202,6 +204,13 @@ class ClientConnection(Connection, asyncio.Protocol):
                 run_hdr = None
             if code == PUB and self.connected:
                 _, hdr, data = op
+                if mappings is not None:
+                    subject = mappings.map(hdr.subject)
+                    if subject is not None:
+                        publish_mapped(self, hdr, data, subject)
+                        if self.closed:
+                            return
+                        continue
                 self.in_msgs += 1
                 size = hdr.size
                 self.in_bytes += size
@@ -263,6 +272,7 @@ class ClientConnection(Connection, asyncio.Protocol):
                 if not self._connect(op[1]):
                     return
                 sublist = self.account.sublist  # the login may have put it in another account
+                mappings = self.account.mappings
             elif not self.connected and server.opts.auth_required:
                 self.send(errors.err(errors.AUTH_VIOLATION))
                 self.close()

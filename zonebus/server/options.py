@@ -7,6 +7,10 @@ only reads this object. Durations are seconds (float), sizes are bytes (int).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zonebus.subjects.mapping import Mapping
 
 DEFAULT_PORT = 4222
 MAX_PAYLOAD = 1024 * 1024
@@ -246,6 +250,7 @@ class AccountOptions:
     default_permissions: Permissions | None = None
     jetstream: AccountJetStream | None = None  # None: no JetStream in this account
     limits: AccountLimits = field(default_factory=AccountLimits)  # `limits {}`
+    mappings: list[Mapping] = field(default_factory=list)  # `mappings {}` (zonebus.subjects.mapping)
 
 
 @dataclass
@@ -293,6 +298,7 @@ class ServerOptions:
     no_header_support: bool = False
     connect_error_reports: int = 3600
     reconnect_error_reports: int = 1
+    mappings: list[Mapping] = field(default_factory=list)  # top-level `mappings {}`: the global account's
     signal: str = ""  # `--signal reload[=pid]`: send this signal to a running server instead of serving
     config_file: str = ""
     cluster: RouteOptions = field(default_factory=RouteOptions)

@@ -338,8 +338,8 @@ class Server:
         checked again with the CONNECT it sent; refused ones are closed, the others get their (maybe new)
         permissions, and subscriptions these no longer allow are removed with a Permissions Violation."""
         opts = self.opts
-        if new.accounts or opts.accounts:
-            opts.accounts, opts.system_account = new.accounts, new.system_account
+        if new.accounts or opts.accounts or new.mappings or opts.mappings:
+            opts.accounts, opts.system_account, opts.mappings = new.accounts, new.system_account, new.mappings
             self.accounts.reload(new)
         opts.auth_user, opts.auth_password, opts.auth_token = new.auth_user, new.auth_password, new.auth_token
         opts.users, opts.default_permissions = new.users, new.default_permissions
