@@ -4,6 +4,7 @@ the config checks.
 What nats-server 2.15 does, and zonebus must do too:
 - `max_connections`: a client over the account's count gets `-ERR 'maximum account active connections
   exceeded'` after its CONNECT and is closed; a slot frees up when a client leaves; 0 refuses everybody;
+  the account's clients on the other servers of the cluster count too;
 - `max_subscriptions`: the smaller of the server's and the account's, per connection; a SUB over it gets
   `-ERR 'maximum subscriptions exceeded'` and the connection stays; 0 closes the client after its login;
 - `max_payload`: the smaller of the server's and the account's; a PUB over it gets `-ERR 'Maximum Payload
@@ -23,7 +24,18 @@ import pytest
 from rawclient import RawClient
 from script import Read, Scenario, Send, Sync, check_scenario, connect
 
-from zonebus.testing.processes import check_config, nats_server_binary
+from zonebus.testing.polling import wait_until
+from zonebus.testing.processes import (
+    IMPLEMENTATIONS,
+    ServerProcess,
+    check_config,
+    cluster_config,
+    free_port,
+    nats_server_binary,
+    start_parallel,
+    stop_all,
+    wait_for_mesh,
+)
 
 LIMITS = """
 max_payload: 1000
@@ -134,3 +146,32 @@ def test_limits_config_checks_as_nats_server(tmp_path, body: str) -> None:
     assert (ours.returncode == 0) == (theirs.returncode == 0), (ours.stderr, theirs.stderr)
     if theirs.returncode != 0:
         assert _message(ours.stderr) == _message(theirs.stderr)
+
+
+def _login(port: int, creds: dict) -> list[str]:
+    with RawClient(port) as c:
+        return c.connect(**creds)
+
+
+@pytest.mark.timeout(60)
+def test_account_connections_counted_across_the_cluster() -> None:
+    """A client on s0 and one on s1 fill `max_connections: 2`: the next login on s1 is refused once s0's
+    count reached s1 (nats-server: $SYS.ACCOUNT.A.SERVER.CONNS); when s0's client leaves, s1 takes one."""
+    extra = "accounts { A: { users: [{user: a, password: a}], limits { max_connections: 2 } } }"
+    refused = ["-ERR 'maximum account active connections exceeded'", "CLOSED"]
+    for impl in IMPLEMENTATIONS:
+        ports = [free_port(), free_port()]
+        servers = [ServerProcess(impl, cluster_config(f"s{i}", ports[i], [ports[0]], extra=extra),
+                                 http_port=free_port()) for i in range(2)]
+        start_parallel(servers)
+        try:
+            wait_for_mesh(servers)
+            first, second = RawClient(servers[0].port), RawClient(servers[1].port)
+            assert first.connect(**A) == ["PONG"] and second.connect(**A) == ["PONG"]
+            port = servers[1].port
+            wait_until(lambda p=port: _login(p, A) == refused, f"{impl}: s1 to count s0's client", timeout=10)
+            first.close()
+            wait_until(lambda p=port: _login(p, A) == ["PONG"], f"{impl}: s1 to see it leave", timeout=10)
+            second.close()
+        finally:
+            stop_all(servers)

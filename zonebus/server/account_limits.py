@@ -16,9 +16,9 @@ A client that takes asynchronous INFO (`protocol: 1`) then gets an INFO with its
 `connect_info: true` and `remote_account`, after its first PONG, as nats-server sends it. -1 (the default)
 is no limit. `max_leafnodes` is accepted and has nothing to limit: zonebus has no leaf node connections.
 
-Differences from nats-server (docs/configuration.md): the connections are counted per server process (a
-server with `workers` > 1 counts them per worker; nats-server counts a cluster's), and a reload applies
-changed limits to the clients that log in after it.
+Connections are counted across the cluster (zonebus.server.account_conns). Differences from nats-server
+(docs/configuration.md): a server with `workers` > 1 counts them per worker, and a reload applies changed
+limits to the clients that log in after it.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def login(conn: ClientConnection) -> bool:
     if limits.max_connections >= 0:
         others = sum(1 for c in server.clients.values()
                      if c is not conn and c.account is account and c.connected and not c.closed)
+        if server.system is not None:  # the account's clients on the other servers of the cluster
+            others += server.system.conns.others(account)
         if others >= limits.max_connections:
             server.auth_log(conn, ACCOUNT_CONNECTIONS)
             conn.send(errors.err(ACCOUNT_CONNECTIONS))

@@ -257,6 +257,8 @@ class Server:
             del self.closed_conns[:-100]
         elif self.links.pop(conn.cid, None) is not None:
             conn.unregister()  # type: ignore[attr-defined]
+            if self.system is not None:  # (its account connection counts, zonebus.server.account_conns)
+                self.system.conns.peer_gone(getattr(conn, "remote_id", ""))
 
     def client_info(self, conn: ClientConnection) -> bytes:
         info = dict(self._info_base)
@@ -341,6 +343,8 @@ class Server:
         if new.accounts or opts.accounts or new.mappings or opts.mappings:
             opts.accounts, opts.system_account, opts.mappings = new.accounts, new.system_account, new.mappings
             self.accounts.reload(new)
+            if self.system is not None:
+                self.system.conns.start()
         opts.auth_user, opts.auth_password, opts.auth_token = new.auth_user, new.auth_password, new.auth_token
         opts.users, opts.default_permissions = new.users, new.default_permissions
         opts.no_auth_user, opts.auth_timeout = new.no_auth_user, new.auth_timeout
