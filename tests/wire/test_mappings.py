@@ -6,6 +6,8 @@ What nats-server 2.15 does, and zonebus must do too:
   subject (`$N` / `{{wildcard(N)}}` take the source's wildcard tokens, a final `>` its tail); an
   account's mappings apply to its own clients only; the reply subject is not mapped;
 - the publish permission is checked on the mapped subject, and a refusal names it;
+- nats-server's functions (partition, splitFromLeft/Right, sliceFromLeft/Right, split, left, right) give the
+  same subjects;
 - a weighted mapping draws per message; what the weights leave stays on the subject itself; destinations
   with `cluster: c1` are used in cluster c1; the mapped subject crosses the route;
 - bad mappings are refused at start with nats-server's messages.
@@ -58,7 +60,27 @@ def sc(name: str, steps: list) -> Scenario:
     return Scenario(name, steps, None, config=MAPPINGS)
 
 
+FUNCTIONS = """
+mappings {
+  "p.*.*": "p.{{partition(5,1,2)}}.$1.$2"
+  "q.*": "q.{{partition(3)}}.$1"
+  "sl.*": "sl.{{splitFromLeft(1,2)}}"
+  "sr.*": "sr.{{SplitFromRight(1,2)}}"
+  "cl.*": "cl.{{sliceFromLeft(1,2)}}"
+  "cr.*": "cr.{{sliceFromRight(1,2)}}"
+  "sp.*": "sp.{{split(1,-)}}"
+  "le.*": "le.{{left(1,2)}}"
+  "ri.*": "ri.{{ right( 1, 2 ) }}"
+}
+"""
+FUNCTION_SUBJECTS = ["p.a.b", "p.x.y", "p.hello.world", "p.1.2", "q.a", "q.b", "q.zz", "sl.abcde", "sl.a", "sl.ab",
+                     "sl.abc", "sr.abcde", "sr.a", "cl.abcde", "cl.a", "cl.abcd", "cr.abcde", "cr.abcd",
+                     "sp.a-b--c-", "sp.--a", "sp.-", "sp.abc", "le.abcde", "le.a", "ri.abcde", "ri.a"]
+
 SCENARIOS = [
+    Scenario("mapping_functions", connect() + [
+        Send(b"SUB > 1\r\n" + b"".join(b"PUB %s 1\r\n%d\r\n" % (t.encode(), i % 10)
+                                     for i, t in enumerate(FUNCTION_SUBJECTS))), Sync()], None, config=FUNCTIONS),
     sc("literal_wildcard_and_tail_mappings", connect(**G) + connect("b", **G) + [
         Send(b"SUB > 1\r\n"), Sync(),
         Send(b"PUB foo 1\r\n1\r\nPUB orders.eu.42 1\r\n2\r\nPUB all.a.b.c 1\r\n3\r\nPUB two.x 1\r\n4\r\n"
@@ -162,6 +184,12 @@ def _messages(text: str) -> list[str]:
     'w: [{destination: x}, {destination: y, weight: "abc"}, {destination: z, weight: 101}, {dest: v, foo: 1}]',
     "w: [{destination: x, weight: 50.5}]",
     'w: [{destination: "x.$1", weight: 50}]',
+    '"a.*": "{{partition(3,2)}}"',
+    '"a.*": "{{partition(x,1)}}"',
+    '"a.*": "{{partition()}}"',
+    '"a.*": "{{splitFromLeft(1)}}"',
+    '"a.*": "{{split(1,-,x)}}"',
+    '"a": "{{split(1,-)}}"',
 ])
 def test_bad_mappings_refused_as_nats_server(tmp_path, body: str) -> None:
     path = tmp_path / "server.conf"

@@ -7,13 +7,13 @@
     }
 
 A destination is built from literal tokens and the tokens the source's `*` wildcards matched, `$N` or
-`{{wildcard(N)}}` (from 1), and a final `>` when the source ends with one. The other mapping functions
-(partition, split, ...) are refused with a clear error. Weights are percentages (`50%`, `"50%"` or `50`) that
-add up to 100 at most; what they leave goes to the subject itself. Destinations with a `cluster` are used
-on the servers of that cluster (the others use those without one). When the sources of two mappings
-match a subject, the first in the file wins (nats-server's choice is not defined: it reads the block as an
-unordered map). Messages are mapped once, where a client publishes them; routes and
-gateways carry the mapped subject.
+`{{wildcard(N)}}` (from 1), a final `>` when the source ends with one, and nats-server's other functions
+(`{{partition(3,1)}}`, `{{split(1,-)}}`, ..., zonebus.subjects.mapping_functions). Weights are percentages
+(`50%`, `"50%"` or `50`) that add up to 100 at most; what they leave goes to the subject itself.
+Destinations with a `cluster` are used on the servers of that cluster (the others use those without one).
+When the sources of two mappings match a subject, the first in the file wins (nats-server's choice is not
+defined: it reads the block as an unordered map). Messages are mapped once, where a client publishes them;
+routes and gateways carry the mapped subject.
 """
 
 from __future__ import annotations
@@ -22,13 +22,15 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from zonebus.subjects.mapping_functions import Function, FunctionError, apply_function, parse_function
 from zonebus.subjects.patterns import matches
 from zonebus.subjects.validate import is_valid_subject
 
 _WILDCARD_FN = re.compile(r"^\{\{\s*wildcard\s*\(\s*(\d+)\s*\)\s*\}\}$", re.IGNORECASE)
 _DOLLAR = re.compile(r"^\$(\d+)$")
-_KNOWN_FNS = ("partition", "splitfromleft", "splitfromright", "slicefromleft", "slicefromright", "split",
-              "left", "right", "random")
+
+
+_RNG = random.Random()
 
 
 class MappingError(ValueError):
@@ -40,7 +42,7 @@ class Transform:
     """A destination: its tokens, each a literal (str) or the index of a source token (int); `tail`: the
     source's `>` tokens go at the end."""
 
-    tokens: list[str | int]
+    tokens: list[str | int | Function]
     tail: int = -1  # index of the source's `>` (its tokens from there on), -1: none
 
     @classmethod
@@ -63,10 +65,13 @@ class Transform:
             elif tok == ">":
                 out.tail = len(src_toks) - 1
             elif tok.startswith("{{") and tok.endswith("}}"):
-                fn = tok[2:-2].strip().split("(", 1)[0].strip().lower()
-                if fn in _KNOWN_FNS:
-                    raise MappingError(f"invalid mapping destination: {fn}() is not supported by zonebus")
-                raise MappingError(f"invalid mapping destination: unknown function in {tok}")
+                try:
+                    fn = parse_function(tok, stars)
+                except FunctionError as exc:
+                    raise MappingError(f"invalid mapping destination: {exc}") from None
+                if fn is None:
+                    raise MappingError(f"invalid mapping destination: unknown function in {tok}")
+                out.tokens.append(fn)
             elif not tok or any(c in tok for c in " \t\r\n"):
                 raise MappingError("invalid mapping destination: invalid transform")
             else:
@@ -75,8 +80,9 @@ class Transform:
             raise MappingError("invalid subject")
         return out
 
-    def apply(self, toks: list[str]) -> str:
-        out = [t if isinstance(t, str) else toks[t] for t in self.tokens]
+    def apply(self, toks: list[str], subject: str = "", rng: random.Random | None = None) -> str:
+        out = [t if isinstance(t, str) else toks[t] if isinstance(t, int)
+               else apply_function(t, toks, subject, rng or _RNG) for t in self.tokens]
         if self.tail >= 0:
             out.extend(toks[self.tail:])
         return ".".join(out)
@@ -166,4 +172,4 @@ class Mappings:
             transform = next((t for limit, t in choices if draw < limit), None)
         if transform is None:
             return subject
-        return transform.apply(text.split(".")).encode()
+        return transform.apply(text.split("."), text, self._rng).encode()
