@@ -175,3 +175,24 @@ def test_account_connections_counted_across_the_cluster() -> None:
             second.close()
         finally:
             stop_all(servers)
+
+
+@pytest.mark.timeout(60)
+def test_account_connections_in_a_mixed_cluster() -> None:
+    """nats-server and zonebus in one cluster read each other's account counts (max_connections: 1)."""
+    extra = "accounts { A: { users: [{user: a, password: a}], limits { max_connections: 1 } } }"
+    refused = ["-ERR 'maximum account active connections exceeded'", "CLOSED"]
+    ports = [free_port(), free_port()]
+    servers = [ServerProcess(impl, cluster_config(f"s{i}", ports[i], [ports[1 - i]], extra=extra),
+                             http_port=free_port()) for i, impl in enumerate(IMPLEMENTATIONS)]
+    start_parallel(servers)
+    try:
+        wait_for_mesh(servers)
+        for here, there in (servers, servers[::-1]):
+            with RawClient(here.port) as c:
+                assert c.connect(**A) == ["PONG"]
+                wait_until(lambda p=there.port: _login(p, A) == refused, f"{there.impl} to count {here.impl}'s "
+                           "client", timeout=10)
+            wait_until(lambda p=there.port: _login(p, A) == ["PONG"], f"{there.impl} to see it leave", timeout=10)
+    finally:
+        stop_all(servers)

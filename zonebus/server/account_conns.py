@@ -1,7 +1,8 @@
 """An account's `max_connections` across a cluster: the servers tell each other their count, as nats-server.
 
-Each server publishes, in the system account, `$SYS.ACCOUNT.<account>.SERVER.CONNS` (nats-server's
-`io.nats.server.advisory.v1.account_connections`: `{server, acc, conns, ...}`) when the number of its clients
+Each server publishes, in the system account, `$SYS.ACCOUNT.<account>.SERVER.CONNS` and the older
+`$SYS.SERVER.ACCOUNT.<account>.CONNS` (nats-server's `io.nats.server.advisory.v1.account_connections`:
+`{server, acc, conns, ...}`; nats-server peers read them too) when the number of its clients
 of an account with a `max_connections` limit changes, and again every `REFRESH` seconds (so that a server
 that joins later learns it). Every server keeps the latest count of each other server, from zonebus and
 nats-server peers alike, and a login is refused once the account's clients here plus those counts reach the
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from zonebus.server.system import SystemAccount
 
 SUBJECT = "$SYS.ACCOUNT.{}.SERVER.CONNS"
+OLD_SUBJECT = "$SYS.SERVER.ACCOUNT.{}.CONNS"  # (nats-server publishes and reads both)
 REFRESH = 10.0  # seconds between two unprompted publications of a server's counts
 ADVISORY = "io.nats.server.advisory.v1.account_connections"
 
@@ -79,7 +81,9 @@ class AccountConns:
                     if c.account.display == name and c.connected and not c.closed)
         body = {"type": ADVISORY, **self.system.event_fields(), "acc": name, "name": name, "conns": conns,
                 "leafnodes": 0, "total_conns": conns}
-        self.system.client.publish(SUBJECT.format(name), json.dumps(body, separators=(",", ":")).encode())
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self.system.client.publish(SUBJECT.format(name), data)
+        self.system.client.publish(OLD_SUBJECT.format(name), data)
 
     def _update(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
         try:
