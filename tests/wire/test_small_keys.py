@@ -10,6 +10,8 @@ What nats-server 2.15 does, and zonebus must do too:
   `Error trying to connect to route (attempt N): dial tcp HOST:PORT: connect: connection refused`;
 - `remote_syslog: "udp://..."`: log lines arrive as `<priority>RFC3339 host tag[pid]: message`, an
   authentication error with priority 3, notices with 5, and nothing is written to stdout/stderr;
+  `remote_syslog: "unix:///path"`: the same over a stream socket, in the local form
+  `<priority>Mmm dd hh:mm:ss tag[pid]: message`;
 - `syslog: true` without a local syslog socket: the server does not start,
   `error connecting to syslog: "Unix syslog delivery error"`.
 """
@@ -103,40 +105,74 @@ def test_connect_error_reports_for_routes() -> None:
     assert seen == {impl: want for impl in IMPLEMENTATIONS}
 
 
-_SYSLOG = re.compile(r"^<(\d)>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \S+ (nats-server|zonebus)\[\d+\]: (.+)\n$")
+_REMOTE = re.compile(r"^<(\d)>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \S+ (nats-server|zonebus)\[\d+\]: (.+)$")
+_LOCAL = re.compile(r"^<(\d)>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (nats-server|zonebus)\[\d+\]: (.+)$")
+
+
+def _syslog_lines(impl: str, url: str, receive: Callable[[float], bytes], form: re.Pattern) -> list[tuple[int, str]]:
+    """Start `impl` logging to `url`, fail one login, and return the (priority, message) lines `receive`
+    brings until the login failure's line."""
+    server = ServerProcess(impl, f'remote_syslog: "{url}"\nauthorization {{ user: x, password: y }}\n',
+                           workers=1).start()
+    lines: list[tuple[int, str]] = []
+    try:
+        with RawClient(server.port) as c:
+            assert c.connect(user="x", **{"pass": "wrong"})[0] == "-ERR 'Authorization Violation'"
+        deadline = time.monotonic() + 10
+        pending = ""
+        while not any("authentication error" in m for _, m in lines) and time.monotonic() < deadline:
+            try:
+                data = receive(max(0.01, deadline - time.monotonic())).decode()
+            except TimeoutError:
+                break
+            *complete, pending = (pending + data).split("\n")
+            for line in complete:
+                m = form.match(line)
+                assert m, f"{impl}: not a syslog line: {line!r}"
+                lines.append((int(m[1]), m[3]))
+    finally:
+        server.stop()
+    assert server.log().strip() == "", f"{impl} still logged to its output"
+    assert any(p == 5 for p, _ in lines), (impl, lines)
+    assert any(p == 3 and m.endswith('authentication error - User "x"') for p, m in lines), (impl, lines)
+    return lines
 
 
 @pytest.mark.timeout(60)
 def test_remote_syslog_udp() -> None:
-    got: dict[str, list[tuple[int, str]]] = {}
     for impl in IMPLEMENTATIONS:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
             udp.bind(("127.0.0.1", 0))
-            conf = (f'remote_syslog: "udp://127.0.0.1:{udp.getsockname()[1]}"\n'
-                    "authorization { user: x, password: y }\n")
-            server = ServerProcess(impl, conf, workers=1).start()
+
+            def receive(timeout: float, udp: socket.socket = udp) -> bytes:
+                udp.settimeout(timeout)
+                return udp.recv(65536)
+
+            _syslog_lines(impl, f"udp://127.0.0.1:{udp.getsockname()[1]}", receive, _REMOTE)
+
+
+@pytest.mark.timeout(60)
+def test_remote_syslog_unix_socket(tmp_path) -> None:
+    """`unix://` is the local format (no host name), over a stream socket, as Go's log/syslog writes it."""
+    for impl in IMPLEMENTATIONS:
+        path = tmp_path / f"{impl}.sock"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+            listener.bind(str(path))
+            listener.listen(1)
+            accepted: list[socket.socket] = []
+
+            def receive(timeout: float, listener: socket.socket = listener, accepted: list = accepted) -> bytes:
+                if not accepted:
+                    listener.settimeout(timeout)
+                    accepted.append(listener.accept()[0])
+                accepted[0].settimeout(timeout)
+                return accepted[0].recv(65536)
+
             try:
-                with RawClient(server.port) as c:
-                    assert c.connect(user="x", **{"pass": "wrong"})[0] == "-ERR 'Authorization Violation'"
-                lines: list[tuple[int, str]] = []
-                deadline = time.monotonic() + 10
-                while not any("authentication error" in m for _, m in lines) and time.monotonic() < deadline:
-                    udp.settimeout(max(0.01, deadline - time.monotonic()))
-                    try:
-                        data = udp.recv(65536).decode()
-                    except TimeoutError:
-                        break
-                    m = _SYSLOG.match(data)
-                    assert m, f"{impl}: not a syslog line: {data!r}"
-                    lines.append((int(m[1]), m[3]))
+                _syslog_lines(impl, f"unix://{path}", receive, _LOCAL)
             finally:
-                server.stop()
-            assert server.log().strip() == "", f"{impl} still logged to its output"
-            got[impl] = lines
-    for impl, lines in got.items():
-        assert any(p == 5 for p, _ in lines), (impl, lines)
-        errors = [m for p, m in lines if p == 3]
-        assert any(m.endswith('authentication error - User "x"') for m in errors), (impl, lines)
+                for conn in accepted:
+                    conn.close()
 
 
 @pytest.mark.timeout(60)
