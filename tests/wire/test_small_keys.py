@@ -31,7 +31,16 @@ from script import Read, Scenario, Send, Sync, check_scenario, connect
 
 from zonebus.server.syslogging import local_socket
 from zonebus.testing.polling import wait_until
-from zonebus.testing.processes import IMPLEMENTATIONS, ServerProcess, free_port, nats_server_binary
+from zonebus.testing.processes import (
+    IMPLEMENTATIONS,
+    ServerProcess,
+    cluster_config,
+    free_port,
+    nats_server_binary,
+    start_parallel,
+    stop_all,
+    wait_for_mesh,
+)
 
 NO_HEADERS = "no_header_support: true\n"
 
@@ -103,6 +112,27 @@ def test_connect_error_reports_for_routes() -> None:
     want = {f"Error trying to connect to route (attempt {n}): dial tcp 127.0.0.1:{dead}: connect: connection "
             "refused" for n in (1, 2, 4)}
     assert seen == {impl: want for impl in IMPLEMENTATIONS}
+
+
+@pytest.mark.timeout(60)
+def test_reconnect_error_reports_for_routes() -> None:
+    """`reconnect_error_reports: 2`: once the route had been up, attempts 1, 2, 4, ... are logged."""
+    for impl in IMPLEMENTATIONS:
+        ports = [free_port(), free_port()]  # (only s0 dials: the route it redials is its own)
+        servers = [ServerProcess(impl, cluster_config(f"s{i}", ports[i], [ports[1]] if i == 0 else [],
+                                                      extra="reconnect_error_reports: 2"), http_port=free_port())
+                   for i in range(2)]
+        start_parallel(servers)
+        try:
+            wait_for_mesh(servers)
+            start = len(servers[0].log())
+            servers[1].stop()
+            wait_until(lambda s=servers[0], n=start: any(m[2] == "4" for m in _ATTEMPT.finditer(s.log()[n:])),
+                       f"{impl} to report reconnect attempt 4", timeout=20)
+            seen = sorted({int(m[2]) for m in _ATTEMPT.finditer(servers[0].log()[start:]) if int(m[2]) <= 4})
+        finally:
+            stop_all(servers)
+        assert seen == [1, 2, 4], (impl, seen)
 
 
 _REMOTE = re.compile(r"^<(\d)>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \S+ (nats-server|zonebus)\[\d+\]: (.+)$")

@@ -52,6 +52,7 @@ class ClusterManager:
         self.server = server
         self.opts = server.opts.cluster
         self.peers: dict[str, RouteConnection] = {}
+        self.routes_up: dict[tuple[str, int], int] = {}  # (host, port) -> routes to it that went live
         self.plain_refs: dict[bytes, int] = {}
         self.queue_refs: dict[tuple[bytes, bytes], int] = {}
         self.account_refs = InterestCounts()  # the same for accounts other than $G (zonebus.server.accounts)
@@ -177,6 +178,13 @@ class ClusterManager:
 
     def _go_live(self, conn: RouteConnection, info: dict[str, Any]) -> None:
         conn.established = True
+        for url in (conn.url, conn.remote_route_url):  # (dial loops: a route to that URL has been up)
+            try:
+                key = parse_route_url(url) if url else None
+            except ValueError:
+                key = None
+            if key is not None:
+                self.routes_up[key] = self.routes_up.get(key, 0) + 1
         conn.msgs_in = True
         conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
@@ -275,7 +283,10 @@ class ClusterManager:
             self._dialing.discard(url)
             return
         backoff = Backoff()
-        connected = False  # (connect_error_reports until a route came up, then reconnect_error_reports)
+        # connect_error_reports until a route to `url` (ours or the peer's) had been up, then
+        # reconnect_error_reports, the attempts counted again from 1 after each such route
+        connected = False
+        seen = self.routes_up.get((host, port), 0)
         try:
             while self._running:
                 try:
@@ -285,6 +296,10 @@ class ClusterManager:
                 except OSError as exc:
                     if self.opts.tls is not None and not isinstance(exc, ConnectionRefusedError):
                         self.server.log(f"route {url}: TLS route handshake error: {exc}", "ERR")
+                    if self.routes_up.get((host, port), 0) != seen:
+                        seen = self.routes_up[(host, port)]
+                        connected = True
+                        backoff.reset()
                     attempts = backoff.failed()
                     report = should_report(self.server.opts, connected, attempts)
                     if report or self.server.opts.debug:
@@ -296,7 +311,6 @@ class ClusterManager:
                     continue
                 await conn.closed_future
                 if conn.established:
-                    connected = True
                     backoff.reset()  # a refused or failed handshake keeps backing off
                 if conn.remote_id == self.server.server_id:
                     return  # the seed is ourselves

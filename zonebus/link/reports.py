@@ -1,10 +1,11 @@
 """How often a route or gateway that cannot be dialled is logged: nats-server's `connect_error_reports` and
 `reconnect_error_reports`.
 
-A dialler counts its failed attempts in a row. Attempt 1 is always logged, then every `connect_error_reports`th
-(default 3600, about once an hour at nats-server's one attempt a second) while the link never came up, and
-every `reconnect_error_reports`th (default 1: each one) once it had been up and is being dialled again; the
-other attempts are logged at debug level (`debug: true`). A value of 0 or less is the default, as in
+A dialler counts its failed attempts in a row, from 1 again after the link had been up (a route counts
+whichever side dialled it). Attempt 1 is always logged, then every `connect_error_reports`th (default 3600,
+about once an hour at nats-server's one attempt a second) while the link never came up, and every
+`reconnect_error_reports`th (default 1: each one) once it had been up and is being dialled again; the other
+attempts are logged at debug level (`debug: true`). A value of 0 or less is the default, as in
 nats-server.
 """
 
