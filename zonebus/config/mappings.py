@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 
-from zonebus.config.convert import get_map
+from zonebus.config.convert import BadValue, get_map
 from zonebus.config.parser import Value
 from zonebus.subjects.mapping import Destination, Mapping, MappingError, valid_source
 
@@ -33,7 +33,7 @@ def read_mappings(v: Value, errors: list[str]) -> list[Mapping]:
     errs = _Errors()
     try:
         entries = get_map(v)
-    except Exception as exc:  # (BadValue: not a map)
+    except BadValue as exc:
         errs.add(v, f"mappings: {exc}")
         entries = {}
     for src, body in entries.items():
