@@ -1,5 +1,6 @@
 """nats-server's small keys, each against nats-server: `no_header_support`, `disable_sublist_cache`, the
-cluster's `pool_size`, `connect_error_reports`, `remote_syslog` and `syslog`.
+cluster's `pool_size`, `connect_error_reports`, `reconnect_error_reports`, `log_file`, `remote_syslog` and
+`syslog`.
 
 What nats-server 2.15 does, and zonebus must do too:
 - `no_header_support: true`: INFO says `"headers": false`; a client that asks for headers gets none, its
@@ -12,6 +13,7 @@ What nats-server 2.15 does, and zonebus must do too:
   authentication error with priority 3, notices with 5, and nothing is written to stdout/stderr;
   `remote_syslog: "unix:///path"`: the same over a stream socket, in the local form
   `<priority>Mmm dd hh:mm:ss tag[pid]: message`;
+- `log_file`: the log goes there (it wins over `remote_syslog`), a path that cannot be opened stops the start;
 - `syslog: true` without a local syslog socket: the server does not start,
   `error connecting to syslog: "Unix syslog delivery error"`.
 """
@@ -203,6 +205,34 @@ def test_remote_syslog_unix_socket(tmp_path) -> None:
             finally:
                 for conn in accepted:
                     conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_log_file(tmp_path) -> None:
+    """`log_file`: the log goes to the file (appended), wins over `remote_syslog`, and nothing to the output;
+    a file that cannot be opened stops the start with nats-server's message."""
+    for impl in IMPLEMENTATIONS:
+        path = tmp_path / f"{impl}.log"
+        path.write_text("kept\n")
+        conf = f'log_file: "{path}"\nremote_syslog: "udp://127.0.0.1:9"\nauthorization {{ user: x, password: y }}\n'
+        server = ServerProcess(impl, conf, workers=1).start()
+        try:
+            with RawClient(server.port) as c:
+                assert c.connect(user="x", **{"pass": "wrong"})[0] == "-ERR 'Authorization Violation'"
+            wait_until(lambda p=path: 'authentication error - User "x"' in p.read_text(), f"{impl}'s log file",
+                       timeout=10)
+        finally:
+            server.stop()
+        assert path.read_text().startswith("kept\n") and server.log().strip() == "", impl
+        bad = tmp_path / "nowhere" / "x.log"
+        conf_path = tmp_path / f"{impl}-bad.conf"
+        conf_path.write_text(f'port: {free_port()}\nlog_file: "{bad}"\n')
+        command = ([nats_server_binary()] if impl == "nats" else
+                   [sys.executable, "-m", "zonebus", "server", "--workers", "1"]) + ["-c", str(conf_path)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 1, (impl, done.stderr)
+        assert done.stderr.strip().endswith(f"error opening file: open {bad}: no such file or directory"), \
+            (impl, done.stderr)
 
 
 @pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""Logging to syslog: nats-server's `syslog: true` (the local syslog daemon) and `remote_syslog`.
+"""Where the log goes: nats-server's `log_file`, `syslog: true` (the local syslog daemon) and `remote_syslog`.
 
     remote_syslog: "udp://127.0.0.1:514"     # or tcp://host:port, or unix:///path/of/a/socket
 
@@ -143,10 +143,27 @@ class _Forwarder(threading.Thread):
             time.sleep(0.01)
 
 
+def open_log_file(opts: ServerOptions) -> None:
+    """`log_file` (`-l`): this process's stderr, and so its children's, appends to that file from now on (it
+    wins over the syslog keys, as in nats-server). Raises SyslogError when it cannot be opened."""
+    if not opts.log_file:
+        return
+    try:
+        fd = os.open(opts.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        raise SyslogError(f"error opening file: open {opts.log_file}: {(exc.strerror or str(exc)).lower()}") from None
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def start_syslog(opts: ServerOptions, check_only: bool = False) -> None:
-    """Send this process's stderr (and its children's) to the configured syslog; nothing without one.
-    Raises SyslogError (or OSError for a remote TCP syslog that cannot be reached). `check_only`: only
-    that check (a server with workers starts its forwarding in the supervisor, after its exec)."""
+    """Send this process's stderr (and its children's) to the configured syslog; nothing without one, or
+    with a `log_file` (`open_log_file`). Raises SyslogError (or OSError for a remote TCP syslog that cannot
+    be reached). `check_only`: only that check (a server with workers starts its forwarding in the
+    supervisor, after its exec)."""
+    if opts.log_file:
+        return
     where = destination(opts)
     if where is None:
         return
