@@ -71,11 +71,12 @@ mappings {
   "sp.*": "sp.{{split(1,-)}}"
   "le.*": "le.{{left(1,2)}}"
   "ri.*": "ri.{{ right( 1, 2 ) }}"
+  "z.*.*": "z.$0.{{wildcard(0)}}.$2.{{partition(7,0)}}"
 }
 """
 FUNCTION_SUBJECTS = ["p.a.b", "p.x.y", "p.hello.world", "p.1.2", "q.a", "q.b", "q.zz", "sl.abcde", "sl.a", "sl.ab",
                      "sl.abc", "sr.abcde", "sr.a", "cl.abcde", "cl.a", "cl.abcd", "cr.abcde", "cr.abcd",
-                     "sp.a-b--c-", "sp.--a", "sp.-", "sp.abc", "le.abcde", "le.a", "ri.abcde", "ri.a"]
+                     "sp.a-b--c-", "sp.--a", "sp.-", "sp.abc", "le.abcde", "le.a", "ri.abcde", "ri.a", "z.y.x"]
 
 SCENARIOS = [
     Scenario("mapping_functions", connect() + [
@@ -157,7 +158,12 @@ def test_mapped_subject_crosses_the_route_and_cluster_destinations() -> None:
                     frames = [f for f in sub.sync(timeout=0.2) if f.startswith("MSG")]
                 pub.send(b"PUB cl 1\r\n1\r\nPUB x.y 1\r\n2\r\n")
                 pub.sync()
-                got[impl] = sub.collect(2, timeout=5)
+                frames = []
+                while len(frames) < 2:  # (late probes left out)
+                    frame = sub.collect(1, timeout=5)[0]
+                    if "probe" not in frame:
+                        frames.append(frame)
+                got[impl] = frames
         finally:
             stop_all(servers)
     assert got["nats"] == ["MSG in.c1 1 1 b'1'", "MSG in.x.y 1 1 b'2'"]

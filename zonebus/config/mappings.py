@@ -6,8 +6,8 @@
       canary: [{destination: v2, weight: 10%}, {destination: v1, weight: 90%, cluster: east}]
     }
 
-Each entry becomes a checked `zonebus.subjects.mapping.Mapping`; what mappings do is described there. Two
-things nats-server accepts and then fails on at the first message (an empty destination, `$0`) are refused.
+Each entry becomes a checked `zonebus.subjects.mapping.Mapping`; what mappings do is described there. An
+empty destination, which nats-server accepts and then fails on at the first message, is refused.
 """
 
 from __future__ import annotations

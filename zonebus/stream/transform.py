@@ -40,9 +40,9 @@ class SubjectTransform:
             m = _WILDCARD_FN.match(tok) or _DOLLAR.match(tok)
             if m:
                 n = int(m.group(1))
-                if n < 1 or n > len(stars):
+                if not stars or n > len(stars):
                     raise _bad_dest(f"invalid mapping destination: wildcard index out of range in {tok}: [{n}]")
-                self.parts.append(("wc", stars[n - 1]))
+                self.parts.append(("wc", stars[n - 1] if n else 0))  # ($0: the subject's first token)
             elif tok == "*" or (tok == ">" and (pos != len(dest_toks) - 1 or not self._fwc)):
                 raise _bad_dest("invalid subject")
             elif tok == ">":

@@ -56,10 +56,10 @@ class Transform:
             m = _WILDCARD_FN.match(tok) or _DOLLAR.match(tok)
             if m:
                 n = int(m.group(1))
-                if n < 1 or n > len(stars):
+                if not stars or n > len(stars):
                     where = f"{tok}: [{n}]" if stars else tok
                     raise MappingError(f"invalid mapping destination: wildcard index out of range in {where}")
-                out.tokens.append(stars[n - 1])
+                out.tokens.append(stars[n - 1] if n else 0)  # ($0: the subject's first token, as nats-server)
             elif tok == "*" or (tok == ">" and (pos != len(dest_toks) - 1 or not fwc)):
                 raise MappingError("invalid subject")
             elif tok == ">":

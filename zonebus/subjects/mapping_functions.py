@@ -60,11 +60,11 @@ def parse_function(token: str, stars: list[int]) -> Function | None:
         value = int(arg)
         if kind == "i":
             number = value
-        elif value < 1 or value > len(stars):
+        elif value < 0 or value > len(stars) or not stars:
             raise FunctionError(f"wildcard index out of range in {token}: [{value}]" if stars
                                 else f"wildcard index out of range in {token}")
         else:
-            wildcards.append(stars[value - 1])
+            wildcards.append(stars[value - 1] if value else 0)  # (0: the subject's first token)
     if name in _POSITIVE and number < 1:
         raise FunctionError(f"function argument is invalid or in the wrong format in {token}")
     return name, tuple(wildcards), number, text
