@@ -22,7 +22,7 @@ import time
 import nats
 import pytest
 from rawclient import RawClient
-from script import Read, Scenario, Send, Sync, check_scenario, connect
+from script import Read, Scenario, Send, Sync, check_scenario, connect, run_script
 
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
@@ -65,7 +65,6 @@ SCENARIOS = [
         Send(b"SUB x 1\r\nSUB y 2\r\nSUB z 3\r\nSUB w 4\r\n"), Sync(),
         Send(b"UNSUB 1\r\nSUB z 3\r\n"), Sync(),
         Send(b"SUB x 1\r\nSUB y 2\r\nSUB z 3\r\nSUB w 4\r\nSUB v 5\r\n", "b"), Sync("b")]),
-    sc("account_no_subscriptions", [Send(b'CONNECT {"user":"c","pass":"c"}\r\nPING\r\n'), Read()]),
     sc("account_payload", connect(**A) + [
         Send(b"SUB p 1\r\nPUB p 100\r\n" + b"x" * 100 + b"\r\n"), Sync(),
         Send(b"PUB p 101\r\n" + b"x" * 101 + b"\r\n"), Read()]),
@@ -79,6 +78,16 @@ SCENARIOS = [
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=str)
 def test_account_limit_scenarios(impl: str, server_pool, scenario: Scenario) -> None:
     check_scenario(impl, server_pool, scenario)
+
+
+@pytest.mark.timeout(30)
+def test_account_without_subscriptions_closes_after_login(impl: str, server_pool) -> None:
+    """`max_subscriptions: 0`: the client's CONNECT is answered, then the -ERR and a close (nats-server sends
+    the -ERR from another goroutine: before or after the +OK and PONG)."""
+    server = server_pool.get(impl, LIMITS)
+    (line,) = run_script(server.port, [Send(b'CONNECT {"user":"c","pass":"c"}\r\nPING\r\n'), Read()])
+    frames = line.removeprefix("a: ").split(" | ")
+    assert sorted(frames[:-1]) == ["+OK", "-ERR 'maximum subscriptions exceeded'", "PONG"] and frames[-1] == "CLOSED"
 
 
 @pytest.mark.timeout(30)
