@@ -9,6 +9,10 @@ Durations are seconds (float), sizes are bytes (int).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zonebus.subjects.mapping import Mapping
 
 DEFAULT_PORT = 4222
 MAX_PAYLOAD = 1024 * 1024
@@ -68,6 +72,7 @@ class RouteOptions:
     auth_timeout: float = AUTH_TIMEOUT  # cluster { authorization { timeout } }
     tls: TLSOptions | None = None  # cluster { tls {} }: routes over TLS
     compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
+    pool_size: int = 3  # nats-server's route pool size, in /varz; zonebus dials one route per peer whatever it is
 
 
 @dataclass
@@ -223,6 +228,20 @@ class AccountJetStream:
 
 
 @dataclass
+class AccountLimits:
+    """An account's `limits {}` (zonebus.server.account_limits); -1 = no limit, as nats-server."""
+
+    max_connections: int = -1
+    max_subscriptions: int = -1
+    max_payload: int = -1
+    max_leafnodes: int = -1  # accepted; zonebus has no leaf node connections
+
+    @property
+    def any(self) -> bool:
+        return (self.max_connections, self.max_subscriptions, self.max_payload) != (-1, -1, -1)
+
+
+@dataclass
 class AccountOptions:
     """One entry of `accounts { NAME: {...} }` (zonebus.server.accounts)."""
 
@@ -232,6 +251,8 @@ class AccountOptions:
     imports: list[ImportOptions] = field(default_factory=list)
     default_permissions: Permissions | None = None
     jetstream: AccountJetStream | None = None  # None: no JetStream in this account
+    limits: AccountLimits = field(default_factory=AccountLimits)  # `limits {}`
+    mappings: list[Mapping] = field(default_factory=list)  # `mappings {}` (zonebus.subjects.mapping)
 
 
 @dataclass
@@ -270,6 +291,16 @@ class ServerOptions:
     logtime: bool = True
     pid_file: str = ""
     log_file: str = ""  # `log_file`/`logfile` key, `-l/--log` flag
+    # nats-server's small keys (docs/configuration.md): syslog (zonebus.server.syslogging), the match cache
+    # (zonebus.subjects.sublist), headers, and how often route/gateway dial errors are logged
+    # (zonebus.link.reports)
+    syslog: bool = False
+    remote_syslog: str = ""  # udp://host:port, tcp://host:port, unix:///path
+    disable_sublist_cache: bool = False
+    no_header_support: bool = False
+    connect_error_reports: int = 3600
+    reconnect_error_reports: int = 1
+    mappings: list[Mapping] = field(default_factory=list)  # top-level `mappings {}`: the global account's
     signal: str = ""  # `--signal reload[=pid]`: send this signal to a running server instead of serving
     config_file: str = ""
     cluster: RouteOptions = field(default_factory=RouteOptions)

@@ -34,7 +34,8 @@ def misconfigured() -> Iterator[dict[str, ServerProcess | int]]:
     configs = {
         "X1": cluster_config("X1", ports["X1r"], [ports["X1r"]], cluster="X", extra=gw_block("X", ports["X1"])),
         "X2": cluster_config("X2", ports["X2r"], [ports["X1r"]], cluster="X", extra=gw_block("Y", ports["X2"])),
-        "L": "server_name: L\n" + gw_block("L", ports["L"], {"Z": ports["Z"], "W": ports["R"]}),
+        "L": "server_name: L\nconnect_error_reports: 3\n"  # (attempts 1, 3, 6, ... are logged)
+             + gw_block("L", ports["L"], {"Z": ports["Z"], "W": ports["R"]}),
         "R": "server_name: R\n" + gw_block("R", ports["R"], extra="reject_unknown_cluster: true"),
         "U": "server_name: U\n" + gw_block("U", ports["U"], {"R": ports["R"]}),
     }

@@ -221,7 +221,7 @@ async def _across(url0: str, url1: str) -> None:
      'subject: "x"}}] } }', "does not export"),
     ('accounts { A: { users: [{user: u, password: p}] }, B: { users: [{user: u, password: q}] } }',
      "duplicate user"),
-    ('accounts { A: { mappings: { a: b } } }', 'unsupported field "mappings"'),
+    ('accounts { A: { nkey: "AAAA" } }', 'unsupported field "nkey"'),
 ])
 def test_bad_account_configs_refused(tmp_path, conf: str, words: str) -> None:
     path = tmp_path / "server.conf"

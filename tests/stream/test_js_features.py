@@ -322,7 +322,8 @@ async def test_pull_idle_heartbeats(js_servers: dict[str, ServerProcess]) -> Non
 TRANSFORMS = [("X.*.*", "Y.$2.$1"), ("X.*.*", "Y.{{wildcard(2)}}.{{ wildcard(1) }}"), ("X.>", "Y.>"),
               ("", "Y.>"), ("X.*", ""), ("X.*.>", "Y.$1.>"), ("Q.*", "Y.$1"),
               ("X.*", "Y.*"), ("X.*", "Y.$2"), ("X..a", "Y"), ("X.>", "Y"), ("X.*", "Y.>"), ("X.>", "Y.*"),
-              ("X.*", "Y. a"), ("X.*", "Y.{{bogus(1)}}")]
+              ("X.*", "Y. a"), ("X.*", "Y.{{bogus(1)}}"), ("X.*.*", "Y.{{partition(3,1,2)}}.$1"),
+              ("X.*.*", "Y.{{splitFromLeft(2,1)}}.{{partition(4)}}"), ("X.*", "Y.{{partition(x,1)}}")]
 
 
 async def _transforms(nc, tag: str) -> list[Any]:
@@ -350,6 +351,7 @@ async def test_subject_transforms(js_servers: dict[str, ServerProcess]) -> None:
     want, got = await _both(js_servers, _transforms)
     _assert_same(want, got)
     assert want[1] == ["Y#.b.a", "X#.a", "X#.a.b.c"]
+    assert ["Y#.0.a", "X#.a", "X#.a.b.c"] in want  # partition(3,1,2) of X#.a.b: FNV-1a("ab") % 3
 
 
 # -- server resource limits --------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ def test_unsupported_keys_are_in_the_readme_table() -> None:
 
 @pytest.mark.parametrize("conf, words", [
     ("leafnodes { port: 7422 }", 'unsupported field "leafnodes": zonebus does not have nats-server\'s leaf node'),
-    ("cluster { name: c, pool_size: 3 }", 'unsupported field "pool_size"'),
+    ("cluster { name: c, accounts: [A] }", 'unsupported field "accounts"'),
     ("jetstream { domain: hub }", 'unsupported field "domain"'),
     ("leafnodez { port: 7422 }", 'unknown field "leafnodez"'),
 ])

@@ -25,6 +25,7 @@ from zonebus.link import Backoff, LinkChannels, json_line
 from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
+from zonebus.link.reports import dial_error, should_report
 from zonebus.options import advertised_host
 from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, WORKER
 from zonebus.subjects.sublist import Subscription
@@ -51,6 +52,7 @@ class ClusterManager:
         self.server = server
         self.opts = server.opts.cluster
         self.peers: dict[str, RouteConnection] = {}
+        self.routes_up: dict[tuple[str, int], int] = {}  # (host, port) -> routes to it that went live
         self.plain_refs: dict[bytes, int] = {}
         self.queue_refs: dict[tuple[bytes, bytes], int] = {}
         self.account_refs = InterestCounts()  # the same for accounts other than $G (zonebus.server.accounts)
@@ -176,6 +178,13 @@ class ClusterManager:
 
     def _go_live(self, conn: RouteConnection, info: dict[str, Any]) -> None:
         conn.established = True
+        for url in (conn.url, conn.remote_route_url):  # (dial loops: a route to that URL has been up)
+            try:
+                key = parse_route_url(url) if url else None
+            except ValueError:
+                key = None
+            if key is not None:
+                self.routes_up[key] = self.routes_up.get(key, 0) + 1
         conn.msgs_in = True
         conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
@@ -274,6 +283,10 @@ class ClusterManager:
             self._dialing.discard(url)
             return
         backoff = Backoff()
+        # connect_error_reports until a route to `url` (ours or the peer's) had been up, then
+        # reconnect_error_reports, the attempts counted again from 1 after each such route
+        connected = False
+        seen = self.routes_up.get((host, port), 0)
         try:
             while self._running:
                 try:
@@ -283,7 +296,16 @@ class ClusterManager:
                 except OSError as exc:
                     if self.opts.tls is not None and not isinstance(exc, ConnectionRefusedError):
                         self.server.log(f"route {url}: TLS route handshake error: {exc}", "ERR")
-                    if backoff.failed() >= IMPLICIT_RETRIES and not configured:
+                    if self.routes_up.get((host, port), 0) != seen:
+                        seen = self.routes_up[(host, port)]
+                        connected = True
+                        backoff.reset()
+                    attempts = backoff.failed()
+                    report = should_report(self.server.opts, connected, attempts)
+                    if report or self.server.opts.debug:
+                        self.server.log(f"Error trying to connect to route (attempt {attempts}): "
+                                        f"{dial_error(host, port, exc)}", "ERR" if report else "DBG")
+                    if attempts >= IMPLICIT_RETRIES and not configured:
                         return
                     await backoff.wait()
                     continue

@@ -75,4 +75,5 @@ def varz_cluster(mgr: ClusterManager) -> dict[str, Any]:
     return {"name": opts.name, "addr": opts.host,
             "cluster_port": int(mgr.route_url.rsplit(":", 1)[-1]) if mgr.route_url else 0,
             "urls": list(opts.routes), "prefer_matching_tags": opts.prefer_matching_tags, "tags": mgr.tags,
-            "compression": opts.compression.mode}
+            "compression": opts.compression.mode,
+            "pool_size": opts.pool_size or 3}  # (nats-server's: 0 is its default 3; zonebus: one route per peer)

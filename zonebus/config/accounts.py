@@ -30,8 +30,9 @@ from zonebus.config.convert import (
     get_str_list,
     show,
 )
+from zonebus.config.mappings import read_mappings
 from zonebus.config.parser import Value
-from zonebus.config.readers import Errors, Handler, apply_handlers
+from zonebus.config.readers import MAX_PAYLOAD_LIMIT, Errors, Handler, apply_handlers
 from zonebus.options import AccountJetStream, AccountOptions, ExportOptions, ImportOptions, ServerOptions
 from zonebus.subjects.patterns import is_subset
 from zonebus.subjects.validate import is_valid_subject
@@ -184,7 +185,34 @@ def _jetstream(acc: AccountOptions, v: Value, errors: Errors) -> None:
     acc.jetstream = limits
 
 
+_LIMIT_KEYS = {
+    "max_connections": "max_connections", "max_conn": "max_connections",
+    "max_subscriptions": "max_subscriptions", "max_subs": "max_subscriptions",
+    "max_payload": "max_payload", "max_pay": "max_payload",
+    "max_leafnodes": "max_leafnodes", "max_leafs": "max_leafnodes",
+}
+
+
+def _limits(acc: AccountOptions, v: Value, errors: Errors) -> None:
+    """`limits { max_connections, max_subscriptions, max_payload, max_leafnodes }` (and nats-server's short
+    names), with nats-server's messages for a block that is not a map and for an unknown key."""
+    if v.kind != "map":
+        errors.add(v, f"Expected account limits to be a map/struct, got {show(v)}")
+        return
+    for key, val in v.value.items():
+        attr = _LIMIT_KEYS.get(key.lower())
+        if attr is None:
+            errors.add(val, f"Unknown field {json.dumps(key)} parsing account limits")
+            continue
+        try:
+            setattr(acc.limits, attr, get_int(val, -1, MAX_PAYLOAD_LIMIT))
+        except BadValue as exc:
+            errors.add(exc.at or val, f"{key}: {exc}")
+
+
 _ACCOUNT_HANDLERS = {
+    "limits": _limits,
+    "mappings": lambda a, v, e: setattr(a, "mappings", read_mappings(v, e)),
     "jetstream": _jetstream,
     "users": _account_users,
     "exports": _entries("exports", _export),

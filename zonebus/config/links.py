@@ -47,6 +47,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "connect_retries": int_field("connect_retries", 0),
     "tls": tls_block("cluster tls: "),
     "compression": setter("compression", get_compression),
+    "pool_size": int_field("pool_size"),
 }
 
 

@@ -21,6 +21,8 @@ from zonebus.config.unsupported import unsupported_message
 Handler = Callable[[Any, Value, "Errors"], None]
 
 
+MAX_PAYLOAD_LIMIT = 2**31 - 1  # nats-server: "max_payload value is too big" (server and account limits)
+
 class Errors(list):
     """The problems found so far, each `<where>: <message>`."""
 

@@ -19,9 +19,11 @@ from zonebus.config.convert import BadValue, get_duration, get_int, get_port, ge
 from zonebus.config.jetstream import read_jetstream
 from zonebus.config.ledger import read_ledger
 from zonebus.config.links import read_cluster, read_gateway
+from zonebus.config.mappings import read_mappings
 from zonebus.config.parser import ConfigError, Value
 from zonebus.config.queue_groups import read_queue_groups
 from zonebus.config.readers import (
+    MAX_PAYLOAD_LIMIT,
     Errors,
     Handler,
     apply_handlers,
@@ -36,7 +38,6 @@ from zonebus.config.readers import (
 from zonebus.config.tls import tls_block
 from zonebus.options import ServerOptions
 
-MAX_PAYLOAD_LIMIT = 2**31 - 1  # nats-server: "max_payload value is too big"
 MAX_WORKERS = 256  # `workers`: processes of one server (zonebus.workers)
 
 
@@ -103,6 +104,13 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "pidfile": str_field("pid_file"),
     "log_file": str_field("log_file"),
     "logfile": str_field("log_file"),
+    "syslog": bool_field("syslog"),
+    "remote_syslog": str_field("remote_syslog"),
+    "disable_sublist_cache": bool_field("disable_sublist_cache"),
+    "no_header_support": bool_field("no_header_support"),
+    "connect_error_reports": int_field("connect_error_reports"),
+    "reconnect_error_reports": int_field("reconnect_error_reports"),
+    "mappings": lambda o, v, e: setattr(o, "mappings", read_mappings(v, e)),
     "cluster": read_cluster,
     "gateway": read_gateway,
     "jetstream": read_jetstream,

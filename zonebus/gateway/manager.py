@@ -49,6 +49,7 @@ from zonebus.gateway.routing import GR_PREFIX, GatewayRouting
 from zonebus.link import Backoff, json_line
 from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
+from zonebus.link.reports import should_report
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -335,6 +336,7 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
     async def _dial_loop(self, remote: RemoteGateway) -> None:
         """Keep one outbound connection to `remote`: configured ones forever, implicit ones while reachable."""
         backoff = Backoff()
+        connected = False  # (connect_error_reports until the gateway came up, then reconnect_error_reports)
         try:
             while self._running and self.remotes.get(remote.name) is remote:
                 url = remote.url_for(backoff.failures, self._rng)
@@ -344,7 +346,7 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
                                                                      url), host, int(port), self.opts.tls)
                 except OSError as exc:
                     failures = backoff.failed()
-                    self._report_unreachable(remote, url, failures, exc)
+                    self._report_unreachable(remote, url, failures, exc, connected)
                     if not remote.configured and failures >= IMPLICIT_RETRIES:
                         self.log_error(f"giving up on implicit gateway {remote.name!r} after {failures} attempts")
                         del self.remotes[remote.name]
@@ -356,6 +358,7 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
                     remote.rejections += 1
                     backoff.failed()
                 elif conn.established:
+                    connected = True
                     backoff.reset()
                     remote.rejections = 0
                     if self._running:
@@ -366,11 +369,18 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
         finally:
             remote.task = None
 
-    def _report_unreachable(self, remote: RemoteGateway, url: str, failures: int, exc: OSError) -> None:
-        if failures == 1 or failures in (3, 10) or failures % 30 == 0:
+    def _report_unreachable(self, remote: RemoteGateway, url: str, failures: int, exc: OSError,
+                            connected: bool) -> None:
+        """Attempt 1, then as `connect_error_reports` / `reconnect_error_reports` say (zonebus.link.reports)."""
+        report = should_report(self.server.opts, connected, failures)
+        if report or self.server.opts.debug:
             kind = "configured" if remote.configured else "implicit"
-            self.log_error(f"gateway {remote.name!r} ({kind}) unreachable: cannot connect to {host_port(url)} "
-                           f"(attempt {failures}): {exc.strerror or exc}; retrying with backoff")
+            msg = (f"gateway {remote.name!r} ({kind}) unreachable: cannot connect to {host_port(url)} "
+                   f"(attempt {failures}): {exc.strerror or exc}; retrying with backoff")
+            if report:
+                self.log_error(msg)
+            else:
+                self.server.log(msg, "DBG")
 
     def connection_made(self, conn: GatewayConnection) -> None:
         self.connections[conn.cid] = conn

@@ -24,7 +24,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from zonebus.server.account_limits import NO_LIMITS
 from zonebus.server.connection import INTERNAL, Connection
+from zonebus.subjects.mapping import Mappings
 from zonebus.subjects.patterns import is_subset, matches, overlaps
 from zonebus.subjects.sublist import Sublist, Subscription
 
@@ -59,7 +61,7 @@ def split_ledger_keys(counts: dict[bytes, list[int]], default: str) -> dict[str,
 
 class Account:
     __slots__ = ("name", "sublist", "stream_imports", "service_imports", "shadows", "conn", "response_prefix",
-                 "responses", "_response_sub", "_next_response")
+                 "responses", "_response_sub", "_next_response", "limits", "mappings")
 
     def __init__(self, name: bytes, sublist: Sublist | None = None) -> None:
         self.name = name
@@ -72,6 +74,8 @@ class Account:
         self.responses: dict[bytes, tuple[Account, bytes, bool, float]] = {}
         self._response_sub: Subscription | None = None
         self._next_response = 0
+        self.limits = NO_LIMITS  # `limits {}` (zonebus.server.account_limits)
+        self.mappings: Mappings | None = None  # `mappings {}` (zonebus.subjects.mapping)
 
     def __repr__(self) -> str:
         return f"Account({self.name.decode()})"
@@ -224,8 +228,17 @@ class Accounts:
         for name in [a.name for a in opts.accounts] + [opts.system_account or "$SYS"]:
             self.by_name.setdefault(name.encode(), Account(name.encode()))
         exports = {a.name: a.exports for a in opts.accounts}
+        for acc in self.by_name.values():
+            acc.limits, acc.mappings = NO_LIMITS, None
+        cluster = opts.cluster.name
+        if opts.mappings:
+            self.global_account.mappings = Mappings(opts.mappings, cluster)
         for a in opts.accounts:
             acc = self.by_name[a.name.encode()]
+            if a.limits.any:
+                acc.limits = a.limits
+            if a.mappings:
+                acc.mappings = Mappings(a.mappings, cluster)
             for imp in a.imports:
                 exporter = self.by_name[imp.account.encode()]
                 if imp.kind == "stream":

@@ -28,8 +28,10 @@ from zonebus.protocol.client_parser import (
     pub_wire_bytes,
 )
 from zonebus.protocol.errors import ProtocolError, malformed
+from zonebus.server import account_limits
 from zonebus.server.auth import ClientPermissions, pub_violation, sub_violation
 from zonebus.server.connection import CLIENT, Connection, deliver_run
+from zonebus.server.mapped import publish_mapped
 from zonebus.subjects.sublist import Subscription
 from zonebus.subjects.validate import is_valid_publish_subject, is_valid_subject
 
@@ -183,6 +185,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         server = self.server
         process_msg = server.process_msg
         sublist = self.account.sublist
+        mappings = self.account.mappings  # (zonebus.server.mapped)
         mark_dirty = server.mark_dirty
         rnd = server.random.random
         # messages right behind one that took the fast path, with its very line (`run_hdr`): nothing they could
@@ -201,6 +204,13 @@ class ClientConnection(Connection, asyncio.Protocol):
                 run_hdr = None
             if code == PUB and self.connected:
                 _, hdr, data = op
+                if mappings is not None:
+                    subject = mappings.map(hdr.subject)
+                    if subject is not None:
+                        publish_mapped(self, hdr, data, subject)
+                        if self.closed:
+                            return
+                        continue
                 self.in_msgs += 1
                 size = hdr.size
                 self.in_bytes += size
@@ -262,6 +272,7 @@ class ClientConnection(Connection, asyncio.Protocol):
                 if not self._connect(op[1]):
                     return
                 sublist = self.account.sublist  # the login may have put it in another account
+                mappings = self.account.mappings
             elif not self.connected and server.opts.auth_required:
                 self.send(errors.err(errors.AUTH_VIOLATION))
                 self.close()
@@ -334,6 +345,8 @@ class ClientConnection(Connection, asyncio.Protocol):
             value = opts.get(key)
             if value is not None:  # JSON null keeps the default, as in nats-server
                 setattr(self, key, value)
+        if server.opts.no_header_support:  # as nats-server: the client's `headers` is off, HPUB closes it
+            self.headers = False
         self.name = str(opts.get("name", "") or "")
         self.lang = str(opts.get("lang", "") or "")
         self.version = str(opts.get("version", "") or "")
@@ -341,6 +354,8 @@ class ClientConnection(Connection, asyncio.Protocol):
         if server.opts.auth_required and not server.check_auth(self, opts):
             self.send(errors.err(errors.AUTH_VIOLATION))
             self.close()
+            return False
+        if not account_limits.login(self):
             return False
         if self.no_responders and not self.headers:
             self.send(errors.err(errors.NO_RESPONDERS_NEEDS_HEADERS))
@@ -368,8 +383,8 @@ class ClientConnection(Connection, asyncio.Protocol):
                 what += f', Queue: "{queue.decode(errors="replace")}"'
             server.auth_log(self, f"Subscription Violation - {what}, SID {sid.decode(errors='replace')}")
             return
-        limit = server.opts.max_subscriptions
-        if limit and len(self.subs) >= limit:
+        limit = account_limits.subscription_limit(server.opts.max_subscriptions, self.account)
+        if 0 <= limit <= len(self.subs):
             self.send(errors.err(errors.MAX_SUBSCRIPTIONS))
             return
         if sid in self.subs:  # nats-server ignores a duplicate sid

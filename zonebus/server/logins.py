@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus import SERVER_VERSION
 from zonebus.options import ServerOptions
+from zonebus.server import account_limits
 from zonebus.server.auth import Authenticator, ClientPermissions
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class ClientLogins:
             urls = self.connect_urls()
             if urls:
                 info["connect_urls"] = urls
+        info.update(account_limits.info_fields(conn))
         return b"INFO " + _json(info) + b"\r\n"
 
     def client_urls_changed(self) -> None:
@@ -66,7 +68,7 @@ class ClientLogins:
             "go": f"python{sys.version_info.major}.{sys.version_info.minor}",
             "host": opts.host,
             "port": opts.port,
-            "headers": True,
+            "headers": not opts.no_header_support,
             "max_payload": opts.max_payload,
         }
         if opts.auth_required:
@@ -114,9 +116,11 @@ class ClientLogins:
         checked again with the CONNECT it sent; refused ones are closed, the others get their (maybe new)
         permissions, and subscriptions these no longer allow are removed with a Permissions Violation."""
         opts = self.opts
-        if new.accounts or opts.accounts:
-            opts.accounts, opts.system_account = new.accounts, new.system_account
+        if new.accounts or opts.accounts or new.mappings or opts.mappings:
+            opts.accounts, opts.system_account, opts.mappings = new.accounts, new.system_account, new.mappings
             self.accounts.reload(new)
+            if self.system is not None:
+                self.system.conns.start()
         opts.auth_user, opts.auth_password, opts.auth_token = new.auth_user, new.auth_password, new.auth_token
         opts.users, opts.default_permissions = new.users, new.default_permissions
         opts.no_auth_user, opts.auth_timeout = new.no_auth_user, new.auth_timeout

@@ -51,6 +51,7 @@ class Server(ClientLogins, MessageRouting):
 
     def __init__(self, opts: ServerOptions) -> None:
         self.opts = opts
+        Sublist.caching = not opts.disable_sublist_cache  # (one server per process)
         self.server_id = new_server_id()
         self.name = opts.server_name or self.server_id
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
@@ -254,6 +255,8 @@ class Server(ClientLogins, MessageRouting):
             del self.closed_conns[:-100]
         elif self.links.pop(conn.cid, None) is not None:
             conn.unregister()  # type: ignore[attr-defined]
+            if self.system is not None:  # (its account connection counts, zonebus.server.account_conns)
+                self.system.conns.peer_gone(getattr(conn, "remote_id", ""))
 
     # -- subscriptions --------------------------------------------------------------------------------
     def add_subscription(self, sub: Subscription, account: Account | None = None) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zonebus import SERVER_VERSION
+from zonebus.server.account_conns import AccountConns
 
 if TYPE_CHECKING:
     from zonebus.server.client import ClientConnection
@@ -41,8 +42,10 @@ class SystemAccount:
         self.account = server.accounts.lookup(server.opts.system_account or "$SYS")
         self.client = InternalClient(server, "$SYS", self.account)
         self.seq = 0
+        self.conns = AccountConns(self)  # account max_connections across the cluster
 
     def start(self) -> None:
+        self.conns.start()
         if not self.server.system_requests:  # e.g. worker processes other than the first (zonebus.workers)
             return
         sid = self.server.server_id
@@ -54,11 +57,13 @@ class SystemAccount:
 
     # -- events --------------------------------------------------------------------------------------
     def client_connected(self, conn: ClientConnection) -> None:
+        self.conns.changed(conn.account)
         subject = f"$SYS.ACCOUNT.{conn.account.display}.CONNECT"
         if self._listened(subject):
             self._publish(subject, {"type": ADVISORY + "client_connect", **self._event(), "client": _client(conn)})
 
     def client_closed(self, conn: ClientConnection, reason: str = "Client Closed") -> None:
+        self.conns.changed(conn.account)
         subject = f"$SYS.ACCOUNT.{conn.account.display}.DISCONNECT"
         if not self._listened(subject):
             return
@@ -69,6 +74,10 @@ class SystemAccount:
 
     def _listened(self, subject: str) -> bool:
         return bool(self.account.sublist.match(subject.encode()))
+
+    def event_fields(self) -> dict[str, Any]:
+        """`id`, `timestamp` and `server` of an event (zonebus.server.account_conns)."""
+        return self._event()
 
     def _event(self) -> dict[str, Any]:
         import secrets  # (on demand: a server that never sends a system event needs no OpenSSL hashes)

@@ -2,20 +2,23 @@
 
 `src` is a subject filter (empty = every subject); `dest` is built from literal tokens and references to
 the tokens the source's `*` wildcards matched: `$N` and `{{wildcard(N)}}` (the N-th one, from 1), and a final
-`>` when the source ends with one (a plain `*` in `dest` is refused, as nats-server refuses it). The other
-mapping functions (partition, split...) are not supported and are refused with a clear error. An empty `dest` maps
-nothing (nats-server accepts and ignores it).
+`>` when the source ends with one (a plain `*` in `dest` is refused, as nats-server refuses it), and nats-server's
+other functions (partition, split, ..., zonebus.subjects.mapping_functions). An empty `dest` maps nothing
+(nats-server accepts and ignores it).
 """
 
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
 from zonebus.protocol.jserrors import JSError
 from zonebus.stream.subjects import valid_subject
+from zonebus.subjects.mapping_functions import FunctionError, apply_function, parse_function
 from zonebus.subjects.patterns import matches
 
+_RNG = random.Random()
 _WILDCARD_FN = re.compile(r"^\{\{\s*wildcard\s*\(\s*(\d+)\s*\)\s*\}\}$", re.IGNORECASE)
 _DOLLAR = re.compile(r"^\$(\d+)$")
 
@@ -23,8 +26,6 @@ _DOLLAR = re.compile(r"^\$(\d+)$")
 Part = tuple[str, Any]
 
 
-_KNOWN_FNS = ("partition", "splitfromleft", "splitfromright", "slicefromleft", "slicefromright", "split",
-              "left", "right", "random")
 
 
 class SubjectTransform:
@@ -39,18 +40,21 @@ class SubjectTransform:
             m = _WILDCARD_FN.match(tok) or _DOLLAR.match(tok)
             if m:
                 n = int(m.group(1))
-                if n < 1 or n > len(stars):
+                if not stars or n > len(stars):
                     raise _bad_dest(f"invalid mapping destination: wildcard index out of range in {tok}: [{n}]")
-                self.parts.append(("wc", stars[n - 1]))
+                self.parts.append(("wc", stars[n - 1] if n else 0))  # ($0: the subject's first token)
             elif tok == "*" or (tok == ">" and (pos != len(dest_toks) - 1 or not self._fwc)):
                 raise _bad_dest("invalid subject")
             elif tok == ">":
                 self.parts.append((">", None))
             elif tok.startswith("{{") and tok.endswith("}}"):
-                fn = tok[2:-2].strip().split("(", 1)[0].strip().lower()
-                if fn in _KNOWN_FNS:
-                    raise _bad_dest(f"invalid mapping destination: {fn}() is not supported by zonebus")
-                raise _bad_dest(f"invalid mapping destination: unknown function in {tok}")
+                try:
+                    fn = parse_function(tok, stars)
+                except FunctionError as exc:
+                    raise _bad_dest(f"invalid mapping destination: {exc}") from None
+                if fn is None:
+                    raise _bad_dest(f"invalid mapping destination: unknown function in {tok}")
+                self.parts.append(("fn", fn))
             elif not tok or any(c in tok for c in " \t\r\n{}"):
                 raise _bad_dest("invalid mapping destination: invalid transform")
             else:
@@ -69,6 +73,8 @@ class SubjectTransform:
                 out.append(val)
             elif kind == "wc":
                 out.append(toks[val])
+            elif kind == "fn":
+                out.append(apply_function(val, toks, subject, _RNG))
             else:
                 out.extend(toks[self._last:])
         return ".".join(out)

@@ -1,4 +1,4 @@
-"""The subscription index: a trie over subject tokens with a match cache.
+"""The subscription index: a trie over subject tokens with a match cache (off with `disable_sublist_cache`).
 
 `Sublist.match(subject)` returns a `MatchResult` with the plain subscriptions and the queue subscriptions
 grouped by queue name. Results are cached per literal subject; any insert or remove bumps `generation` and
@@ -63,6 +63,8 @@ class _Node:
 
 
 class Sublist:
+    caching = True  # False: no match cache at all (the server's `disable_sublist_cache`)
+
     def __init__(self) -> None:
         self._root = _Node()
         self._cache: dict[bytes, MatchResult] = {}
@@ -145,6 +147,8 @@ class Sublist:
         if b"" not in tokens:  # a subject with an empty token matches nothing
             _collect(self._root, tokens, 0, psubs, qmap)
         r = MatchResult(psubs, list(qmap.values())) if (psubs or qmap) else EMPTY
+        if not self.caching:
+            return r
         if len(self._cache) >= CACHE_MAX:
             self._cache = {}
         self._cache[subject] = r
@@ -169,7 +173,7 @@ class Sublist:
             return r
         r = self._match_nocache(subject)
         tokens = prefix.split(b".")
-        if b"" not in tokens:
+        if b"" not in tokens and self.caching:
             nodes: list[_Node] = []
             _last_nodes(self._root, tokens, 0, nodes)
             if all(k in (b"*", b">") for node in nodes for k in node.children):

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zonebus.workers import WorkerSpec, counts
+from zonebus.workers import OPTIONS_FILE, WorkerSpec, counts
 
 if TYPE_CHECKING:
     import socket
@@ -123,8 +123,19 @@ class Supervisor:
         self.lame_duck = False
         self.failure = ""
 
+    def _syslog(self) -> None:
+        """`syslog`/`remote_syslog`: this process's log and its workers' (they inherit its stderr) go there
+        (checked by `zonebus server` before it started this supervisor)."""
+        import pickle
+
+        from zonebus.server.syslogging import start_syslog
+
+        with open(Path(self.dir) / OPTIONS_FILE, "rb") as f:
+            start_syslog(pickle.load(f))
+
     def run(self) -> int:
         os.set_inheritable(self.reserved, False)
+        self._syslog()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
