@@ -62,9 +62,10 @@ async def fan_out(zc: ZoneCluster, n: int, payloads: list[bytes]) -> None:
         for name, nc in (("s2", sub2), ("s3", sub3)):
             await nc.subscribe("events.json", cb=collect(got[name]))
             await nc.flush()
-        def interest() -> bool:
-            return all(any("events.json" in x for x in r.get("subscriptions_list", []))
-                       for r in s[0].http_get("/routez?subs=1")["routes"])
+        def interest() -> bool:  # the mesh settled (one route per peer: a duplicate closes) and both subscribed
+            routes = s[0].http_get("/routez?subs=1")["routes"]
+            return len(routes) == len(s) - 1 and all(
+                any("events.json" in x for x in r.get("subscriptions_list", [])) for r in routes)
         await until(lambda: asyncio.to_thread(interest), "interest on s1")
         for p in payloads[:n]:
             await pub.publish("events.json", p)
