@@ -16,7 +16,6 @@ What nats-server 2.15 does, and zonebus must do too:
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 
 import nats
@@ -28,10 +27,9 @@ from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
     IMPLEMENTATIONS,
     ServerProcess,
-    check_config,
+    check_config_both,
     cluster_config,
     free_port,
-    nats_server_binary,
     start_parallel,
     stop_all,
     wait_for_mesh,
@@ -149,9 +147,7 @@ def _message(stderr: str) -> list[str]:
 def test_limits_config_checks_as_nats_server(tmp_path, body: str) -> None:
     path = tmp_path / "server.conf"
     text = f"accounts {{ A: {{ users: [{{user: a, password: a}}], {body} }} }}\n"
-    ours = check_config(path, text)
-    theirs = subprocess.run([nats_server_binary(), "-t", "-c", str(path)], capture_output=True, text=True,
-                            timeout=30)
+    ours, theirs = check_config_both(path, text)
     assert (ours.returncode == 0) == (theirs.returncode == 0), (ours.stderr, theirs.stderr)
     if theirs.returncode != 0:
         assert sorted(_message(ours.stderr)) == sorted(_message(theirs.stderr))  # (nats-server: map order)

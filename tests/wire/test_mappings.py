@@ -15,7 +15,6 @@ What nats-server 2.15 does, and zonebus must do too:
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections import Counter
 
@@ -26,10 +25,9 @@ from script import Scenario, Send, Sync, check_scenario, connect
 from zonebus.testing.processes import (
     IMPLEMENTATIONS,
     ServerProcess,
-    check_config,
+    check_config_both,
     cluster_config,
     free_port,
-    nats_server_binary,
     start_parallel,
     stop_all,
     wait_for_mesh,
@@ -200,8 +198,6 @@ def _messages(text: str) -> list[str]:
 def test_bad_mappings_refused_as_nats_server(tmp_path, body: str) -> None:
     path = tmp_path / "server.conf"
     text = f"mappings {{ {body} }}\naccounts {{ A: {{ mappings {{ {body} }} }} }}\n"
-    ours = check_config(path, text)
-    theirs = subprocess.run([nats_server_binary(), "-t", "-c", str(path)], capture_output=True, text=True,
-                            timeout=30)
+    ours, theirs = check_config_both(path, text)
     assert ours.returncode != 0 and theirs.returncode != 0, (ours.stderr, theirs.stderr)
     assert sorted(_messages(ours.stderr)) == sorted(_messages(theirs.stderr))  # (nats-server: map order)

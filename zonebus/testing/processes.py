@@ -57,6 +57,15 @@ def check_config(path: Path | str, text: str | None = None) -> subprocess.Comple
                           capture_output=True, text=True, timeout=30)
 
 
+def check_config_both(path: Path | str, text: str) -> tuple[subprocess.CompletedProcess,
+                                                            subprocess.CompletedProcess]:
+    """(zonebus's, nats-server's) `-t -c path` after writing `text` there: a config check, differentially."""
+    ours = check_config(path, text)
+    theirs = subprocess.run([nats_server_binary(), "-t", "-c", str(path)], capture_output=True, text=True,
+                            timeout=30)
+    return ours, theirs
+
+
 def nats_server_binary() -> str:
     path = shutil.which("nats-server")
     if not path:
