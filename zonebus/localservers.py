@@ -55,7 +55,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = None) -> dict:
+def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = None, host: str = "127.0.0.1") -> dict:
     """Poll until a server on `port` sends its INFO line; return the parsed INFO. Gives up at once when
     `proc` (the server process) has exited."""
     last: Exception | None = None
@@ -63,7 +63,7 @@ def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = No
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            with socket.create_connection((host, port), timeout=1) as s:
                 data = b""
                 while b"\r\n" not in data:
                     chunk = s.recv(4096)
@@ -84,6 +84,7 @@ class ServerPages:
 
     port: int
     http_port: int | None
+    host: str = "127.0.0.1"  # the address it listens on
 
     def _wait_http(self, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -96,13 +97,13 @@ class ServerPages:
 
     def http_get(self, path: str) -> dict:
         """A monitoring page as JSON (`{"text": ...}` for a page that is not JSON)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as resp:
+        with urllib.request.urlopen(f"http://{self.host}:{self.http_port}{path}", timeout=5) as resp:
             body = resp.read()
         return json.loads(body) if body.strip().startswith(b"{") else {"text": body.decode()}
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
 
 

@@ -57,33 +57,34 @@ class MotoS3:
 
 
 @contextmanager
-def moto_s3_server(bucket: str, process: bool = False) -> Iterator[MotoS3]:
+def moto_s3_server(bucket: str, process: bool = False, host: str = "127.0.0.1") -> Iterator[MotoS3]:
     """moto's S3 server with `bucket`: in this process (threads), or with `process` in a child process of its
-    own (for benchmarks: moto then shares no GIL with the load generator)."""
+    own (for benchmarks: moto then shares no GIL with the load generator); `host`: the address it listens on
+    (a bridge's, for servers in network namespaces: `zonebus.testing.netzones`)."""
     port = free_port()
-    s3 = MotoS3(f"http://127.0.0.1:{port}", "us-east-1", bucket)
+    s3 = MotoS3(f"http://{host}:{port}", "us-east-1", bucket)
     for key, value in CREDENTIALS.items():
         os.environ.setdefault(key, value)  # for in-process clients; endpoints are passed explicitly
     if process:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         stop: Callable[[], None] = lambda: (proc.terminate(), proc.wait(10))  # noqa: E731
     else:
         from moto.server import ThreadedMotoServer
 
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         server.start()
         stop = server.stop
     try:
-        wait_until(lambda: _answers(port), "moto's S3 server to listen", timeout=30)
+        wait_until(lambda: _answers(port, host), "moto's S3 server to listen", timeout=30)
         s3.client().create_bucket(Bucket=bucket)
         yield s3
     finally:
         stop()
 
 
-def _answers(port: int) -> bool:
-    with socket.create_connection(("127.0.0.1", port), timeout=1):
+def _answers(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.create_connection((host, port), timeout=1):
         return True
 
 

@@ -110,6 +110,8 @@ class ServerProcess(ServerPages):
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
     workers: int | None = None  # zonebus worker processes; None: ZONEBUS_TEST_WORKERS, else 1; 0: no flag
+    host: str = "127.0.0.1"  # the address it listens on (clients and monitoring)
+    netns: str = ""  # run inside this network namespace (`zonebus.testing.netzones`)
 
     def worker_count(self) -> int:
         if self.impl != "zonebus":
@@ -128,12 +130,13 @@ class ServerProcess(ServerPages):
             base = [sys.executable, "-m", "zonebus", "server"]
         else:
             raise ValueError(f"unknown implementation {self.impl!r}")
-        args = base + ["-c", str(conf_path), "-a", "127.0.0.1", "-p", str(self.port)]
+        args = base + ["-c", str(conf_path), "-a", self.host, "-p", str(self.port)]
         if self.http_port:
             args += ["-m", str(self.http_port)]
         if self.impl == "zonebus" and self.workers != 0:  # (1 unless asked: the server's default is one per core)
             args += ["--workers", str(self.worker_count())]
-        return args + self.extra_args
+        args += self.extra_args
+        return ["ip", "netns", "exec", self.netns, *args] if self.netns else args
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
         if self.workdir is None:
@@ -150,7 +153,7 @@ class ServerProcess(ServerPages):
         )
         deadline = time.monotonic() + timeout
         try:
-            self.info = wait_for_info(self.port, deadline, self.proc)
+            self.info = wait_for_info(self.port, deadline, self.proc, self.host)
             if self.worker_count() > 1:
                 self._wait_workers(deadline)
             if self.http_port:
