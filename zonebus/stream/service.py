@@ -39,10 +39,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zonebus.protocol.jserrors import JSError
 from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
-from zonebus.stream.errors import JSError
 from zonebus.stream.filestore import FileStore
 from zonebus.stream.hooks import TailHook, TapHook, VisibleHook
 from zonebus.stream.memstore import MemStore
