@@ -1,8 +1,8 @@
 """Monitoring pages against nats-server: the same scenario on both, then the same fields with the same types.
 
 For every page and query: each field both have has the same JSON kind, zonebus has no field nats-server lacks
-(but for its zone additions), and the fields of issue 17 are present on both. Values that the scenario fixes
-(message counts, totals, pagination) are compared too.
+(but for its own additions: zones, storage requests, worker processes), and the fields of issue 17 are present
+on both. Values that the scenario fixes (message counts, totals, pagination) are compared too.
 """
 
 from __future__ import annotations
@@ -60,8 +60,10 @@ JSZ_DETAIL_SCOPE = ["account_details[].name", "account_details[].id", "account_d
 ZONEBUS_EXTRA = {"/varz": {"max_subscriptions"}, "/connz": {"connections[].zone"},
                  "/routez": {"routes[].tags", "routes[].zone", "routes[].tag_match", "routes[].compression_peer",
                              "routes[].compression_ratio"}}
-# zonebus's own blocks, with whatever they hold
-ZONEBUS_EXTRA_BLOCKS = {"/jsz": ("storage_requests",), "/routez": ("routes[].compression_bytes",)}
+# zonebus's own blocks, with whatever they hold (`workers`: each worker process's figures, zonebus.workers.stats,
+# when the server runs more than one)
+ZONEBUS_EXTRA_BLOCKS = {"/jsz": ("storage_requests",), "/routez": ("routes[].compression_bytes",),
+                        "/varz": ("workers",)}
 NATS_ONLY_JSZ = ("limits.default_max_consumers", ".config.metadata", ".config.metadata._nats.req.level")
 
 
@@ -113,7 +115,7 @@ def compare(page: str, nats_doc: Any, zb_doc: Any, scope: list[str]) -> None:
     assert not wrong, f"{page}: types differ (nats-server, zonebus): {wrong}"
     blocks = ZONEBUS_EXTRA_BLOCKS.get(page.split("?")[0], ())
     extra = {p for p in set(zs) - set(ns) - ZONEBUS_EXTRA.get(page, set())
-             if not any(p == b or p.startswith(b + ".") for b in blocks)}
+             if not any(p == b or p.startswith((b + ".", b + "[]")) for b in blocks)}
     assert not extra, f"{page}: zonebus has fields nats-server does not: {sorted(extra)}"
     if page.startswith("/jsz"):
         missing = {p for p in set(ns) - set(zs) if not _allowed_nats_only(page, p)}

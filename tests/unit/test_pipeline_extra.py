@@ -62,6 +62,7 @@ def test_the_server_runs_without_the_extra(tmp_path: Path) -> None:
     port, http_port = free_port(), free_port()
     conf = tmp_path / "server.conf"
     conf.write_text(f'ledger {{ dir: "{tmp_path}", interval: "100ms" }}\n')
+    # one process: the packages are blocked in this interpreter only (worker processes would start their own)
     args = ["server", "-c", str(conf), "-a", "127.0.0.1", "-p", str(port), "-m", str(http_port), "--workers", "1"]
     proc = subprocess.Popen([sys.executable, "-c", BLOCKED, *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

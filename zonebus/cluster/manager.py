@@ -398,5 +398,7 @@ def _tier(sub: Subscription) -> int:
     conn = sub.conn
     kind = conn.kind
     if kind in _LOCAL:
+        if kind == WORKER and conn.members_elsewhere(sub) >= sub.weight:
+            return MATCHING  # only other servers' members: the worker holding the routes picks among them
         return LOCAL
     return MATCHING if getattr(conn, "tag_match", False) else OTHER

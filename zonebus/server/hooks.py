@@ -21,6 +21,7 @@ through the attributes below. The core calls them; it never imports them.
 | `info_extras` | dict | fields extensions add to the client INFO (e.g. `jetstream: true`) |
 | `varz_sections` | `{name: () -> dict}` | `/varz` is built: each adds a section |
 | `pages` | `{path: PageBuilder}` | the monitor starts: each is served as JSON (`/routez`, `/gatewayz`, ...) |
+| `ledger_totals` | `() -> Awaitable[LedgerTotals or None]` or None | `/metrics` is built: the ledger's totals to show |
 | `reload_hooks` | list of `(ServerOptions) -> None` | SIGHUP: the new options were read and applied |
 | `publish_interceptor` | `PublishInterceptor` or None | every message, before delivery (durable queue groups) |
 | `admission` | `(ClientConnection) -> bool` or None | a client connects, before its INFO: False = not here (*) |

@@ -34,7 +34,7 @@ from zonebus.ledger.zones import ClientZoneResolver, server_zone
 from zonebus.protocol.client_parser import PubHeader, pub_wire_bytes
 from zonebus.protocol.route_parser import msg_line
 from zonebus.server.accounts import ledger_key, split_ledger_keys
-from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE, Connection
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE, WORKER, Connection
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
@@ -146,15 +146,23 @@ class LedgerHooks:
 
     # -- queue routing decisions ---------------------------------------------------------------------
     def member_zone(self, sub: Any) -> str:
+        """The zone of the member(s) a queue entry stands for: this server's for its clients and for another
+        worker process's entry (zonebus.workers), the peer's for a route's."""
         conn = sub.conn
-        if conn.kind == CLIENT or conn.kind == INTERNAL:
+        if conn.kind == CLIENT or conn.kind == INTERNAL or conn.kind == WORKER:
             return self.server.zone
         return conn.zone
 
     def queue_decision(self, src: Any, group: list, chosen: Any, subject: bytes, size: int) -> None:
         """Count one queue routing decision. Its bytes are those of the frame that would cross to a remote
         member (an RMSG line naming the queue, the payload, CRLF), so that the pipeline's counterfactual
-        prices decisions like the traffic rows price what did cross."""
+        prices decisions like the traffic rows price what did cross.
+
+        With worker processes, an entry of the worker holding the routes that stands for members on other
+        servers too (`members_elsewhere`) is not counted here: that worker picks among them again, and
+        counts that decision."""
+        if chosen.conn.kind == WORKER and chosen.conn.members_elsewhere(chosen):
+            return
         pub_zone = src.zone if src.kind == CLIENT and src.zone else self.server.zone
         size = len(msg_line(ACCOUNT, subject, None, [chosen.queue], -1, size)) + size + 2
         w_in = w_out = 0

@@ -37,6 +37,7 @@ from zonebus.prices import transfer_lists, transfer_per_byte
 from zonebus.server.monitor import connz, subsz, varz
 
 if TYPE_CHECKING:
+    from zonebus.server.ledger_hooks import LedgerTotals
     from zonebus.server.server import Server
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -316,14 +317,15 @@ LEDGER_FAMILIES = (
 )
 
 
-def ledger_series(out: Exposition, server: Server) -> None:
+def ledger_series(out: Exposition, server: Server, totals: LedgerTotals | None = None) -> None:
+    """`totals`: the whole server's (zonebus.workers: summed over the processes), else this process's."""
     ids = {"server_id": server.server_id, "server_name": server.name}
     hooks = server.ledger
     out.gauge("zonebus_ledger_enabled", ids, 1 if hooks is not None else 0,
               "1 when the traffic ledger counts this server's traffic")
     if hooks is None:
         return
-    totals = hooks.totals
+    totals = totals or hooks.totals
     out.gauge("zonebus_ledger_interval_seconds", ids, float(server.opts.ledger.interval),
               "How often the ledger hands its counts over (the zonebus_ledger_*_total counters move then)")
     out.gauge("zonebus_ledger_last_handover_timestamp_seconds", ids, totals.last_handover,
@@ -384,8 +386,8 @@ SECTIONS = ("varz", "connz", "subsz", "routez", "healthz", "jsz", "ledger", "sto
 
 
 def metrics_text(server: Server, sections: Iterable[str] = SECTIONS, built: Mapping[str, Any] | None = None) -> str:
-    """The exposition; `built`: pages already built by their page builders (`/varz`, `/connz` of several
-    worker processes), used instead of this process's own."""
+    """The exposition; `built`: pages already built by their page builders (`/varz`, `/connz`, `/subsz` of
+    several worker processes) and `ledger`, the ledger's totals of them all, used instead of this process's own."""
     out = Exposition()
     sid = server.server_id
     wanted = set(sections)
@@ -395,7 +397,7 @@ def metrics_text(server: Server, sections: Iterable[str] = SECTIONS, built: Mapp
     if "connz" in wanted:
         connz_series(out, built.get("/connz") or connz(server), sid)
     if "subsz" in wanted:
-        flatten(out, "gnatsd_subsz", subsz(server), sid)
+        flatten(out, "gnatsd_subsz", built.get("/subsz") or subsz(server), sid)
     if "routez" in wanted:
         doc = _page(server, "/routez")
         if doc is not None:
@@ -408,7 +410,7 @@ def metrics_text(server: Server, sections: Iterable[str] = SECTIONS, built: Mapp
         if doc is not None:
             jetstream_series(out, doc, sid, server.name)
     if "ledger" in wanted:
-        ledger_series(out, server)
+        ledger_series(out, server, built.get("ledger"))
     if "storage" in wanted:
         storage_series(out, server)
     return out.text()

@@ -302,41 +302,57 @@ def connz(server: Server, subs: bool = False, auth: bool = False) -> dict[str, A
 
 
 # -- /subsz -------------------------------------------------------------------------------------------
-def subsz(server: Server, subs: bool = False, offset: int = 0, limit: int = 0, test: str = "") -> dict[str, Any]:
-    """nats-server's /subsz: sublist statistics; `subs` lists the subscriptions (`total` of them, `limit`
-    from `offset`), only those a message on the literal subject `test` would reach when it is given."""
+def sublist_stats(server: Server) -> dict[str, Any]:
+    """The sublist counters of `/subsz` (and `cache_hits`, for its hit rate)."""
     sl = server.sublist
-    accounts = list(server.accounts.by_name.values())
+    return {"num_subscriptions": sum(a.sublist.count for a in server.accounts.by_name.values()),
+            "num_cache": sl.cache_size(), "num_inserts": sl.inserts, "num_removes": sl.removes,
+            "num_matches": sl.matches, "cache_hits": sl.cache_hits}
+
+
+def sub_details(server: Server, test: str = "", skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """`/subsz`'s `subscriptions_list`, whole, by client id and sid: those a message on the literal subject
+    `test` would reach when it is given; none of a connection of a kind in `skip`."""
+    found: list[tuple[str, Any]] = []
+    for acc in server.accounts.by_name.values():
+        if test:
+            r = acc.sublist.match(test.encode())
+            subs_of = [*r.psubs, *(s for group in r.qsubs for s in group)]
+        else:
+            subs_of = acc.sublist.all_subscriptions()
+        found.extend((acc.display, s) for s in subs_of if getattr(s.conn, "kind", None) not in skip)
+    found.sort(key=lambda e: (getattr(e[1].conn, "cid", 0), e[1].sid))
+    return [_sub_detail(s, name) for name, s in found]
+
+
+def subsz_doc(server: Server, stats: Mapping[str, Any], details: list[dict[str, Any]] | None, offset: int = 0,
+              limit: int = 0) -> dict[str, Any]:
+    """The `/subsz` document from the sublist counters and, with `subs`, every subscription listed."""
     limit = limit if limit > 0 else DEFAULT_LIST_SIZE
     offset = max(offset, 0)
+    matches, hits = stats.get("num_matches", 0), stats.get("cache_hits", 0)
     out: dict[str, Any] = {
         "server_id": server.server_id,
         "now": rfc3339(time.time()),
-        "num_subscriptions": sum(a.sublist.count for a in accounts),
-        "num_cache": sl.cache_size(),
-        "num_inserts": sl.inserts,
-        "num_removes": sl.removes,
-        "num_matches": sl.matches,
-        "cache_hit_rate": (sl.cache_hits / sl.matches) if sl.matches else 0.0,
+        **{key: stats.get(key, 0) for key in ("num_subscriptions", "num_cache", "num_inserts", "num_removes",
+                                               "num_matches")},
+        "cache_hit_rate": (hits / matches) if matches else 0.0,
         "max_fanout": 0,
         "avg_fanout": 0.0,
         "total": 0,
         "offset": offset,
         "limit": limit,
     }
-    if subs:
-        found: list[tuple[str, Any]] = []
-        for acc in accounts:
-            if test:
-                r = acc.sublist.match(test.encode())
-                subs_of = [*r.psubs, *(s for group in r.qsubs for s in group)]
-            else:
-                subs_of = acc.sublist.all_subscriptions()
-            found.extend((acc.display, s) for s in subs_of)
-        found.sort(key=lambda e: (getattr(e[1].conn, "cid", 0), e[1].sid))
-        out["total"] = len(found)
-        out["subscriptions_list"] = [_sub_detail(s, name) for name, s in found[offset : offset + limit]]
+    if details is not None:
+        out["total"] = len(details)
+        out["subscriptions_list"] = details[offset : offset + limit]
     return out
+
+
+def subsz(server: Server, subs: bool = False, offset: int = 0, limit: int = 0, test: str = "") -> dict[str, Any]:
+    """nats-server's /subsz: sublist statistics; `subs` lists the subscriptions (`total` of them, `limit`
+    from `offset`), only those a message on the literal subject `test` would reach when it is given."""
+    return subsz_doc(server, sublist_stats(server), sub_details(server, test) if subs else None, offset, limit)
 
 
 def _sub_detail(s: Any, account: str = ACCOUNT_NAME) -> dict[str, Any]:
@@ -371,11 +387,13 @@ async def _metrics(server: Server, request: web.Request) -> web.Response:
     from zonebus.server.metrics import CONTENT_TYPE, metrics_text
 
     built: dict[str, Any] = {}
-    for path in ("/varz", "/connz"):  # an extension's builder (zonebus.workers: summed over the workers)
+    for path in ("/varz", "/connz", "/subsz"):  # an extension's builder (zonebus.workers: summed over the workers)
         build = server.pages.get(path)
         if build is not None:
             body = build({})
             built[path] = await body if inspect.isawaitable(body) else body
+    if server.ledger_totals is not None:
+        built["ledger"] = await server.ledger_totals()
     return web.Response(body=metrics_text(server, built=built).encode(), headers={"Content-Type": CONTENT_TYPE})
 
 

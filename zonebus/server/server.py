@@ -16,7 +16,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from zonebus import SERVER_VERSION
@@ -94,6 +94,7 @@ class Server(ClientLogins, MessageRouting):
         self.info_extras: dict[str, Any] = {}
         self.varz_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self.pages: dict[str, PageBuilder] = {}
+        self.ledger_totals: Callable[[], Awaitable[Any]] | None = None  # /metrics: zonebus.workers sums them
         self.reload_hooks: list[Callable[[ServerOptions], None]] = []
         self.url_watchers: list[Callable[[], None]] = []  # told after client_urls_changed (hooks.py)
         self.publish_interceptor: PublishInterceptor | None = None

@@ -6,9 +6,11 @@ scripts share this so that the same scenario runs against both implementations. 
 `wait_for_info` are `zonebus.localservers`'s (what `zonebus demo` runs its servers with), imported here for
 the tests.
 
-zonebus runs as one process (`--workers 1`, though the server's default is one worker per core) unless a test
-asks for `workers` processes (zonebus.workers; `workers=0`: the server's default), or for every server when
-`ZONEBUS_TEST_WORKERS=N` is set (e.g. to run the core differential suites with 2 workers).
+zonebus runs with the server's default worker count (no `--workers` flag: one worker process per core, or the
+config's `workers`; zonebus.workers), the configuration users run and so the tested one, unless a test asks
+for `workers` processes (`--workers N`; `workers=0`: the default, even when the variable below is set), or
+`ZONEBUS_TEST_WORKERS=N` is set for every server a test does not give a count (e.g. `ZONEBUS_TEST_WORKERS=1`
+runs the core differential suites with one process each, as CI's second pass does).
 """
 
 from __future__ import annotations
@@ -109,19 +111,41 @@ class ServerProcess(ServerPages):
     env: dict[str, str] | None = None
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
-    workers: int | None = None  # zonebus worker processes; None: ZONEBUS_TEST_WORKERS, else 1; 0: no flag
+    workers: int | None = None  # zonebus worker processes; None: ZONEBUS_TEST_WORKERS, else the default; 0: default
+    _default_count: int | None = field(default=None, init=False, repr=False)  # read at start()
     host: str = "127.0.0.1"  # the address it listens on (clients and monitoring)
     netns: str = ""  # run inside this network namespace (`zonebus.testing.netzones`)
 
-    def worker_count(self) -> int:
-        if self.impl != "zonebus":
-            return 1
-        if self.workers == 0:  # the server's own default (zonebus.cli.flags.default_workers)
-            return len(os.sched_getaffinity(0))
+    def asked_workers(self) -> int | None:
+        """The `--workers` count this server is started with; None: no flag, the server's default."""
+        if self.impl != "zonebus" or self.workers == 0:
+            return None
         if self.workers is not None:
             return self.workers
         env = (self.env or {}).get(WORKERS_ENV) or os.environ.get(WORKERS_ENV, "")
-        return int(env) if env.isdigit() and int(env) > 0 else 1
+        return int(env) if env.isdigit() and int(env) > 0 else None
+
+    def worker_count(self) -> int:
+        """How many worker processes the server runs (1 for nats-server)."""
+        if self.impl != "zonebus":
+            return 1
+        asked = self.asked_workers()
+        return asked if asked is not None else self._default_workers()
+
+    def _default_workers(self) -> int:
+        """The server's own count without a flag: the config's `workers`, else one per core
+        (zonebus.cli.flags.default_workers); one per core for a config that does not load here."""
+        from zonebus.cli.flags import default_workers
+        from zonebus.config import load_config
+
+        if self._default_count is None:
+            conf = self.workdir / "server.conf" if self.workdir is not None else None
+            count = 0
+            if conf is not None and conf.exists():
+                with contextlib.suppress(Exception):  # (a config the server refuses: it will say why)
+                    count = load_config(str(conf), {**os.environ, **(self.env or {})}).workers
+            self._default_count = count or default_workers()
+        return self._default_count
 
     def command(self, conf_path: Path) -> list[str]:
         if self.impl == "nats":
@@ -133,8 +157,8 @@ class ServerProcess(ServerPages):
         args = base + ["-c", str(conf_path), "-a", self.host, "-p", str(self.port)]
         if self.http_port:
             args += ["-m", str(self.http_port)]
-        if self.impl == "zonebus" and self.workers != 0:  # (1 unless asked: the server's default is one per core)
-            args += ["--workers", str(self.worker_count())]
+        if self.asked_workers() is not None:  # (else none: the server's default)
+            args += ["--workers", str(self.asked_workers())]
         args += self.extra_args
         return ["ip", "netns", "exec", self.netns, *args] if self.netns else args
 
@@ -143,6 +167,7 @@ class ServerProcess(ServerPages):
             self.workdir = Path(tempfile.mkdtemp(prefix=f"zb-{self.impl}-"))
         conf = self.workdir / "server.conf"
         conf.write_text(self.config)
+        self._default_count = None  # (read again from this config)
         self.log_path = self.workdir / "server.log"
         env = dict(os.environ)
         if self.env:

@@ -6,11 +6,12 @@ whole zonebus server (`zonebus.node`) with the same server id and name; they sha
 messages travel over *local links* (`mesh.py`): Unix sockets in a private directory, one per pair of
 workers, speaking the route protocol (RS+/RS- with queue weights, RMSG/HMSG, LMSG channel frames) with the
 route's one-hop rule; they are no routes to anyone outside: not in `/routez`, not in the ledger, not counted
-in `/varz`. Worker 0 alone owns what must be single: the monitoring port (its `/varz` and `/connz` ask the
-other workers over the links, `stats.py`) and JetStream (its internal subscriptions are its interest, told to
-the other workers like a client's; deliveries that keep a stream subject cross on the `jsd` channel), and with
-them the routes, the meta group and the zone router, which takes what the other workers' clients publish as
-it comes over the local links (zonebus.zonerouter.forwarder). Nothing needs a server of one process.
+in `/varz`. Worker 0 alone owns what must be single: the monitoring port (its `/varz`, `/connz`, `/subsz` and
+`/metrics`' ledger counters ask the other workers over the links, `stats.py`) and JetStream (its internal
+subscriptions are its interest, told to the other workers like a client's; deliveries that keep a stream
+subject cross on the `jsd` channel), and with them the routes, the meta group and the zone router, which takes
+what the other workers' clients publish as it comes over the local links (zonebus.zonerouter.forwarder).
+Nothing needs a server of one process.
 """
 
 from __future__ import annotations

@@ -126,6 +126,11 @@ class LocalLink(RouteConnection):
             else self.account_subs.get((account, subject, queue))
         self._place_remote(sub, None, part)
 
+    def members_elsewhere(self, sub: Subscription) -> int:
+        """The part of a queue entry's weight that stands for members on other servers (the ledger: the
+        worker holding the routes picks among those again)."""
+        return self.remote_of.get(sub, 0)
+
     def slow_consumer(self) -> None:
         """A peer worker reads as fast as its own clients let it: the link is not cut at the clients'
         `max_pending` (their producers are stalled meanwhile), only past `LINK_PENDING` (a stuck worker)."""

@@ -9,6 +9,11 @@ a worker that is restarting is left out) and builds the page:
   worker's index, pid and figures (zonebus's own section).
 - `/connz`: every worker's client connections, by client id (worker i hands out ids from i * 2^32 + 1);
   with the zone router (which runs on worker 0), each worker marks its own clients' zones (`zones`).
+- `/subsz` (and `/subscriptionsz`): the sublist counters summed (subscriptions: each worker's own, as in
+  `/varz`), and with `subs` every worker's subscriptions but the other workers' interest it holds (so each
+  client subscription once, with the messages it was delivered), by client id and sid, then paged.
+- `/metrics` (`server.ledger_totals`): the traffic ledger's running totals summed over the workers (each
+  worker's ledger counts its own connections: the routes' copies on worker 0, each worker's clients on it).
 A worker's answer is built when its frame is read, after everything its clients sent before, so a page asked
 for after a flush counts what was flushed.
 
@@ -28,8 +33,11 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from zonebus.server.connection import WORKER
+
 if TYPE_CHECKING:
     from zonebus.server.client import ClientConnection
+    from zonebus.server.ledger_hooks import LedgerTotals
     from zonebus.server.server import Server
     from zonebus.workers.mesh import LocalMesh
     from zonebus.zonerouter.clientzones import ClientZones
@@ -54,9 +62,11 @@ class WorkerStats:
         self.zones: ClientZones | None = None  # the zone router's client zones, marked in `/connz`
 
     def serve_pages(self) -> None:
-        """Worker 0: `/varz` and `/connz` of the whole server."""
+        """Worker 0: `/varz`, `/connz`, `/subsz` and `/metrics`' ledger totals of the whole server."""
         self.server.pages["/varz"] = self.varz_page
         self.server.pages["/connz"] = self.connz_page
+        self.server.pages["/subsz"] = self.server.pages["/subscriptionsz"] = self.subsz_page
+        self.server.ledger_totals = self.ledger_totals
 
     # -- this worker's own figures ---------------------------------------------------------------------
     def own(self, page: str, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,6 +76,10 @@ class WorkerStats:
         if page == "connz":
             built = connz(server, bool(args.get("subs")), bool(args.get("auth")))
             return self.zones.annotate(built) if self.zones is not None else built
+        if page == "subsz":
+            return self._own_subsz(args)
+        if page == "ledger":
+            return self._own_ledger()
         v = varz(server)
         out = {key: v.get(key, 0) for key in SUMMED}
         out["subscriptions"] -= self.mesh.remote_subscriptions()
@@ -74,6 +88,26 @@ class WorkerStats:
         if self.migrator is not None:
             out["clients_moved_out"], out["clients_moved_in"] = self.migrator.moved_out, self.migrator.moved_in
         return out
+
+    def _own_subsz(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        from zonebus.server.monitor import sub_details, sublist_stats
+
+        stats = sublist_stats(self.server)
+        stats["num_subscriptions"] -= sum(len(link.remote_subs) + len(link.account_subs)
+                                          for link in self.mesh.links.values())
+        out: dict[str, Any] = {"stats": stats}
+        if args.get("subs"):
+            out["subs"] = sub_details(self.server, str(args.get("test") or ""), skip=(WORKER,))
+        return out
+
+    def _own_ledger(self) -> dict[str, Any]:
+        hooks = self.server.ledger
+        if hooks is None:
+            return {}
+        totals = hooks.totals
+        return {"flows": [[*key, *row] for key, row in totals.flows.items()],
+                "decisions": [[*key, n] for key, n in totals.decisions.items()],
+                "last_handover": totals.last_handover}
 
     # -- asking the others -----------------------------------------------------------------------------
     async def gather(self, page: str, args: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
@@ -148,6 +182,39 @@ class WorkerStats:
         page["connections"] = conns
         page["num_connections"] = page["total"] = len(conns)
         return page
+
+    async def subsz_page(self, query: Mapping[str, str]) -> dict[str, Any]:
+        from zonebus.server.monitor import decode_bool, decode_int, subsz_doc
+
+        subs, offset, limit = decode_bool(query, "subs"), decode_int(query, "offset"), decode_int(query, "limit")
+        answers = await self.gather("subsz", {"subs": subs, "test": query.get("test", "")})
+        stats: dict[str, int] = {}
+        for a in answers.values():
+            for key, n in (a.get("stats") or {}).items():
+                stats[key] = stats.get(key, 0) + n
+        details = None
+        if subs:
+            details = sorted((d for a in answers.values() for d in a.get("subs", ())),
+                             key=lambda d: (d.get("cid", 0), d.get("sid", "")))
+        return subsz_doc(self.server, stats, details, offset, limit)
+
+    async def ledger_totals(self) -> LedgerTotals | None:
+        """The ledger's running totals of every worker, summed (None without a ledger)."""
+        from zonebus.server.ledger_hooks import LedgerTotals
+
+        if self.server.ledger is None:
+            return None
+        answers = await self.gather("ledger", {})
+        totals = LedgerTotals()
+        for a in answers.values():
+            for kind, src, dst, msgs, nbytes in a.get("flows", ()):
+                row = totals.flows.setdefault((kind, src, dst), [0, 0])
+                row[0] += msgs
+                row[1] += nbytes
+            for pub_zone, chosen, n in a.get("decisions", ()):
+                totals.decisions[(pub_zone, chosen)] = totals.decisions.get((pub_zone, chosen), 0) + n
+            totals.last_handover = max(totals.last_handover, a.get("last_handover", 0.0))
+        return totals
 
 
 class ZoneCounts:

@@ -73,7 +73,6 @@ async def supervise(opts: ServerOptions) -> None:
     the directory and the port here, then become the small supervisor (this call does not return, unless
     the port cannot be had: ListenError)."""
     import pickle
-    import secrets
     import socket
     import tempfile
     from dataclasses import replace
@@ -88,7 +87,7 @@ async def supervise(opts: ServerOptions) -> None:
     port = reserved.getsockname()[1]
     directory = tempfile.mkdtemp(prefix="zonebus-workers-")  # mode 0700
     spec = WorkerSpec(index=0, count=opts.workers, directory=directory, server_id=new_server_id(),
-                      secret=secrets.token_hex(16))
+                      secret=os.urandom(16).hex())  # (what secrets.token_hex does, without loading OpenSSL's hashes)
     with open(os.path.join(directory, OPTIONS_FILE), "wb") as f:
         pickle.dump(replace(opts, port=port, pid_file=""), f)
     spec.save()
