@@ -287,7 +287,7 @@ class SharedStore(ReplicatedTail, WriterFencing, BaseMoves, SharedView):
                     break
         if target is None:
             return False
-        if self._tail_on and target is self._open or target.marks:
+        if (self._tail_on and target is self._open) or target.marks:  # a batch of the replicated tail
             return self._tail_wait(seq, cb)
         if self._failing and target.state != "open":
             cb(f"shared store write failed: {self._failing_reason}")
