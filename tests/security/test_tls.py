@@ -21,7 +21,7 @@ import pytest
 
 from zonebus.testing import processes
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, nats_server_binary, start_parallel
-from zonebus.testing.tlscerts import CertFiles, TestCA
+from zonebus.testing.tlscerts import CertFiles, TestCA, tls_info_wait
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -223,18 +223,7 @@ async def test_handshake_first(impl: str, pki: PKI, monkeypatch: pytest.MonkeyPa
     """`handshake_first: true`: no INFO in plain text; nats-py's `tls_handshake_first=True` connects."""
     ctx = pki.ctx()
 
-    def wait_tls(port: int, deadline: float, proc=None) -> dict:
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError("server exited")
-            try:
-                with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=1),
-                                     server_hostname="127.0.0.1") as s:
-                    line = s.recv(65536)
-                    return json.loads(line[5:line.index(b"\r\n")])
-            except (OSError, ValueError):
-                time.sleep(0.05)
-        raise TimeoutError("no TLS INFO")
+    wait_tls = tls_info_wait(ctx)
 
     monkeypatch.setattr(processes, "wait_for_info", wait_tls)
     with ServerProcess(impl, pki.block(handshake_first=True)) as server:

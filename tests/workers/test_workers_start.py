@@ -32,7 +32,7 @@ from nats.aio.client import Client
 
 from zonebus.testing import processes
 from zonebus.testing.processes import ServerProcess, free_port
-from zonebus.testing.tlscerts import CertFiles, TestCA
+from zonebus.testing.tlscerts import CertFiles, TestCA, tls_info_wait
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,23 +68,6 @@ def worker_of(nc: Client) -> int:
 def https_varz(pki: PKI, port: int) -> dict:
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/varz", context=pki.ctx(pki.client), timeout=5) as resp:
         return json.loads(resp.read())
-
-
-def tls_info_wait(ctx: ssl.SSLContext):  # type: ignore[no-untyped-def]
-    """`wait_for_info` for `handshake_first`: the INFO comes after the handshake."""
-    def wait(port: int, deadline: float, proc: subprocess.Popen | None = None) -> dict:
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {proc.returncode}")
-            try:
-                with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=1),
-                                     server_hostname="127.0.0.1") as s:
-                    line = s.recv(65536)
-                    return json.loads(line[5:line.index(b"\r\n")])
-            except (OSError, ValueError):
-                time.sleep(0.05)
-        raise TimeoutError("no INFO after a TLS handshake")
-    return wait
 
 
 async def refused(url: str, ctx: ssl.SSLContext) -> bool:

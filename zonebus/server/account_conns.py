@@ -7,8 +7,8 @@ of an account with a `max_connections` limit changes, and again every `REFRESH` 
 that joins later learns it). Every server keeps the latest count of each other server, from zonebus and
 nats-server peers alike, and a login is refused once the account's clients here plus those counts reach the
 limit (zonebus.server.account_limits). A server's counts are forgotten when the route or gateway to it
-closes. Worker processes of one server share its id: each counts its own clients (and ignores its
-siblings' messages), so with `workers` > 1 the limit applies per worker.
+closes. Worker processes of one server share its id: each says which worker it is (`zb_worker`, a field
+nats-server ignores) and counts its siblings like other servers, so the limit holds for the whole server.
 
 Two logins at the same moment on two servers may both be let in (each saw the other's count too late);
 nats-server then closes the newest, zonebus keeps both.
@@ -33,7 +33,7 @@ class AccountConns:
     def __init__(self, system: SystemAccount) -> None:
         self.system = system
         self.server = system.server
-        self.remote: dict[str, dict[str, int]] = {}  # account -> server id -> its clients there
+        self.remote: dict[str, dict[tuple[str, int], int]] = {}  # account -> (server id, worker) -> its clients
         self._due: set[str] = set()
         self._subscribed = False
         self._timer: Any = None
@@ -63,7 +63,8 @@ class AccountConns:
 
     def peer_gone(self, server_id: str) -> None:
         for counts in self.remote.values():
-            counts.pop(server_id, None)
+            for key in [k for k in counts if k[0] == server_id]:
+                del counts[key]
 
     def _publish_due(self) -> None:
         due, self._due = self._due, set()
@@ -80,7 +81,7 @@ class AccountConns:
         conns = sum(1 for c in server.clients.values()
                     if c.account.display == name and c.connected and not c.closed)
         body = {"type": ADVISORY, **self.system.event_fields(), "acc": name, "name": name, "conns": conns,
-                "leafnodes": 0, "total_conns": conns}
+                "leafnodes": 0, "total_conns": conns, "zb_worker": server.worker_index}
         data = json.dumps(body, separators=(",", ":")).encode()
         self.system.client.publish(SUBJECT.format(name), data)
         self.system.client.publish(OLD_SUBJECT.format(name), data)
@@ -89,11 +90,12 @@ class AccountConns:
         try:
             body = json.loads(payload)
             sid, name, conns = body["server"]["id"], body["acc"], int(body["conns"])
+            key = (sid, int(body.get("zb_worker", 0)))
         except (ValueError, KeyError, TypeError):
             return
-        if sid == self.server.server_id:
-            return
+        if key == (self.server.server_id, self.server.worker_index):
+            return  # our own
         if conns > 0:
-            self.remote.setdefault(name, {})[sid] = conns
+            self.remote.setdefault(name, {})[key] = conns
         else:
-            self.remote.get(name, {}).pop(sid, None)
+            self.remote.get(name, {}).pop(key, None)

@@ -76,8 +76,13 @@ def login(conn: ClientConnection) -> bool:
     return True
 
 
-def _at_subscription_limit(conn: ClientConnection) -> None:
+def _at_subscription_limit(conn: ClientConnection, waits: int = 0) -> None:
     if conn.closed:
+        return
+    if not conn.pong_sent and conn.server.pong_gate is not None and waits < 100:
+        # with workers the first PONG is held until worker 0 knows the login (hooks.py `pong_gate`): let the
+        # answer to the CONNECT's PING go out first, as nats-server's does (at most a second)
+        conn.server.loop.call_later(0.01, _at_subscription_limit, conn, waits + 1)
         return
     conn.server.auth_log(conn, errors.MAX_SUBSCRIPTIONS)
     conn.send(errors.err(errors.MAX_SUBSCRIPTIONS))

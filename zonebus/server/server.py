@@ -82,6 +82,7 @@ class Server(ClientLogins, MessageRouting):
         self.storage_meter: Any = None  # zonebus.storage.meter.METER, set by the node: the ledger's storage rows
         self.system: Any = None  # zonebus.server.system.SystemAccount, once started
         self.system_requests = True  # it answers $SYS.REQ.SERVER.* (one process of several does)
+        self.worker_index = 0  # which of the server's worker processes this is (zonebus.workers)
         # -- extension hooks (zonebus.server.hooks) --
         self.extensions: list[Extension] = []
         self.interest_watchers: list[InterestWatcher] = []  # the global account's interest

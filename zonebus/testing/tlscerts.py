@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
+import socket
 import ssl
+import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,3 +101,23 @@ class TestCA:
         if cert is not None:
             ctx.load_cert_chain(cert.cert, cert.key)
         return ctx
+
+
+def tls_info_wait(ctx: ssl.SSLContext) -> Callable[..., dict]:
+    """A `wait_for_info` (same arguments) for a server with `tls { handshake_first: true }`: its INFO comes only
+    after the TLS handshake (tests put it in place of `zonebus.testing.processes.wait_for_info`)."""
+
+    def wait(port: int, deadline: float, proc: subprocess.Popen | None = None, host: str = "127.0.0.1") -> dict:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {proc.returncode}")
+            try:
+                with ctx.wrap_socket(socket.create_connection((host, port), timeout=1),
+                                     server_hostname="127.0.0.1") as s:
+                    line = s.recv(65536)
+                    return json.loads(line[5 : line.index(b"\r\n")])
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        raise TimeoutError("no INFO after a TLS handshake")
+
+    return wait
