@@ -227,9 +227,11 @@ async def test_compression_over_tls_routes_with_credentials(tmp_path: Path) -> N
                 await nc.subscribe(f"tls.{k}", cb=collect(got[k]))
                 await nc.flush()
 
-            def interest() -> bool:
-                return all(any(f"tls.{1 - k}" in x for r in s.http_get("/routez?subs=1")["routes"]
-                               for x in r.get("subscriptions_list", [])) for k, s in enumerate(servers))
+            def interest() -> bool:  # one route each (both dial: the duplicate closes first) and the interest
+                pages = [s.http_get("/routez?subs=1")["routes"] for s in servers]
+                return all(len(routes) == 1 and any(f"tls.{1 - k}" in x for r in routes
+                                                    for x in r.get("subscriptions_list", []))
+                           for k, routes in enumerate(pages))
             await until(lambda: asyncio.to_thread(interest), "interest both ways")
             rng = random.Random(9)
             sent = [[json_event(rng, i) for i in range(100)] for _ in range(2)]
