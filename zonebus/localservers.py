@@ -79,7 +79,7 @@ def wait_for_info(port: int, deadline: float, proc: subprocess.Popen | None = No
 
 
 class ServerPages:
-    """What a started server process on 127.0.0.1 offers its caller: its client URL and its monitoring pages
+    """What a started server process offers its caller: its client URL, its monitoring pages and a clean stop
     (shared by `LocalServer` and the test harness's `ServerProcess`)."""
 
     port: int
@@ -104,6 +104,21 @@ class ServerPages:
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM (a clean stop), SIGKILL after `timeout`; then its log file is closed."""
+        proc = getattr(self, "proc", None)
+        if proc and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout)
+        log = getattr(self, "_log", None)
+        if log is not None:
+            log.close()
+            self._log = None
 
 
 
@@ -149,18 +164,6 @@ class LocalServer(ServerPages):
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
     def __enter__(self) -> LocalServer:
         return self.start()

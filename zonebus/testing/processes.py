@@ -236,18 +236,6 @@ class ServerProcess(ServerPages):
             if alive:
                 raise RuntimeError(f"worker(s) {alive} outlived their supervisor's SIGKILL by {timeout:.0f} s")
 
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        if getattr(self, "_log", None):
-            self._log.close()
-            self._log = None
-
     def __enter__(self) -> ServerProcess:
         return self.start()
 
