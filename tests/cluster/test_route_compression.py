@@ -26,6 +26,9 @@ from zonebus.testing.zonecluster import ZoneCluster
 pytestmark = pytest.mark.timeout(150)
 
 
+PROBE = b"probe"
+
+
 def collect(into: list, take=lambda m: m.data):  # noqa: ANN001, ANN201
     """A nats-py callback (a coroutine function) appending `take(msg)` to `into`."""
     async def cb(msg) -> None:  # noqa: ANN001
@@ -67,12 +70,26 @@ async def fan_out(zc: ZoneCluster, n: int, payloads: list[bytes]) -> None:
             return len(routes) == len(s) - 1 and all(
                 any("events.json" in x for x in r.get("subscriptions_list", [])) for r in routes)
         await until(lambda: asyncio.to_thread(interest), "interest on s1")
+
+        async def probed() -> bool:  # the publisher's own worker knows the interest too (workers: a local link)
+            await pub.publish("events.json", PROBE)
+            await pub.flush()
+            return PROBE in got["s2"] and PROBE in got["s3"]
+
+        await until(probed, "a probe on s2 and s3")
+        await asyncio.sleep(0)
+        for k in got:
+            got[k].clear()  # (late probes are dropped below)
         for p in payloads[:n]:
             await pub.publish("events.json", p)
         await pub.flush()
-        await until(lambda: len(got["s2"]) == n and len(got["s3"]) == n, "every message on s2 and s3",
-                    show=lambda: {k: len(v) for k, v in got.items()})
-        assert got["s2"] == payloads[:n] and got["s3"] == payloads[:n]
+
+        def real(k: str) -> list[bytes]:
+            return [x for x in got[k] if x != PROBE]
+
+        await until(lambda: len(real("s2")) == n and len(real("s3")) == n, "every message on s2 and s3",
+                    show=lambda: {k: len(real(k)) for k in got})
+        assert real("s2") == payloads[:n] and real("s3") == payloads[:n]
     finally:
         for nc in (pub, sub2, sub3):
             await nc.close()
@@ -233,15 +250,25 @@ async def test_compression_over_tls_routes_with_credentials(tmp_path: Path) -> N
                                                     for x in r.get("subscriptions_list", []))
                            for k, routes in enumerate(pages))
             await until(lambda: asyncio.to_thread(interest), "interest both ways")
+
+            async def probed() -> bool:  # each publisher's own worker knows the interest too (workers)
+                for k, nc in enumerate(conns):
+                    await nc.publish(f"tls.{1 - k}", PROBE)
+                    await nc.flush()
+                return all(PROBE in g for g in got)
+
+            await until(probed, "a probe each way")
+            for g in got:
+                g.clear()
             rng = random.Random(9)
             sent = [[json_event(rng, i) for i in range(100)] for _ in range(2)]
             for k, nc in enumerate(conns):
                 for p in sent[1 - k]:
                     await nc.publish(f"tls.{1 - k}", p)
                 await nc.flush()
-            await until(lambda: len(got[0]) == 100 and len(got[1]) == 100, "100 messages each way",
+            await until(lambda: all(len([x for x in g if x != PROBE]) == 100 for g in got), "100 messages each way",
                         show=lambda: [len(g) for g in got])
-            assert got == sent
+            assert [[x for x in g if x != PROBE] for g in got] == sent
         finally:
             for nc in conns:
                 await nc.close()
