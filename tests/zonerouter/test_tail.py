@@ -70,6 +70,8 @@ async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: Mot
                 info = router_info(s[leader])
                 assert info["tail"]["ack"] == "replicas", info["tail"]
                 assert info["serving"]["tail_parts"] > 0, info["serving"]
+                # the other zones' publishes went back to their own proxies as references (`tailrefs`)
+                assert info["serving"]["tail_refs"] > 0, info["serving"]
                 # acknowledged from the replicas: the log's object is still filling (30 s), no PUT per ack
                 assert puts <= 2, (puts, acked)
                 s[leader].kill()

@@ -22,6 +22,7 @@ from zonebus.zonerouter import batch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.proxy import retry_error
 from zonebus.zonerouter.records import BatchAnswer, LinkRecord, answer_entries
+from zonebus.zonerouter.tailrefs import Origins
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,9 @@ class _Source:
 class LeaderSide:
     def __init__(self, channel: RouterChannel, lookup: StreamLookup,
                  send_answer: Callable[[str, bytes], bool],
-                 fenced_epoch: Callable[[], int] = lambda: -1) -> None:
+                 fenced_epoch: Callable[[], int] = lambda: -1, origins: Origins | None = None) -> None:
         self.channel = channel
+        self.origins = origins  # a replicated tail sends each proxy its own records back by reference
         self.lookup = lookup
         self.send_answer = send_answer
         self.fenced_epoch = fenced_epoch
@@ -107,7 +109,7 @@ class LeaderSide:
         outcomes: list[Outcome] = []
         last: dict[str, tuple[Any, int]] = {}  # stream -> (Stream, highest sequence to be durable)
         streams: dict[str, Any] = {}
-        for m in messages:
+        for i, m in enumerate(messages):
             if m.stream not in streams:
                 streams[m.stream] = await self.lookup(m.stream)
             stream = streams[m.stream]
@@ -119,6 +121,11 @@ class LeaderSide:
             if outcome[0] != "err":
                 prev = last.get(m.stream)
                 last[m.stream] = (stream, max(int(outcome[1]), prev[1] if prev else 0))
+                if outcome[0] == "ok" and self.origins is not None and getattr(stream.store, "tiered", False):
+                    self.origins.add(m.stream, int(outcome[1]), rec.source, rec.offset, i, m)
+        if self.origins is not None:
+            for name, (stream, _seq) in last.items():
+                self.origins.prune(name, getattr(stream.store, "durable_seq", 0))
         for name, (stream, seq) in last.items():
             err = await _durable(stream, seq)
             if err is not None:

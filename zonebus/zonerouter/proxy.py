@@ -26,6 +26,7 @@ from zonebus.zonerouter import batch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.paths import LINK, PathChooser
 from zonebus.zonerouter.records import BatchAnswer, LinkRecord, streamed_frame
+from zonebus.zonerouter.tailrefs import SentBatches
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class Proxy:
         self.waiting: dict[int, _Batch] = {}  # channel offset -> batch sent, awaiting its answer
         self.done: list[tuple[int, int]] = []  # (epoch, offset) of batches the leader is done with: to trim
         self.tasks: set[asyncio.Task] = set()
+        self.sent = SentBatches()
         self.stats = {"msgs": 0, "bytes": 0, "batches": 0, "inline_batches": 0, "acked": 0, "errors": 0,
                       "link_bytes": 0}
 
@@ -106,6 +108,7 @@ class Proxy:
         if b is None:
             return
         b.epoch, b.offset = self.channel.next_offset()
+        self.sent.add(b.offset, b.messages)  # the leader's tail may send these back to us by reference
         target.queue.append(b)
         self.stats["batches"] += 1
         data = batchfmt.encode(b.messages)

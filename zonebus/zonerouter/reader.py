@@ -29,6 +29,7 @@ from zonebus.storage.fs import ObjectStore
 from zonebus.stream.pull import parse_request
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.snapshot import Snapshot
+from zonebus.zonerouter.tailrefs import SentBatches
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class Reader:
         self.syncs: dict[int, asyncio.Future] = {}  # sync id -> the leader's `Synced`
         self._next_sid = 0
         self.snapshots: dict[str, Snapshot] = {}
+        self.own: tuple[bytes, SentBatches] | None = None  # this server's channel and its proxy's sent batches
         self.min_epochs: dict[str, int] = {}  # stream -> a new writer took the tail: older writers are ignored
         self.reqs: dict[int, _Req] = {}
         self.lanes: dict[tuple[str, str, str], _Lane] = {}  # (leader, stream, consumer) -> its lane
@@ -96,6 +98,7 @@ class Reader:
             snap = self.snapshots[stream] = Snapshot(self.objects, stream, lambda: self.leader_of(stream),
                                                      self.send)
             snap.min_epoch = self.min_epochs.get(stream, 0)
+            snap.own = self.own
             snap.start()
         snap.used = time.monotonic()
         return snap

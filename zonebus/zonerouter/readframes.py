@@ -2,14 +2,15 @@
 
 Cross zones (proxy <-> leader), all small:
 - 5 poll (proxy -> leader): stream, next batch the proxy's snapshot lacks u64, hold ms u16, then (optional) its
-  replicated tail's position: writer epoch u64, bytes held of that batch u32, compression context u32;
+  replicated tail's position: writer epoch u64, bytes held of that batch u32, compression context u32, then
+  (optional) the proxy's own channel id (8 bytes): the leader may send its own records back as references;
 - 6 snapshot (leader -> proxy): stream, status u8 (0 ok, 1 not led here), writer epoch u64, chain start u64,
   last sequence u64, count u16, then (batch u64, epoch u64) per new batch object of the stream's log, then
   (optional) per batch a u32-prefixed zstd-compressed copy of the object (length 0: read it from the store):
   small objects cross cheaper inline than as a GET each (`serving.inline_limit`); then (optional, a replicated
   tail) compression context u32, the last batch stored u64, count u16, per part (batch u64, epoch u64,
-  offset u32, u16-prefixed header (empty while the batch is open), u32-prefixed record bytes compressed by the
-  context's zstd stream);
+  offset u32, u16-prefixed header (empty while the batch is open), u32-prefixed segments (`tailrefs`:
+  record bytes, or references to the polling proxy's own records) compressed by the context's zstd stream);
 - 7 pull (proxy -> leader): request id u64, stream, consumer, the pull request's JSON body;
 - 8 deliveries (leader -> proxy): request id u64, flags u8 (1 done, 2 headers only), runs u16, then per run
   (stream seq u64, consumer seq u64, n u32, delivery count u32, num pending u64: n messages whose stream and
@@ -50,6 +51,7 @@ _APIHEAD = struct.Struct("!HHII")
 _SYNCED = struct.Struct("!QBQ")
 _TAILPOS = struct.Struct("!QII")
 _PART = struct.Struct("!QQI")
+CHANNEL_ID_LEN = 8  # a RouterChannel's id
 TailPart = tuple[int, int, int, bytes, bytes]  # (batch, epoch, offset, header or b"", compressed records)
 
 Run = tuple[int, int, int, int, int]  # (stream seq, consumer seq, n, delivery count, pending)
@@ -108,16 +110,20 @@ class Poll:
     epoch: int = 0  # the writer epoch of the part held (0: no tail position)
     offset: int = 0  # bytes held of `next_batch`
     gen: int = 0  # the compression context the proxy decodes parts with
+    source: bytes = b""  # the proxy's own channel: records it sent may come back as references (`tailrefs`)
 
     def encode(self) -> bytes:
-        tail = _TAILPOS.pack(self.epoch, self.offset, self.gen) if self.epoch else b""
+        tail = _TAILPOS.pack(self.epoch, self.offset, self.gen) + self.source if self.epoch else b""
         return _head(POLL) + _s(self.stream) + _U64.pack(self.next_batch) + _U16.pack(self.hold_ms) + tail
 
     @classmethod
     def decode(cls, frame: bytes) -> Poll:
         r = _Reader(frame)
         stream, nb, hold = r.text(), r.take(_U64)[0], r.take(_U16)[0]
-        return cls(stream, nb, hold, *r.take(_TAILPOS)) if r.left() else cls(stream, nb, hold)
+        if not r.left():
+            return cls(stream, nb, hold)
+        pos = r.take(_TAILPOS)
+        return cls(stream, nb, hold, *pos, r.sized(CHANNEL_ID_LEN) if r.left() >= CHANNEL_ID_LEN else b"")
 
 
 @dataclass(frozen=True)

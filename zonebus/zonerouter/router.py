@@ -111,12 +111,14 @@ class ZoneRouter:
                            self.opts.zone_router_batch, self.paths)
         self.serving.inline_limit = self.paths.inline_limit()
         self.serving.compress = self.paths.compress_object
-        self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send, self._fenced)
+        self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send, self._fenced,
+                                 self.serving.origins)
         self.epochs = RouteEpochs(self.name, self.channel, self.opts.zone_router_epoch, self.leader.inflight_floor,
                                   self._live_servers)
         self.epochs.meta = self.meta
         self._epoch_task = asyncio.get_running_loop().create_task(self._epoch_loop())
         self.reader = Reader(store, self._send, self._publish, self._foreign_leader, self._msg_get_to_leader)
+        self.reader.own = (self.channel.id, self.proxy.sent)
         self.tiered = billed and self.opts.zone_router_ack == "replicas"
         self.tails = TailRecovery(self.name, self.link.send, self._members, self._is_live, self.reader.tail)
         self.tails.loop = asyncio.get_running_loop()

@@ -8,7 +8,8 @@
 - A replicated tail (`zonebus.stream.sharedtier`): a poll also says how much of the unstored batches the proxy
   holds; that is the replica's acknowledgement (`store.on_replica`), and the answer carries the records since
   (`store.tail_parts`), compressed by one zstd stream per proxy and stream (flushed per answer, so small answers
-  compress like a whole batch); new records (`on_tail`) answer the held polls at once.
+  compress like a whole batch); new records (`on_tail`) answer the held polls at once. The proxy's own records
+  (what it published through this leader) go back to it as references (`tailrefs`), not in full.
 - Pull requests: the proxy's request becomes an ordinary pull request of the consumer here, with the reply
   `$ZR.D.<id>`; the JetStream service hands what the consumer sends there to `tap` instead of publishing it
   (a router hook in `zonebus.stream.service`), and this side sends the proxy one `Deliveries` record per
@@ -33,6 +34,7 @@ import zstandard
 from zonebus.stream import sharedlayout as L
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.records import RecordError
+from zonebus.zonerouter.tailrefs import Origins
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ class ReadServer:
         self.compress: Callable[[bytes], bytes] | None = None
         self._packed: dict[tuple[str, int, int], bytes] = {}  # (stream, batch, epoch) -> compressed, recent
         self._ctx: dict[tuple[str, str], _Ctx] = {}  # (proxy, stream) -> its tail's compression stream
+        self.origins = Origins()  # which proxy's channel each recent record came from (`tailrefs`)
         self.held: dict[str, list[_Held]] = {}
         self.reqs: dict[int, _Req] = {}
         self._next = 0
@@ -91,7 +94,7 @@ class ReadServer:
         self._sweep_at = 0.0
         self.stats = {"polls": 0, "snap_bytes": 0, "inline_batches": 0, "pulls": 0, "delivered": 0,
                       "deliver_bytes": 0, "acks": 0, "syncs": 0, "tail_parts": 0, "tail_bytes": 0,
-                      "tail_wire_bytes": 0}
+                      "tail_wire_bytes": 0, "tail_refs": 0}
 
     # -- snapshots -----------------------------------------------------------------------------------
     def _store(self, name: str) -> Any:
@@ -181,8 +184,11 @@ class ReadServer:
         if ctx is None or poll.gen != ctx.gen or (poll.next_batch, poll.offset) != ctx.expect:
             ctx = self._ctx[key] = _Ctx(((ctx.gen + 1) & 0xFFFFFFFF or 1) if ctx is not None else 1)
         out = []
+        self.origins.prune(name, store.durable_seq)
         for b, e, off, header, chunk in raw:
-            packed = ctx.obj.compress(chunk) + ctx.obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+            segments, refs = self.origins.segment(name, chunk, poll.source)  # its own records by reference
+            packed = ctx.obj.compress(segments) + ctx.obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+            self.stats["tail_refs"] += refs
             out.append((b, e, off, header, packed))
             self.stats["tail_parts"] += 1
             self.stats["tail_bytes"] += len(chunk)

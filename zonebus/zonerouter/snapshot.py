@@ -7,7 +7,8 @@ store (or decompressed from the answer, where the leader sent a small one inline
 fell behind a base move, or the next batch is not the one named, the view is reloaded from a listing.
 With a replicated tail (`zonebus.stream.sharedtier`) the poll also says how much of the batches not stored yet
 the view holds (the leader's acknowledgement that this replica has them), the answer brings the records since
-(decompressed with one zstd stream per leader), and the view keeps them until the leader stored them; `tail`
+(decompressed with one zstd stream per leader; the records this server published come back as references to
+what its proxy sent, `tailrefs`), and the view keeps them until the leader stored them; `tail`
 hands them to a new writer and from then on takes nothing from older writers. A pinned snapshot (a replica,
 `pinned`) never stops for idleness. `read(seqs)` waits until the view holds the sequences (or gives up after
 `WAIT`, reloading once) and returns the stored messages; `direct_get` answers a direct get from the view;
@@ -35,6 +36,7 @@ from zonebus.stream.api import JSApi
 from zonebus.stream.sharedview import SharedView
 from zonebus.stream.store import StoredMsg
 from zonebus.zonerouter import readframes as rf
+from zonebus.zonerouter import tailrefs
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ HOLD_MS = 100
 ANSWER_TIMEOUT = 1.0  # an answer later than hold + this: poll again
 WAIT = 2.0  # seconds a read waits for its sequences to reach the view
 IDLE = 30.0
+REFS_OFF = 30.0  # seconds of whole records after a reference this proxy could not rebuild
 
 
 class Snapshot:
@@ -60,7 +63,7 @@ class Snapshot:
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.stats = {"polls": 0, "batches": 0, "reloads": 0, "gets": 0, "get_bytes": 0, "inline": 0,
-                      "tail_parts": 0, "tail_bytes": 0, "tail_resets": 0}
+                      "tail_parts": 0, "tail_bytes": 0, "tail_resets": 0, "tail_ref_misses": 0}
         self._dctx = zstandard.ZstdDecompressor()  # used on the worker thread only
         self.pinned = False  # a replica of the stream's tail: runs while the stream is led in another zone
         self.writer_epoch = 0  # the epoch of the writer whose answers this view follows
@@ -68,6 +71,8 @@ class Snapshot:
         self.part = (0, 0)  # (epoch, bytes held of `next_batch`) of the replicated tail
         self.gen = 0  # the compression context of the tail's parts (0: none, the leader starts one)
         self._dobj: Any = None
+        self.own: tuple[bytes, tailrefs.SentBatches] | None = None  # this server's channel and what it sent
+        self.refs_off_until = 0.0  # a reference could not be rebuilt: whole records until then
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -106,8 +111,9 @@ class Snapshot:
             self._answer = loop.create_future()
             self.stats["polls"] += 1
             epoch, held = self.part if self.part[1] else (self.writer_epoch, 0)
+            source = self.own[0] if self.own is not None and time.monotonic() >= self.refs_off_until else b""
             poll = rf.Poll(self.stream, self.next_batch, HOLD_MS, epoch if epoch >= self.min_epoch else 0, held,
-                           self.gen)
+                           self.gen, source)
             if not self.send(leader, poll.encode()):
                 await asyncio.sleep(0.05)
                 continue
@@ -191,9 +197,15 @@ class Snapshot:
             self.stats["tail_resets"] += 1
         for b, e, off, header, packed in snap.parts:
             try:
-                chunk = self._dobj.decompress(packed)
+                chunk = tailrefs.rebuild(self._dobj.decompress(packed), self.own[1] if self.own else None)
             except zstandard.ZstdError:
                 self.gen, self._dobj = 0, None
+                return
+            except tailrefs.RefError as exc:  # start over from the view's position, with every record in full
+                log.info("zone router: tail of %s: %s; asking for whole records for a while", self.stream, exc)
+                self.gen, self._dobj = 0, None
+                self.refs_off_until = time.monotonic() + REFS_OFF
+                self.stats["tail_ref_misses"] += 1
                 return
             self.stats["tail_parts"] += 1
             self.stats["tail_bytes"] += len(chunk)
