@@ -27,7 +27,7 @@ from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
 from zonebus.options import advertised_host
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, WORKER
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, ROUTE, WORKER
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -379,7 +379,9 @@ class ClusterManager:
             group = [s for s in group if s.conn is not src]
         sub = pick_member(group, _tier, self.opts.prefer_matching_tags, self.server.random)
         ledger = self.server.ledger
-        if ledger is not None and sub is not None:
+        # a route's message names the groups this server serves: the sending server made (and counted) the
+        # routing decision; the pick here is among this server's own members (its clients, its other workers)
+        if ledger is not None and sub is not None and src.kind != ROUTE:
             ledger.queue_decision(src, group, sub, subject, size)
         return sub
 
