@@ -4,7 +4,8 @@ Modules: `ring` (consistent-hash rings and bounded-load assignment), `view` (liv
 main/proxy mapping), `records` (the `zr` channel's publish-path frames), `batch` (RouterChannel objects),
 `channel` (the RouterChannel on the shared store), `proxy` and `leader` (the two ends of the publish path),
 `readframes` (the read path's frames), `snapshot` (a proxy's view of a stream led in another zone), `reader`
-and `serving` (the two ends of the read path: pull consumers, acks, direct gets), `epochs` (route epochs and
+and `serving` (the two ends of the read path: pull consumers, acks, direct gets), `tailrefs` (a replica's
+own records in the replicated tail, by reference), `epochs` (route epochs and
 channel trimming through the meta group), `clientzones` (client zones, `/connz`), `forwarder` (the
 server-core hook) and `router` (`ZoneRouter`, wired by `zonebus.node`). The server core never imports this
 package.
