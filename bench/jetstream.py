@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: E402
 
-from zonebus.stream.filestore import FileStore  # noqa: E402
+from zonebus.store.filestore import FileStore  # noqa: E402
 from zonebus.stream.stream_config import normalize  # noqa: E402
 from zonebus.testing.byteproxy import ProxyProcess  # noqa: E402
 from zonebus.testing.jsapi import api, create_stream_retrying  # noqa: E402

@@ -69,7 +69,7 @@ async def fill_server(url: str, args: argparse.Namespace) -> float:
 
 
 def fill_direct(root: Path, args: argparse.Namespace) -> float:
-    from zonebus.stream.shared import CommitOptions, SharedStorage
+    from zonebus.store.shared import CommitOptions, SharedStorage
     from zonebus.stream.stream_config import normalize
 
     t0 = time.perf_counter()

@@ -125,7 +125,7 @@ class JetStreamOptions:
     zone_router_batch: int = 256 * 1024  # bytes at which a router batch is written at once
     zone_router_epoch: float = 10.0  # seconds between route epochs (channel objects are trimmed by epoch)
     # s3:// with the router: `replicas` acks once a proxy in another zone holds the message and writes the log
-    # object every `zone_router_tier` seconds (zonebus.stream.sharedtier); `storage` acks once the object is stored
+    # object every `zone_router_tier` seconds (zonebus.store.sharedtier); `storage` acks once the object is stored
     zone_router_ack: str = "replicas"
     zone_router_tier: float = 5.0
 

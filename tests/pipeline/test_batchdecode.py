@@ -7,7 +7,7 @@ import pytest
 
 from zonebus.pipeline import streamlog as SL
 from zonebus.pipeline.batchdecode import decode
-from zonebus.stream import sharedlayout as L
+from zonebus.store import sharedlayout as L
 
 HDRS = b"NATS/1.0\r\nA: 1\r\nA: 2\r\n\r\n"
 

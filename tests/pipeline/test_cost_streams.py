@@ -16,7 +16,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from zonebus.stream.sharedview import SharedView
+from zonebus.store.sharedview import SharedView
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 ZONES = ("z1", "z2", "z3")

@@ -24,8 +24,8 @@ from pathlib import Path
 import nats
 import pytest
 
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.shared import SharedStorage
+from zonebus.store import sharedlayout as L
+from zonebus.store.shared import SharedStorage
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
 from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, proxied_s3

@@ -29,8 +29,8 @@ import nats.js.errors
 import pytest
 
 from zonebus.storage.fs import ObjectStore
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.shared import SharedStorage, SharedView
+from zonebus.store import sharedlayout as L
+from zonebus.store.shared import SharedStorage, SharedView
 from zonebus.testing.damage import flip_bit, truncate
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
 from zonebus.testing.polling import until

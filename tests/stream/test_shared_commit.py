@@ -18,7 +18,7 @@ import pytest
 
 from zonebus.storage import fs
 from zonebus.storage.fs import ObjectStore
-from zonebus.stream.shared import CommitOptions, SharedStorage
+from zonebus.store.shared import CommitOptions, SharedStorage
 from zonebus.testing.polling import until
 
 LONG = 60.0  # a linger no test waits for: an ack that comes at all was not held for it

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from zonebus.storage.meter import RequestMeter
-from zonebus.stream.shared import CommitOptions, SharedStorage
+from zonebus.store.shared import CommitOptions, SharedStorage
 from zonebus.testing.polling import until
 
 

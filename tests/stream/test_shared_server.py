@@ -14,7 +14,7 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from zonebus.stream.shared import SharedStorage
+from zonebus.store.shared import SharedStorage
 from zonebus.testing.processes import ServerProcess
 
 

@@ -1,4 +1,4 @@
-"""The replicated tail's storage side (`zonebus.stream.sharedtier`, `SharedView.apply_part`), without servers: a
+"""The replicated tail's storage side (`zonebus.store.sharedtier`, `SharedView.apply_part`), without servers: a
 writer on a `file://` store whose acks follow a replica's position, a view fed the writer's parts (records land
 at the offsets of the object to come), the stored object completing the part, a reload that keeps the tail, and a
 new writer that takes the dead writer's unstored tail over from a replica (`tail_source`)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from zonebus.storage.fs import ObjectStore
-from zonebus.stream.shared import CommitOptions, SharedStorage, SharedView
+from zonebus.store.shared import CommitOptions, SharedStorage, SharedView
 
 pytestmark = pytest.mark.timeout(30)
 

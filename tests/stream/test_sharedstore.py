@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from zonebus.storage.fs import ObjectStore
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.shared import CommitOptions, Fenced, SharedStorage
+from zonebus.store import sharedlayout as L
+from zonebus.store.shared import CommitOptions, Fenced, SharedStorage
 from zonebus.testing.polling import until
 
 

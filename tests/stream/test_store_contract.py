@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from zonebus.stream.filestore import FileStore
-from zonebus.stream.memstore import MemStore
-from zonebus.stream.shared import CommitOptions, SharedStorage
+from zonebus.store.filestore import FileStore
+from zonebus.store.memstore import MemStore
+from zonebus.store.shared import CommitOptions, SharedStorage
 
 
 @pytest.fixture(params=["mem", "file", "shared-file", "shared-s3"])

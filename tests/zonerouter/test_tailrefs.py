@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from zonebus.stream import filestore as F
+from zonebus.store import filestore as F
 from zonebus.zonerouter.batch import Message
 from zonebus.zonerouter.readframes import Poll
 from zonebus.zonerouter.tailrefs import Origins, RefError, SentBatches, rebuild

@@ -81,7 +81,7 @@ def _open_stream(args: argparse.Namespace) -> None:
     from zonebus.pipeline.streamlog import StreamLog, StreamNotFound
     from zonebus.pipeline.streams_source import OptionError, patterns
     from zonebus.storage.fs import StorageError
-    from zonebus.stream.sharedlayout import LayoutError
+    from zonebus.store.sharedlayout import LayoutError
 
     try:
         patterns({"subjects": args.subjects})

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from zonebus.stream import sharedlayout as L
+from zonebus.store import sharedlayout as L
 
 _TOTAL = struct.Struct("<I")
 # the record header of `sharedlayout` (`<IBQqHII`, packed): total_len, kind, seq, ts, subj_len, hdr_len, data_len

@@ -60,8 +60,8 @@ def check_streams(url: str, names: Sequence[str], endpoint: str = "", region: st
     PipelineOptionError naming the option."""
     from zonebus.pipeline.streamlog import StreamLog, StreamNotFound
     from zonebus.storage.fs import StorageError
-    from zonebus.stream.shared import SharedStorage
-    from zonebus.stream.sharedlayout import LayoutError
+    from zonebus.store.shared import SharedStorage
+    from zonebus.store.sharedlayout import LayoutError
 
     if not url:
         raise PipelineOptionError("--streams: empty URL (give file:///path or s3://bucket/prefix)")

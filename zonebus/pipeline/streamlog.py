@@ -2,7 +2,7 @@
 
 No Spark here: `streams_source` wraps this in Spark's Python data source API. The layout (version 1) is
 `docs/shared-store-layout.md`; names, batch encoding and chain resolution come from
-`zonebus.stream.sharedlayout` and `SharedView` (listing, seals, base), so this module only decides which batch
+`zonebus.store.sharedlayout` and `SharedView` (listing, seals, base), so this module only decides which batch
 objects a query needs and applies the log's rules to the records they hold.
 
 Planning (`StreamLog.snapshot`): list and resolve the chain exactly as `SharedView` does, keep its *settled*
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from zonebus.storage.fs import ObjectStore
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.shared import SharedStorage
-from zonebus.stream.sharedview import SharedView
+from zonebus.store import sharedlayout as L
+from zonebus.store.shared import SharedStorage
+from zonebus.store.sharedview import SharedView
 from zonebus.subjects.patterns import matches
 
 PREFIX_BYTES = L.BATCH_HDR_LEN + L.HDR_LEN  # a batch header and its first record's header

@@ -1,4 +1,4 @@
-"""A durable queue group's log: a file store (zonebus.stream.filestore) under `<base>/queues/<group>/`.
+"""A durable queue group's log: a file store (zonebus.store.filestore) under `<base>/queues/<group>/`.
 
 The base is the shared store's directory when JetStream has a `file://` shared store (a new primary opens the
 same log after a failover), else the server's JetStream store_dir (or a temporary directory). Only the
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from zonebus.queue.model import Record, decode_origin, encode_origin
-from zonebus.stream.filestore import FileStore
+from zonebus.store.filestore import FileStore
 
 
 class GroupLog:

@@ -39,14 +39,14 @@ from zonebus.meta.assign import matches
 from zonebus.meta.state import Change, StreamRecord
 from zonebus.protocol.jserrors import JSError
 from zonebus.server.internal import InternalClient
+from zonebus.store.msgstore import now_ns
+from zonebus.store.sharedlayout import LayoutError
+from zonebus.store.sharedstore import Fenced
 from zonebus.stream import direct, stream_config
 from zonebus.stream.clusterlists import FORWARD, StreamLists, _error, _reply
 from zonebus.stream.hooks import ApiHook
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
-from zonebus.stream.sharedlayout import LayoutError
-from zonebus.stream.sharedstore import Fenced
-from zonebus.stream.store import now_ns
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.stream.config import format_time
 
 if TYPE_CHECKING:
-    from zonebus.stream.store import StoredMsg
+    from zonebus.store.msgstore import StoredMsg
     from zonebus.stream.stream import Stream
 
 PREFIX = "$JS.API.DIRECT.GET."

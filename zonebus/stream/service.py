@@ -8,7 +8,7 @@ an `os.write` of one record.
 On-disk layout: `<store_dir>/jetstream/streams/<stream>/{meta.json, msgs/<n>.blk + <n>.idx,
 consumers/<consumer>/{meta.json,state.json}}`. Memory streams are not written: like nats-server's, they do not
 survive a restart. With `shared_store` set, file-storage streams live on the shared store instead
-(`zonebus.stream.shared`; messages, stream config and consumer documents), `<store_dir>/jetstream/shared-cache`
+(`zonebus.store.shared`; messages, stream config and consumer documents), `<store_dir>/jetstream/shared-cache`
 only caches their batches, and the server takes every stream found there over at start (a lone server owns
 the whole shared store). Their PubAcks go out once the message is durable on the shared store.
 
@@ -40,14 +40,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.jserrors import JSError
+from zonebus.store.filestore import FileStore
+from zonebus.store.memstore import MemStore
+from zonebus.store.msgstore import MsgStore, now_ns
+from zonebus.store.shared import CommitOptions, SharedStorage, SharedStore
 from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
-from zonebus.stream.filestore import FileStore
 from zonebus.stream.hooks import TailHook, TapHook, VisibleHook
-from zonebus.stream.memstore import MemStore
-from zonebus.stream.shared import CommitOptions, SharedStorage, SharedStore
-from zonebus.stream.store import MsgStore, now_ns
 from zonebus.stream.stream import Stream
 
 if TYPE_CHECKING:

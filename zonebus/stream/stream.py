@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.jserrors import JSError
+from zonebus.store.msgstore import MsgStore, now_ns
 from zonebus.stream import limits
 from zonebus.stream.config import format_time
 from zonebus.stream.sources import SourceLink
-from zonebus.stream.store import MsgStore, now_ns
 from zonebus.stream.transform import SubjectTransform, compile_transform
 from zonebus.stream.ttl import MARKER_REASON, NEVER, marker_headers, parse_msg_ttl
 

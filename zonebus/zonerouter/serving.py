@@ -5,7 +5,7 @@
   store releases a batch with messages (`on_visible`), else after the poll's hold (at most 100 ms). A batch
   object the store still holds in memory and whose compressed size is below `inline_limit` (the router's
   prices: a GET costs what that many bytes crossing cost) goes with the answer, compressed.
-- A replicated tail (`zonebus.stream.sharedtier`): a poll also says how much of the unstored batches the proxy
+- A replicated tail (`zonebus.store.sharedtier`): a poll also says how much of the unstored batches the proxy
   holds; that is the replica's acknowledgement (`store.on_replica`), and the answer carries the records since
   (`store.tail_parts`), compressed by one zstd stream per proxy and stream (flushed per answer, so small answers
   compress like a whole batch); new records (`on_tail`) answer the held polls at once. The proxy's own records
@@ -31,7 +31,7 @@ from typing import Any
 
 import zstandard
 
-from zonebus.stream import sharedlayout as L
+from zonebus.store import sharedlayout as L
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.records import RecordError
 from zonebus.zonerouter.tailrefs import Origins

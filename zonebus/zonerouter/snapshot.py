@@ -1,11 +1,11 @@
 """The proxy's snapshot of one stream led in another zone: its log, read from the shared store.
 
-A `SharedView` of the stream (`zonebus.stream.sharedview`), owned by one worker thread (every read and every
+A `SharedView` of the stream (`zonebus.store.sharedview`), owned by one worker thread (every read and every
 change of the view runs there, in order). A poll loop long-polls the leader (`readframes.Poll`: the next batch it
 lacks, held up to 100 ms) and applies the batch objects each answer names, in order, fetched from the shared
 store (or decompressed from the answer, where the leader sent a small one inline); when the answer shows the view
 fell behind a base move, or the next batch is not the one named, the view is reloaded from a listing.
-With a replicated tail (`zonebus.stream.sharedtier`) the poll also says how much of the batches not stored yet
+With a replicated tail (`zonebus.store.sharedtier`) the poll also says how much of the batches not stored yet
 the view holds (the leader's acknowledgement that this replica has them), the answer brings the records since
 (decompressed with one zstd stream per leader; the records this server published come back as references to
 what its proxy sent, `tailrefs`), and the view keeps them until the leader stored them; `tail`
@@ -30,11 +30,11 @@ from typing import Any
 import zstandard
 
 from zonebus.storage.fs import ObjectStore
+from zonebus.store import sharedlayout as L
+from zonebus.store.msgstore import StoredMsg
+from zonebus.store.sharedview import SharedView
 from zonebus.stream import direct
-from zonebus.stream import sharedlayout as L
 from zonebus.stream.api import JSApi
-from zonebus.stream.sharedview import SharedView
-from zonebus.stream.store import StoredMsg
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter import tailrefs
 

@@ -1,4 +1,4 @@
-"""A new stream writer gathers the replicated tail of the writer it fences (`zonebus.stream.sharedtier`).
+"""A new stream writer gathers the replicated tail of the writer it fences (`zonebus.store.sharedtier`).
 
 With `zone_router_ack: replicas` a leader acknowledges a publish once a proxy in another zone holds it; the
 batch object follows seconds later. When the leader dies in between, the records it acknowledged are only in its

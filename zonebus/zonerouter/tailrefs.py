@@ -1,6 +1,6 @@
 """A replica never gets its own publishes back: tail parts name them by reference.
 
-With a replicated tail (`zonebus.stream.sharedtier`) the leader sends every proxy of a stream the records it
+With a replicated tail (`zonebus.store.sharedtier`) the leader sends every proxy of a stream the records it
 appended, so that the proxy's zone reads them without crossing again. A third of those records (with publishers
 in three zones) are the proxy's own: it sent them to the leader a moment before, through the link path or its
 RouterChannel. The leader replaces each record that came from the polling proxy's own channel, and that it stored
@@ -25,8 +25,8 @@ import struct
 import threading
 from collections import OrderedDict, deque
 
-from zonebus.stream import filestore as F
-from zonebus.stream import sharedlayout as L
+from zonebus.store import filestore as F
+from zonebus.store import sharedlayout as L
 from zonebus.zonerouter.batch import Message
 
 RAW, REF = 0, 1

@@ -29,10 +29,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zonebus.stream import sharedlayout as L
+from zonebus.store import sharedlayout as L
 
 if TYPE_CHECKING:
-    from zonebus.stream.sharedstore import DurableCallback, SharedStore
+    from zonebus.store.sharedstore import DurableCallback, SharedStore
 
 log = logging.getLogger(__name__)
 

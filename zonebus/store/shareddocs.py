@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 
 from zonebus.storage.fs import ObjectStore
-from zonebus.stream import sharedlayout as L
+from zonebus.store import sharedlayout as L
 
 log = logging.getLogger(__name__)
 

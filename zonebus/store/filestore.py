@@ -24,9 +24,9 @@ import zlib
 from array import array
 from pathlib import Path
 
-from zonebus.stream import segindex
-from zonebus.stream.segindex import SegIndex
-from zonebus.stream.store import MsgStore
+from zonebus.store import segindex
+from zonebus.store.msgstore import MsgStore
+from zonebus.store.segindex import SegIndex
 
 log = logging.getLogger(__name__)
 

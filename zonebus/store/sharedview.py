@@ -26,9 +26,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.filestore import FileStore
-from zonebus.stream.store import MsgStore
+from zonebus.store import sharedlayout as L
+from zonebus.store.filestore import FileStore
+from zonebus.store.msgstore import MsgStore
 
 log = logging.getLogger(__name__)
 

@@ -46,13 +46,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zonebus.storage.fs import ObjectExists, ObjectStore
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.filestore import encode_into
-from zonebus.stream.sharedbase import BaseMoves
-from zonebus.stream.shareddocs import DocQueue
-from zonebus.stream.sharedfence import Fenced, TailSource, WriterFencing
-from zonebus.stream.sharedtier import ReplicatedTail
-from zonebus.stream.sharedview import SharedView
+from zonebus.store import sharedlayout as L
+from zonebus.store.filestore import encode_into
+from zonebus.store.sharedbase import BaseMoves
+from zonebus.store.shareddocs import DocQueue
+from zonebus.store.sharedfence import Fenced, TailSource, WriterFencing
+from zonebus.store.sharedtier import ReplicatedTail
+from zonebus.store.sharedview import SharedView
 
 log = logging.getLogger(__name__)
 

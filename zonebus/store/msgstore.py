@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zonebus.stream.subject_index import MsgIndex
+from zonebus.store.subject_index import MsgIndex
 from zonebus.subjects.patterns import matches
 
 

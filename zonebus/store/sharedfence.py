@@ -16,17 +16,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zonebus.storage.fs import ObjectExists
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.store import now_ns
+from zonebus.store import sharedlayout as L
+from zonebus.store.msgstore import now_ns
 
 if TYPE_CHECKING:
-    from zonebus.stream.sharedstore import SharedStore
+    from zonebus.store.sharedstore import SharedStore
 
 
 # (stream, the fenced writer's epoch, its first batch not in the chain, the new epoch, the fenced writer's name)
 # -> the records (no batch header) of that writer's batches from there on, as its replicas hold them (b"" when
 # none); raises OSError while a replica that may hold some cannot be asked. A replica asked stops taking records
-# of older epochs (`zonebus.stream.sharedtier`).
+# of older epochs (`zonebus.store.sharedtier`).
 TailSource = Callable[[str, int, int, int, str], bytes]
 _TOTAL = struct.Struct("<I")
 

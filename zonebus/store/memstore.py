@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zonebus.stream.store import MsgStore
+from zonebus.store.msgstore import MsgStore
 
 
 class MemStore(MsgStore):

@@ -15,14 +15,14 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.sharedfence import Fenced
-from zonebus.stream.store import now_ns
+from zonebus.store import sharedlayout as L
+from zonebus.store.msgstore import now_ns
+from zonebus.store.sharedfence import Fenced
 
 if TYPE_CHECKING:
-    from zonebus.stream.sharedstore import SharedStore
+    from zonebus.store.sharedstore import SharedStore
 
-log = logging.getLogger("zonebus.stream.sharedstore")
+log = logging.getLogger("zonebus.store.sharedstore")
 
 
 class BaseMoves:

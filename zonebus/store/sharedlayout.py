@@ -28,7 +28,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from zonebus.stream.filestore import DEL, HDR_LEN, MARK, MSG, encode
+from zonebus.store.filestore import DEL, HDR_LEN, MARK, MSG, encode
 
 LAYOUT_KEY = "layout.json"
 FORMAT = "zonebus-shared-store"

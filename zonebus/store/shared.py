@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
-from zonebus.stream import sharedlayout as L
-from zonebus.stream.sharedfence import TailSource
-from zonebus.stream.sharedstore import CommitOptions, Fenced, SharedStore
-from zonebus.stream.sharedview import SharedView
+from zonebus.store import sharedlayout as L
+from zonebus.store.sharedfence import TailSource
+from zonebus.store.sharedstore import CommitOptions, Fenced, SharedStore
+from zonebus.store.sharedview import SharedView
 
 log = logging.getLogger(__name__)
 
