@@ -313,3 +313,104 @@ async def test_lone_server_does_not_overwrite_a_stream_it_could_not_recover(tmp_
         assert "could not recover stream LONE" in server.log() and blocks[1].name in server.log()
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_config_document_lost_then_leader_moves(cluster: Cluster) -> None:
+    """The stream's config document deleted under a running writer, then the stream moved to another server:
+    the new leader rewrites the document from the meta group's copy and serves the log it found (before, it
+    created the stream anew and deleted every acknowledged message)."""
+    nc = await _connect(cluster)
+    try:
+        await _create(nc, "NOCFG", 1)
+        pubs = _publishers(cluster, "NOCFG", 2)
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
+        prefix = cluster.root / "shared" / "streams" / "NOCFG"
+        try:
+            await _acked(pubs, time.monotonic(), 20, "every publisher acknowledged")
+            docs = sorted(prefix.glob("stream.*.json"))
+            assert docs
+            for f in docs:
+                f.unlink()
+            new = await _stepdown(nc, "NOCFG")
+            await _acked(pubs, time.monotonic(), 10, "publishing goes on after the move")
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        report = check(pubs, await read_back(nc, "NOCFG"))
+        print(f"config document deleted, {new} took over: {report.line()}")
+        assert report.lost == [] and report.unknown == [] and report.order == [], report.line()
+        assert sorted(prefix.glob("stream.*.json")), "the config document was not written again"
+        assert "lost its config document" in cluster.named(new).log()
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.jetstream(timeout=5).delete_stream("NOCFG")
+        await nc.close()
+
+
+@pytest.mark.timeout(60)
+async def test_damaged_consumer_document_answers_an_error(cluster: Cluster) -> None:
+    """A consumer's document overwritten with garbage, then the stream moved: the new leader refuses to serve
+    the stream with a clear JetStream error (10077, naming the document) instead of leaving every request to
+    time out, and no server dies."""
+    nc = await _connect(cluster)
+    try:
+        await _create(nc, "BADDOC", 1)
+        js = nc.jetstream(timeout=5)
+        await js.add_consumer("BADDOC", durable_name="reader", ack_policy="explicit")
+        for i in range(5):
+            await js.publish("baddoc.x", f"m{i}".encode())
+        folder = cluster.root / "shared" / "streams" / "BADDOC" / "consumers" / "reader"
+        metas = await until(lambda: sorted(folder.glob("meta.*.json")), "the consumer's document on the store")
+        metas[-1].write_bytes(b'{"name": "rea')  # torn
+        old = await until(lambda: _leader(nc, "BADDOC"), "BADDOC's leader")
+        resp = await api(nc, "$JS.API.STREAM.LEADER.STEPDOWN.BADDOC", timeout=5.0)
+        assert resp.get("success"), resp
+
+        async def refused() -> dict:
+            info = await _info(nc, "BADDOC")
+            return info if "damaged" in info.get("error", {}).get("description", "") else {}
+
+        err = (await until(refused, "a JetStream error about the damaged document", timeout=15))["error"]
+        assert (err["code"], err["err_code"]) == (503, 10077), err
+        assert metas[-1].name in err["description"], err
+        assert cluster.alive()
+        print(f"{old} stepped down; the next leader refused BADDOC: {err['description']}")
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.jetstream(timeout=5).delete_stream("BADDOC")
+        await nc.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("damage", ["deleted", "garbage"])
+async def test_lone_server_keeps_a_stream_whose_config_document_is_lost(tmp_path: Path, damage: str) -> None:
+    """A lone server has no other copy of a stream's config: with the document deleted or damaged it keeps the
+    log, says why, and refuses add_stream under that name (10077) rather than starting an empty stream."""
+    url = f"file://{tmp_path}/shared"
+    conf = f'jetstream {{ store_dir: "{tmp_path}/local", shared_store: "{url}" }}'
+    server = ServerProcess("zonebus", conf).start()
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=5)
+        await js.add_stream(name="KEEP", subjects=["keep.>"])
+        for i in range(10):
+            await js.publish("keep.x", f"m{i}".encode())
+        await nc.close()
+        server.stop()
+        prefix = tmp_path / "shared" / "streams" / "KEEP"
+        blocks = sorted((prefix / "log").glob("*.blk"))
+        for doc in prefix.glob("stream.*.json"):
+            doc.unlink() if damage == "deleted" else doc.write_bytes(b"\x00garbage")
+        server.start()
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=5)
+        with pytest.raises(nats.js.errors.APIError) as err:
+            await js.add_stream(name="KEEP", subjects=["keep.>"])
+        assert err.value.err_code == 10077 and "not overwriting it" in str(err.value.description), err.value
+        await nc.close()
+        assert blocks and all(b.exists() for b in blocks)
+        assert "could not recover stream KEEP" in server.log()
+    finally:
+        server.stop()

@@ -72,14 +72,21 @@ class SharedStorage:
         return self.cache_root / stream if self.cache_root is not None else None
 
     # -- streams -------------------------------------------------------------------------------------
-    def list_streams(self) -> list[str]:
-        """Names of the streams on the store (those with a config document)."""
+    def list_streams(self, headless: list[str] | None = None) -> list[str]:
+        """Names of the streams on the store (those with a config document); streams whose log has batch
+        objects but whose config document is missing are added to `headless` when given."""
         out = []
         for name in self.objects.list(L.STREAMS, dirs=True):
             names = self.objects.list(L.stream_prefix(name))
             if "stream" in L.latest_docs(names):
                 out.append(name)
+            elif headless is not None and self.has_log(name):
+                headless.append(name)
         return out
+
+    def has_log(self, stream: str) -> bool:
+        """The stream's log holds batch objects (whatever its documents say)."""
+        return any(L.parse_pair(n, ".blk") is not None for n in self.objects.list(f"{L.stream_prefix(stream)}/log"))
 
     def max_epoch(self, stream: str) -> int:
         """The highest epoch that ever claimed `stream` (0: none)."""
@@ -112,9 +119,13 @@ class SharedStorage:
             for p in cache.glob("*"):
                 p.unlink(missing_ok=True)
         store = SharedStore(self.objects, stream, epoch, writer, cache, self.options, self.tail_source)
+        self.write_config(stream, epoch, config, created)
+        return store
+
+    def write_config(self, stream: str, epoch: int, config: dict, created: int) -> None:
+        """The stream's config document of writer `epoch`, written now (one PUT)."""
         self.objects.put(f"{L.stream_prefix(stream)}/{L.doc_name('stream', epoch)}",
                          json.dumps({"config": config, "created": created}).encode())
-        return store
 
     def open_view(self, stream: str, cache_dir: str | Path | None = None) -> SharedView:
         return SharedView(self.objects, stream, cache_dir)

@@ -424,10 +424,18 @@ class SharedView(MsgStore):
         latest = L.latest_docs(self.objects.list(folder)).get(kind)
         if latest is None:
             return None
+        key = f"{folder}/{latest[1]}"
         try:
-            return json.loads(self.objects.get(f"{folder}/{latest[1]}"))
+            raw = self.objects.get(key)
         except FileNotFoundError:
             return None
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):  # a torn or damaged document: refused, never read as something else
+            raise L.LayoutError(f"{key}: not a JSON document (damaged)")
+        return doc
 
     def config(self) -> dict | None:
         """{"config": ..., "created": ...} of the stream, or None."""

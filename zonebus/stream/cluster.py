@@ -312,9 +312,17 @@ class ClusteredJetStream(StreamLists):
         """Worker thread: become the stream's writer on the shared store (a new epoch fences older writers)."""
         shared = self.svc.shared
         assert shared is not None
-        if name in shared.list_streams():
+        headless: list[str] = []
+        if name in shared.list_streams(headless) or name in headless:
             store = shared.takeover(name, writer=self.name)
             meta = store.config()
+            if meta is None and name in headless:
+                # the log is there but its config document is gone: the meta group's copy repairs it (creating
+                # the stream anew would delete every acknowledged message)
+                meta = {"config": cfg, "created": created}
+                shared.write_config(name, store.epoch, cfg, created)
+                log.warning("JetStream: stream %s had lost its config document on the shared store; rewritten "
+                            "from the meta group's record", name)
             if meta is not None:
                 return store, meta, store.consumers()
             store.close()

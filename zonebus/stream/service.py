@@ -312,7 +312,8 @@ class JetStreamService:
                                     cache_root=cache_root, options=options)
         if self.clustered:
             return  # the meta group says which streams this server takes over
-        for name in self.shared.list_streams():
+        headless: list[str] = []
+        for name in self.shared.list_streams(headless):
             if name in self.streams:
                 log.warning("JetStream: stream %s is both in store_dir and on the shared store; keeping the "
                             "local one", name)
@@ -322,6 +323,10 @@ class JetStreamService:
             except Exception as exc:
                 log.exception("JetStream: could not recover stream %s from the shared store", name)
                 self.unrecovered[name] = f"{type(exc).__name__}: {exc}"
+        for name in headless:  # a lone server has no other copy of the config: keep the log, refuse to overwrite
+            why = "its config document (stream.<epoch>.json) is missing; its log is kept"
+            log.error("JetStream: could not recover stream %s from the shared store: %s", name, why)
+            self.unrecovered[name] = why
 
     def _recover_shared(self, name: str) -> None:
         assert self.shared is not None
