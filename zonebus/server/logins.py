@@ -42,7 +42,7 @@ class ClientLogins:
         info["client_ip"] = conn.ip
         if self.authenticator.needs_nonce:
             conn.nonce = info["nonce"] = self.authenticator.new_nonce()
-        if self.connect_urls is not None:
+        if self.connect_urls is not None and conn.transport_type == "nats":  # (they are not WebSocket URLs)
             urls = self.connect_urls()
             if urls:
                 info["connect_urls"] = urls
