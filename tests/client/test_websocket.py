@@ -7,7 +7,7 @@ the same config and must answer alike.
 - a plain WebSocket client (aiohttp) speaking the NATS protocol by hand: INFO in a binary frame, text and
   binary frames accepted, a PUB split over two frames, WebSocket ping/pong, `/connz` type and `/varz` section;
 - the upgrade refused as nats-server refuses it (403 for a bad Origin, 400 without `Upgrade`), same bodies;
-- TLS (`wss://` with the harness's throwaway CA) with `same_origin`;
+- TLS (`wss://` with the harness's throwaway CA) on a random port (`-1`: one for every worker), with\n  `same_origin`;
 - permessage-deflate, read off a raw socket: negotiated, server frames compressed (RSV1), compressed client
   frames understood;
 - config refusals: a listener without TLS or `no_tls`, an allowed origin that is not a URL.
@@ -22,7 +22,6 @@ import os
 import shutil
 import subprocess
 import zlib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -129,6 +128,7 @@ async def test_plain_client_speaks_nats_in_frames(ws_server: tuple[ServerProcess
         assert first.type == aiohttp.WSMsgType.BINARY and first.data.startswith(b"INFO ")
         info = json.loads(first.data[5:first.data.index(b"\r\n")])
         assert info["auth_required"] is True and info["headers"] is True and info["server_id"]
+        assert (info["host"], info["port"], "tls_required" in info) == ("127.0.0.1", port, False)  # the listener's
         # a text frame with several ops; then a PUB split over two binary frames
         await ws.send_str('CONNECT {"user":"ws","pass":"ws","verbose":false,"headers":true}\r\nSUB ws.> 1\r\n'
                           "PING\r\n")
@@ -251,13 +251,17 @@ def ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
     return TestCA(tmp_path_factory.mktemp("ws-ca"))
 
 
-async def test_tls_websocket_with_same_origin(impl: str, server_pool, ca: TestCA) -> None:
+async def test_tls_websocket_on_a_random_port_with_same_origin(impl: str, server_pool, ca: TestCA) -> None:
     cert = ca.server_cert("ws-server")
-    port = free_port()
-    conf = (f'websocket {{ listen: "127.0.0.1:{port}", same_origin: true, handshake_timeout: "3s",\n'
+    conf = ('websocket { listen: "127.0.0.1:-1", same_origin: true, handshake_timeout: "3s",\n'
             f'  tls {{ cert_file: "{cert.cert}", key_file: "{cert.key}" }} }}\n')
     server = server_pool.start(impl, conf, http=True)
     try:
+        section = server.http_get("/varz")["websocket"]
+        port = section["port"]  # one random port, every worker's (the supervisor picks it, zonebus.workers)
+        section.pop("tls_cert_not_after", None)  # (nats-server shows it; zonebus has no cert dates)
+        assert section == {"host": "127.0.0.1", "port": port, "same_origin": True, "handshake_timeout": 3_000_000_000}
+        assert port > 0
         ctx = ca.client_context()
         url = f"https://127.0.0.1:{port}/"
         async with aiohttp.ClientSession() as s:
@@ -266,9 +270,12 @@ async def test_tls_websocket_with_same_origin(impl: str, server_pool, ca: TestCA
                 async with s.ws_connect(url, ssl=ctx, compress=15) as ws:
                     msg = await ws.receive(timeout=5)
                     assert ws.compress == 0  # compression is off here: not negotiated though asked for
-                    return msg.data.startswith(b"INFO ")
+                    info = json.loads(msg.data[5:msg.data.index(b"\r\n")])
+                    return (info["port"], info["tls_required"], info["tls_available"]) == (port, True, True)
 
             assert await until(upgraded, "an upgrade over TLS", timeout=15)
+            for _ in range(3):  # (with workers, the kernel spreads these over all of them)
+                assert await upgraded()
             async with s.ws_connect(url, ssl=ctx, origin=f"https://127.0.0.1:{port}") as ws:  # same origin
                 await ws.receive(timeout=5)
                 await ws.send_bytes(b"CONNECT {}\r\nSUB t 1\r\nPUB t 2\r\nok\r\nPING\r\n")
@@ -278,9 +285,6 @@ async def test_tls_websocket_with_same_origin(impl: str, server_pool, ca: TestCA
             with pytest.raises(aiohttp.ClientError):  # plain WebSocket to the TLS port
                 async with s.ws_connect(f"http://127.0.0.1:{port}/", timeout=aiohttp.ClientWSTimeout(ws_close=2)):
                     pass
-        section = server.http_get("/varz")["websocket"]
-        section.pop("tls_cert_not_after", None)  # (nats-server's; zonebus shows no certificate dates, top-level neither)
-        assert section == {"host": "127.0.0.1", "port": port, "same_origin": True, "handshake_timeout": 3_000_000_000}
     finally:
         server.stop()
 
@@ -298,19 +302,3 @@ def test_config_refused_with_nats_server_words(impl: str, block: str, words: str
     with pytest.raises(RuntimeError) as failed:
         server.start(timeout=15)
     assert words in str(failed.value)
-
-
-@pytest.fixture
-def random_port_server(impl: str, server_pool) -> Iterator[ServerProcess]:
-    server = server_pool.start(impl, "websocket { port: -1, no_tls: true }\n", http=True)
-    yield server
-    server.stop()
-
-
-async def test_random_port_serves_on_every_worker(random_port_server: ServerProcess) -> None:
-    port = random_port_server.http_get("/varz")["websocket"]["port"]
-    assert port > 0
-    async with aiohttp.ClientSession() as s:
-        for _ in range(4):  # (with workers, the kernel spreads these over all of them)
-            async with s.ws_connect(f"http://127.0.0.1:{port}/") as ws:
-                assert (await ws.receive(timeout=5)).data.startswith(b"INFO ")
