@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from pathlib import Path
 
 import aiohttp
@@ -172,14 +173,19 @@ async def test_upgrade_refused_as_nats_server_refuses(ws_server: tuple[ServerPro
     _, port = ws_server
     url = f"http://127.0.0.1:{port}/"
     async with aiohttp.ClientSession() as s:
-        for headers, status in [(_upgrade_headers(Origin="http://evil.example"), 403),
-                                (_upgrade_headers(Origin=f"{ALLOWED}:8080"), 403),  # another port
-                                (_upgrade_headers(Origin=ALLOWED.replace("http", "https")), 403),  # another scheme
-                                (_upgrade_headers(Upgrade=""), 400),
-                                (_upgrade_headers(**{"Sec-WebSocket-Version": "8"}), 400)]:
-            async with s.get(url, headers=headers) as resp:
+        for method, headers, status in [("GET", _upgrade_headers(Origin="http://evil.example"), 403),
+                                        ("GET", _upgrade_headers(Origin=f"{ALLOWED}:8080"), 403),  # another port
+                                        ("GET", _upgrade_headers(Origin="https://allowed.example"), 403),  # scheme
+                                        ("GET", _upgrade_headers(Upgrade=""), 400),
+                                        ("GET", _upgrade_headers(**{"Sec-WebSocket-Version": "8"}), 400),
+                                        ("POST", _upgrade_headers(), 405)]:
+            async with s.request(method, url, headers=headers) as resp:
                 text = await resp.text()
-                assert (resp.status, text) == (status, "Forbidden\n" if status == 403 else "Bad Request\n"), headers
+                assert (resp.status, text) == (status, f"{HTTPStatus(status).phrase}\n"), headers
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # not HTTP: a 400, no crash
+        writer.write(b"garbage\r\n\r\n")
+        assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        writer.close()
         async with s.ws_connect(url, origin=ALLOWED) as ws:  # the allowed origin, and no origin at all: upgraded
             assert (await ws.receive(timeout=5)).data.startswith(b"INFO ")
 

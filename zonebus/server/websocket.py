@@ -121,6 +121,7 @@ class WebSocketSession(asyncio.Protocol):
         self.client: WebSocketClient | None = None
         self.peer = ""
         self._timer: asyncio.TimerHandle | None = None
+        self._answered = False  # the upgrade request got its HTTP response
 
     # -- the socket ------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -145,6 +146,10 @@ class WebSocketSession(asyncio.Protocol):
             elif isinstance(event, Request):
                 self._upgrade(event)
                 client = self.client
+        if ws.handshake_exc is not None and not self._answered:  # not HTTP at all: a 400, as Go's HTTP server
+            self._answered = True
+            self.server.log(f"{self.peer} - websocket handshake error: {ws.handshake_exc}", "ERR")
+            self.raw.write(http_error(400).serialize())
         self.send_pending()
         if ws.parser_exc is not None and client is not None and not client.closed:
             self.server.log(f"{self.peer} - cid:{client.cid} - websocket: {ws.parser_exc}", "ERR")
@@ -181,6 +186,7 @@ class WebSocketSession(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._answered = True
         refusal = upgrade_refusal(request, self.server.opts.websocket, self.secure)
         if refusal is not None:
             status, reason = refusal
@@ -218,6 +224,8 @@ def _has_token(headers: Headers, name: str, token: str) -> bool:
 def upgrade_refusal(request: Request, wso: WebsocketOptions, secure: bool) -> tuple[int, str] | None:
     """(HTTP status, reason for the log) when nats-server would refuse this upgrade request, else None."""
     headers = request.headers
+    if request.method != "GET":
+        return 405, "request method must be GET"
     if not headers.get_all("Host") or not headers.get_all("Host")[0]:
         return 400, "'Host' missing in request"
     if not _has_token(headers, "Upgrade", "websocket"):
