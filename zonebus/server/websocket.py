@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import http
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from websockets.datastructures import Headers
@@ -207,6 +208,12 @@ class WebSocketSession(asyncio.Protocol):
         if self.client is None and not self.raw.is_closing():
             self.server.log(f"{self.peer} - websocket handshake error: timeout", "ERR")
             self.raw.close()
+
+
+def reloadable(old: WebsocketOptions, new: WebsocketOptions) -> bool:
+    """SIGHUP: whether `new` leaves the running `websocket {}` block as it is, which nats-server requires of a
+    reload ("config reload not supported for Websocket"); a random port (-1) matches the one bound."""
+    return replace(new, port=old.port) == old if new.port < 0 else new == old
 
 
 def handshake_timeout(wso: WebsocketOptions) -> float:
