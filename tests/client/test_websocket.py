@@ -286,6 +286,13 @@ async def test_tls_websocket_on_a_random_port_with_same_origin(impl: str, server
                 await ws.receive(timeout=5)
                 await ws.send_bytes(b"CONNECT {}\r\nSUB t 1\r\nPUB t 2\r\nok\r\nPING\r\n")
                 assert (await read_until(ws, b"PONG\r\n"))[0] == b"+OK\r\n+OK\r\n+OK\r\nMSG t 1 2\r\nok\r\nPONG\r\n"
+                local = ws.get_extra_info("sockname")[1]
+
+                def ours() -> dict | None:
+                    return next((c for c in server.http_get("/connz")["connections"] if c["port"] == local), None)
+
+                conn = await until(lambda: asyncio.to_thread(ours), "our client in /connz", timeout=10)
+                assert (conn["type"], conn.get("tls_version")) == ("websocket", "1.3")
             async with s.get(url, ssl=ctx, headers=_upgrade_headers(Origin=f"https://localhost:{port}")) as resp:
                 assert (resp.status, await resp.text()) == (403, "Forbidden\n")
             with pytest.raises(aiohttp.ClientError):  # plain WebSocket to the TLS port

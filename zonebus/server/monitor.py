@@ -297,7 +297,8 @@ def connz(server: Server, subs: bool = False, auth: bool = False) -> dict[str, A
         }
         if c.zone:
             entry["zone"] = c.zone
-        if server.opts.tls is not None and c.transport is not None:  # as nats-server: "1.3", the suite's name
+        if (server.opts.tls is not None or c.transport_type != "nats") and c.transport is not None:
+            # (over TLS, as nats-server: "1.3", the suite's name; WebSocket clients may have TLS of their own)
             tls_obj = c.transport.get_extra_info("ssl_object")
             if tls_obj is not None:
                 entry["tls_version"] = (tls_obj.version() or "").removeprefix("TLSv")
