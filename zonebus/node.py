@@ -298,6 +298,13 @@ class Node:
         except ConfigError as exc:
             server.log(f"reload failed: {exc}")
             return
+        if new.websocket != server.opts.websocket:
+            from zonebus.server.websocket import reloadable
+
+            if not reloadable(server.opts.websocket, new.websocket):  # the whole reload fails, as nats-server's
+                server.log("reload failed: config reload not supported for websocket {} (restart to change it)",
+                           "ERR")
+                return
         server.opts.server_tags = new.server_tags
         for js in self.account_js:  # stream placement by tags sees the new ones (the replicated peer tables)
             if js.meta is not None:

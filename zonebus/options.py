@@ -47,6 +47,20 @@ class TLSOptions:
 
 
 @dataclass
+class WebsocketOptions:
+    """`websocket { ... }`: the WebSocket client listener (zonebus.server.websocket), nats-server's defaults."""
+
+    host: str = "0.0.0.0"
+    port: int = 0  # 0 = no WebSocket listener; -1 = a random port
+    no_tls: bool = False  # nats-server refuses a listener without `tls {}` unless this is set
+    tls: TLSOptions | None = None
+    compression: bool = False  # permessage-deflate, when the client asks for it
+    same_origin: bool = False  # an Origin header must name this very host and port
+    allowed_origins: list[str] = field(default_factory=list)  # an Origin header must be one of these
+    handshake_timeout: float = 0.0  # seconds for the HTTP upgrade; 0: none, or the tls block's timeout with TLS
+
+
+@dataclass
 class CompressionOptions:
     """`cluster { compression }` / `gateway { compression }`: nats-server's mode names, normalised by
     `zonebus.link.compression.normalize_mode` (`accept`: compress only when the peer asks, nats-server's
@@ -305,6 +319,7 @@ class ServerOptions:
     config_file: str = ""
     cluster: RouteOptions = field(default_factory=RouteOptions)
     gateway: GatewayOptions = field(default_factory=GatewayOptions)
+    websocket: WebsocketOptions = field(default_factory=WebsocketOptions)
     jetstream: JetStreamOptions = field(default_factory=JetStreamOptions)
     ledger: LedgerOptions = field(default_factory=LedgerOptions)
     queue_groups: dict[str, QueueGroupOptions] = field(default_factory=dict)  # zonebus.queue

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from zonebus.config import accounts, authorization, jetstream, ledger, links, queue_groups, schema, tls
+from zonebus.config import accounts, authorization, jetstream, ledger, links, queue_groups, schema, tls, websocket
 from zonebus.config.unsupported import UNSUPPORTED
 from zonebus.testing.processes import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG_MODULES = (schema, authorization, tls, links, jetstream, ledger, queue_groups, accounts)  # key tables
+CONFIG_MODULES = (schema, authorization, tls, links, websocket, jetstream, ledger, queue_groups, accounts)  # key tables
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -47,6 +47,7 @@ def test_unsupported_keys_are_in_the_readme_table() -> None:
     ("leafnodes { port: 7422 }", 'unsupported field "leafnodes": zonebus does not have nats-server\'s leaf node'),
     ("cluster { name: c, accounts: [A] }", 'unsupported field "accounts"'),
     ("jetstream { domain: hub }", 'unsupported field "domain"'),
+    ("websocket { port: -1, no_tls: true, jwt_cookie: jwt }", 'unsupported field "jwt_cookie": zonebus does not have'),
     ("leafnodez { port: 7422 }", 'unknown field "leafnodez"'),
 ])
 def test_unsupported_key_refused_at_start_with_its_own_words(tmp_path: Path, conf: str, words: str) -> None:

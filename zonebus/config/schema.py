@@ -8,7 +8,7 @@ and raised together as one `ConfigError`, each line `<file>:<line>:<col>: <messa
 - a bad value: `<key>: expected <type>, got <value>`, or nats-server's own message for that check.
 
 The top-level keys are here; each block has a module of its own: `authorization`, `tls`, `links` (`cluster`
-and `gateway`), `jetstream`, `ledger`, `queue_groups` and `accounts`, all built on `readers`.
+and `gateway`), `websocket`, `jetstream`, `ledger`, `queue_groups` and `accounts`, all built on `readers`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from zonebus.config.readers import (
     str_field,
 )
 from zonebus.config.tls import tls_block
+from zonebus.config.websocket import read_websocket
 from zonebus.options import ServerOptions
 
 MAX_WORKERS = 256  # `workers`: processes of one server (zonebus.workers)
@@ -113,6 +114,7 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "mappings": lambda o, v, e: setattr(o, "mappings", read_mappings(v, e)),
     "cluster": read_cluster,
     "gateway": read_gateway,
+    "websocket": read_websocket,
     "jetstream": read_jetstream,
     "ledger": read_ledger,
     "queue_groups": read_queue_groups,

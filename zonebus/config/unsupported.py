@@ -13,7 +13,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     "": {
         "leafnodes": "leaf node connections",
         "leaf": "leaf node connections",
-        "websocket": "WebSocket clients",
         "mqtt": "MQTT clients",
         "operator": "operator JWT (decentralised) authentication",
         "resolver": "the account JWT resolver",
@@ -27,6 +26,18 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "cluster": {
         "accounts": "dedicated per-account routes",
+    },
+    "websocket": {
+        "advertise": "an advertised WebSocket address (WebSocket URLs in cluster gossip)",
+        "no_auth_user": "WebSocket-only authorization",
+        "authorization": "WebSocket-only authorization",
+        "authentication": "WebSocket-only authorization",
+        "jwt_cookie": "WebSocket credentials from cookies",
+        "user_cookie": "WebSocket credentials from cookies",
+        "pass_cookie": "WebSocket credentials from cookies",
+        "token_cookie": "WebSocket credentials from cookies",
+        "headers": "custom WebSocket handshake headers",
+        "ping_interval": "a WebSocket-only ping interval",
     },
     "account": {
         "nkey": "account nkeys",

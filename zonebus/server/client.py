@@ -107,6 +107,7 @@ def parse_connect(raw: bytes) -> dict:
 
 class ClientConnection(Connection, asyncio.Protocol):
     kind = CLIENT
+    transport_type = "nats"  # /connz `type`: a TCP client ("websocket": zonebus.server.websocket)
     __slots__ = ("parser", "subs", "connected", "verbose", "pedantic", "echo", "headers", "no_responders",
                  "protocol", "name", "lang", "version", "user", "perms", "auth_user", "nonce", "connect_opts",
                  "pings_out", "rtt", "_ping_sent", "ledger_hdrs", "_timers", "peercert", "info_sent", "pong_sent",

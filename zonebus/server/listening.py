@@ -6,7 +6,8 @@ port)`; the command line prints the message and exits with status 1, as nats-ser
 
 `reuse_port(workers)`: whether the client listener shares its port with the other worker processes of the same
 server (`workers` above 1, zonebus.workers): SO_REUSEPORT, where the kernel spreads new connections over them.
-Every kind of client listener (plain, TLS after a plain INFO, `handshake_first`) shares it the same way.
+Every kind of client listener (plain, TLS after a plain INFO, `handshake_first`, WebSocket with or without TLS)
+shares its port the same way (`open_listener`).
 
 `open_clients(server)`: the client listener in two steps, `ClientListener`: its port is bound at once (a port
 in use fails there, a random one is known), but it listens (and accepts) only from `serve()`, which the
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -74,24 +75,32 @@ class _PlainListener:
         self.srv.close()
 
 
+async def open_listener(server: Server, what: str, host: str, port: int, factory: Callable[[], asyncio.Protocol],
+                        ssl: Any = None, ssl_timeout: float = 0.0) -> ClientListener:
+    """A client listener bound (not yet accepting) on host:port, with SO_REUSEPORT when the server is one of
+    several workers; TLS from the first byte with the `ssl` context. `what` names it in a failure."""
+    tls_kw: dict[str, Any] = {"ssl": ssl, "ssl_handshake_timeout": ssl_timeout} if ssl is not None else {}
+    with naming(what, host, port):
+        srv = await server.loop.create_server(factory, host, port, reuse_address=True, backlog=1024,
+                                              reuse_port=reuse_port(server.opts.workers), start_serving=False,
+                                              **tls_kw)
+    return _PlainListener(srv)
+
+
 async def open_clients(server: Server) -> ClientListener:
     """Bind the client port of `server.opts` (host, port; port 0 picks one), with SO_REUSEPORT when the server
     is one of several workers; TLS as its `tls {}` block says (`server.client_tls` / `client_tls_context`)."""
     from zonebus.server.client import ClientConnection
 
     opts = server.opts
-    shared = reuse_port(opts.workers)
-    with naming("clients", opts.host, opts.port):
-        if server.client_tls is not None:  # INFO in the clear, then TLS (zonebus.server.tls)
-            from zonebus.server.tls import InfoFirstListener
+    if server.client_tls is not None:  # INFO in the clear, then TLS (zonebus.server.tls)
+        from zonebus.server.tls import InfoFirstListener
 
+        with naming("clients", opts.host, opts.port):
             listener = InfoFirstListener(server, server.client_tls, opts.tls.timeout)  # type: ignore[union-attr]
-            listener.bind(opts.host, opts.port, shared)
-            return listener
-        tls_kw: dict[str, Any] = {}
-        if server.client_tls_context is not None:  # handshake_first: the listener itself is TLS
-            tls_kw = {"ssl": server.client_tls_context, "ssl_handshake_timeout": opts.tls.timeout}  # type: ignore[union-attr]
-        srv = await server.loop.create_server(
-            lambda: ClientConnection(server), opts.host, opts.port, reuse_address=True, backlog=1024,
-            reuse_port=shared, start_serving=False, **tls_kw)
-        return _PlainListener(srv)
+            listener.bind(opts.host, opts.port, reuse_port(opts.workers))
+        return listener
+    # handshake_first: the listener itself is TLS
+    timeout = opts.tls.timeout if opts.tls is not None else 0.0
+    return await open_listener(server, "clients", opts.host, opts.port, lambda: ClientConnection(server),
+                               server.client_tls_context, timeout)

@@ -34,20 +34,36 @@ class ClientLogins:
     url_watchers: list[Callable[[], None]]
     info_extras: dict[str, Any]
     client_tls_context: Any
+    websocket_listener: Any  # zonebus.server.websocket's listener, or None
     _info_base: dict[str, Any]
 
     def client_info(self, conn: ClientConnection) -> bytes:
         info = dict(self._info_base)
+        if conn.transport_type != "nats":
+            self._websocket_info(info)
         info["client_id"] = conn.cid
         info["client_ip"] = conn.ip
         if self.authenticator.needs_nonce:
             conn.nonce = info["nonce"] = self.authenticator.new_nonce()
-        if self.connect_urls is not None:
+        if self.connect_urls is not None and conn.transport_type == "nats":  # (they are not WebSocket URLs)
             urls = self.connect_urls()
             if urls:
                 info["connect_urls"] = urls
         info.update(account_limits.info_fields(conn))
         return b"INFO " + _json(info) + b"\r\n"
+
+    def _websocket_info(self, info: dict[str, Any]) -> None:
+        """What a WebSocket client's INFO says instead, as nats-server's: the WebSocket listener's host, port
+        and TLS (the top-level tls block is not this listener's)."""
+        wso = self.opts.websocket
+        info["host"] = wso.host
+        info["port"] = getattr(self.websocket_listener, "port", wso.port)
+        info.pop("tls_required", None)
+        info.pop("tls_verify", None)
+        if wso.tls is not None:
+            info["tls_required"] = info["tls_available"] = True
+            if wso.tls.verify:
+                info["tls_verify"] = True
 
     def client_urls_changed(self) -> None:
         """The cluster's client URLs changed: tell the clients that take asynchronous INFO, as nats-server

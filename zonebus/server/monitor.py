@@ -31,6 +31,7 @@ from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, ROUTE
 from zonebus.server.listening import naming
 
 if TYPE_CHECKING:
+    from zonebus.options import WebsocketOptions
     from zonebus.server.server import Server
 
 ACCOUNT_NAME = ACCOUNT.decode()
@@ -244,8 +245,27 @@ def varz(server: Server) -> dict[str, Any]:
         out["tls_required"] = True
         out["tls_verify"] = opts.tls.verify or opts.tls.verify_and_map
         out["tls_timeout"] = go_float(opts.tls.timeout)
+    out["websocket"] = websocket_varz(opts.websocket, getattr(server.websocket_listener, "port", 0))
     for name, section in server.varz_sections.items():
         out[name] = section()
+    return out
+
+
+def websocket_varz(wso: WebsocketOptions, port: int) -> dict[str, Any]:
+    """`/varz` `websocket`: nats-server's fields (empty when there is no WebSocket listener)."""
+    if not wso.port:
+        return {}
+    out: dict[str, Any] = {"host": wso.host, "port": port}
+    if wso.handshake_timeout:
+        out["handshake_timeout"] = int(wso.handshake_timeout * 1e9)
+    if wso.no_tls:
+        out["no_tls"] = True
+    if wso.same_origin:
+        out["same_origin"] = True
+    if wso.allowed_origins:
+        out["allowed_origins"] = list(wso.allowed_origins)
+    if wso.compression:
+        out["compression"] = True
     return out
 
 
@@ -257,7 +277,7 @@ def connz(server: Server, subs: bool = False, auth: bool = False) -> dict[str, A
         entry: dict[str, Any] = {
             "cid": c.cid,
             "kind": "Client",
-            "type": "nats",
+            "type": c.transport_type,
             "ip": c.ip,
             "port": c.remote_port,
             "start": rfc3339(c.start),
@@ -277,7 +297,8 @@ def connz(server: Server, subs: bool = False, auth: bool = False) -> dict[str, A
         }
         if c.zone:
             entry["zone"] = c.zone
-        if server.opts.tls is not None and c.transport is not None:  # as nats-server: "1.3", the suite's name
+        if (server.opts.tls is not None or c.transport_type != "nats") and c.transport is not None:
+            # (over TLS, as nats-server: "1.3", the suite's name; WebSocket clients may have TLS of their own)
             tls_obj = c.transport.get_extra_info("ssl_object")
             if tls_obj is not None:
                 entry["tls_version"] = (tls_obj.version() or "").removeprefix("TLSv")

@@ -73,6 +73,7 @@ class Server(ClientLogins, MessageRouting):
         self.total_connections = 0
         self._servers: list[ClientListener] = []
         self._listener: ClientListener | None = None  # the client port (zonebus.server.listening)
+        self.websocket_listener: ClientListener | None = None  # websocket {} (zonebus.server.websocket)
         self._accepting = False  # serve_clients() ran
         self.serve_at_start = True  # False: clients are accepted from serve_clients() (zonebus.workers)
         self.lame_duck = False  # `--signal ldm`: see zonebus.server.lameduck
@@ -131,6 +132,11 @@ class Server(ClientLogins, MessageRouting):
         self._listener = await open_clients(self)  # bound now, accepting from serve_clients()
         self._servers.append(self._listener)
         opts.port = self._listener.port
+        if opts.websocket.port:
+            from zonebus.server.websocket import open_websocket
+
+            self.websocket_listener = await open_websocket(self)
+            self._servers.append(self.websocket_listener)
         self._info_base = self._build_info()
         if opts.ledger.enabled:
             from zonebus.server.ledger_hooks import LedgerHooks
@@ -158,8 +164,15 @@ class Server(ClientLogins, MessageRouting):
         if self._listener is None or self._accepting or self.lame_duck:
             return
         self._accepting = True
-        await self._listener.serve()
         opts = self.opts
+        if self.websocket_listener is not None:
+            await self.websocket_listener.serve()
+            wso = opts.websocket
+            scheme = "ws" if wso.tls is None else "wss"
+            self.log(f"Listening for websocket clients on {scheme}://{wso.host}:{self.websocket_listener.port}")
+            if wso.tls is None:
+                self.log("Websocket not configured with TLS. DO NOT USE IN PRODUCTION!", "WRN")
+        await self._listener.serve()
         self.log(f"zonebus {SERVER_VERSION} listening for clients on {opts.host}:{opts.port} ({self.name})")
         if opts.tls is not None:
             self.log("TLS required for client connections"

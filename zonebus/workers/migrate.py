@@ -16,8 +16,8 @@ generation) all go to exactly one local link and nowhere else; such a client is 
    process's descriptor; the connection stays open);
 3. the peer, once it has both, adopts the socket as a connected client (no second INFO), parses the
    leftover bytes first and reads on: the client notices nothing, and its next messages are delivered in
-   the process of its subscribers. A client moves once; clients over TLS or of a server with authorization
-   never move (their state is not all in the CONNECT options).
+   the process of its subscribers. A client moves once; clients over TLS or WebSocket, or of a server with
+   authorization never move (their state is not all in the CONNECT options).
 Clients are handed only to a worker that accepts clients itself (`LocalMesh.serving_peers`): one still
 starting may not have the other workers' interest yet.
 Owned by the event loop thread.
@@ -92,8 +92,8 @@ class Migrator:
         own = len(self.server.clients)
         if own + sum(slots) - slots[self.mesh.index] >= self.server.opts.max_connections:
             return False
-        if isinstance(conn, _Adopted) or self.server.opts.tls is not None:
-            return True
+        if isinstance(conn, _Adopted) or self.server.opts.tls is not None or conn.transport_type != "nats":
+            return True  # (a WebSocket client's framing state lives in this process)
         least = min((n, i) for i, n in enumerate(slots) if i in self.mesh.serving_peers or i == self.mesh.index)[1]
         if slots[least] >= own or least == self.mesh.index:
             return True
@@ -116,6 +116,7 @@ class Migrator:
             n = conn.in_msgs
             self._seen[conn.cid] = n
             if n == seen.get(conn.cid, 0) or n < MIN_MSGS or conn.subs or not conn.connected or conn.closed \
+                    or conn.transport_type != "nats" \
                     or (isinstance(conn, _Adopted) and not conn.fresh):  # a client moves once
                 continue
             link = self._target(conn)

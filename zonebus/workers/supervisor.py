@@ -50,8 +50,9 @@ def log(msg: str, level: str = "INF") -> None:
     print(f"[{os.getpid()}] {ts} [{level}] {msg}", file=sys.stderr, flush=True)
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
-    """Bind (not listen) the client port with SO_REUSEPORT: a random one is picked here, once for all."""
+def reserve_port(host: str, port: int, what: str = "clients") -> socket.socket:
+    """Bind (not listen) the client port (or another port every worker listens on, `what`) with SO_REUSEPORT:
+    a random one is picked here, once for all."""
     import socket
 
     from zonebus.server.listening import naming
@@ -60,7 +61,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        with naming("clients", host, port):
+        with naming(what, host, port):
             sock.bind((host or "0.0.0.0", max(port, 0)))
     except BaseException:
         sock.close()
@@ -85,11 +86,16 @@ async def supervise(opts: ServerOptions) -> None:
         raise ListenError("workers: this platform has no SO_REUSEPORT; use workers: 1")
     reserved = reserve_port(opts.host, opts.port)
     port = reserved.getsockname()[1]
+    websocket = opts.websocket
+    if websocket.port < 0:  # a random WebSocket port: one for all workers, held (bound) by the supervisor
+        ws_reserved = reserve_port(websocket.host, websocket.port, "websocket clients")
+        websocket = replace(websocket, port=ws_reserved.getsockname()[1])
+        os.set_inheritable(ws_reserved.fileno(), True)  # kept open across the exec below, never passed on
     directory = tempfile.mkdtemp(prefix="zonebus-workers-")  # mode 0700
     spec = WorkerSpec(index=0, count=opts.workers, directory=directory, server_id=new_server_id(),
                       secret=os.urandom(16).hex())  # (what secrets.token_hex does, without loading OpenSSL's hashes)
     with open(os.path.join(directory, OPTIONS_FILE), "wb") as f:
-        pickle.dump(replace(opts, port=port, pid_file=""), f)
+        pickle.dump(replace(opts, port=port, pid_file="", websocket=websocket), f)
     spec.save()
     counts.create(directory, spec.count)
     (Path(directory) / SUPERVISOR_FILE).write_text(json.dumps({"where": f"{opts.host}:{port}"}))
