@@ -51,10 +51,12 @@ class FaultPublisher:
         self.ack_times: list[float] = []  # monotonic time of each PubAck
         self.failures: Counter[str] = Counter()
         self.dup_acks = 0  # PubAcks that said `duplicate` (none expected: no Nats-Msg-Id)
+        self.connection_errors = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         name = f"{self.who}?az={self.zone}" if self.zone else self.who
-        nc = await nats.connect(servers=self.urls, name=name, reconnect_time_wait=0.2, max_reconnect_attempts=-1)
+        nc = await nats.connect(servers=self.urls, name=name, reconnect_time_wait=0.2, max_reconnect_attempts=-1,
+                                error_cb=self._connection_error)
         js = nc.jetstream(timeout=self.timeout)
         i = 0
         try:
@@ -78,6 +80,9 @@ class FaultPublisher:
                 i += 1
         finally:
             await nc.close()
+
+    async def _connection_error(self, exc: Exception) -> None:
+        self.connection_errors += 1  # (its server is down or paused: the publishes that failed count above)
 
     def acked_since(self, t: float) -> int:
         return sum(1 for x in self.ack_times if x >= t)

@@ -511,6 +511,10 @@ class S3Proxy:
     def set_latency(self, latency: Mapping[str, tuple[float, float]]) -> dict:
         return self._call("/latency", {k: list(v) for k, v in latency.items()})
 
+    def latency(self) -> dict[str, tuple[float, float]]:
+        """The injected latency now: kind -> (p50 ms, p99 ms)."""
+        return {k: (float(v[0]), float(v[1])) for k, v in self._call("/latency")["latency_ms"].items()}
+
     def stop(self) -> None:
         stop_child(self.proc)
 

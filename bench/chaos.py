@@ -1,0 +1,165 @@
+"""Jepsen-style fault campaigns: a clustered stream under kills, pauses and broken storage, zonebus next to
+nats-server R3, with Jepsen's queue checker (`zonebus.testing.nemesis`).
+
+Topology (as `bench/whole_bill.py`): three zones, one server per zone, routes through byte-counting proxies.
+- zonebus: the zone router on the S3 stand-in (moto behind `zonebus.testing.s3proxy`, S3-like latency), the
+  stream R1 placed in z2 (its replicated tail: acknowledged once another zone holds a message); the server's
+  default settings otherwise.
+- nats-server: the stream R3 on local file storage, with its default `sync_interval` (2 min) and, as a second
+  setup, `sync_interval: always`.
+Workload: one writer per zone, connected to its own zone's server, publishing unique values `<writer>:<n>` and
+awaiting each PubAck (a timeout or an error counts as a failed publish, an unknown outcome). The nemesis injects
+one fault at a time (`--faults`: kill, pause, s3-503, s3-reset, s3-timeout, s3-slow; storage faults only where
+there is an S3 store), heals it, waits until every writer is acknowledged again, then rests. Afterwards every
+zone reads the stream back through its own server, and the checker reports acked, failed, lost (split into
+prefix / middle / postfix per writer), unexpected, duplicates, order, whether every zone read the same log, the
+longest stretch without any PubAck after a fault (unavailability) and the recovery time after healing.
+
+Run: `python bench/chaos.py --minutes 2 [--only zonebus|nats|nats-always] [--faults kill,pause,...] [--seed 1]`.
+Progress goes to stderr, the table to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import nats  # noqa: E402
+
+from zonebus.testing.faultload import FaultPublisher, read_back  # noqa: E402
+from zonebus.testing.jsapi import api  # noqa: E402
+from zonebus.testing.motos3 import MotoS3, proxied_s3  # noqa: E402
+from zonebus.testing.nemesis import Fault, Nemesis, QueueCheck, queue_check  # noqa: E402
+from zonebus.testing.zonecluster import ZoneCluster, stream_led_in  # noqa: E402
+
+BUCKET = "zonebus-chaos"
+STREAM = "CHAOS"
+LEADER = "s2"
+FAILOVER = 3.0  # zonebus's default failover_timeout
+SETUPS = ("zonebus", "nats", "nats-always")
+ALL_FAULTS = "kill,pause,s3-503,s3-reset,s3-timeout,s3-slow"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def start(setup: str, stack: ExitStack, tmp: Path) -> tuple[ZoneCluster, MotoS3 | None]:
+    s3 = None
+    if setup == "zonebus":
+        s3 = stack.enter_context(proxied_s3(BUCKET, latency=True, process=True))
+        ep, region = s3.endpoint, s3.region
+        cluster = ZoneCluster(setup, "zonebus", lambda i, t: (
+            f'jetstream {{ store_dir: "{t}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", zone_router: true, '
+            f's3 {{ endpoint: "{ep}", region: "{region}" }} }}'), env=s3.env(endpoint=False))
+    else:
+        sync = ', sync_interval: "always"' if setup == "nats-always" else ""
+        cluster = ZoneCluster(setup, "nats", lambda i, t: f'jetstream {{ store_dir: "{t}/n{i + 1}"{sync} }}',
+                              cluster_extra="compression: s2_best")
+    stack.callback(cluster.stop)
+    cluster.start(tmp)
+    if setup == "zonebus":
+        cluster.wait_router_mapping()
+    return cluster, s3
+
+
+async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, list[Fault]]:
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-chaos-") as td:
+        cluster, s3 = start(setup, stack, Path(td))
+        servers = dict(zip(cluster.names, cluster.servers, strict=True))
+        cfg: dict = {"name": STREAM, "subjects": ["chaos.>"], "storage": "file"}
+        cfg |= {"num_replicas": 1, "placement": {"tags": ["az:z2"]}} if setup == "zonebus" else {"num_replicas": 3}
+        led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
+        log(f"{setup}: stream {STREAM} led by {led}")
+        pubs = [FaultPublisher([s.url], f"w{k + 1}", f"chaos.w{k + 1}", zone=f"z{k + 1}")
+                for k, s in enumerate(cluster.servers)]
+        watch = await nats.connect(servers=[s.url for s in cluster.servers], max_reconnect_attempts=-1,
+                                   reconnect_time_wait=0.2)
+
+        async def leader() -> str:
+            return (await api(watch, f"$JS.API.STREAM.INFO.{STREAM}", timeout=2.0))["cluster"]["leader"]
+
+        nemesis = Nemesis(servers, pubs, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed)
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
+        try:
+            faults = await nemesis.run(args.faults.split(","), args.minutes * 60, quiet=args.quiet,
+                                       fault_seconds=args.fault_seconds, progress=lambda m: log(f"{setup}: {m}"))
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await watch.close()
+        reads = {}
+        for k, s in enumerate(cluster.servers):  # every zone reads through its own server
+            nc = await nats.connect(s.url, name=f"reader?az=z{k + 1}")
+            try:
+                reads[f"z{k + 1}"] = await read_back(nc, STREAM, durable=f"readback_z{k + 1}", timeout=60)
+            finally:
+                await nc.close()
+        q = queue_check(pubs, reads)
+        log(f"{setup}: {q.report.line()}; lost prefix/middle/postfix {q.lost_prefix}/{q.lost_middle}/"
+            f"{q.lost_postfix}; zone reads {q.zone_reads}")
+        return q, faults
+
+
+def _s(xs: list[float], fn) -> str:
+    xs = [x for x in xs if not math.isnan(x)]
+    return f"{fn(xs):.1f}" if xs else "-"
+
+
+def print_table(results: list[tuple[str, QueueCheck, list[Fault]]], args: argparse.Namespace) -> None:
+    print(f"\n{args.minutes:g}-minute campaigns, faults {args.faults}, seed {args.seed}\n")
+    print("| setup | faults injected | writes acked | failed (unknown) | lost (prefix/middle/postfix) | unexpected "
+          "| duplicates | order broken | zones read the same log | unavailable s, p50 / max | recovery s, max "
+          "| not recovered |")
+    print("|---|---|---:|---:|---|---:|---:|---:|---|---|---:|---:|")
+    for setup, q, faults in results:
+        r = q.report
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(Counter(f.kind for f in faults).items()))
+        lost = len(r.lost)
+        unavail = [f.unavailable for f in faults]
+        print(f"| {setup} | {kinds or '-'} | {r.acked:,} | {sum(r.failures.values()):,} | {lost} "
+              f"({q.lost_prefix}/{q.lost_middle}/{q.lost_postfix}) | {len(r.unknown)} | {r.duplicates} "
+              f"| {len(r.order)} | {'yes' if q.zones_agree else 'NO ' + str(q.zone_reads)} "
+              f"| {_s(unavail, statistics.median)} / {_s(unavail, max)} "
+              f"| {_s([f.recovery for f in faults], max)} | {sum(1 for f in faults if not f.recovered)} |")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    setups = [args.only] if args.only else list(SETUPS)
+    results = []
+    for setup in setups:
+        log(f"campaign: {setup}, {args.minutes:g} min")
+        q, faults = await campaign(setup, args)
+        results.append((setup, q, faults))
+    print_table(results, args)
+    return 0 if all(q.ok for _s, q, _f in results if _s == "zonebus") else 1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=2.0, help="length of each campaign")
+    ap.add_argument("--only", choices=SETUPS, default=None)
+    ap.add_argument("--faults", default=ALL_FAULTS, help=f"comma-separated, of {ALL_FAULTS}")
+    ap.add_argument("--fault-seconds", type=float, default=5.0, help="how long each fault lasts")
+    ap.add_argument("--quiet", type=float, default=3.0, help="seconds between a recovery and the next fault")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    unknown = set(args.faults.split(",")) - set(ALL_FAULTS.split(","))
+    if unknown:
+        ap.error(f"--faults: unknown {sorted(unknown)} (known: {ALL_FAULTS})")
+    sys.exit(asyncio.run(main_async(args)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""A nemesis and a queue checker for Jepsen-style campaigns against a running cluster (`bench/chaos.py`).
+
+The nemesis injects one fault at a time into real server processes and the S3 stand-in, heals it, and records
+how long publishing was unavailable and how long it took to recover:
+
+- `kill`: SIGKILL the server (every worker process dies with its supervisor), restart it on the same directory;
+- `pause`: SIGSTOP the server and its workers for longer than the failover timeout, then SIGCONT;
+- `s3-503`, `s3-reset`, `s3-timeout`: failing storage (the S3 stand-in answers 503 SlowDown, resets the
+  connection mid-request, or holds requests past the client's timeout) on a share of every kind of request;
+- `s3-slow`: slow storage (seconds per request).
+
+The checker is Jepsen's queue checker over `faultload.FaultPublisher` histories: lost = acknowledged and not
+read, unexpected = read and never attempted; lost values are split per writer into prefix, middle and postfix
+(a middle loss breaks the log's order); duplicates and each writer's order are checked too, and every zone
+reads the stream back through its own server, so `zones_agree` says whether all zones read the same log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from zonebus.testing.faultload import FaultPublisher, Report, all_acked_since, check
+from zonebus.testing.processes import ServerProcess
+from zonebus.testing.s3proxy import S3Proxy
+
+PROCESS_FAULTS = ("kill", "pause")
+STORAGE_FAULTS = {
+    "s3-503": {"slowdown": 0.5},
+    "s3-reset": {"reset": 0.3},
+    "s3-timeout": {"timeout": 0.3, "hold": 8.0},
+}
+SLOW_MS = (2000.0, 4000.0)  # p50 / p99 milliseconds per request while storage is slow
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str
+    started: float  # monotonic
+    healed: float = 0.0
+    recovered: float = 0.0  # every publisher acknowledged again (0: not within the wait)
+    unavailable: float = 0.0  # the longest stretch without any PubAck, from the fault to recovery
+
+    @property
+    def recovery(self) -> float:
+        return self.recovered - self.healed if self.recovered else float("nan")
+
+
+class Nemesis:
+    def __init__(self, servers: dict[str, ServerProcess], pubs: list[FaultPublisher], proxy: S3Proxy | None,
+                 failover: float, leader: Callable[[], Any] | None = None, seed: int = 1) -> None:
+        self.servers, self.pubs, self.proxy, self.failover = servers, pubs, proxy, failover
+        self.leader = leader  # async () -> the stream leader's name (the favourite target), or None
+        self.rng = random.Random(seed)
+        self.faults: list[Fault] = []
+
+    def kinds(self, wanted: list[str]) -> list[str]:
+        out = [k for k in wanted if k in PROCESS_FAULTS or (self.proxy is not None and
+                                                            (k in STORAGE_FAULTS or k == "s3-slow"))]
+        return out
+
+    async def _target(self) -> str:
+        if self.leader is not None and self.rng.random() < 0.7:
+            with contextlib.suppress(Exception):
+                name = await self.leader()
+                if name in self.servers:
+                    return name
+        return self.rng.choice(sorted(self.servers))
+
+    # -- one fault -----------------------------------------------------------------------------------
+    async def inject(self, kind: str, seconds: float, recover_within: float = 60.0) -> Fault:
+        target = "storage" if kind.startswith("s3") else await self._target()
+        f = Fault(kind, target, time.monotonic())
+        if kind == "kill":
+            server = self.servers[target]
+            await asyncio.to_thread(server.kill)
+            await asyncio.sleep(seconds)
+            await asyncio.to_thread(server.start, 60.0)
+        elif kind == "pause":
+            pids = self._pids(self.servers[target])
+            _signal(pids, signal.SIGSTOP)
+            try:
+                await asyncio.sleep(max(seconds, self.failover + 2.0))
+            finally:
+                _signal(pids, signal.SIGCONT)
+        elif kind == "s3-slow":
+            assert self.proxy is not None
+            before = await asyncio.to_thread(self.proxy.latency)
+            await asyncio.to_thread(self.proxy.set_latency, {k: SLOW_MS for k in before})
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                await asyncio.to_thread(self.proxy.set_latency, before)
+        else:
+            assert self.proxy is not None
+            await asyncio.to_thread(self.proxy.set_faults, **STORAGE_FAULTS[kind])
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                await asyncio.to_thread(self.proxy.clear_faults)
+        f.healed = time.monotonic()
+        deadline = f.healed + recover_within
+        while time.monotonic() < deadline:
+            if all_acked_since(self.pubs, f.healed, 3):
+                f.recovered = time.monotonic()
+                break
+            await asyncio.sleep(0.1)
+        f.unavailable = unavailable(self.pubs, f.started, f.recovered or time.monotonic())
+        self.faults.append(f)
+        return f
+
+    @staticmethod
+    def _pids(server: ServerProcess) -> list[int]:
+        pids = server.worker_pids() if server.worker_count() > 1 else []
+        return ([server.proc.pid] if server.proc is not None else []) + pids
+
+    async def run(self, kinds: list[str], seconds: float, quiet: float = 3.0, fault_seconds: float = 5.0,
+                  progress: Callable[[str], None] = lambda _m: None) -> list[Fault]:
+        """Faults one after another (each healed and recovered from, then `quiet` seconds) for `seconds`."""
+        kinds = self.kinds(kinds)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and kinds:
+            await asyncio.sleep(quiet)
+            f = await self.inject(self.rng.choice(kinds), fault_seconds)
+            progress(f"{f.kind} {f.target}: healed after {f.healed - f.started:.1f} s, publishing back "
+                     f"{f.recovery:.1f} s later, longest stretch without a PubAck {f.unavailable:.1f} s")
+        return self.faults
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def unavailable(pubs: list[FaultPublisher], start: float, end: float) -> float:
+    """The longest stretch in [start, end] in which no publisher got a PubAck."""
+    times = sorted(t for p in pubs for t in p.ack_times if start <= t <= end)
+    edges = [start, *times, end]
+    return max((b - a for a, b in zip(edges, edges[1:], strict=False)), default=0.0)
+
+
+# -- the checker -------------------------------------------------------------------------------------------
+@dataclass
+class QueueCheck:
+    report: Report
+    attempted: int = 0
+    lost_prefix: int = 0
+    lost_middle: int = 0
+    lost_postfix: int = 0
+    zone_reads: dict[str, int] = field(default_factory=dict)  # zone -> messages it read back
+    zones_agree: bool = True
+
+    @property
+    def ok(self) -> bool:
+        r = self.report
+        return not r.lost and not r.unknown and not r.order and self.zones_agree
+
+
+def queue_check(pubs: list[FaultPublisher], reads: dict[str, list[tuple[int, bytes]]]) -> QueueCheck:
+    """Jepsen's queue checker over the publishers' histories and each zone's read of the stream."""
+    zones = sorted(reads)
+    first = reads[zones[0]]
+    q = QueueCheck(check(pubs, first), attempted=sum(len(p.acked) + sum(p.failures.values()) for p in pubs))
+    q.zone_reads = {z: len(reads[z]) for z in zones}
+    q.zones_agree = all(reads[z] == first for z in zones)
+    read_by: dict[str, set[int]] = {}
+    for _seq, data in first:
+        name, _, num = data.decode(errors="replace").partition(":")
+        if num.isdigit():
+            read_by.setdefault(name, set()).add(int(num))
+    for p in pubs:
+        seen = read_by.get(p.who, set())
+        lo, hi = (min(seen), max(seen)) if seen else (None, None)
+        for i in p.acked:
+            if i in seen:
+                continue
+            if lo is None or i > hi:
+                q.lost_postfix += 1
+            elif i < lo:
+                q.lost_prefix += 1
+            else:
+                q.lost_middle += 1
+    return q
