@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import shutil
 import statistics
 import sys
 import tempfile
@@ -74,7 +75,12 @@ def start(setup: str, stack: ExitStack, tmp: Path) -> tuple[ZoneCluster, MotoS3 
 
 
 async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, list[Fault]]:
-    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-chaos-") as td:
+    with ExitStack() as stack:
+        td = tempfile.mkdtemp(prefix=f"zb-chaos-{setup}-")
+        if args.keep:
+            log(f"{setup}: server directories and logs kept in {td}")
+        else:
+            stack.callback(shutil.rmtree, td, True)
         cluster, s3 = start(setup, stack, Path(td))
         servers = dict(zip(cluster.names, cluster.servers, strict=True))
         cfg: dict = {"name": STREAM, "subjects": ["chaos.>"], "storage": "file"}
@@ -92,6 +98,7 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
         nemesis = Nemesis(servers, pubs, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
+        t0 = time.monotonic()
         try:
             faults = await nemesis.run(args.faults.split(","), args.minutes * 60, quiet=args.quiet,
                                        fault_seconds=args.fault_seconds, progress=lambda m: log(f"{setup}: {m}"))
@@ -109,7 +116,32 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
         q = queue_check(pubs, reads)
         log(f"{setup}: {q.report.line()}; lost prefix/middle/postfix {q.lost_prefix}/{q.lost_middle}/"
             f"{q.lost_postfix}; zone reads {q.zone_reads}")
+        if not q.ok:
+            explain(q, pubs, faults, t0, reads)
         return q, faults
+
+
+def explain(q: QueueCheck, pubs: list[FaultPublisher], faults: list[Fault], t0: float,
+            reads: dict[str, list[tuple[int, bytes]]]) -> None:
+    """What went wrong, against the fault timeline (seconds since the campaign started)."""
+    for f in faults:
+        log(f"  fault {f.kind} {f.target}: {f.started - t0:.1f} s -> healed {f.healed - t0:.1f} s, "
+            f"recovered {(f.recovered or f.healed) - t0:.1f} s")
+    stored = {data for _seq, data in next(iter(reads.values()))}
+    for p in pubs:
+        missing = sorted(i for i in p.acked if f"{p.who}:{i}".encode() not in stored)
+        runs: list[list[int]] = []
+        for i in missing:
+            if runs and i == runs[-1][-1] + 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for r in runs[:10]:
+            first, last = r[0], r[-1]
+            log(f"  {p.who}: acked, not read: {first}..{last} ({len(r)}), acked at seq {p.acked[first]}.."
+                f"{p.acked[last]}, {p.ack_times[first] - t0:.2f}..{p.ack_times[last] - t0:.2f} s")
+    for line in q.report.order[:10]:
+        log(f"  order: {line}")
 
 
 def _s(xs: list[float], fn) -> str:
@@ -154,6 +186,7 @@ def main() -> None:
     ap.add_argument("--fault-seconds", type=float, default=5.0, help="how long each fault lasts")
     ap.add_argument("--quiet", type=float, default=3.0, help="seconds between a recovery and the next fault")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the servers' directories and logs (printed)")
     args = ap.parse_args()
     unknown = set(args.faults.split(",")) - set(ALL_FAULTS.split(","))
     if unknown:
