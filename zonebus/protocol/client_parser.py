@@ -32,7 +32,7 @@ class PubHeader:
         self.reply = reply
         self.hdr_len = hdr_len
         self.size = size
-        self.gen = -1
+        self.gen = -1  # -1: no message yet, -2: one (the next one builds `memo`), else the sublist generation
         self.memo: list | None = None
         self.qmemo: list | None = None  # queue groups (lists of memo entries), one member drawn per message
         self.ledger_n = 0  # fast-path messages not yet counted in the ledger (see server/ledger_hooks.py)

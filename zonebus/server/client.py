@@ -268,7 +268,11 @@ class ClientConnection(Connection, asyncio.Protocol):
                     continue
                 if self.verbose:
                     self.send(_OK)
-                process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, data, memo_for=hdr)
+                if hdr.gen == -1:  # a line's first message: most lines of real traffic never come again, so
+                    hdr.gen = -2  # its delivery list is remembered from its second message on
+                    process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, data)
+                else:
+                    process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, data, memo_for=hdr)
             elif code == CONNECT:
                 if not self._connect(op[1]):
                     return
