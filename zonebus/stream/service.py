@@ -43,6 +43,7 @@ from zonebus.protocol.jserrors import JSError
 from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
+from zonebus.stream.durability import make_dirs
 from zonebus.stream.filestore import FileStore
 from zonebus.stream.hooks import TailHook, TapHook, VisibleHook
 from zonebus.stream.memstore import MemStore
@@ -118,7 +119,7 @@ class JetStreamService:
         self.root = Path(store_dir) / "jetstream" / self.account / "streams" if self.account else \
             Path(store_dir) / "jetstream" / "streams"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.root)
         except OSError as exc:
             raise OSError(f"jetstream store_dir {store_dir!r}: {exc.strerror or exc}") from None
         for d in sorted(p for p in self.root.iterdir() if p.is_dir() and not self.clustered):
@@ -142,6 +143,9 @@ class JetStreamService:
         self._every(HOUSEKEEPING_INTERVAL, self._housekeeping)
         if not self._sync_always() and self.opts.sync_interval > 0:
             self._every(self.opts.sync_interval, self._sync_all)
+            log.warning("JetStream: sync_interval %gs: file streams acknowledge before fsync; acknowledged messages "
+                        "can be lost on power loss (sync_interval: always, the default, is safe)",
+                        self.opts.sync_interval)
 
     async def stop(self) -> None:
         self.started = False
