@@ -14,9 +14,9 @@ Recovery reads segments in order and stops a segment at the first short or corru
 file there (a torn tail after a crash). A record is written with `os.write` (to the kernel: it survives a
 SIGKILL). With `sync_always` (zonebus's default) it is also durable before it is acknowledged or shown to
 consumers: `visible_seq` is the last fsynced sequence and `ack_when_durable` waits for the group commit
-(`zonebus.stream.durability`: one fsync in a thread per batch of appends); new segment files and directories
-are fsynced into their directory. Without it (an explicit lazy `sync_interval`) a power loss can take what the
-OS had not written back.
+(`zonebus.stream.durability`: one fsync in a thread per batch of appends). Without it (an explicit lazy
+`sync_interval`) a power loss can take what the OS had not written back. New directories and segment files are
+fsynced into their directory in both modes.
 """
 
 from __future__ import annotations
@@ -74,10 +74,7 @@ class FileStore(MsgStore):
         super().__init__()
         self.dir = Path(directory)
         self.sync_always = sync_always
-        if sync_always:
-            make_dirs(self.dir)
-        else:
-            self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir)  # (fsynced in either mode: a new stream or segment must not vanish whole)
         self.commit: GroupCommit | None = None
         self.segment_bytes = segment_bytes
         self._fds: dict[int, int] = {}  # segment number -> fd
@@ -202,8 +199,7 @@ class FileStore(MsgStore):
     # -- segments ------------------------------------------------------------------------------------
     def _open_segment(self, n: int) -> None:
         fd = os.open(self._path(n), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        if self.sync_always:
-            fsync_dir(self.dir)  # the new file's entry
+        fsync_dir(self.dir)  # the new file's entry
         self._fds[n] = fd
         self._live[n] = 0
         self._active = n
