@@ -5,7 +5,8 @@ values (`<publisher>-<n>`) and await every PubAck; once 300 are acked the server
 worker) and the file system loses power. Restarted on what survived, the stream must hold every acknowledged
 value: lost = acked - read is 0 with zonebus's default (`sync_interval: always`, group commit), duplicates
 and unexpected values are counted. The same run with nats-server's lazy `sync_interval` loses acknowledged
-values, which shows the simulation bites.
+values, which shows the simulation bites. In both modes the stream and its durable consumer survive (their
+metadata is fsynced when they are created).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ async def _publish_until_killed(url: str, server: ServerProcess, fs: PowerLossMo
     nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2)
     js = nc.jetstream(timeout=1)  # (after the kill, an unknown outcome within 1 s)
     await js.add_stream(name="PL", subjects=["pl.>"])
+    await js.add_consumer("PL", ConsumerConfig(durable_name="kept", ack_policy=AckPolicy.EXPLICIT))
     acked: set[str] = set()
     attempted: set[str] = set()
     enough = asyncio.Event()
@@ -77,6 +79,7 @@ async def _read_back(url: str) -> list[str]:
             info = await js.stream_info("PL")
         except nats.js.errors.NotFoundError:
             return []
+        assert (await js.consumer_info("PL", "kept")).config.durable_name == "kept"  # created before: kept too
         await js.add_consumer("PL", ConsumerConfig(durable_name="reader", ack_policy=AckPolicy.NONE))
         sub = await js.pull_subscribe_bind(durable="reader", stream="PL")
         read: list[str] = []

@@ -43,7 +43,7 @@ from zonebus.protocol.jserrors import JSError
 from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
-from zonebus.stream.durability import make_dirs
+from zonebus.stream.durability import make_dirs, replace_file
 from zonebus.stream.filestore import FileStore
 from zonebus.stream.hooks import TailHook, TapHook, VisibleHook
 from zonebus.stream.memstore import MemStore
@@ -512,8 +512,8 @@ class JetStreamService:
             shared.put_doc(f"consumers/{cons.name}", "meta", doc)
             return
         d = self._consumer_dir(cons)
-        d.mkdir(parents=True, exist_ok=True)
-        _write_json(d / "meta.json", doc)
+        make_dirs(d)  # fsynced, as the stream's meta.json: a created consumer survives a power loss (its state
+        replace_file(d / "meta.json", json.dumps(doc).encode())  # file is not: acks may come back as redeliveries
 
     def _write_state(self, cons: Consumer) -> None:
         shared = self._shared_of(cons.stream)
