@@ -27,10 +27,11 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from zonebus.testing.polling import wait_until
 
 try:
     import mfusepy
@@ -387,16 +388,22 @@ class PowerLossMount:
         self.proc = subprocess.Popen([sys.executable, "-m", "zonebus.testing.powerloss", str(self.backing),
                                       str(self.mountpoint)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + timeout
-        while not os.path.ismount(self.mountpoint):
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read() if self.proc.stderr else ""
-                self.proc = None
+        proc = self.proc
+
+        def mounted() -> bool:
+            if proc.poll() is not None:
+                err = proc.stderr.read() if proc.stderr else ""
                 raise PowerLossUnavailable(f"FUSE could not mount: {err.strip()[-400:]}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise PowerLossUnavailable(f"FUSE did not mount within {timeout:.0f} s")
-            time.sleep(0.02)
+            return os.path.ismount(self.mountpoint)
+
+        try:
+            wait_until(mounted, f"the power-loss file system mounted at {self.mountpoint}", timeout, interval=0.02)
+        except PowerLossUnavailable:
+            self.proc = None
+            raise
+        except TimeoutError as exc:
+            self.stop()
+            raise PowerLossUnavailable(str(exc)) from None
         return self
 
     def power_loss(self, timeout: float = 15.0) -> dict[str, int]:
