@@ -42,6 +42,17 @@ async def test_appends_of_one_loop_turn_share_an_fsync_and_are_acked_in_order(tm
     reopened.close()
 
 
+async def test_a_stream_starting_at_a_high_sequence_announces_only_its_messages(tmp_path: Path) -> None:
+    fs = FileStore(tmp_path / "s", sync_always=True)
+    visible: list[tuple[int, int]] = []
+    fs.on_visible = lambda first, last: visible.append((first, last))
+    fs.start_at(10**12)  # a stream's first_seq: the sequences below it were never stored
+    seq, _ts = fs.store("a", None, b"x")
+    await until(lambda: fs.visible_seq() == seq, "the first message durable", timeout=10)
+    assert seq == 10**12 and visible == [(seq, seq)]
+    fs.close()
+
+
 def test_without_an_event_loop_every_append_is_fsynced_at_once(tmp_path: Path) -> None:
     fs = FileStore(tmp_path / "s", sync_always=True)
     seq, _ts = fs.store("a", None, b"x")

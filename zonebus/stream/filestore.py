@@ -321,7 +321,8 @@ class FileStore(MsgStore):
         return self.commit is not None and self.commit.wait(seq, cb)
 
     def _synced(self, first: int, last: int) -> None:
-        if self.on_visible is not None:
+        first = max(first, self.index.first_seq)  # (a `first_seq` or purge skips sequences never stored)
+        if self.on_visible is not None and first <= last:
             self.on_visible(first, last)
 
     def sync(self) -> None:
