@@ -412,6 +412,7 @@ def test_aliases_and_alternative_forms() -> None:
         ("jetstream { sync_interval: always }", True, True),
         ("jetstream { sync_interval: 2m }", True, False),  # nats-server's lazy default, an opt-in here
         ("jetstream { sync_interval: 0 }", True, True),
+        ("jetstream { sync: 30s }", True, False),  # nats-server's other spelling
     ],
 )
 def test_jetstream_forms(text: str, enabled: bool, sync_always: bool) -> None:

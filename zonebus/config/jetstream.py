@@ -105,6 +105,7 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "max_file_store": setter("max_file_store", get_storage_size),
     "max_file": setter("max_file_store", get_storage_size),
     "sync_interval": _sync_interval,
+    "sync": _sync_interval,  # nats-server's other spelling
     "shared_store": _shared_store,
     "shared_store_linger": setter("shared_store_linger", get_duration),
     "shared_store_batch": _positive_size("shared_store_batch"),
