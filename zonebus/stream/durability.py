@@ -12,6 +12,7 @@ documents (a stream's `meta.json`).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 from collections import deque
@@ -34,9 +35,13 @@ def fsync_executor() -> ThreadPoolExecutor:
 
 
 def fsync_dir(path: str | Path) -> None:
+    """fsync a directory (its entries); a file system that cannot (EINVAL, ENOTSUP) is let be."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
     finally:
         os.close(fd)
 
