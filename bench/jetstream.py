@@ -6,7 +6,9 @@
    messages (zonebus only): it must not grow with the stream. The big streams are written straight into
    the store directory with zonebus's FileStore, then the server recovers them on start (time shown).
 
-Run: `python bench/jetstream.py [--msgs 20000] [--size 128] [--big 1000000]`. Prints one table.
+Run: `python bench/jetstream.py [--msgs 20000] [--size 128] [--big 1000000] [--sync always|2m]`. Prints one table.
+Each server runs with its own default `sync_interval` (nats-server: `2m`, lazy; zonebus: `always`, an fsync
+before every PubAck with group commit) unless `--sync` sets it for both; `--big 0` skips the big streams.
 
 `--cluster 3` instead runs a clustered comparison (see `cluster_main`): nats-server R3 on its file store
 against zonebus R3 on a shared file store, each cluster three servers tagged `az:z1..z3`, and prints one markdown
@@ -44,8 +46,9 @@ from zonebus.testing.processes import ServerProcess, cluster_config, free_port, 
 WINDOW = 256
 
 
-def start(impl: str, store: str) -> ServerProcess:
-    return ServerProcess(impl=impl, config=f'jetstream {{ store_dir: "{store}" }}\n').start(timeout=120)
+def start(impl: str, store: str, sync: str = "") -> ServerProcess:
+    sync_line = f", sync_interval: {json.dumps(sync)}" if sync else ""
+    return ServerProcess(impl=impl, config=f'jetstream {{ store_dir: "{store}"{sync_line} }}\n').start(timeout=120)
 
 
 async def publish_rate(url: str, n: int, size: int) -> float:
@@ -513,7 +516,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--msgs", type=int, default=None, help="default 20000 (--cluster: 50000 async publishes per round)")
     ap.add_argument("--size", type=int, default=None, help="default 128 (1024 with --cluster)")
-    ap.add_argument("--big", type=int, default=1_000_000)
+    ap.add_argument("--big", type=int, default=1_000_000, help="0: no big-stream fetch timings")
+    ap.add_argument("--sync", default="", help="sync_interval for both servers (always, or a duration); "
+                    "default: each server's own default")
     ap.add_argument("--repeat", type=int, default=3, help="runs per server; the best is reported")
     ap.add_argument("--cluster", type=int, default=0, help="3: the clustered R3 comparison instead")
     ap.add_argument("--latency-msgs", type=int, default=1000, help="--cluster: sequential publishes timed")
@@ -536,7 +541,7 @@ async def main() -> None:
     for _ in range(args.repeat):
         for impl in ("nats", "zonebus"):  # interleaved, so that machine noise hits both alike
             store = tempfile.mkdtemp(prefix=f"zb-bench-{impl}-")
-            proc = start(impl, store)
+            proc = start(impl, store, args.sync)
             try:
                 pub = await publish_rate(proc.url, args.msgs, args.size)
                 con = await consume_rate(proc.url, args.msgs)
@@ -547,11 +552,14 @@ async def main() -> None:
     for i, what in enumerate(("publish with ack (file store), msgs/s", "pull consume (fetch 1000), msgs/s")):
         ref, ours = rates["nats"][i], rates["zonebus"][i]
         rows.append((what, f"{ref:,.0f}", f"{ours:,.0f}", f"{ours / ref:.3f}"))
+    sync = f"sync_interval {args.sync} on both" if args.sync else "each server's default sync_interval"
     print(f"\nJetStream, {args.msgs} messages of {args.size} bytes, ack window {WINDOW}, best of {args.repeat};"
-          " load generator: nats-py")
+          f" {sync}; load generator: nats-py")
     print(f"{'':42} {'nats-server':>12} {'zonebus':>12} {'zonebus/nats':>13}")
     for what, a, b, r in rows:
         print(f"{what:42} {a:>12} {b:>12} {r:>13}")
+    if not args.big:
+        return
     sizes = sorted({50_000, 200_000, args.big})
     print("\nfetch 50 messages from a 2-filter consumer matching 1% of the stream (zonebus, median of 9)")
     print(f"{'stream size':>12} {'recovery s':>11} {'fetch ms':>9}")

@@ -120,8 +120,11 @@ class JetStreamOptions:
     store_dir: str = ""
     max_memory_store: int = -1
     max_file_store: int = -1
-    sync_interval: float = 120.0  # seconds; 0 = sync always
-    sync_always: bool = False
+    # `sync_interval: always` (the default, unlike nats-server): a PubAck of a file stream or a durable queue group
+    # goes out once its bytes are fsynced (group commit); `sync_interval: <duration>` is nats-server's lazy mode
+    # (fsync every interval), an explicit opt-in that can lose acknowledged messages on power loss
+    sync_interval: float = 120.0  # seconds between fsyncs in the lazy mode (shown as nats-server shows it)
+    sync_always: bool = True
     # shared storage for file-storage streams (store_dir is then only a cache); see docs/shared-store-layout.md
     shared_store: str = ""  # file:///path or s3://bucket/prefix; "" = off
     shared_store_linger: float = 0.001  # group commit: while uploads run, seconds a batch waits for one to end

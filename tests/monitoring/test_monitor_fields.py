@@ -61,9 +61,10 @@ ZONEBUS_EXTRA = {"/varz": {"max_subscriptions"}, "/connz": {"connections[].zone"
                  "/routez": {"routes[].tags", "routes[].zone", "routes[].tag_match", "routes[].compression_peer",
                              "routes[].compression_ratio"}}
 # zonebus's own blocks, with whatever they hold (`workers`: each worker process's figures, zonebus.workers.stats,
-# when the server runs more than one)
-ZONEBUS_EXTRA_BLOCKS = {"/jsz": ("storage_requests",), "/routez": ("routes[].compression_bytes",),
-                        "/varz": ("workers",)}
+# when the server runs more than one; `sync_always`: zonebus's default is nats-server's `sync_interval: always`,
+# which nats-server shows so)
+ZONEBUS_EXTRA_BLOCKS = {"/jsz": ("storage_requests", "config.sync_always"), "/routez": ("routes[].compression_bytes",),
+                        "/varz": ("workers", "jetstream.config.sync_always")}
 NATS_ONLY_JSZ = ("limits.default_max_consumers", ".config.metadata", ".config.metadata._nats.req.level")
 
 

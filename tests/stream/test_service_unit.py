@@ -17,7 +17,9 @@ from zonebus.stream.service import JetStreamService
 
 async def make_service(store_dir: str) -> tuple[JetStreamService, FakeClient]:
     fc = FakeClient()
-    svc = JetStreamService(JetStreamOptions(enabled=True, store_dir=store_dir), "srv", fc)
+    # the lazy mode: these tests follow consumer bookkeeping loop turn by loop turn, and the default's group commit
+    # shows a message only after an fsync in a thread (tests/stream/test_group_commit.py)
+    svc = JetStreamService(JetStreamOptions(enabled=True, store_dir=store_dir, sync_always=False), "srv", fc)
     await svc.start()
     return svc, fc
 

@@ -406,10 +406,13 @@ def test_aliases_and_alternative_forms() -> None:
 @pytest.mark.parametrize(
     ("text", "enabled", "sync_always"),
     [
-        ("jetstream: true", True, False),
-        ("jetstream: disabled", False, False),
-        ("jetstream { enabled: false }", False, False),
+        ("jetstream: true", True, True),  # zonebus's default: fsync before the PubAck
+        ("jetstream: disabled", False, True),
+        ("jetstream { enabled: false }", False, True),
         ("jetstream { sync_interval: always }", True, True),
+        ("jetstream { sync_interval: 2m }", True, False),  # nats-server's lazy default, an opt-in here
+        ("jetstream { sync_interval: 0 }", True, True),
+        ("jetstream { sync: 30s }", True, False),  # nats-server's other spelling
     ],
 )
 def test_jetstream_forms(text: str, enabled: bool, sync_always: bool) -> None:

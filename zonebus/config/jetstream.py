@@ -11,10 +11,13 @@ from zonebus.options import JetStreamOptions, ServerOptions
 
 
 def _sync_interval(js: JetStreamOptions, v: Value, errors: Errors) -> None:
+    """`always` (zonebus's default): fsync before the PubAck; a duration: nats-server's lazy mode, unsafe on power
+    loss. As in nats-server, `always` leaves the interval at its default (what /varz shows)."""
     if v.kind == "string" and v.value.strip().lower() == "always":
-        js.sync_always, js.sync_interval = True, 0.0
-    else:
-        js.sync_always, js.sync_interval = False, get_duration(v)
+        js.sync_always, js.sync_interval = True, JetStreamOptions.sync_interval
+        return
+    interval = get_duration(v)
+    js.sync_always, js.sync_interval = interval == 0, interval
 
 
 def _shared_store(js: JetStreamOptions, v: Value, errors: Errors) -> None:
@@ -102,6 +105,7 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "max_file_store": setter("max_file_store", get_storage_size),
     "max_file": setter("max_file_store", get_storage_size),
     "sync_interval": _sync_interval,
+    "sync": _sync_interval,  # nats-server's other spelling
     "shared_store": _shared_store,
     "shared_store_linger": setter("shared_store_linger", get_duration),
     "shared_store_batch": _positive_size("shared_store_batch"),

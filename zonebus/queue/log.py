@@ -3,25 +3,46 @@
 The base is the shared store's directory when JetStream has a `file://` shared store (a new primary opens the
 same log after a failover), else the server's JetStream store_dir (or a temporary directory). Only the
 primary writes. A message leaves the log once delivered (ack none) or acked: the log's first sequence is the
-group's committed offset. Writes go to the OS at once (os.write), so a killed process loses nothing written.
+group's committed offset. Writes go to the OS at once (os.write), so a killed process loses nothing written;
+with `sync_always` (`jetstream { sync_interval: always }`, the default) a publish is confirmed only once its
+record is fsynced (`when_durable`: the file store's group commit), so a power loss loses nothing confirmed.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from zonebus.queue.model import Record, decode_origin, encode_origin
 from zonebus.store.filestore import FileStore
 
+log = logging.getLogger(__name__)
+
 
 class GroupLog:
-    def __init__(self, base: str, group: str) -> None:
+    def __init__(self, base: str, group: str, sync_always: bool = True) -> None:
         self.dir = Path(base) / "queues" / group
-        self.store = FileStore(self.dir)
+        self.store = FileStore(self.dir, sync_always=sync_always)
 
     def append(self, subject: str, hdrs: bytes | None, payload: bytes, origin: str, zone: str) -> int:
         seq, _ts = self.store.store(subject, encode_origin(origin, zone, hdrs), payload)
         return seq
+
+    def when_durable(self, seq: int, confirm: Callable[[], None]) -> None:
+        """Call `confirm()` once `seq` is durable (at once when it is, or when the log is lazy). When the fsync
+        fails it is never called: the publisher gets no PubAck and sends again."""
+        def synced(err: str | None) -> None:
+            if err is None:
+                confirm()
+            else:
+                log.error("queue group log %s: message %d not confirmed: %s", self.dir, seq, err)
+
+        if not self.store.ack_when_durable(seq, synced):
+            confirm()
+
+    def sync(self) -> None:
+        self.store.sync()
 
     def read(self, seq: int) -> Record | None:
         m = self.store.load(seq)

@@ -80,6 +80,7 @@ class QueueService:
         self.tracks: dict[tuple[int, bytes], set[tuple[str, str]]] = {}  # local member -> (primary, group)
         self.forwarded = 0
         self._elect_at: dict[str, float] = {}
+        self._synced_at = time.monotonic()  # the lazy mode's last fsync of the logs
         self._task: asyncio.Task | None = None
         self._meta_hooked = False
         self.channel = cluster.channels.register(wire.CHANNEL, self._frame, self._peer_up, self._peer_down) \
@@ -114,6 +115,22 @@ class QueueService:
             self._task.cancel()
         for name in list(self.dispatchers):
             self._release(name)
+
+    def _sync_always(self) -> bool:
+        js = self.server.opts.jetstream
+        return js.sync_always or js.sync_interval <= 0
+
+    def _sync_lazy_logs(self, now: float) -> None:
+        """The lazy mode (`sync_interval: <duration>`, an opt-in): fsync the logs every interval."""
+        interval = self.server.opts.jetstream.sync_interval
+        if self._sync_always() or now - self._synced_at < interval:
+            return
+        self._synced_at = now
+        for d in self.dispatchers.values():
+            try:
+                d.log.sync()
+            except OSError as exc:
+                self.server.log(f"queue group {d.spec.name}: fsync of its log failed: {exc}", "ERR")
 
     def base_dir(self) -> str:
         js = self.server.opts.jetstream
@@ -187,7 +204,7 @@ class QueueService:
     def _lead(self, name: str) -> None:
         spec = self.specs[name]
         try:
-            log = GroupLog(self.base_dir(), name)
+            log = GroupLog(self.base_dir(), name, self._sync_always())
         except OSError as exc:
             self.server.log(f"queue group {name}: cannot open its log: {exc}", "ERR")
             return
@@ -235,6 +252,7 @@ class QueueService:
                         self._elect_at[name] = now + ELECT_EVERY
                         asyncio.get_running_loop().create_task(self._elect(meta, name))
         self._sync()
+        self._sync_lazy_logs(now)
         for pid, p in self.pending.items():
             if now - p.sent >= RESEND_AFTER:
                 self._forward(pid, p)
@@ -259,7 +277,7 @@ class QueueService:
         hdrs = p.data[: p.hdr_len] if p.hdr_len >= 0 else None
         seq = d.append(p.subject.decode(errors="replace"), hdrs, p.data[max(p.hdr_len, 0) : -2],
                        p.origin or self.server.name, p.zone)
-        self._confirm(p, seq)
+        d.log.when_durable(seq, lambda: self._confirm(p, seq))
 
     def _confirm(self, p: _Pending, seq: int) -> None:
         """`p` is stored as `seq`: its publisher gets the PubAck (or the worker that forwarded it is told)."""
@@ -364,8 +382,14 @@ class QueueService:
         seq = d.append(str(head["s"]), body[:hdr_len] if hdr_len >= 0 else None, body[max(hdr_len, 0):],
                        origin, zone)
         if "i" in head:
-            self._remember(key, seq)
-        self._send(peer, wire.frame({"t": "stored", "g": group, "id": head["id"], "seq": seq}))
+            self._remember(key, 0)  # on its way: a resend is dropped until it is durable, then answered
+
+        def durable() -> None:
+            if "i" in head:
+                self._remember(key, seq)
+            self._send(peer, wire.frame({"t": "stored", "g": group, "id": head["id"], "seq": seq}))
+
+        d.log.when_durable(seq, durable)
 
     def _deliver_remote(self, primary: str, head: dict[str, Any], data: bytes, mesh: bool = False) -> None:
         """The primary chose a member of this server: write the message to one of them (worker 0 of several

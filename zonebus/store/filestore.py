@@ -11,8 +11,12 @@ every older segment hold no live message: a tombstone never outlives its target'
 starts with a MARK so the last sequence survives even when every message is gone.
 
 Recovery reads segments in order and stops a segment at the first short or corrupt record, truncating the
-file there (a torn tail after a crash). A message is acknowledged only after its record was written
-(`os.write` to the kernel, so it survives SIGKILL) and, with `sync_always`, fsynced.
+file there (a torn tail after a crash). A record is written with `os.write` (to the kernel: it survives a
+SIGKILL). With `sync_always` (zonebus's default) it is also durable before it is acknowledged or shown to
+consumers: `visible_seq` is the last fsynced sequence and `ack_when_durable` waits for the group commit
+(`zonebus.store.durability`: one fsync in a thread per batch of appends). Without it (an explicit lazy
+`sync_interval`) a power loss can take what the OS had not written back. New directories and segment files are
+fsynced into their directory in both modes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from array import array
 from pathlib import Path
 
 from zonebus.store import segindex
+from zonebus.store.durability import GroupCommit, Waiter, fsync_dir, make_dirs
 from zonebus.store.msgstore import MsgStore
 from zonebus.store.segindex import SegIndex
 
@@ -68,8 +73,9 @@ class FileStore(MsgStore):
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
         super().__init__()
         self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.sync_always = sync_always
+        make_dirs(self.dir)  # (fsynced in either mode: a new stream or segment must not vanish whole)
+        self.commit: GroupCommit | None = None
         self.segment_bytes = segment_bytes
         self._fds: dict[int, int] = {}  # segment number -> fd
         self._live: dict[int, int] = {}  # segment number -> live messages
@@ -81,6 +87,9 @@ class FileStore(MsgStore):
         self.recovered_truncations = 0
         self.indexed_segments = 0  # segments recovered from their .idx file
         self._recover()
+        if sync_always:
+            self.commit = GroupCommit(lambda: self._fds[self._active], self.index.last_seq)
+            self.commit.on_synced = self._synced
 
     # -- recovery ------------------------------------------------------------------------------------
     def _segments(self) -> list[int]:
@@ -190,6 +199,7 @@ class FileStore(MsgStore):
     # -- segments ------------------------------------------------------------------------------------
     def _open_segment(self, n: int) -> None:
         fd = os.open(self._path(n), os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        fsync_dir(self.dir)  # the new file's entry
         self._fds[n] = fd
         self._live[n] = 0
         self._active = n
@@ -199,7 +209,9 @@ class FileStore(MsgStore):
         self._log_watermark(self.index.first_seq)
 
     def _roll(self) -> None:
-        if self._dirty:
+        if self.commit is not None:
+            self.commit.sync_now()
+        elif self._dirty:
             os.fsync(self._fds[self._active])
             self._dirty = False
         self._write_index(self._active)
@@ -236,7 +248,8 @@ class FileStore(MsgStore):
                 except FileNotFoundError:
                     pass
 
-    def _append(self, rec: bytes) -> int:
+    def _append(self, rec: bytes, seq: int = 0) -> int:
+        """Write one record at the end of the active segment; `seq`: the message it stores (0: a removal)."""
         fd = self._fds[self._active]
         off = self._offset
         view = memoryview(rec)
@@ -244,8 +257,8 @@ class FileStore(MsgStore):
             written = os.write(fd, view)
             view = view[written:]
         self._offset += len(rec)
-        if self.sync_always:
-            os.fdatasync(fd)
+        if self.commit is not None:
+            self.commit.written(seq or self.index.last_seq)
         else:
             self._dirty = True
         return off
@@ -254,7 +267,7 @@ class FileStore(MsgStore):
     def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
         if self._offset >= self.segment_bytes:
             self._roll()
-        off = self._append(encode(MSG, seq, ts, subject.encode(), hdrs or b"", data))
+        off = self._append(encode(MSG, seq, ts, subject.encode(), hdrs or b"", data), seq)
         self._live[self._active] += 1
         return (self._active << SEG_SHIFT) | off
 
@@ -297,7 +310,26 @@ class FileStore(MsgStore):
         super()._purge_all()
         self._roll()  # the new segment starts with a MARK at last_seq + 1; the older ones are all empty
 
+    # -- durability ----------------------------------------------------------------------------------
+    def write_error(self) -> str | None:
+        return self.commit.error if self.commit is not None else None
+
+    def visible_seq(self) -> int:
+        return self.commit.synced_seq if self.commit is not None else self.index.last_seq
+
+    def ack_when_durable(self, seq: int, cb: Waiter) -> bool:
+        return self.commit is not None and self.commit.wait(seq, cb)
+
+    def _synced(self, first: int, last: int) -> None:
+        first = max(first, self.index.first_seq)  # (a `first_seq` or purge skips sequences never stored)
+        if self.on_visible is not None and first <= last:
+            self.on_visible(first, last)
+
     def sync(self) -> None:
+        if self.commit is not None:
+            if self._fds:
+                self.commit.sync_now()
+            return
         if self._dirty and self._active in self._fds:
             os.fsync(self._fds[self._active])
             self._dirty = False
@@ -306,6 +338,8 @@ class FileStore(MsgStore):
         if not self._fds:
             return
         self.sync()
+        if self.commit is not None:
+            self.commit.close()
         if self._active in self._fds:
             self._write_index(self._active)
         for fd in self._fds.values():

@@ -44,6 +44,9 @@ class MsgStore:
     """Base store: sequence numbering, index upkeep and queries. Subclasses keep the bodies."""
 
     overhead = 16  # bytes counted per message besides subject, headers and payload
+    # told (first, last) when stored messages become durable after `store` returned (a store whose
+    # `visible_seq` lags behind its last sequence); the stream announces them to its consumers then
+    on_visible: Callable[[int, int], None] | None = None
 
     def __init__(self) -> None:
         self.index = MsgIndex()

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.jserrors import JSError
+from zonebus.store.durability import make_dirs, replace_file
 from zonebus.store.filestore import FileStore
 from zonebus.store.memstore import MemStore
 from zonebus.store.msgstore import MsgStore, now_ns
@@ -118,7 +119,7 @@ class JetStreamService:
         self.root = Path(store_dir) / "jetstream" / self.account / "streams" if self.account else \
             Path(store_dir) / "jetstream" / "streams"
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.root)
         except OSError as exc:
             raise OSError(f"jetstream store_dir {store_dir!r}: {exc.strerror or exc}") from None
         for d in sorted(p for p in self.root.iterdir() if p.is_dir() and not self.clustered):
@@ -142,6 +143,9 @@ class JetStreamService:
         self._every(HOUSEKEEPING_INTERVAL, self._housekeeping)
         if not self._sync_always() and self.opts.sync_interval > 0:
             self._every(self.opts.sync_interval, self._sync_all)
+            log.warning("JetStream: sync_interval %gs: file streams acknowledge before fsync; acknowledged messages "
+                        "can be lost on power loss (sync_interval: always, the default, is safe)",
+                        self.opts.sync_interval)
 
     async def stop(self) -> None:
         self.started = False
@@ -513,8 +517,8 @@ class JetStreamService:
             shared.put_doc(f"consumers/{cons.name}", "meta", doc)
             return
         d = self._consumer_dir(cons)
-        d.mkdir(parents=True, exist_ok=True)
-        _write_json(d / "meta.json", doc)
+        make_dirs(d)  # fsynced, as the stream's meta.json: a created consumer survives a power loss (its state
+        replace_file(d / "meta.json", json.dumps(doc).encode())  # file is not: acks may come back as redeliveries
 
     def _write_state(self, cons: Consumer) -> None:
         shared = self._shared_of(cons.stream)

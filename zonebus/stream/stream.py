@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.jserrors import JSError
+from zonebus.store.durability import make_dirs, replace_file
 from zonebus.store.msgstore import MsgStore, now_ns
 from zonebus.stream import limits
 from zonebus.stream.config import format_time
@@ -82,6 +83,8 @@ class Stream:
         self.closed = False
         self._ack_head = b'{"stream":' + json.dumps(self.name).encode() + b',"seq":'  # PubAck: head, seq, "}"
         self._reply = getattr(service.client, "reply", None)  # InternalClient's short reply path
+        if store.on_visible is None:  # a store that acknowledges once durable announces its messages then
+            store.on_visible = self.on_visible
         first = cfg.get("first_seq", 0)
         if first > 1 and store.index.last_seq == 0 and not store.index.msgs:
             store.start_at(first)  # a new stream's first message gets sequence `first_seq`
@@ -100,10 +103,8 @@ class Stream:
             return
         if self.dir is None:
             return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / "meta.json.tmp"
-        tmp.write_text(json.dumps({"config": self.cfg, "created": self.created}))
-        tmp.replace(self.dir / "meta.json")
+        make_dirs(self.dir)  # fsynced: a power loss must not take a stream whose messages were acknowledged
+        replace_file(self.dir / "meta.json", json.dumps({"config": self.cfg, "created": self.created}).encode())
 
     def update_config(self, cfg: dict[str, Any]) -> None:
         sources_changed = cfg.get("sources") != self.cfg.get("sources")
