@@ -28,13 +28,14 @@ def _frame(msg) -> Frame:
 
 
 async def _frames(nc, subject: str, body: bytes, inbox: str) -> list[Frame]:
-    """Everything the server sends back to one request, until 300 ms of quiet (a batch ends with EOB)."""
+    """Everything the server sends back to one request: the first frame within 5 s (a busy machine), the rest
+    until 300 ms of quiet (a batch ends with EOB)."""
     sub = await nc.subscribe(inbox)
     await nc.publish(subject, body, reply=inbox)
     got: list[Frame] = []
     while True:
         try:
-            got.append(_frame(await sub.next_msg(timeout=0.3)))
+            got.append(_frame(await sub.next_msg(timeout=0.3 if got else 5.0)))
         except nats.errors.TimeoutError:
             break
     await sub.unsubscribe()
