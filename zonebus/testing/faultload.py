@@ -129,6 +129,9 @@ async def read_back(nc: nats.NATS, stream: str, durable: str = "readback", timeo
             out.extend((m.metadata.sequence.stream, m.data) for m in await sub.fetch(500, timeout=2))
         except nats.errors.TimeoutError:
             continue
+        except nats.js.errors.APIError:  # a 503 while the stream's leader settles after faults: ask again
+            await asyncio.sleep(0.2)
+            continue
     return out
 
 
