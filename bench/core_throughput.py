@@ -118,6 +118,26 @@ def publisher_main(port: int, size: int, count: int, ready, go, started, finishe
         print(f"publisher failed: {exc}", file=sys.stderr)
 
 
+def await_delivery(subs: list[tuple], pubs: list[tuple], want: list[int], go, timeout: float) -> float | None:
+    """Set `go` and wait until every subscriber of `subs` (process, ready, (received, last, closed), ...)
+    received its `want` bytes, a publisher of `pubs` (process, ready, started, finished, failed) failed or a
+    subscriber was closed: the seconds from the first publisher write to the last byte a subscriber needed, or
+    None when not all arrived."""
+
+    def done() -> bool:
+        return all(s[2][0].value >= w for s, w in zip(subs, want, strict=True))
+
+    go.set()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done() or any(pub[4].value for pub in pubs) or any(s[2][2].value for s in subs):
+            break
+        time.sleep(0.005)  # the end time comes from the subscribers, not from this poll
+    if not done():
+        return None
+    return max(s[2][1].value for s in subs) - min(pub[2].value for pub in pubs)
+
+
 def _next_msg(sock: socket.socket, buf: bytearray) -> bytes:
     """The payload of the next MSG frame on `sock` (blocking; answers a server PING, skips other lines)."""
     while True:

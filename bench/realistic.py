@@ -112,22 +112,12 @@ def pairs_rate(port: int, pairs: int, count: int, timeout: float, settle) -> flo
         for _p, ready, *_ in pubs:
             if not ready.wait(10):
                 return None
-
-        def done() -> bool:
-            return all(s[2][0].value >= w for s, w in zip(subs, want, strict=True))
-
-        go.set()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if done() or any(pub[4].value for pub in pubs) or any(s[2][2].value for s in subs):
-                break
-            time.sleep(0.005)  # the end time comes from the subscribers, not from this poll
-        if not done():
+        elapsed = ct.await_delivery(subs, pubs, want, go, timeout)
+        if elapsed is None:
             got = [s[2][0].value for s in subs]
             print(f"  realistic x{pairs}: not all delivered ({got} of {want} bytes)", file=sys.stderr)
             return None
-        started = min(pub[2].value for pub in pubs)
-        return pairs * count / (max(s[2][1].value for s in subs) - started)
+        return pairs * count / elapsed
     finally:
         ct.SUBJECT, ct.CONNECT = "bench.core", plain
         stop.set()

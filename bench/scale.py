@@ -230,23 +230,13 @@ def delivery_rate(port: int, layout: list[tuple[str, int]], size: int, count: in
         for _p, ready, *_ in pubs:
             if not ready.wait(10):
                 return None
-
-        def done() -> bool:
-            return all(s[2][0].value >= w for s, w in zip(subs, want, strict=True))
-
-        go.set()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if done() or any(pub[4].value for pub in pubs) or any(s[2][2].value for s in subs):
-                break
-            time.sleep(0.005)  # the end time comes from the subscribers, not from this poll
-        if not done():
+        elapsed = ct.await_delivery(subs, pubs, want, go, timeout)
+        if elapsed is None:
             closed = sum(1 for s in subs if s[2][2].value)
             print(f"  {size} B to {layout[0][0]}...: not all delivered"
                   + (f" ({closed} subscriber(s) closed by the server)" if closed else ""), file=sys.stderr)
             return None
-        started = min(pub[2].value for pub in pubs)
-        return len(subs) * count / (max(s[2][1].value for s in subs) - started)
+        return len(subs) * count / elapsed
     finally:
         ct.SUBJECT = "bench.core"
         stop.set()

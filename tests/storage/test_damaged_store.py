@@ -81,6 +81,16 @@ async def _info(nc: nats.NATS, stream: str) -> dict:
     return {}
 
 
+async def _damaged_error(nc: nats.NATS, stream: str, what: str) -> dict:
+    """The JetStream error a request about `stream` gets once its leader found the shared store damaged."""
+
+    async def damaged() -> dict:
+        info = await _info(nc, stream)
+        return info if "damaged" in info.get("error", {}).get("description", "") else {}
+
+    return (await until(damaged, what, timeout=15))["error"]
+
+
 async def _leader(nc: nats.NATS, stream: str, not_: str = "") -> str:
     leader = (await _info(nc, stream)).get("cluster", {}).get("leader", "")
     return leader if leader != not_ else ""
@@ -152,11 +162,7 @@ async def test_damaged_batch_objects(cluster: Cluster) -> None:
         resp = await api(nc, "$JS.API.STREAM.LEADER.STEPDOWN.DMG", timeout=5.0)
         assert resp.get("success"), resp
 
-        async def damaged() -> dict:
-            info = await _info(nc, "DMG")
-            return info if "damaged" in info.get("error", {}).get("description", "") else {}
-
-        err = (await until(damaged, "a JetStream error about the damaged store", timeout=15))["error"]
+        err = await _damaged_error(nc, "DMG", "a JetStream error about the damaged store")
         assert (err["code"], err["err_code"]) == (503, 10077), err
         msg = await api(nc, "$JS.API.STREAM.MSG.GET.DMG", {"seq": in_flipped[-1]}, timeout=5.0)
         assert msg.get("error", {}).get("err_code") == 10077, msg  # no damaged payload, a clear error
@@ -368,11 +374,7 @@ async def test_damaged_consumer_document_answers_an_error(cluster: Cluster) -> N
         resp = await api(nc, "$JS.API.STREAM.LEADER.STEPDOWN.BADDOC", timeout=5.0)
         assert resp.get("success"), resp
 
-        async def refused() -> dict:
-            info = await _info(nc, "BADDOC")
-            return info if "damaged" in info.get("error", {}).get("description", "") else {}
-
-        err = (await until(refused, "a JetStream error about the damaged document", timeout=15))["error"]
+        err = await _damaged_error(nc, "BADDOC", "a JetStream error about the damaged document")
         assert (err["code"], err["err_code"]) == (503, 10077), err
         assert metas[-1].name in err["description"], err
         assert cluster.alive()
