@@ -41,7 +41,7 @@ from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels
 from zonebus.link.interest import InterestCounts
 from zonebus.options import RouteOptions
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, ROUTE, WORKER
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, LEAF, ROUTE, WORKER
 from zonebus.subjects.sublist import Subscription
 from zonebus.workers import WorkerSpec
 
@@ -61,6 +61,7 @@ USER = "worker"
 LINK_PENDING = 256 * 1024 * 1024  # bytes queued to a peer worker before its link is cut
 HOLD_MAX = 2.0  # seconds a PONG is held at most when a peer does not confirm (it is stuck or dying)
 _LOCAL = (CLIENT, INTERNAL)
+_RELAYED = (ROUTE, LEAF)  # the relaying worker's links whose interest it tells the others (their members elsewhere)
 _NOT_MESSAGES = (_SYNC, b"wstats", b"wmove", _REMOTE, _URLS, _READY)
 
 
@@ -359,8 +360,8 @@ class LocalMesh:
     def account_interest(self, account: Any, sub: Subscription, delta: int) -> None:
         """(Also the server's `local_watchers`: internal subscriptions that stay on this server.)"""
         kind = sub.conn.kind
-        if kind in _LOCAL or (kind == ROUTE and self.relay):
-            self._count(ACCOUNT if account is None else account.name, sub, delta, kind == ROUTE)
+        if kind in _LOCAL or (kind in _RELAYED and self.relay):
+            self._count(ACCOUNT if account is None else account.name, sub, delta, kind in _RELAYED)
 
     def relay_everything(self, accounts: list[bytes]) -> None:
         """This worker holds the gateways: the others send it every message (`>` in every account), and it
