@@ -14,7 +14,7 @@ import pytest
 
 from zonebus.localservers import free_port
 from zonebus.testing.polling import until, wait_until
-from zonebus.testing.processes import ServerProcess
+from zonebus.testing.processes import ServerProcess, cluster_config, start_parallel, stop_all
 from zonebus.testing.tally import settled, until_received
 
 pytestmark = pytest.mark.timeout(120)
@@ -149,3 +149,55 @@ def _bad_password_refused(leaf_port: int) -> None:
                 break
             lines.append(line)
         assert b"-ERR 'Authorization Violation'\r\n" in lines, lines
+
+
+def test_hub_cluster_passes_leaf_messages_on(impl: str) -> None:
+    """A hub cluster of two servers (h1, h2) with a leaf on h1: what the leaf publishes reaches h2's client
+    over the route, and h2's publishes reach the leaf (one hop per link kind)."""
+    leaf_port = free_port()
+    r1, r2 = free_port(), free_port()
+    h1 = ServerProcess(impl, http_port=free_port(), config=cluster_config(
+        "h1", r1, [r2], cluster="hub", extra=f'leafnodes {{ listen: "127.0.0.1:{leaf_port}" }}'))
+    h2 = ServerProcess(impl, http_port=free_port(), config=cluster_config("h2", r2, [r1], cluster="hub"))
+    spoke = ServerProcess(impl, http_port=free_port(), config=(
+        f'server_name: spoke\nleafnodes {{ remotes: [{{ url: "nats-leaf://127.0.0.1:{leaf_port}" }}] }}\n'))
+    start_parallel([h1, h2, spoke])
+    try:
+        wait_until(lambda: h1.http_get("/routez")["num_routes"] >= 1, "the hub's route")
+        asyncio.run(_across_the_route(h2, spoke))
+    finally:
+        stop_all([spoke, h1, h2])
+
+
+def test_leafnode_loop_is_refused(impl: str) -> None:
+    """Two servers, each a leaf of the other: the loop is found (`$LDS.`) and refused with nats-server's
+    error, and the server that found it waits before dialling again."""
+    port_a, port_b = free_port(), free_port()
+    a = ServerProcess(impl, config=(
+        f'server_name: a\nleafnodes {{ listen: "127.0.0.1:{port_a}",\n'
+        f'  remotes: [{{ url: "nats-leaf://127.0.0.1:{port_b}" }}] }}\n'))
+    b = ServerProcess(impl, config=(
+        f'server_name: b\nleafnodes {{ listen: "127.0.0.1:{port_b}",\n'
+        f'  remotes: [{{ url: "nats-leaf://127.0.0.1:{port_a}" }}] }}\n'))
+    start_parallel([a, b])
+    try:
+        wait_until(lambda: 'Loop detected for leafnode account="$G"' in a.log() + b.log(), "the loop found")
+    finally:
+        stop_all([a, b])
+
+
+async def _across_the_route(h2: ServerProcess, spoke: ServerProcess) -> None:
+    nh = await nats.connect(h2.url, allow_reconnect=False, connect_timeout=3)
+    nl = await nats.connect(spoke.url, allow_reconnect=False, connect_timeout=3)
+    try:
+        far = await nh.subscribe("far.x")
+        await settled(nh)
+        m = await until_received(lambda: nl.publish("far.x", b"up"), far, "leaf -> h1 -> route -> h2")
+        assert m.data == b"up"
+        near = await nl.subscribe("near.x")
+        await settled(nl)
+        m = await until_received(lambda: nh.publish("near.x", b"down"), near, "h2 -> route -> h1 -> leaf")
+        assert m.data == b"down"
+    finally:
+        await nh.close()
+        await nl.close()
