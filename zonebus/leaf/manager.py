@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 LOOP_DELAY = 30.0  # seconds a remote waits after a loop was detected (nats-server's)
+RECONNECT = 1.0  # seconds between two attempts to reach a hub (nats-server's leafnode reconnect interval)
+
+
+class LeafConfigError(OSError):
+    """A leafnodes block the server cannot run with (reported like a port already in use)."""
 
 
 class LeafManager:
@@ -62,7 +67,14 @@ class LeafManager:
             warn_open_port(server, "leafnodes", opts.host, bool(opts.user), None)
             server.log(f"Listening for leafnode connections on {self.url}")
         for remote in opts.remotes:
-            self._tasks.append(server.loop.create_task(self._dial_loop(remote)))
+            account = server.global_account
+            if remote.account and remote.account != "$G":
+                found = server.accounts.get(remote.account.encode())
+                if found is None:
+                    raise LeafConfigError(f"leafnode remote {remote.urls[0]}: local account {remote.account!r} "
+                                          f"is not defined")
+                account = found
+            self._tasks.append(server.loop.create_task(self._dial_loop(remote, account)))
 
     async def stop(self) -> None:
         self._running = False
@@ -167,10 +179,11 @@ class LeafManager:
         return not (conn.spoke and other.kind == ROUTE)
 
     # -- dialling ----------------------------------------------------------------------------------------
-    async def _dial_loop(self, remote: RemoteLeafOptions) -> None:
+    async def _dial_loop(self, remote: RemoteLeafOptions, account: Account) -> None:
+        """Keep one connection to the remote's hub, over its URLs in turn; a second between attempts, as
+        nats-server (also after a hub refused the login: it says so once per attempt)."""
         server = self.server
-        account = server.accounts.lookup(remote.account) if remote.account else server.global_account
-        backoff = Backoff(ceiling=1.0)
+        backoff = Backoff(start=RECONNECT, ceiling=RECONNECT)
         connected = False
         attempt = 0
         while self._running:
