@@ -12,6 +12,7 @@ them through the core's hooks (`zonebus.server.hooks`); the core never imports a
   `cluster` section of `/varz`, tags on reload; its routes carry the channels of later extensions;
 - gateways (`gateway {}`): the forwarder (messages to other clusters), an interest watcher, `/gatewayz`,
   the `gateway` section of `/varz`; told about the cluster for gossip and replies;
+- leaf nodes (`leafnodes {}`): an interest and account watcher, `/leafz`, the `leaf` section of `/varz`;
 - JetStream (`jetstream {}`): an internal client of the server, `jetstream: true` in INFO; in a cluster the
   clustered layer (`zonebus.stream.cluster`: meta group on the routes' channels, streams on shared storage);
 - durable queue groups (`queue_groups {}`): in a cluster always (peers may push deliveries here), on a lone
@@ -40,6 +41,7 @@ from zonebus.server.server import Server
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
     from zonebus.gateway.manager import GatewayManager
+    from zonebus.leaf.manager import LeafManager
     from zonebus.queue.service import QueueService
     from zonebus.stream.cluster import ClusteredJetStream
     from zonebus.stream.monitoring import JetStreamMonitor
@@ -94,6 +96,7 @@ class Node:
         server.storage_meter = METER
         self.cluster: ClusterManager | None = None
         self.gateway: GatewayManager | None = None
+        self.leaf: LeafManager | None = None
         self.jetstream: JetStreamExtension | ClusteredJetStream | None = None
         self.clustered_js: ClusteredJetStream | None = None  # the global account's
         self.account_js: list[ClusteredJetStream] = []  # every account's (the global one included)
@@ -108,6 +111,9 @@ class Node:
         if opts.gateway.name or opts.gateway.port or opts.gateway.gateways:
             self._wire_gateway()
         server.pages["/gatewayz"] = self._gatewayz
+        if opts.leafnodes.port or opts.leafnodes.remotes:
+            self._wire_leafnodes()
+        server.pages["/leafz"] = self._leafz
         if self.cluster is not None:
             self._wire_routed_deliveries()
         if opts.jetstream.enabled and self.cluster is not None:
@@ -154,6 +160,17 @@ class Node:
         server.forwarder = gateway
         server.account_forwarder = gateway
         server.varz_sections["gateway"] = lambda: varz_gateway(gateway)
+
+    def _wire_leafnodes(self) -> None:
+        from zonebus.leaf.manager import LeafManager
+        from zonebus.leaf.monitoring import varz_leaf
+
+        server = self.server
+        self.leaf = leaf = LeafManager(server)
+        server.add_extension(leaf)
+        server.interest_watchers.append(leaf)  # each leaf connection is told its account's interest
+        server.account_watchers.append(leaf)
+        server.varz_sections["leaf"] = lambda: varz_leaf(leaf)
 
     def _wire_routed_deliveries(self) -> None:
         """Stream deliveries from route peers keep their stream subject."""
@@ -240,6 +257,11 @@ class Node:
         from zonebus.gateway.monitoring import gatewayz_page
 
         return gatewayz_page(self.server, self.gateway, query)
+
+    def _leafz(self, query: Query) -> dict[str, Any]:
+        from zonebus.leaf.monitoring import leafz_page
+
+        return leafz_page(self.server, self.leaf, query)
 
     def _queuez(self, query: Query) -> dict[str, Any]:
         if self.queues is not None:

@@ -95,6 +95,29 @@ class RemoteGatewayOptions:
     urls: list[str] = field(default_factory=list)
 
 
+LEAF_PORT = 7422  # nats-server's leafnode port, for `listen: host` and for remote URLs without a port
+
+
+@dataclass
+class RemoteLeafOptions:
+    """One entry of `leafnodes { remotes: [...] }`: the hubs this server dials as a leaf."""
+
+    urls: list[str] = field(default_factory=list)
+    account: str = ""  # the local account the connection binds ("" = the global account)
+
+
+@dataclass
+class LeafNodeOptions:
+    """`leafnodes { ... }` block (zonebus.leaf): a listener for leaf nodes (as a hub) and remotes to dial."""
+
+    host: str = "0.0.0.0"
+    port: int = 0  # 0 = no listener
+    user: str = ""
+    password: str = ""
+    auth_timeout: float = AUTH_TIMEOUT  # leafnodes { authorization { timeout } }
+    remotes: list[RemoteLeafOptions] = field(default_factory=list)
+
+
 @dataclass
 class GatewayOptions:
     """`gateway { ... }` block."""
@@ -322,6 +345,7 @@ class ServerOptions:
     config_file: str = ""
     cluster: RouteOptions = field(default_factory=RouteOptions)
     gateway: GatewayOptions = field(default_factory=GatewayOptions)
+    leafnodes: LeafNodeOptions = field(default_factory=LeafNodeOptions)
     websocket: WebsocketOptions = field(default_factory=WebsocketOptions)
     jetstream: JetStreamOptions = field(default_factory=JetStreamOptions)
     ledger: LedgerOptions = field(default_factory=LedgerOptions)

@@ -9,12 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from zonebus.config import accounts, authorization, jetstream, ledger, links, queue_groups, schema, tls, websocket
+from zonebus.config import (
+    accounts,
+    authorization,
+    jetstream,
+    leafnodes,
+    ledger,
+    links,
+    queue_groups,
+    schema,
+    tls,
+    websocket,
+)
 from zonebus.config.unsupported import UNSUPPORTED
 from zonebus.testing.processes import check_config
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG_MODULES = (schema, authorization, tls, links, websocket, jetstream, ledger, queue_groups, accounts)  # key tables
+CONFIG_MODULES = (schema, authorization, tls, links, leafnodes, websocket, jetstream, ledger, queue_groups,
+                  accounts)  # key tables
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -44,7 +56,8 @@ def test_unsupported_keys_are_in_the_readme_table() -> None:
 
 
 @pytest.mark.parametrize("conf, words", [
-    ("leafnodes { port: 7422 }", 'unsupported field "leafnodes": zonebus does not have nats-server\'s leaf node'),
+    ('leafnodes { remotes: [{url: "nats-leaf://h:7422", credentials: "x.creds"}] }',
+     'unsupported field "credentials": zonebus does not have nats-server\'s leafnode credentials'),
     ("cluster { name: c, accounts: [A] }", 'unsupported field "accounts"'),
     ("jetstream { domain: hub }", 'unsupported field "domain"'),
     ("websocket { port: -1, no_tls: true, jwt_cookie: jwt }", 'unsupported field "jwt_cookie": zonebus does not have'),

@@ -27,7 +27,7 @@ from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
 from zonebus.options import advertised_host
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, ROUTE, WORKER
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, LEAF, ROUTE, WORKER
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ class ClusterManager:
 
     # -- interest (an InterestWatcher of the server: local subscriptions go out as RS+/RS-) -------------
     def interest_added(self, sub: Subscription) -> None:
-        if sub.conn.kind not in _LOCAL:
+        if sub.conn.kind not in _LOCAL or sub.conn.spoke:
             return
         if sub.queue is None:
             n = self.plain_refs.get(sub.subject, 0) + 1
@@ -340,7 +340,7 @@ class ClusterManager:
             self._broadcast(sub.subject, sub.queue, n)
 
     def interest_removed(self, sub: Subscription) -> None:
-        if sub.conn.kind not in _LOCAL:
+        if sub.conn.kind not in _LOCAL or sub.conn.spoke:
             return
         if sub.queue is None:
             n = self.plain_refs.get(sub.subject, 0) - 1
@@ -362,7 +362,7 @@ class ClusterManager:
     def account_interest(self, account: Account, sub: Subscription, delta: int) -> None:
         """Local interest of an account other than `$G` (an AccountWatcher): counted per account, RS+/RS-
         name the account."""
-        if sub.conn.kind not in _LOCAL:
+        if sub.conn.kind not in _LOCAL or sub.conn.spoke:
             return
         send = self.account_refs.change(account.name, sub, delta * sub.weight)
         if send is not None:
@@ -393,7 +393,8 @@ class ClusterManager:
         return [c.remote_client_url for c in peers if c.remote_client_url]
 
 
-_LOCAL = (CLIENT, INTERNAL, WORKER)  # this server's interest: its own, and its other worker processes'
+_LOCAL = (CLIENT, INTERNAL, WORKER, LEAF)  # this server's interest: its own, its other worker processes', its
+# leaf nodes' (the interest of a connection to a hub is not told: zonebus.server.connection.link_allows)
 
 
 def _tier(sub: Subscription) -> int:

@@ -104,7 +104,9 @@ class RouteConnection(LinkConnection):
             elif kind in (INTERNAL, CLIENT):
                 return None  # internal subscribers, auto-unsubscribing ones and deny patterns inside a wildcard
                 # subscription (checked per delivery, ClientConnection.deliver) take the full path
-            elif kind != self.kind and kind in LINKS and conn not in links:
+            elif kind not in LINKS:
+                return None  # e.g. a leaf node (zonebus.leaf): its own message line, on the full path
+            elif kind != self.kind and conn not in links:
                 links.add(conn)
                 entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))
         return entries

@@ -8,7 +8,7 @@ and raised together as one `ConfigError`, each line `<file>:<line>:<col>: <messa
 - a bad value: `<key>: expected <type>, got <value>`, or nats-server's own message for that check.
 
 The top-level keys are here; each block has a module of its own: `authorization`, `tls`, `links` (`cluster`
-and `gateway`), `websocket`, `jetstream`, `ledger`, `queue_groups` and `accounts`, all built on `readers`.
+and `gateway`), `leafnodes`, `websocket`, `jetstream`, `ledger`, `queue_groups` and `accounts`, all built on `readers`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from zonebus.config.accounts import read_accounts, read_system_account
 from zonebus.config.authorization import top_auth
 from zonebus.config.convert import BadValue, get_duration, get_int, get_port, get_str_list, show
 from zonebus.config.jetstream import read_jetstream
+from zonebus.config.leafnodes import read_leafnodes
 from zonebus.config.ledger import read_ledger
 from zonebus.config.links import read_cluster, read_gateway
 from zonebus.config.mappings import read_mappings
@@ -114,6 +115,8 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "mappings": lambda o, v, e: setattr(o, "mappings", read_mappings(v, e)),
     "cluster": read_cluster,
     "gateway": read_gateway,
+    "leafnodes": read_leafnodes,
+    "leaf": read_leafnodes,
     "websocket": read_websocket,
     "jetstream": read_jetstream,
     "ledger": read_ledger,

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 CLIENT, ROUTE, GATEWAY, INTERNAL = "client", "route", "gateway", "internal"
 WORKER = "worker"  # a local link to another process of this very server (zonebus.workers)
+LEAF = "leaf"  # a leaf node connection (zonebus.leaf): its own message lines, so none of LINKS
 LINKS = (ROUTE, WORKER)  # links that forward one hop per kind: a route's message to no route, a worker's to no worker
 ACCOUNT = b"$G"  # the global account: every connection's when no accounts are configured
 STALL_SLICE = 0.01  # seconds a producer stays stalled at a time
@@ -35,6 +36,7 @@ STALL_GAP = 0.002  # seconds it reads between two slices while the receiver stil
 
 class Connection:
     kind = CLIENT
+    spoke = False  # a leaf connection this server dialled (its peer is the hub): see `link_allows`
     # per-connection state without a __dict__ (5,000 idle clients, bench/scale.py); subclasses that declare
     # no __slots__ of their own (links, internal clients) keep a __dict__ for their extra fields
     __slots__ = ("server", "cid", "transport", "out", "dirty", "closed", "paused_since", "stalled_by", "_stalling",
@@ -229,3 +231,17 @@ def deliver_run(entries: list[tuple], size: int, run: list[bytes], mark_dirty: C
         if not conn.dirty:
             conn.dirty = True
             mark_dirty(conn)
+
+
+def link_allows(src: Connection, dest: Connection) -> bool:
+    """Whether a message that came from `src` may go on to the link `dest` (of another kind than `src`'s,
+    or a leaf connection): nats-server's leaf one-hop rules. Never back to the leaf it came from; a route's
+    message reaches only the leaf nodes this server is the hub of; what a hub sent a leaf (over a connection
+    this server dialled, `spoke`) goes to no route."""
+    if dest is src:
+        return False
+    if dest.kind == LEAF:
+        return src.kind != ROUTE or not dest.spoke
+    if dest.kind == ROUTE:
+        return not src.spoke
+    return True

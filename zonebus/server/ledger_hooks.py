@@ -34,14 +34,14 @@ from zonebus.ledger.zones import ClientZoneResolver, server_zone
 from zonebus.protocol.client_parser import PubHeader, pub_wire_bytes
 from zonebus.protocol.route_parser import msg_line
 from zonebus.server.accounts import ledger_key, split_ledger_keys
-from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, ROUTE, WORKER, Connection
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, LEAF, ROUTE, WORKER, Connection
 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 ACCOUNT_NAME = ACCOUNT.decode()
 DEFAULT_DIR = "zonebus-data"
-SERVER_LINKS = (ROUTE, GATEWAY)  # both ends keep a ledger: a copy is counted where it was sent
+SERVER_LINKS = (ROUTE, GATEWAY, LEAF)  # both ends keep a ledger: a copy is counted where it was sent
 
 
 class LedgerTotals:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from zonebus import SERVER_VERSION
-from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, ROUTE
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, LEAF, ROUTE
 from zonebus.server.listening import naming
 
 if TYPE_CHECKING:
@@ -181,12 +181,12 @@ def client_totals(server: Server) -> dict[str, int]:
 
 def slow_consumer_stats(server: Server) -> dict[str, int]:
     """nats-server's `slow_consumer_stats`, from the core's count by connection kind (`slow_consumer_kinds`)
-    when it keeps one; else its one total, under `clients`. zonebus has no leafnodes."""
+    when it keeps one; else its one total, under `clients`."""
     kinds = getattr(server, "slow_consumer_kinds", None)
     if kinds is None:
         return {"clients": server.slow_consumers, "routes": 0, "gateways": 0, "leafs": 0}
     return {"clients": kinds.get(CLIENT, 0), "routes": kinds.get(ROUTE, 0), "gateways": kinds.get(GATEWAY, 0),
-            "leafs": 0}
+            "leafs": kinds.get(LEAF, 0)}
 
 
 def varz(server: Server) -> dict[str, Any]:
@@ -225,6 +225,7 @@ def varz(server: Server) -> dict[str, Any]:
         "total_connections": server.total_connections,
         "routes": routes,
         "remotes": routes,
+        "leafnodes": sum(1 for c in server.links.values() if c.kind == LEAF and c.established),
         "in_msgs": totals["in_msgs"],
         "in_bytes": totals["in_bytes"],
         "in_client_msgs": clients["in_client_msgs"],

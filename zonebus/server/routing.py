@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.client_parser import PubHeader
 from zonebus.protocol.route_parser import msg_line
-from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, LINKS, ROUTE, Connection
+from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, LEAF, LINKS, ROUTE, Connection, link_allows
 from zonebus.server.hooks import AccountForwarder, Forwarder, PublishInterceptor, QueuePicker
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
@@ -110,7 +110,7 @@ class MessageRouting:
         workers and a worker's message on to the routes. `r` must be non-empty.
         """
         src_kind = src.kind
-        from_link = src_kind in LINKS
+        from_link = src_kind in LINKS or src_kind == LEAF  # the link named the queue groups to serve here
         delivered = False
         routes: dict[Connection, list[bytes]] | None = None
         echo = src_kind != CLIENT or src.echo
@@ -124,7 +124,7 @@ class MessageRouting:
                     continue
                 self._deliver_one(sub, subject, reply, hdr_len, data)
                 delivered = True
-            elif kind != src_kind:
+            elif (kind != src_kind or kind == LEAF) and (kind != LEAF and src_kind != LEAF or link_allows(src, conn)):
                 if routes is None:
                     routes = {}
                 routes.setdefault(conn, [])
@@ -202,6 +202,7 @@ class MessageRouting:
         for group in groups:
             if only is not None and group[0].queue not in only:
                 continue
+            group = _leafs_last(src, group)
             if pick is not None:
                 sub = pick(src, group, subject, len(data) - 2)
             else:
@@ -231,7 +232,8 @@ class MessageRouting:
         for group in groups:
             if group[0].queue not in queues:
                 continue
-            members = [s for s in group if s.conn.kind != src_kind]
+            members = _leafs_last(src, [s for s in group if s.conn.kind != src_kind
+                                        or (src_kind == LEAF and link_allows(src, s.conn))])
             if not members:
                 continue
             if self.queue_picker is not None and any(s.conn.kind in LINKS for s in members):
@@ -271,3 +273,14 @@ class MessageRouting:
             if sub.conn is src:
                 src.deliver(sub, reply, None, len(hdr), hdr + b"\r\n")
                 return
+
+
+def _leafs_last(src: Connection, group: list[Subscription]) -> list[Subscription]:
+    """A queue group's members a message may go to, its leaf nodes' members only when no other member is
+    there (nats-server: a queue group is served on the publisher's side of a leaf connection when it can be).
+    Also leaves out the members the leaf one-hop rules forbid (`link_allows`)."""
+    if not any(s.conn.kind == LEAF for s in group) and not src.spoke:
+        return group
+    allowed = [s for s in group if s.conn.kind in (CLIENT, INTERNAL) or link_allows(src, s.conn)]
+    others = [s for s in allowed if s.conn.kind != LEAF]
+    return others or allowed

@@ -41,7 +41,7 @@ from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels
 from zonebus.link.interest import InterestCounts
 from zonebus.options import RouteOptions
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, ROUTE, WORKER
+from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, LEAF, ROUTE, WORKER
 from zonebus.subjects.sublist import Subscription
 from zonebus.workers import WorkerSpec
 
@@ -55,13 +55,16 @@ REMOTE = "wremote"  # the part of a queue weight that stands for members behind 
 _REMOTE = REMOTE.encode()
 URLS = "wurls"  # the cluster's client URLs for the clients' INFO (worker 0 tells)
 _URLS = URLS.encode()
+LEAFQ = "wleafq"  # the part of a queue weight that stands for members behind leaf connections (worker 0 tells)
+_LEAFQ = LEAFQ.encode()
 READY = "wready"  # the sender's node started: all its start-up interest came before this frame
 _READY = READY.encode()
 USER = "worker"
 LINK_PENDING = 256 * 1024 * 1024  # bytes queued to a peer worker before its link is cut
 HOLD_MAX = 2.0  # seconds a PONG is held at most when a peer does not confirm (it is stuck or dying)
 _LOCAL = (CLIENT, INTERNAL)
-_NOT_MESSAGES = (_SYNC, b"wstats", b"wmove", _REMOTE, _URLS, _READY)
+_RELAYED = (ROUTE, LEAF)  # the relaying worker's links whose interest it tells the others (their members elsewhere)
+_NOT_MESSAGES = (_SYNC, b"wstats", b"wmove", _REMOTE, _URLS, _READY, _LEAFQ)
 
 
 class _Everything:
@@ -92,22 +95,28 @@ class LocalLink(RouteConnection):
         # stands for members on other servers, and the same per subscription of this link (queue picks)
         self.remote_parts: dict[tuple[bytes, bytes, bytes], int] = {}
         self.remote_of: dict[Subscription, int] = {}
+        self.leaf_parts: dict[tuple[bytes, bytes, bytes], int] = {}  # the same for members behind leaf nodes
+        self.leaf_of: dict[Subscription, int] = {}
 
     def _remote_interest(self, subs: dict, key: tuple, acc: Any, subject: bytes, queue: bytes | None,
                          weight: int) -> None:
         old = subs.get(key)
         super()._remote_interest(subs, key, acc, subject, queue, weight)
         if queue is not None:
-            self._place_remote(subs.get(key), old, self.remote_parts.get((acc.name, subject, queue), 0))
+            new = subs.get(key)
+            self._place_remote(new, old, self.remote_parts.get((acc.name, subject, queue), 0))
+            self._place_remote(new, old, self.leaf_parts.get((acc.name, subject, queue), 0), self.leaf_of)
 
-    def _place_remote(self, sub: Subscription | None, old: Subscription | None, part: int) -> None:
+    def _place_remote(self, sub: Subscription | None, old: Subscription | None, part: int,
+                      parts: dict[Subscription, int] | None = None) -> None:
+        parts = self.remote_of if parts is None else parts
         if old is not None and old is not sub:
-            self.remote_of.pop(old, None)
+            parts.pop(old, None)
         if sub is not None:
             if part:
-                self.remote_of[sub] = part
+                parts[sub] = part
             else:
-                self.remote_of.pop(sub, None)
+                parts.pop(sub, None)
 
     def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
         """The fast path of plain messages, except on the worker holding the gateways: what another worker
@@ -116,15 +125,17 @@ class LocalLink(RouteConnection):
             return None
         return super().build_memo(subject, size)
 
-    def remote_part_told(self, account: bytes, subject: bytes, queue: bytes, part: int) -> None:
+    def remote_part_told(self, account: bytes, subject: bytes, queue: bytes, part: int, leaf: bool = False) -> None:
+        """`leaf`: the part that stands for members behind leaf connections (`wleafq`), else on other servers."""
         key = (account, subject, queue)
+        told = self.leaf_parts if leaf else self.remote_parts
         if part:
-            self.remote_parts[key] = part
+            told[key] = part
         else:
-            self.remote_parts.pop(key, None)
+            told.pop(key, None)
         sub = self.remote_subs.get((subject, queue)) if account == ACCOUNT \
             else self.account_subs.get((account, subject, queue))
-        self._place_remote(sub, None, part)
+        self._place_remote(sub, None, part, self.leaf_of if leaf else None)
 
     def members_elsewhere(self, sub: Subscription) -> int:
         """The part of a queue entry's weight that stands for members on other servers (the ledger: the
@@ -196,9 +207,12 @@ class LocalMesh:
         # it tells the others the routes' interest too (`remote`: its queue weights), and `>` with gateways
         self.relay = False
         self.remote = InterestCounts()
+        self.leafq = InterestCounts()  # the relaying worker's queue members behind leaf connections
+        self._leafq_told: set[tuple[bytes, bytes, bytes]] = set()
         self.prefer_local = server.opts.cluster.prefer_matching_tags  # queue picks: this server's members first
         self.urls: list[str] = []  # the cluster's client URLs, as the relaying worker told them
         self.channels.register(REMOTE, self._on_remote)
+        self.channels.register(LEAFQ, self._on_leafq)
         self.channels.register(URLS, self._on_urls)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -359,8 +373,8 @@ class LocalMesh:
     def account_interest(self, account: Any, sub: Subscription, delta: int) -> None:
         """(Also the server's `local_watchers`: internal subscriptions that stay on this server.)"""
         kind = sub.conn.kind
-        if kind in _LOCAL or (kind == ROUTE and self.relay):
-            self._count(ACCOUNT if account is None else account.name, sub, delta, kind == ROUTE)
+        if kind in _LOCAL or (kind in _RELAYED and self.relay):
+            self._count(ACCOUNT if account is None else account.name, sub, delta, kind in _RELAYED, kind == LEAF)
 
     def relay_everything(self, accounts: list[bytes]) -> None:
         """This worker holds the gateways: the others send it every message (`>` in every account), and it
@@ -368,10 +382,12 @@ class LocalMesh:
         for account in accounts:
             self._count(account, _Everything, 1)  # type: ignore[arg-type]
 
-    def _count(self, account: bytes, sub: Subscription, delta: int, remote: bool = False) -> None:
+    def _count(self, account: bytes, sub: Subscription, delta: int, remote: bool = False, leaf: bool = False) -> None:
         send = self.refs.change(account, sub, delta * sub.weight)
         if remote and sub.queue is not None:
             self.remote.change(account, sub, delta * sub.weight)
+            if leaf:
+                self.leafq.change(account, sub, delta * sub.weight)
         if send is not None:
             self._broadcast(account, *send)
 
@@ -385,14 +401,25 @@ class LocalMesh:
 
     def _tell_remote(self, link: LocalLink, account: bytes, subject: bytes, queue: bytes) -> None:
         """After each queue weight: how much of it stands for members on other servers."""
-        part = self.remote.queues.get((account, subject, queue), 0)
+        key = (account, subject, queue)
+        part = self.remote.queues.get(key, 0)
         link.send_frame(_REMOTE, b"%b %b %b %d" % (account, subject, queue, part))
+        leafs = self.leafq.queues.get(key, 0)
+        if leafs or key in self._leafq_told:  # (nothing while no leaf node has members of the group)
+            link.send_frame(_LEAFQ, b"%b %b %b %d" % (account, subject, queue, leafs))
+            if leafs:
+                self._leafq_told.add(key)
+            else:
+                self._leafq_told.discard(key)
 
-    def _on_remote(self, peer: str, payload: bytes) -> None:
+    def _on_remote(self, peer: str, payload: bytes, leaf: bool = False) -> None:
         parts = payload.split(b" ")
         link = self.channels.links.get(peer)
         if len(parts) == 4 and parts[3].isdigit() and isinstance(link, LocalLink):
-            link.remote_part_told(parts[0], parts[1], parts[2], int(parts[3]))
+            link.remote_part_told(parts[0], parts[1], parts[2], int(parts[3]), leaf)
+
+    def _on_leafq(self, peer: str, payload: bytes) -> None:
+        self._on_remote(peer, payload, leaf=True)
 
     # -- the cluster's client URLs (the clients' INFO `connect_urls`) --------------------------------------
     def urls_changed(self) -> None:
@@ -424,6 +451,10 @@ class LocalMesh:
             group = [s for s in group if s.conn is not src]
         if len(group) <= 1:
             return group[0] if group else None
+        if any(s.conn.kind == WORKER and s.conn.leaf_of for s in group):  # leaf nodes' members come last
+            leafless = [s for s in group if _not_leaf(s) > 0]
+            if leafless:
+                return weighted_choice(leafless, self.server.random, _not_leaf)
         if self.prefer_local:  # prefer_matching_tags: the members of any worker before those on other servers
             here = [s for s in group if _members_here(s) > 0]
             if not here:  # none here: the relaying worker picks among the other servers' members
@@ -511,3 +542,8 @@ def _members_here(sub: Subscription) -> int:
     """The members of this server a queue entry stands for: a local link's weight less the part that stands
     for other servers (told by the relaying worker, `wremote`)."""
     return sub.weight - sub.conn.remote_of.get(sub, 0) if sub.conn.kind == WORKER else sub.weight
+
+
+def _not_leaf(sub: Subscription) -> int:
+    """The members a queue entry stands for that are not behind leaf connections (`wleafq`)."""
+    return sub.weight - sub.conn.leaf_of.get(sub, 0) if sub.conn.kind == WORKER else sub.weight

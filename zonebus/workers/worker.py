@@ -44,11 +44,12 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     first = spec.index == 0
     js = opts.jetstream.enabled
     zoned = js and opts.jetstream.zone_router and bool(opts.cluster.port or opts.cluster.routes)  # (see node.py)
-    if not first:  # single things live in worker 0: monitoring, JetStream, the routes and the gateways
+    if not first:  # single things live in worker 0: monitoring, JetStream, routes, gateways, leaf nodes
         opts.http_port = opts.https_port = 0
         opts.jetstream.enabled = False
         opts.cluster.port, opts.cluster.routes = 0, []  # (the cluster's name stays: clients see it in INFO)
         opts.gateway.name, opts.gateway.port, opts.gateway.gateways = "", 0, []
+        opts.leafnodes.port, opts.leafnodes.remotes = 0, []
     opts.pid_file = ""
     node = Node(opts)
     server = node.server
@@ -66,7 +67,7 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     server.pong_gate = mesh.pong_gate
     if node.cluster is None:  # else the cluster's policy picks, a worker's members being this server's
         server.queue_picker = mesh.pick_queue_member
-    if node.cluster is not None or node.gateway is not None:
+    if node.cluster is not None or node.gateway is not None or node.leaf is not None:
         _relay(server, node, mesh)
     else:
         server.connect_urls = lambda: mesh.urls
@@ -119,9 +120,10 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
 
 
 def _relay(server, node, mesh) -> None:  # type: ignore[no-untyped-def]
-    """This worker holds the server's routes and gateways: it passes what they bring to the other workers
-    and what those publish to them (`Server.deliver_in_cluster`: one hop per link kind), and tells them the
-    routes' interest (with `>` in every account when there are gateways) and the cluster's client URLs."""
+    """This worker holds the server's routes, gateways and leaf connections: it passes what they bring to the
+    other workers and what those publish to them (`Server.deliver_in_cluster`: one hop per link kind), and
+    tells them the routes' and leaf nodes' interest (with `>` in every account when there are gateways)
+    and the cluster's client URLs."""
     mesh.relay = True
     if node.gateway is not None:
         mesh.relay_everything(list(server.accounts.by_name))

@@ -1,0 +1,219 @@
+"""`LeafManager`: this server's leaf node connections, as a hub (the listener) and as a leaf (the remotes).
+
+- Listener (`leafnodes { listen }`): every accepted connection is a leaf of this server, bound to the global
+  account, checked against `leafnodes { authorization }`.
+- Remotes (`leafnodes { remotes }`): one dial loop each, over its URLs in turn, with the link layer's backoff;
+  a connection closed for a loop waits `LOOP_DELAY` before the next attempt, as nats-server.
+- Interest: an interest and account watcher of the server. Each live connection is told (`LS+`/`LS-`) the
+  interest of its account, but never its own subscriptions, and a connection to a hub is not told what came
+  over routes (the route one-hop rule: a hub's message reaches no route here, so a route's interest is not
+  this server's to offer). Counted per connection (`zonebus.link.interest.InterestCounts`).
+- Loops: each account has a loop-detection subject `$LDS.<id>` this server sends on every connection; one
+  that comes back closes the link with nats-server's error.
+Registered by `zonebus.node`; owned by the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+from zonebus import SERVER_VERSION
+from zonebus.config.leafnodes import leaf_url
+from zonebus.leaf.connection import LDS_PREFIX, LeafConnection
+from zonebus.link import Backoff
+from zonebus.link.connection import dial, listen, warn_open_port
+from zonebus.link.interest import InterestCounts
+from zonebus.link.reports import dial_error, should_report
+from zonebus.server.connection import ROUTE
+from zonebus.subjects.sublist import Subscription
+
+if TYPE_CHECKING:
+    from zonebus.options import RemoteLeafOptions
+    from zonebus.server.accounts import Account
+    from zonebus.server.server import Server
+
+LOOP_DELAY = 30.0  # seconds a remote waits after a loop was detected (nats-server's)
+RECONNECT = 1.0  # seconds between two attempts to reach a hub (nats-server's leafnode reconnect interval)
+
+
+class LeafConfigError(OSError):
+    """A leafnodes block the server cannot run with (reported like a port already in use)."""
+
+
+class LeafManager:
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.opts = server.opts.leafnodes
+        self.url = ""  # host:port of the listener
+        self.connections: dict[int, LeafConnection] = {}  # live ones, by cid
+        self._listener: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._running = False
+        self._lds: dict[bytes, bytes] = {}  # account name -> its loop-detection subject
+
+    # -- lifecycle (an Extension) ----------------------------------------------------------------------
+    async def start(self) -> None:
+        self._running = True
+        opts = self.opts
+        server = self.server
+        if opts.port:
+            self._listener, self.url = await listen(
+                server, lambda: LeafConnection(self, False, server.global_account), opts.host, max(opts.port, 0),
+                what="leafnodes")
+            warn_open_port(server, "leafnodes", opts.host, bool(opts.user), None)
+            server.log(f"Listening for leafnode connections on {self.url}")
+        for remote in opts.remotes:
+            account = server.global_account
+            if remote.account and remote.account != "$G":
+                found = server.accounts.get(remote.account.encode())
+                if found is None:
+                    raise LeafConfigError(f"leafnode remote {remote.urls[0]}: local account {remote.account!r} "
+                                          f"is not defined")
+                account = found
+            self._tasks.append(server.loop.create_task(self._dial_loop(remote, account)))
+
+    async def stop(self) -> None:
+        self._running = False
+        for task in self._tasks:
+            task.cancel()
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self.connections.values()):
+            conn.close()
+
+    # -- the handshake ---------------------------------------------------------------------------------
+    def info_fields(self, conn: LeafConnection) -> dict[str, Any]:
+        """The hub's INFO (nats-server's fields a leaf reads; no `compression`: this link stays plain)."""
+        server = self.server
+        host, _, port = self.url.rpartition(":")
+        info: dict[str, Any] = {
+            "server_id": server.server_id, "server_name": server.name, "version": SERVER_VERSION, "proto": 1,
+            "host": host, "port": int(port or 0), "headers": True, "max_payload": server.opts.max_payload,
+            "client_id": conn.cid, "nonce": secrets.token_urlsafe(11), "leafnode_urls": [self.url],
+            "tags": server.opts.server_tags,
+        }
+        if self.opts.user:
+            info["auth_required"] = True
+        return info
+
+    def connect_fields(self, conn: LeafConnection) -> dict[str, Any]:
+        """The leaf's CONNECT (nats-server's fields; no `compress_mode`: the link stays uncompressed)."""
+        server = self.server
+        fields: dict[str, Any] = {
+            "version": SERVER_VERSION, "server_id": server.server_id, "name": server.name, "hub": False,
+            "headers": True, "remote_account": conn.bound.display, "protocol": 1, "tags": server.opts.server_tags,
+        }
+        user, password = conn.login
+        if user:
+            fields["user"], fields["pass"] = user, password
+        return fields
+
+    def go_live(self, conn: LeafConnection) -> bool:
+        """The handshake is done: messages may flow, each side tells the other its interest."""
+        conn.established = True
+        conn.msgs_in = True
+        conn.zone = self.server.zone_of_tags(conn.remote_tags)
+        conn.zone_known = bool(conn.zone)
+        if self.server.ledger is not None:  # counted like routes, with the remote server's zone
+            self.server.ledger.route_connected(conn)
+        self.connections[conn.cid] = conn
+        told = conn.told = InterestCounts()
+        name = conn.bound.name
+        conn.send_interest(self.lds_subject(conn.bound), None, 1)
+        for sub in conn.bound.sublist.all_subscriptions():
+            if self._tells(conn, sub):
+                send = told.change(name, sub, sub.weight)
+                if send is not None:
+                    conn.send_interest(*send)
+        role = "hub" if conn.spoke else "leaf"
+        self.server.log(f"leafnode connection {conn.describe()} registered ({role} {conn.remote_name!r}, "
+                        f"account {conn.bound.display})")
+        conn.start_pinging()
+        return True
+
+    def lds_subject(self, account: Account) -> bytes:
+        subject = self._lds.get(account.name)
+        if subject is None:
+            subject = self._lds[account.name] = LDS_PREFIX + secrets.token_urlsafe(16).replace("-", "A").encode()
+        return subject
+
+    def loop_detected(self, conn: LeafConnection) -> None:
+        """The peer offered this server's own loop-detection subject: the links form a loop."""
+        text = (f"Loop detected for leafnode account=\"{conn.bound.display}\". Delaying attempt to reconnect "
+                f"for {LOOP_DELAY:.0f}s")
+        self.log_error(f"leafnode {conn.describe()}: {text}")
+        conn.loop_detected = True
+        conn.reject(text)
+
+    def connection_closed(self, conn: LeafConnection) -> None:
+        if self.connections.pop(conn.cid, None) is not None:
+            conn.drop_remote_interest()
+            if self._running:
+                self.server.log(f"leafnode connection {conn.describe()} closed")
+            if self.server.ledger is not None:
+                self.server.ledger.connection_closed(conn)
+
+    # -- interest (InterestWatcher, AccountWatcher) -------------------------------------------------------
+    def interest_added(self, sub: Subscription) -> None:
+        self.account_interest(self.server.global_account, sub, 1)
+
+    def interest_removed(self, sub: Subscription) -> None:
+        self.account_interest(self.server.global_account, sub, -1)
+
+    def account_interest(self, account: Account, sub: Subscription, delta: int) -> None:
+        for conn in self.connections.values():
+            if conn.bound is account and conn.told is not None and not conn.closed and self._tells(conn, sub):
+                send = conn.told.change(account.name, sub, delta * sub.weight)
+                if send is not None:
+                    conn.send_interest(*send)
+
+    @staticmethod
+    def _tells(conn: LeafConnection, sub: Subscription) -> bool:
+        other = sub.conn
+        if other is conn:
+            return False
+        return not (conn.spoke and other.kind == ROUTE)
+
+    # -- dialling ----------------------------------------------------------------------------------------
+    async def _dial_loop(self, remote: RemoteLeafOptions, account: Account) -> None:
+        """Keep one connection to the remote's hub, over its URLs in turn; a second between attempts, as
+        nats-server (also after a hub refused the login: it says so once per attempt)."""
+        server = self.server
+        backoff = Backoff(start=RECONNECT, ceiling=RECONNECT)
+        connected = False
+        attempt = 0
+        while self._running:
+            url = remote.urls[attempt % len(remote.urls)]
+            attempt += 1
+            host, port = leaf_url(url)
+            parts = urlsplit(url if "://" in url else f"nats-leaf://{url}")
+            login = (unquote(parts.username or ""), unquote(parts.password or ""))
+            try:
+                conn = await dial(server, functools.partial(LeafConnection, self, True, account, url, login),
+                                  host, port)
+            except OSError as exc:
+                failures = backoff.failed()
+                if should_report(server.opts, connected, failures):
+                    self.log_error(f"Error trying to connect as leafnode to remote server \"{host}:{port}\" "
+                                   f"(attempt {failures}): {dial_error(host, port, exc)}")
+                await backoff.wait()
+                continue
+            assert isinstance(conn, LeafConnection)
+            await conn.closed_future
+            if conn.loop_detected:
+                await asyncio.sleep(LOOP_DELAY)
+                continue
+            if conn.established:
+                connected = True
+                backoff.reset()
+            else:
+                backoff.failed()
+            await backoff.wait()
+
+    # -- logging -------------------------------------------------------------------------------------------
+    def log_error(self, msg: str) -> None:
+        self.server.log(msg, "ERR")
