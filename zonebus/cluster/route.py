@@ -45,6 +45,8 @@ class RouteConnection(LinkConnection):
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}  # the global account's
         self.account_subs: dict[tuple[bytes, bytes, bytes | None], Subscription] = {}  # other accounts'
         self.gateway_info: dict[str, Any] | None = None  # the peer's gateway gossip, from its INFO
+        self.zone_relay = False  # relay frames go both ways (zonebus.cluster.relay), settled when it goes live
+        self.relay_seed = 0  # the peer's rendezvous seed (its server_id's CRC)
         if self.kind == ROUTE:  # not the links between a server's own workers (zonebus.workers)
             self.enable_compression(manager.opts.compression, nats_field=True)
 
@@ -107,6 +109,9 @@ class RouteConnection(LinkConnection):
             elif kind != self.kind and kind in LINKS and conn not in links:
                 links.add(conn)
                 entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))
+        zr = self.server.zone_relay
+        if zr is not None and self.kind != ROUTE:  # (a route's message goes to no route: nothing to plan)
+            entries = zr.memo_entries(subject, size, ACCOUNT, entries)
         return entries
 
     def unregister(self) -> None:

@@ -40,6 +40,7 @@ from zonebus.protocol.route_parser import (
     INFO,
     LINK_ACCOUNT,
     PING,
+    PLAIN,
     PONG,
     RMSG,
     RS_MINUS,
@@ -244,7 +245,7 @@ class LinkConnection(Connection, asyncio.Protocol):
                     else:
                         self.account_msg(hdr, payload)
                     continue
-                if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues:
+                if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues and not hdr.relay:
                     memo = self._memos.get(hdr)
                     entries = memo[1] if memo is not None and memo[0] == server.sublist.generation \
                         else self._memo_miss(hdr)
@@ -252,7 +253,8 @@ class LinkConnection(Connection, asyncio.Protocol):
                         replay(server, entries, hdr.subject, hdr.size, payload)
                         run_hdr = hdr
                         continue
-                server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or ())
+                server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or (),
+                                   relayed=hdr.relay)
             elif code in _INTEREST:
                 if self.established:
                     self.on_interest(op)
@@ -305,7 +307,7 @@ class LinkConnection(Connection, asyncio.Protocol):
         acc = self.server.accounts.get(hdr.account)
         if acc is not None:
             self.server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or (),
-                                    account=acc)
+                                    account=acc, relayed=hdr.relay)
 
     def _replay_run(self, hdr: MsgHeader, run: list[bytes]) -> None:
         """RMSGs that followed one replayed along the memo of their line `hdr`: counted and replayed at once."""
@@ -451,9 +453,10 @@ class LinkConnection(Connection, asyncio.Protocol):
 
     # -- outbound ------------------------------------------------------------------------------------
     def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                queues: list[bytes] | None, account: bytes = ACCOUNT) -> None:
-        """Send a message as RMSG/HMSG, naming the queue groups the receiver is to serve."""
-        self.write_frame(msg_line(account, subject, reply, queues, hdr_len, len(data) - 2), data,
+                queues: list[bytes] | None, account: bytes = ACCOUNT, relay: int = PLAIN) -> None:
+        """Send a message as RMSG/HMSG, naming the queue groups the receiver is to serve (`relay`: as a zone
+        relay frame, `zonebus.cluster.relay`)."""
+        self.write_frame(msg_line(account, subject, reply, queues, hdr_len, len(data) - 2, relay), data,
                          subject if account == ACCOUNT else ledger_key(account, subject))
 
     def send_frame(self, channel: bytes, payload: bytes) -> None:
