@@ -1,10 +1,13 @@
-"""A cluster with one server per zone and every route through a byte-counting proxy, for the benchmarks that
-compare nats-server and zonebus across zones (`bench/zone_router.py`, `bench/whole_bill.py`).
+"""A cluster with one server per zone (or `per_zone` servers) and every route through a byte-counting proxy, for
+the benchmarks and tests that compare nats-server and zonebus across zones (`bench/zone_router.py`,
+`bench/whole_bill.py`, `bench/crosszone_mix.py`, `tests/cluster/test_zone_relay.py`).
 
 `ZoneCluster(label, impl, jetstream)` starts servers s1..sN tagged `az:z1..zN` (`jetstream(i, tmp)` gives
 server i's `jetstream {}` block), each route through a `zonebus.testing.byteproxy.ProxyProcess`, so that
-`cross_zone()` is every byte that went between servers (any protocol, heartbeats included). For nats-server the
-gossiped route URLs point at proxies too (`advertise`), so that no route bypasses them.
+`cross_zone()` is every byte that went between servers of different zones (any protocol, heartbeats
+included); with `per_zone=2` servers s1, s2 are in z1, s3, s4 in z2 and so on, `impls` gives each server's
+implementation (a mixed cluster), and `bytes_into(zone)` counts what entered a zone's servers from others.
+For nats-server the gossiped route URLs point at proxies too (`advertise`), so that no route bypasses them.
 `stream_led_in(...)` creates a stream and moves its leader to a given server (stepdowns, for replicated
 nats-server streams); `wait_router_mapping()` waits until every zonebus server's zone router sees all zones.
 """
@@ -26,15 +29,21 @@ from zonebus.testing.processes import ServerProcess, cluster_config, free_port, 
 
 class ZoneCluster:
     def __init__(self, label: str, impl: str, jetstream: Callable[[int, Path], str], zones: int = 3,
-                 cluster_extra: str = "", env: dict[str, str] | None = None) -> None:
+                 cluster_extra: str = "", env: dict[str, str] | None = None, per_zone: int = 1,
+                 impls: list[str] | None = None) -> None:
         self.label, self.impl, self.jetstream, self.zones = label, impl, jetstream, zones
-        self.cluster_extra, self.env = cluster_extra, env
+        self.cluster_extra, self.env, self.per_zone = cluster_extra, env, per_zone
+        self.impls = impls or [impl] * (zones * per_zone)
         self.servers: list[ServerProcess] = []
         self.proxy: ProxyProcess | None = None
 
     @property
     def names(self) -> list[str]:
-        return [f"s{i + 1}" for i in range(self.zones)]
+        return [f"s{i + 1}" for i in range(self.zones * self.per_zone)]
+
+    def zone_of(self, name: str) -> str:
+        """`z<k>` of server `name` (s1..); "" for the proxy's gossip side."""
+        return f"z{self.names.index(name) // self.per_zone + 1}" if name in self.names else ""
 
     def start(self, tmp: Path, timeout: float = 60) -> None:
         self.proxy = ProxyProcess()
@@ -42,14 +51,17 @@ class ZoneCluster:
         for i, name in enumerate(self.names):
             urls = [f"nats-route://127.0.0.1:{self.proxy.add(name, other, ports[j])}"
                     for j, other in enumerate(self.names) if j != i]
-            extra = "no_advertise: true" + (f"\n  {self.cluster_extra}" if self.cluster_extra else "")
-            if self.impl == "nats":
+            impl = self.impls[i]
+            extra = "no_advertise: true"
+            if self.cluster_extra and (impl != "nats" or "zone_relay" not in self.cluster_extra):
+                extra += f"\n  {self.cluster_extra}"
+            if impl == "nats":
                 extra += f'\n  advertise: "127.0.0.1:{self.proxy.add("gossip", name, ports[i])}"'
-            conf = cluster_config(name, ports[i], tags=[f"az:z{i + 1}"], cluster="bench", route_urls=urls,
-                                  cluster_extra=extra, extra=self.jetstream(i, tmp))
+            conf = cluster_config(name, ports[i], tags=[f"az:{self.zone_of(name)}"], cluster="bench",
+                                  route_urls=urls, cluster_extra=extra, extra=self.jetstream(i, tmp))
             (tmp / f"w{i + 1}").mkdir(parents=True, exist_ok=True)
-            self.servers.append(ServerProcess(self.impl, conf, http_port=free_port(), workdir=tmp / f"w{i + 1}",
-                                              extra_args=["-js"] if self.impl == "nats" else [], env=self.env))
+            self.servers.append(ServerProcess(impl, conf, http_port=free_port(), workdir=tmp / f"w{i + 1}",
+                                              extra_args=["-js"] if impl == "nats" else [], env=self.env))
         start_parallel(self.servers, timeout=timeout)
 
     def stop(self) -> None:
@@ -59,11 +71,22 @@ class ZoneCluster:
             self.proxy.stop()
 
     def cross_zone(self) -> int:
-        """Bytes between two servers (of different zones: one server per zone) since the last reset. Every
-        proxied link joins two different servers, so all count: those a nats-server dialled through another's
-        advertised address too (its pooled routes), counted under the pair ("gossip", server)."""
+        """Bytes between two servers of different zones since the last reset. Those a nats-server dialled
+        through another's advertised address (counted under the pair ("gossip", server)) count too: their
+        other side is unknown, so with `per_zone > 1` this may count a same-zone link (see `gossip_bytes`)."""
         assert self.proxy is not None
-        return sum(n for (a, b), n in self.proxy.counts().items() if a != b)
+        return sum(n for (a, b), n in self.proxy.counts().items() if self.zone_of(a) != self.zone_of(b))
+
+    def gossip_bytes(self) -> int:
+        """Bytes on links dialled through a nats-server's advertised address (other side unknown)."""
+        assert self.proxy is not None
+        return sum(n for (a, b), n in self.proxy.counts().items() if "gossip" in (a, b))
+
+    def bytes_into(self, zone: str, only: set[str] | None = None) -> int:
+        """Bytes that servers of other zones sent to the servers of `zone` (of those named in `only`)."""
+        assert self.proxy is not None
+        return sum(n for (a, b), n in self.proxy.counts().items()
+                   if self.zone_of(b) == zone and self.zone_of(a) not in ("", zone) and (only is None or b in only))
 
     def reset_bytes(self) -> None:
         assert self.proxy is not None
