@@ -37,6 +37,17 @@ COVERED = QUEUES_ONLY  # a plan's mark for a route its zone's relay serves (only
 _MIX = 0x9E3779B1
 
 
+def rendezvous_score(subject_crc: int, seed: int) -> int:
+    """A server's score for a subject (`zlib.crc32` of each): the zone's live server with the highest relays."""
+    return ((subject_crc ^ seed) * _MIX) & 0xFFFFFFFF
+
+
+def relay_among(subject: bytes, server_ids: list[str]) -> str:
+    """The relay a server would pick for `subject` among servers of one zone (for tests and tools)."""
+    h = zlib.crc32(subject)
+    return max(server_ids, key=lambda sid: rendezvous_score(h, zlib.crc32(sid.encode())))
+
+
 def relay_enabled(setting: bool | None, zone: str) -> bool:
     """`cluster { zone_relay }`: on when set true, off when set false, else on when this server has a zone."""
     return bool(zone) if setting is None else setting
@@ -88,7 +99,7 @@ class ZoneRelay:
         for conn in self.zones.get(zone, ()):
             if conn.closed:
                 continue
-            score = ((h ^ conn.relay_seed) * _MIX) & 0xFFFFFFFF
+            score = rendezvous_score(h, conn.relay_seed)
             if score > top:
                 best, top = conn, score
         return best

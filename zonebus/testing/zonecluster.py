@@ -47,7 +47,7 @@ class ZoneCluster:
 
     def start(self, tmp: Path, timeout: float = 60) -> None:
         self.proxy = ProxyProcess()
-        ports = [free_port() for _ in range(self.zones)]
+        ports = [free_port() for _ in self.names]
         for i, name in enumerate(self.names):
             urls = [f"nats-route://127.0.0.1:{self.proxy.add(name, other, ports[j])}"
                     for j, other in enumerate(self.names) if j != i]
