@@ -201,8 +201,9 @@ async def main() -> None:
               f"{ours['per_byte'] / best['per_byte']:.2f}x (target <= 0.3x)")
     for r in results:
         if r["gossip"]:
-            print(f"note: {r['label']}: {r['gossip']} bytes on links dialled through a nats-server's advertised "
-                  "address (other side unknown) were counted as cross-zone", file=sys.stderr)
+            print(f"note: {r['label']}: {r['gossip']} bytes went over links dialled through a nats-server's advertised"
+                  " address (pooled routes); the kernel's counts of the dialler's sockets told their zones",
+                  file=sys.stderr)
 
 
 if __name__ == "__main__":

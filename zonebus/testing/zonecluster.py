@@ -15,6 +15,8 @@ nats-server streams); `wait_router_mapping()` waits until every zonebus server's
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +38,8 @@ class ZoneCluster:
         self.impls = impls or [impl] * (zones * per_zone)
         self.servers: list[ServerProcess] = []
         self.proxy: ProxyProcess | None = None
+        self.gossip_ports: dict[int, str] = {}  # a nats-server's advertised route port (a proxy) -> that server
+        self._gossip_base: dict[tuple[int, int], tuple[int, int]] = {}
 
     @property
     def names(self) -> list[str]:
@@ -56,7 +60,9 @@ class ZoneCluster:
             if self.cluster_extra and (impl != "nats" or "zone_relay" not in self.cluster_extra):
                 extra += f"\n  {self.cluster_extra}"
             if impl == "nats":
-                extra += f'\n  advertise: "127.0.0.1:{self.proxy.add("gossip", name, ports[i])}"'
+                gossip_port = self.proxy.add("gossip", name, ports[i])
+                self.gossip_ports[gossip_port] = name
+                extra += f'\n  advertise: "127.0.0.1:{gossip_port}"'
             conf = cluster_config(name, ports[i], tags=[f"az:{self.zone_of(name)}"], cluster="bench",
                                   route_urls=urls, cluster_extra=extra, extra=self.jetstream(i, tmp))
             (tmp / f"w{i + 1}").mkdir(parents=True, exist_ok=True)
@@ -71,11 +77,50 @@ class ZoneCluster:
             self.proxy.stop()
 
     def cross_zone(self) -> int:
-        """Bytes between two servers of different zones since the last reset. Those a nats-server dialled
-        through another's advertised address (counted under the pair ("gossip", server)) count too: their
-        other side is unknown, so with `per_zone > 1` this may count a same-zone link (see `gossip_bytes`)."""
+        """Bytes between two servers of different zones since the last reset. Links a nats-server dialled
+        through another's advertised address (the proxy counts them under ("gossip", server): it cannot tell
+        who dialled) count too: with one server per zone all of them, else as the kernel counted them on the
+        dialler's socket (`ss`), attributed to the two servers."""
         assert self.proxy is not None
-        return sum(n for (a, b), n in self.proxy.counts().items() if self.zone_of(a) != self.zone_of(b))
+        counts = self.proxy.counts()
+        if self.per_zone == 1:  # every link crosses zones, those dialled through an advertised address too
+            return sum(n for (a, b), n in counts.items() if a != b)
+        named = sum(n for (a, b), n in counts.items() if "gossip" not in (a, b) and self.zone_of(a) != self.zone_of(b))
+        return named + sum(n for (a, b), n in self._gossip_flows().items() if self.zone_of(a) != self.zone_of(b))
+
+    def _gossip_sockets(self) -> dict[tuple[int, int], tuple[str, str, int, int]]:
+        """The kernel's counts (`ss -tinp`) of the sockets a nats-server dialled through another's advertised
+        address: (local port, proxy port) -> (dialler, dialled, bytes sent, bytes received)."""
+        pids = {s.proc.pid: name for name, s in zip(self.names, self.servers, strict=True) if s.proc is not None}
+        out = subprocess.run(["ss", "-tinpH", "state", "established"], capture_output=True, text=True,
+                             check=False).stdout
+        found: dict[tuple[int, int], tuple[str, str, int, int]] = {}
+        head: list[str] = []
+        for line in out.splitlines():
+            if not line[:1].isspace():
+                head = line.split()
+                continue
+            if len(head) < 5:
+                continue
+            peer_port = int(head[3].rsplit(":", 1)[1])
+            pid = re.search(r"pid=(\d+)", head[4])
+            if peer_port not in self.gossip_ports or pid is None or int(pid.group(1)) not in pids:
+                continue
+            sent = re.search(r"bytes_sent:(\d+)", line)
+            got = re.search(r"bytes_received:(\d+)", line)
+            found[(int(head[2].rsplit(":", 1)[1]), peer_port)] = (
+                pids[int(pid.group(1))], self.gossip_ports[peer_port], int(sent.group(1)) if sent else 0,
+                int(got.group(1)) if got else 0)
+        return found
+
+    def _gossip_flows(self) -> dict[tuple[str, str], int]:
+        """Bytes per (from, to) server on links dialled through advertised addresses since the last reset."""
+        flows: dict[tuple[str, str], int] = {}
+        for key, (a, b, sent, got) in self._gossip_sockets().items():
+            sent0, got0 = self._gossip_base.get(key, (0, 0))
+            flows[(a, b)] = flows.get((a, b), 0) + sent - sent0
+            flows[(b, a)] = flows.get((b, a), 0) + got - got0
+        return flows
 
     def gossip_bytes(self) -> int:
         """Bytes on links dialled through a nats-server's advertised address (other side unknown)."""
@@ -83,7 +128,8 @@ class ZoneCluster:
         return sum(n for (a, b), n in self.proxy.counts().items() if "gossip" in (a, b))
 
     def bytes_into(self, zone: str, only: set[str] | None = None) -> int:
-        """Bytes that servers of other zones sent to the servers of `zone` (of those named in `only`)."""
+        """Bytes that servers of other zones sent to the servers of `zone` (of those named in `only`), on the
+        links the proxy can name both ends of (not those dialled through a nats-server's advertised address)."""
         assert self.proxy is not None
         return sum(n for (a, b), n in self.proxy.counts().items()
                    if self.zone_of(b) == zone and self.zone_of(a) not in ("", zone) and (only is None or b in only))
@@ -91,6 +137,8 @@ class ZoneCluster:
     def reset_bytes(self) -> None:
         assert self.proxy is not None
         self.proxy.reset()
+        if self.gossip_ports and self.per_zone > 1:
+            self._gossip_base = {k: (v[2], v[3]) for k, v in self._gossip_sockets().items()}
 
     def wait_router_mapping(self, timeout: float = 60) -> None:
         """Until every server's zone router shows one live server per zone (blocking: run it in a thread)."""
