@@ -32,7 +32,10 @@ SIZE = 750
 
 
 def started(tmp: Path, zones: int, per_zone: int, impls: list[str] | None = None) -> ZoneCluster:
-    zc = ZoneCluster("zone relay", "zonebus", lambda i, tmp: "", zones=zones, per_zone=per_zone, impls=impls)
+    def store(i: int, t: Path) -> str:  # ZoneCluster starts nats-server with -js: each its own store
+        return f'jetstream {{ store_dir: "{t}/js{i}" }}' if impls and impls[i] == "nats" else ""
+
+    zc = ZoneCluster("zone relay", "zonebus", store, zones=zones, per_zone=per_zone, impls=impls)
     zc.start(tmp)
     try:
         wait_for_mesh(zc.servers, time.monotonic() + 30)
