@@ -75,6 +75,7 @@ class ClusterManager:
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         self._running = True
+        self.relay.start()
         server = self.server
         opts = self.opts
         if opts.port:
@@ -93,6 +94,7 @@ class ClusterManager:
 
     async def stop(self) -> None:
         self._running = False
+        self.relay.stop()
         if self._listener is not None:
             self._listener.close()
         for t in list(self._tasks):

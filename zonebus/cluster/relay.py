@@ -15,13 +15,16 @@ one with it off, gets the normal one-hop traffic and is never forwarded to by a 
 The relay of a zone is chosen per subject by rendezvous hashing over the zone's live relay-capable routes, so
 it moves only when a server of that zone comes or goes, and a publisher's messages on a subject take one path
 (its order holds). A zone where just one server has interest gets its copy straight, as without the relay.
-Every change of the live sets touches the sublist, so the delivery lists memoized by the fast paths are
-rebuilt. Owned by the event loop thread; wired by `zonebus.node` as the server's `zone_relay`
-(`zonebus.server.hooks.ZoneRelay`).
+A route whose PING has gone unanswered for its ping interval (`PING_EVERY`) counts as dead: it is no relay
+until its PONG comes (a crashed relay's routes close at once; one that went silent is passed over within two
+ping intervals, checked every `CHECK_EVERY`). Every change of the live sets touches the sublist, so the
+delivery lists memoized by the fast paths are rebuilt. Owned by the event loop thread; wired by
+`zonebus.node` as the server's `zone_relay` (`zonebus.server.hooks.ZoneRelay`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 RELAY_FIELD = "zonebus_zone_relay"  # in a route's INFO: this zonebus server takes and sends relay frames
 COVERED = QUEUES_ONLY  # a plan's mark for a route its zone's relay serves (only queue picks go to it straight)
 _MIX = 0x9E3779B1
+CHECK_EVERY = 0.25  # seconds between two looks for routes whose PING went unanswered
 
 
 def rendezvous_score(subject_crc: int, seed: int) -> int:
@@ -60,6 +64,27 @@ class ZoneRelay:
         self.server = server
         self.enabled = enabled
         self.zones: dict[str, list[Any]] = {}  # zone -> its live relay-capable routes (RouteConnection)
+        self.silent: set[Any] = set()  # routes among those whose PING is overdue: no relay for now
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        if self.enabled:
+            self._timer = self.server.loop.call_later(CHECK_EVERY, self._check_silent)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check_silent(self) -> None:
+        silent = {conn for conns in self.zones.values() for conn in conns
+                  if conn.unanswered_for() > conn.PING_EVERY}
+        if silent != self.silent:
+            for conn in silent - self.silent:
+                self.server.log(f"zone relay: route {conn.describe()} went silent: no relay until it answers")
+            self.silent = silent
+            self._changed()
+        self._timer = self.server.loop.call_later(CHECK_EVERY, self._check_silent)
 
     # -- the routes (called by the cluster manager) ----------------------------------------------------
     def info_fields(self) -> dict[str, Any]:
@@ -75,6 +100,7 @@ class ZoneRelay:
             self._changed()
 
     def route_gone(self, conn: Any) -> None:
+        self.silent.discard(conn)
         for zone, conns in list(self.zones.items()):
             if conn in conns:
                 conns.remove(conn)
@@ -96,8 +122,9 @@ class ZoneRelay:
         best = None
         top = -1
         h = zlib.crc32(subject)
+        silent = self.silent
         for conn in self.zones.get(zone, ()):
-            if conn.closed:
+            if conn.closed or conn in silent:
                 continue
             score = rendezvous_score(h, conn.relay_seed)
             if score > top:

@@ -438,6 +438,10 @@ class LinkConnection(Connection, asyncio.Protocol):
         else:
             self._ping()
 
+    def unanswered_for(self) -> float:
+        """Seconds since the PING that is still waiting for its PONG was sent (0: none is)."""
+        return time.monotonic() - self._ping_sent if self._ping_sent else 0.0
+
     def _ping(self) -> None:
         if self.closed:
             return
