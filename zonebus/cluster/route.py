@@ -114,6 +114,21 @@ class RouteConnection(LinkConnection):
             entries = zr.memo_entries(subject, size, ACCOUNT, entries)
         return entries
 
+    def build_relay_memo(self, subject: bytes, size: int) -> list[tuple] | None:
+        """A plain relay frame (`ZMSG`, zonebus.cluster.relay): `build_memo`'s deliveries and one RMSG per route
+        of this server's zone that has interest and takes part in relaying."""
+        entries = self.build_memo(subject, size)
+        zr = self.server.zone_relay
+        if entries is None or zr is None:
+            return None
+        routes: set[Any] = set()
+        for sub in self.server.sublist.match(subject).psubs:
+            conn = sub.conn
+            if conn.kind == ROUTE and conn is not self and conn not in routes and zr.fans_out_to(conn):
+                routes.add(conn)
+                entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))
+        return entries
+
     def unregister(self) -> None:
         self.manager.route_closed(self)
 

@@ -15,8 +15,8 @@ What it owns, for every kind:
 
 A kind subclasses it and fills in the hooks: `greet` (what to send once connected), `credentials` and
 `authorized_by_connect` (the CONNECT check itself is here), `on_info`, `on_interest`, `build_memo` (local
-deliveries of a repeated message line), `on_rtt`, `on_error`, `log_error`, `handshake_timed_out`,
-`describe`, and `unregister` (forget the link when it closes).
+deliveries of a repeated message line) and `build_relay_memo` (those of a zone relay frame), `on_rtt`,
+`on_error`, `log_error`, `handshake_timed_out`, `describe`, and `unregister` (forget the link when it closes).
 It sets `msgs_in` once messages may flow in over the link. Owned by the event loop thread.
 """
 
@@ -42,6 +42,7 @@ from zonebus.protocol.route_parser import (
     PING,
     PLAIN,
     PONG,
+    QUEUES_ONLY,
     RMSG,
     RS_MINUS,
     RS_PLUS,
@@ -155,6 +156,10 @@ class LinkConnection(Connection, asyncio.Protocol):
         when it needs the full path."""
         return None
 
+    def build_relay_memo(self, subject: bytes, size: int) -> list[tuple] | None:
+        """`build_memo` for a plain zone relay frame (`ZMSG`): the relay's deliveries, or None (full path)."""
+        return None
+
     def on_rtt(self) -> None:
         pass
 
@@ -245,7 +250,7 @@ class LinkConnection(Connection, asyncio.Protocol):
                     else:
                         self.account_msg(hdr, payload)
                     continue
-                if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues and not hdr.relay:
+                if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues and hdr.relay != QUEUES_ONLY:
                     memo = self._memos.get(hdr)
                     entries = memo[1] if memo is not None and memo[0] == server.sublist.generation \
                         else self._memo_miss(hdr)
@@ -328,7 +333,7 @@ class LinkConnection(Connection, asyncio.Protocol):
     def _memo_miss(self, hdr: MsgHeader) -> list[tuple] | None:
         if len(self._memos) >= self.MEMO_MAX:
             self._memos.clear()
-        entries = self.build_memo(hdr.subject, hdr.size)
+        entries = self.build_relay_memo(hdr.subject, hdr.size) if hdr.relay else self.build_memo(hdr.subject, hdr.size)
         self._memos[hdr] = (self.server.sublist.generation, entries)
         return entries
 
