@@ -2,14 +2,17 @@
 proxy (`zonebus.testing.zonecluster`). A message with interest on both servers of another zone crosses into it
 once (one relay frame, fanned out by that zone's relay), every plain subscriber still gets every message once
 and in order, a queue group still gets each message once, a relay killed with -9 mid-stream costs only what
-was in flight, and a nats-server in a remote zone gets the one-hop traffic as before.
+was in flight, a relay that goes silent (SIGSTOP) is passed over within two route ping intervals, and a
+nats-server in a remote zone gets the one-hop traffic as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,6 +194,47 @@ async def test_queue_group_and_plain_subscribers_on_every_server(six: ZoneCluste
         assert all(c == 1 for c in counts.values()), {n: c for n, c in counts.items() if c != 1}
     finally:
         for nc in ncs + pubs:
+            await nc.close()
+
+
+async def test_a_silent_relay_is_passed_over(six: ZoneCluster) -> None:
+    """SIGSTOP z3's relay (its routes stay open, its PONGs stop): within two route ping intervals its zone
+    sibling gets new messages again through another path, none twice; after SIGCONT the stopped server catches up."""
+    rec = Received("events.silent")
+    s = six.servers
+    ids = {name: x.info["server_id"] for name, x in zip(six.names, s, strict=True)}
+    silent = "s5" if relay_among(rec.subject.encode(), [ids["s5"], ids["s6"]]) == ids["s5"] else "s6"
+    sibling = "s6" if silent == "s5" else "s5"
+    ncs = [await nats.connect(x.url, allow_reconnect=False) for x in s]
+    for name, nc in zip(six.names, ncs, strict=True):
+        await rec.join(nc, f"p.{name}")
+    pub = ncs[0]
+    stopped = s[six.names.index(silent)]
+    pids = [stopped.proc.pid, *stopped.worker_pids()] if stopped.proc is not None else []
+    try:
+        await reached(rec, pub, 100_000, rec.labels("p", six.names))
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        number = 0
+        deadline = stopped_at + 2 * RouteConnection.PING_EVERY + 2.0
+        while number not in rec.by[f"p.{sibling}"] and time.monotonic() < deadline:
+            number += 1
+            await rec.publish(pub, number)
+            await asyncio.sleep(0.005)
+        resumed = time.monotonic() - stopped_at
+        assert number in rec.by[f"p.{sibling}"], "the sibling got nothing new while the relay was silent"
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    try:
+        await reached(rec, pub, 200_000, rec.labels("p", six.names))
+        assert resumed < 2 * RouteConnection.PING_EVERY + 1.0, f"resumed after {resumed:.1f} s"
+        for label in rec.labels("p", six.names):
+            mine = rec.numbered(label, range(1, number + 1))
+            assert len(mine) == len(set(mine)), f"{label} got a message twice"
+    finally:
+        for nc in ncs:
             await nc.close()
 
 
