@@ -50,12 +50,8 @@ class MessageRouting:
         Returns whether anything received the message.
         """
         acc = account or src.account
-        if relayed:  # a zone relay frame: delivered in this zone as a route's message (gateways had their copy)
-            r = (self.sublist if acc is self.global_account else acc.sublist).match(subject)
-            return bool(r) and self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues,
-                                                       None if acc is self.global_account else acc, relayed)
         if acc is not self.global_account:
-            return self._process_in_account(src, acc, subject, reply, hdr_len, data, queues, memo_for)
+            return self._process_in_account(src, acc, subject, reply, hdr_len, data, queues, memo_for, relayed)
         r = self.sublist.match(subject)
         taken = False
         if self.publish_interceptor is not None:  # e.g. durable queue groups (zonebus.queue), see hooks.py
@@ -69,20 +65,21 @@ class MessageRouting:
                     return taken
         if memo_for is not None:
             self._memoize(src, memo_for, r)
-        if self.forwarder is not None and src.kind != ROUTE:  # e.g. gateways: zonebus.gateway.routing
+        # e.g. gateways: zonebus.gateway.routing (a relay frame came over a route: gateways had their copy)
+        if self.forwarder is not None and src.kind != ROUTE and not relayed:
             return self.forwarder.process_msg(src, subject, reply, hdr_len, data, queues, r)
         if not r:
             if reply and src.kind == CLIENT and src.no_responders:
                 self._no_responders(src, subject, reply)
             return False
-        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
+        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, None, relayed) or taken
         if not delivered and reply and src.kind == CLIENT and src.no_responders:
             self._no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
         return delivered
 
     def _process_in_account(self, src: Connection, acc: Account, subject: bytes, reply: bytes | None,
                             hdr_len: int, data: bytes, queues: list[bytes] | None,
-                            memo_for: PubHeader | None) -> bool:
+                            memo_for: PubHeader | None, relayed: int = PLAIN) -> bool:
         """`process_msg` in an account other than `$G`: service imports first (for what clients publish),
         then the account's own subscribers in the cluster, and other clusters through the account forwarder
         (gateways). Durable queue groups and the zone router serve the global account only."""
@@ -95,12 +92,14 @@ class MessageRouting:
                 memo_for = None
         r = acc.sublist.match(subject)
         fwd = self.account_forwarder
-        if fwd is not None and src.kind != ROUTE and took is None:  # gateways (a service request stays here)
+        # gateways (a service request stays here; a relay frame came over a route)
+        if fwd is not None and src.kind != ROUTE and took is None and not relayed:
             return fwd.process_msg(src, subject, reply, hdr_len, data, queues, r, acc)
         if memo_for is not None and fwd is None:
             self._memoize(src, memo_for, r)
         if r:
-            delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) or delivered
+            delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc,
+                                                relayed) or delivered
         if not delivered and reply and src.kind == CLIENT and src.no_responders:
             self._no_responders(src, subject, reply)
         return delivered
