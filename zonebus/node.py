@@ -142,6 +142,8 @@ class Node:
         server.interest_watchers.append(cluster)
         server.account_watchers.append(cluster)
         server.queue_picker = cluster.pick_queue_member
+        if cluster.relay.enabled:
+            server.zone_relay = cluster.relay
         server.connect_urls = cluster.client_connect_urls
         server.varz_sections["cluster"] = lambda: varz_cluster(cluster)
         server.reload_hooks.append(cluster.reloaded)

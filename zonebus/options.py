@@ -86,6 +86,7 @@ class RouteOptions:
     auth_timeout: float = AUTH_TIMEOUT  # cluster { authorization { timeout } }
     tls: TLSOptions | None = None  # cluster { tls {} }: routes over TLS
     compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
+    zone_relay: bool | None = None  # zonebus.cluster.relay; None: on when server_tags name a zone
     pool_size: int = 3  # nats-server's route pool size, in /varz; zonebus dials one route per peer whatever it is
 
 

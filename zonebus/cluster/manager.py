@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, tags_overlap
+from zonebus.cluster.relay import ZoneRelay, relay_enabled
 from zonebus.cluster.route import RouteConnection
 from zonebus.link import Backoff, LinkChannels, json_line
 from zonebus.link.compression import offer_fields
@@ -69,10 +70,12 @@ class ClusterManager:
         # configured route URL -> (server name found there, whether it runs JetStream); ours for a self-seed
         self.configured_peers: dict[str, tuple[str, bool]] = {}
         self.zone_local_urls = False  # zone router: clients get only the client URLs of this server's zone
+        self.relay = ZoneRelay(server, relay_enabled(self.opts.zone_relay, server.zone))  # one copy per zone
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         self._running = True
+        self.relay.start()
         server = self.server
         opts = self.opts
         if opts.port:
@@ -91,6 +94,7 @@ class ClusterManager:
 
     async def stop(self) -> None:
         self._running = False
+        self.relay.stop()
         if self._listener is not None:
             self._listener.close()
         for t in list(self._tasks):
@@ -141,6 +145,7 @@ class ClusterManager:
             "headers": True,
             "version": server._info_base.get("version", ""),
             **offer_fields(self.opts.compression, nats_field=True),
+            **self.relay.info_fields(),
             **({"gateway": self.gateway_gossip} if self.gateway_gossip else {}),
             **self.info_extras,
         }
@@ -189,6 +194,7 @@ class ClusterManager:
         conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
         conn.zone_known = bool(conn.zone)
+        self.relay.route_live(conn, info)
         if self.server.ledger is not None:
             self.server.ledger.route_connected(conn)
         self.server.log(f"route established with {conn.describe()} tags={conn.remote_tags}")
@@ -211,6 +217,7 @@ class ClusterManager:
         conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
         conn.zone_known = bool(conn.zone)
+        self.relay.route_live(conn, info)
         self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)
 
@@ -255,6 +262,7 @@ class ClusterManager:
         self._gossip()
 
     def route_closed(self, conn: RouteConnection) -> None:
+        self.relay.route_gone(conn)
         conn.drop_remote_interest()
         self.channels.link_down(conn)
         if self.peers.get(conn.remote_id) is conn:

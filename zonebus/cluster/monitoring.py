@@ -4,7 +4,9 @@ Route entries carry nats-server's `start`, `last_activity` (RFC 3339), `rtt` (a 
 `idle` (nats-server's uptime form) and `compression` (the negotiated mode: nats-server's names, or zonebus's
 `zstd_fast`/`zstd_better`/`zstd_best` between zonebus servers), plus zonebus's `tags`, `zone`, `tag_match`,
 `compression_peer` (what the peer offered), `compression_ratio` (wire bytes per protocol byte) and
-`compression_bytes` (zonebus.link.compression).
+`compression_bytes` (zonebus.link.compression), and `zone_relay` (relay frames go both ways on the route,
+zonebus.cluster.relay; `/varz` `cluster.zone_relay`: whether it is on, and the live relay-capable servers per
+zone).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def routez(mgr: ClusterManager, subs: bool) -> dict[str, Any]:
             "tags": c.remote_tags,
             "zone": c.zone,
             "tag_match": c.tag_match,
+            "zone_relay": c.zone_relay,
             **(c.compression.monitoring() if c.compression is not None else {}),
         }
         if subs:
@@ -76,4 +79,5 @@ def varz_cluster(mgr: ClusterManager) -> dict[str, Any]:
             "cluster_port": int(mgr.route_url.rsplit(":", 1)[-1]) if mgr.route_url else 0,
             "urls": list(opts.routes), "prefer_matching_tags": opts.prefer_matching_tags, "tags": mgr.tags,
             "compression": opts.compression.mode,
+            "zone_relay": mgr.relay.monitoring(),
             "pool_size": opts.pool_size or 3}  # (nats-server's: 0 is its default 3; zonebus: one route per peer)

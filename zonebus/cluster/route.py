@@ -45,6 +45,8 @@ class RouteConnection(LinkConnection):
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}  # the global account's
         self.account_subs: dict[tuple[bytes, bytes, bytes | None], Subscription] = {}  # other accounts'
         self.gateway_info: dict[str, Any] | None = None  # the peer's gateway gossip, from its INFO
+        self.zone_relay = False  # relay frames go both ways (zonebus.cluster.relay), settled when it goes live
+        self.relay_seed = 0  # the peer's rendezvous seed (its server_id's CRC)
         if self.kind == ROUTE:  # not the links between a server's own workers (zonebus.workers)
             self.enable_compression(manager.opts.compression, nats_field=True)
 
@@ -108,6 +110,24 @@ class RouteConnection(LinkConnection):
                 return None  # e.g. a leaf node (zonebus.leaf): its own message line, on the full path
             elif kind != self.kind and conn not in links:
                 links.add(conn)
+                entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))
+        zr = self.server.zone_relay
+        if zr is not None and self.kind != ROUTE:  # (a route's message goes to no route: nothing to plan)
+            entries = zr.memo_entries(subject, size, ACCOUNT, entries)
+        return entries
+
+    def build_relay_memo(self, subject: bytes, size: int) -> list[tuple] | None:
+        """A plain relay frame (`ZMSG`, zonebus.cluster.relay): `build_memo`'s deliveries and one RMSG per route
+        of this server's zone that has interest and takes part in relaying."""
+        entries = self.build_memo(subject, size)
+        zr = self.server.zone_relay
+        if entries is None or zr is None:
+            return None
+        routes: set[Any] = set()
+        for sub in self.server.sublist.match(subject).psubs:
+            conn = sub.conn
+            if conn.kind == ROUTE and conn is not self and conn not in routes and zr.fans_out_to(conn):
+                routes.add(conn)
                 entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))
         return entries
 

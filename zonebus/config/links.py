@@ -48,6 +48,7 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "tls": tls_block("cluster tls: "),
     "compression": setter("compression", get_compression),
     "pool_size": int_field("pool_size"),
+    "zone_relay": bool_field("zone_relay"),
 }
 
 

@@ -131,6 +131,7 @@ class LeafConnection(LinkConnection):
             self.send(b"LS- %b %b\r\n" % (subject, queue))
 
     def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                queues: list[bytes] | None, account: bytes = b"") -> None:
-        """Send a message as LMSG/HMSG (the account is the connection's, so the line names none)."""
+                queues: list[bytes] | None, account: bytes = b"", relayed: int = 0) -> None:
+        """Send a message as LMSG/HMSG (the account is the connection's, so the line names none); a leaf
+        takes no zone-relay frames (`relayed` is for routes and worker links), so it gets the message plainly."""
         self.write_frame(leaf_msg_line(subject, reply, queues, hdr_len, len(data) - 2), data, subject)

@@ -15,8 +15,8 @@ What it owns, for every kind:
 
 A kind subclasses it and fills in the hooks: `greet` (what to send once connected), `credentials` and
 `authorized_by_connect` (the CONNECT check itself is here), `on_info`, `on_interest`, `build_memo` (local
-deliveries of a repeated message line), `on_rtt`, `on_error`, `log_error`, `handshake_timed_out`,
-`describe`, and `unregister` (forget the link when it closes).
+deliveries of a repeated message line) and `build_relay_memo` (those of a zone relay frame), `on_rtt`,
+`on_error`, `log_error`, `handshake_timed_out`, `describe`, and `unregister` (forget the link when it closes).
 It sets `msgs_in` once messages may flow in over the link. Owned by the event loop thread.
 """
 
@@ -40,7 +40,9 @@ from zonebus.protocol.route_parser import (
     INFO,
     LINK_ACCOUNT,
     PING,
+    PLAIN,
     PONG,
+    QUEUES_ONLY,
     RMSG,
     RS_MINUS,
     RS_PLUS,
@@ -154,6 +156,10 @@ class LinkConnection(Connection, asyncio.Protocol):
         when it needs the full path."""
         return None
 
+    def build_relay_memo(self, subject: bytes, size: int) -> list[tuple] | None:
+        """`build_memo` for a plain zone relay frame (`ZMSG`): the relay's deliveries, or None (full path)."""
+        return None
+
     def on_rtt(self) -> None:
         pass
 
@@ -244,7 +250,7 @@ class LinkConnection(Connection, asyncio.Protocol):
                     else:
                         self.account_msg(hdr, payload)
                     continue
-                if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues:
+                if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues and hdr.relay != QUEUES_ONLY:
                     memo = self._memos.get(hdr)
                     entries = memo[1] if memo is not None and memo[0] == server.sublist.generation \
                         else self._memo_miss(hdr)
@@ -252,7 +258,8 @@ class LinkConnection(Connection, asyncio.Protocol):
                         replay(server, entries, hdr.subject, hdr.size, payload)
                         run_hdr = hdr
                         continue
-                server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or ())
+                server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or (),
+                                   relayed=hdr.relay)
             elif code in _INTEREST:
                 if self.established:
                     self.on_interest(op)
@@ -305,7 +312,7 @@ class LinkConnection(Connection, asyncio.Protocol):
         acc = self.server.accounts.get(hdr.account)
         if acc is not None:
             self.server.process_msg(self, hdr.subject, hdr.reply, hdr.hdr_len, payload, hdr.queues or (),
-                                    account=acc)
+                                    account=acc, relayed=hdr.relay)
 
     def _replay_run(self, hdr: MsgHeader, run: list[bytes]) -> None:
         """RMSGs that followed one replayed along the memo of their line `hdr`: counted and replayed at once."""
@@ -326,7 +333,7 @@ class LinkConnection(Connection, asyncio.Protocol):
     def _memo_miss(self, hdr: MsgHeader) -> list[tuple] | None:
         if len(self._memos) >= self.MEMO_MAX:
             self._memos.clear()
-        entries = self.build_memo(hdr.subject, hdr.size)
+        entries = self.build_relay_memo(hdr.subject, hdr.size) if hdr.relay else self.build_memo(hdr.subject, hdr.size)
         self._memos[hdr] = (self.server.sublist.generation, entries)
         return entries
 
@@ -436,6 +443,10 @@ class LinkConnection(Connection, asyncio.Protocol):
         else:
             self._ping()
 
+    def unanswered_for(self) -> float:
+        """Seconds since the PING that is still waiting for its PONG was sent (0: none is)."""
+        return time.monotonic() - self._ping_sent if self._ping_sent else 0.0
+
     def _ping(self) -> None:
         if self.closed:
             return
@@ -451,9 +462,10 @@ class LinkConnection(Connection, asyncio.Protocol):
 
     # -- outbound ------------------------------------------------------------------------------------
     def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                queues: list[bytes] | None, account: bytes = ACCOUNT) -> None:
-        """Send a message as RMSG/HMSG, naming the queue groups the receiver is to serve."""
-        self.write_frame(msg_line(account, subject, reply, queues, hdr_len, len(data) - 2), data,
+                queues: list[bytes] | None, account: bytes = ACCOUNT, relay: int = PLAIN) -> None:
+        """Send a message as RMSG/HMSG, naming the queue groups the receiver is to serve (`relay`: as a zone
+        relay frame, `zonebus.cluster.relay`)."""
+        self.write_frame(msg_line(account, subject, reply, queues, hdr_len, len(data) - 2, relay), data,
                          subject if account == ACCOUNT else ledger_key(account, subject))
 
     def send_frame(self, channel: bytes, payload: bytes) -> None:

@@ -11,7 +11,9 @@ Op tuples:
 Message lines: `RMSG <acc> <subj> [reply] <size>`, or with queue groups
 `RMSG <acc> <subj> + <reply> <q1>... <size>` / `RMSG <acc> <subj> | <q1>... <size>`;
 `HMSG` likewise with `<hdr_len> <size>` at the end. `LMSG <channel> <size>`: a frame for an extension's
-channel (`zonebus.link.channels`), between zonebus servers only.
+channel (`zonebus.link.channels`), between zonebus servers only. Zone relay frames (`zonebus.cluster.relay`,
+between zonebus servers that offered it) have RMSG's arguments: `ZMSG`/`ZHMSG` (the receiver is its zone's
+relay: `MsgHeader.relay == RELAY`) and `QMSG`/`QHMSG` (deliver to the named queue groups only: QUEUES_ONLY).
 """
 
 from __future__ import annotations
@@ -23,11 +25,15 @@ from zonebus.protocol.frames import FrameParser, size_arg, split_args, split_op
 RMSG, RS_PLUS, RS_MINUS, A_PLUS, A_MINUS, CONNECT, INFO, PING, PONG, ERR, OK = range(11)
 
 LINK_ACCOUNT = b""  # the account of LMSG frames: no RMSG line can produce an empty account
+PLAIN, RELAY, QUEUES_ONLY = 0, 1, 2  # MsgHeader.relay: what kind of message frame it came in
+_RELAY_OPS = {b"ZMSG": (RELAY, False), b"ZHMSG": (RELAY, True), b"QMSG": (QUEUES_ONLY, False),
+              b"QHMSG": (QUEUES_ONLY, True)}
+_OP_OF = {(PLAIN, False): b"RMSG", (PLAIN, True): b"HMSG", **{v: k for k, v in _RELAY_OPS.items()}}
 _SIMPLE = {b"PING": (PING,), b"PONG": (PONG,), b"+OK": (OK,)}
 
 
 class MsgHeader:
-    __slots__ = ("account", "subject", "reply", "queues", "hdr_len", "size", "again")
+    __slots__ = ("account", "subject", "reply", "queues", "hdr_len", "size", "again", "relay")
 
     def __init__(self, account: bytes, subject: bytes, reply: bytes | None, queues: list[bytes] | None,
                  hdr_len: int, size: int) -> None:
@@ -38,6 +44,7 @@ class MsgHeader:
         self.hdr_len = hdr_len
         self.size = size
         self.again: bytes | None = None  # set by the parser once the line is cached (frames.py)
+        self.relay = PLAIN  # RELAY / QUEUES_ONLY for a zone relay frame
 
 
 def parse_msg_args(args: list[bytes], with_headers: bool) -> MsgHeader:
@@ -67,9 +74,9 @@ def parse_msg_args(args: list[bytes], with_headers: bool) -> MsgHeader:
 
 
 def msg_line(account: bytes, subject: bytes, reply: bytes | None, queues: list[bytes] | None,
-             hdr_len: int, size: int) -> bytes:
-    """The control line of an RMSG/HMSG (the inverse of parse_msg_args)."""
-    parts = [b"HMSG" if hdr_len >= 0 else b"RMSG", account, subject]
+             hdr_len: int, size: int, relay: int = PLAIN) -> bytes:
+    """The control line of an RMSG/HMSG, or of a zone relay frame (the inverse of parse_msg_args)."""
+    parts = [_OP_OF[(relay, hdr_len >= 0)], account, subject]
     if queues:
         if reply:
             parts += [b"+", reply]
@@ -86,7 +93,8 @@ def msg_line(account: bytes, subject: bytes, reply: bytes | None, queues: list[b
 
 class RouteParser(FrameParser):
     PAYLOAD_OP = RMSG
-    OP_NAMES = (b"RMSG", b"HMSG", b"LMSG", b"RS+", b"RS-", b"A+", b"A-", b"PING", b"PONG", b"CONNECT", b"INFO",
+    OP_NAMES = (b"RMSG", b"HMSG", b"LMSG", b"ZMSG", b"ZHMSG", b"QMSG", b"QHMSG",
+                b"RS+", b"RS-", b"A+", b"A-", b"PING", b"PONG", b"CONNECT", b"INFO",
                 b"+OK", b"-ERR")
 
     def _header(self, line: bytes, ops: list[tuple]) -> MsgHeader | None:
@@ -95,6 +103,11 @@ class RouteParser(FrameParser):
             return self._remember(line, parse_msg_args(split_args(rest), False))
         if op == b"HMSG":
             return self._remember(line, parse_msg_args(split_args(rest), True))
+        relay = _RELAY_OPS.get(op)
+        if relay is not None:
+            hdr = parse_msg_args(split_args(rest), relay[1])
+            hdr.relay = relay[0]
+            return self._remember(line, hdr)
         if op == b"LMSG":
             args = split_args(rest)
             if len(args) != 2:

@@ -23,6 +23,7 @@ through the attributes below. The core calls them; it never imports them.
 | `pages` | `{path: PageBuilder}` | the monitor starts: each is served as JSON (`/routez`, `/gatewayz`, ...) |
 | `ledger_totals` | `() -> Awaitable[LedgerTotals or None]` or None | `/metrics` is built: the ledger's totals to show |
 | `reload_hooks` | list of `(ServerOptions) -> None` | SIGHUP: the new options were read and applied |
+| `zone_relay` | `ZoneRelay` or None | messages fan out to routes: one copy per remote zone (zonebus.cluster.relay) |
 | `publish_interceptor` | `PublishInterceptor` or None | every message, before delivery (durable queue groups) |
 | `admission` | `(ClientConnection) -> bool` or None | a client connects, before its INFO: False = not here (*) |
 | `pong_gate` | `(ClientConnection) -> bool` or None | a client PINGed: True = the gate sends the PONG later (**) |
@@ -81,6 +82,27 @@ class Forwarder(Protocol):
 
     def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:
         """Add this extension's deliveries of a plain PUB to a client's memo; False: no memo for it."""
+        ...
+
+
+class ZoneRelay(Protocol):
+    """Sends a message with interest on several servers of another zone across once (zonebus.cluster.relay).
+
+    The marks of a plan are the relay frame kinds of `zonebus.protocol.route_parser`: RELAY (send the
+    receiver a relay frame, with any queue groups picked there) and QUEUES_ONLY (its zone's relay brings the
+    plain copy: send it the queue groups picked there only, if any)."""
+
+    def plan(self, subject: bytes, plain: list[Connection]) -> dict[Connection, int] | None:
+        """The links with plain interest in a message -> None (send as before) or the links whose frame
+        changes, with their mark (a relay may have no interest itself: send it the relay frame all the same)."""
+        ...
+
+    def fans_out_to(self, conn: Connection) -> bool:
+        """A relay frame came in: does the copy go on to `conn`, a link with plain interest?"""
+        ...
+
+    def memo_entries(self, subject: bytes, size: int, account: bytes, entries: list[tuple]) -> list[tuple]:
+        """A fast-path delivery list of a plain message `(conn, line, sub)` with the plan applied."""
         ...
 
 

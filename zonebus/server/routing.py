@@ -13,9 +13,9 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.client_parser import PubHeader
-from zonebus.protocol.route_parser import msg_line
+from zonebus.protocol.route_parser import PLAIN, QUEUES_ONLY, RELAY, msg_line
 from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, LEAF, LINKS, ROUTE, Connection, link_allows
-from zonebus.server.hooks import AccountForwarder, Forwarder, PublishInterceptor, QueuePicker
+from zonebus.server.hooks import AccountForwarder, Forwarder, PublishInterceptor, QueuePicker, ZoneRelay
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
 if TYPE_CHECKING:
@@ -35,21 +35,23 @@ class MessageRouting:
     account_forwarder: AccountForwarder | None
     queue_picker: QueuePicker | None
     publish_interceptor: PublishInterceptor | None
+    zone_relay: ZoneRelay | None
 
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: list[bytes] | None = None, memo_for: PubHeader | None = None,
-                    account: Account | None = None) -> bool:
+                    account: Account | None = None, relayed: int = PLAIN) -> bool:
         """Deliver one message; `data` is the payload (header block included) plus CRLF.
 
         `queues` is set only for messages that arrived over a route or a gateway: the queue groups this
         server (route) or this cluster (gateway) was chosen to serve. `memo_for` is the client's cached
         control line: when the message goes only to plain client subscribers (and gateways), their lines are
         remembered there for the client's fast path. `account`: the account a link named (default: the
-        source connection's). Returns whether anything received the message.
+        source connection's). `relayed`: the zone relay frame kind it came in (`zonebus.cluster.relay`).
+        Returns whether anything received the message.
         """
         acc = account or src.account
         if acc is not self.global_account:
-            return self._process_in_account(src, acc, subject, reply, hdr_len, data, queues, memo_for)
+            return self._process_in_account(src, acc, subject, reply, hdr_len, data, queues, memo_for, relayed)
         r = self.sublist.match(subject)
         taken = False
         if self.publish_interceptor is not None:  # e.g. durable queue groups (zonebus.queue), see hooks.py
@@ -63,20 +65,21 @@ class MessageRouting:
                     return taken
         if memo_for is not None:
             self._memoize(src, memo_for, r)
-        if self.forwarder is not None and src.kind != ROUTE:  # e.g. gateways: zonebus.gateway.routing
+        # e.g. gateways: zonebus.gateway.routing (a relay frame came over a route: gateways had their copy)
+        if self.forwarder is not None and src.kind != ROUTE and not relayed:
             return self.forwarder.process_msg(src, subject, reply, hdr_len, data, queues, r)
         if not r:
             if reply and src.kind == CLIENT and src.no_responders:
                 self._no_responders(src, subject, reply)
             return False
-        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
+        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, None, relayed) or taken
         if not delivered and reply and src.kind == CLIENT and src.no_responders:
             self._no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
         return delivered
 
     def _process_in_account(self, src: Connection, acc: Account, subject: bytes, reply: bytes | None,
                             hdr_len: int, data: bytes, queues: list[bytes] | None,
-                            memo_for: PubHeader | None) -> bool:
+                            memo_for: PubHeader | None, relayed: int = PLAIN) -> bool:
         """`process_msg` in an account other than `$G`: service imports first (for what clients publish),
         then the account's own subscribers in the cluster, and other clusters through the account forwarder
         (gateways). Durable queue groups and the zone router serve the global account only."""
@@ -89,18 +92,21 @@ class MessageRouting:
                 memo_for = None
         r = acc.sublist.match(subject)
         fwd = self.account_forwarder
-        if fwd is not None and src.kind != ROUTE and took is None:  # gateways (a service request stays here)
+        # gateways (a service request stays here; a relay frame came over a route)
+        if fwd is not None and src.kind != ROUTE and took is None and not relayed:
             return fwd.process_msg(src, subject, reply, hdr_len, data, queues, r, acc)
         if memo_for is not None and fwd is None:
             self._memoize(src, memo_for, r)
         if r:
-            delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) or delivered
+            delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc,
+                                                relayed) or delivered
         if not delivered and reply and src.kind == CLIENT and src.no_responders:
             self._no_responders(src, subject, reply)
         return delivered
 
     def deliver_in_cluster(self, src: Connection, r: MatchResult, subject: bytes, reply: bytes | None,
-                           hdr_len: int, data: bytes, queues: list[bytes] | None, acc: Account | None = None) -> bool:
+                           hdr_len: int, data: bytes, queues: list[bytes] | None, acc: Account | None = None,
+                           relayed: int = PLAIN) -> bool:
         """Local subscribers, routes with interest, one member per queue group in this cluster.
 
         From a route: local subscribers only, and the queue groups named in `queues`. From a gateway: local
@@ -108,13 +114,20 @@ class MessageRouting:
         goes to no other route, one from another worker process of this server (`WORKER`, zonebus.workers) to
         no other worker, but the worker that holds the routes passes a route's message on to the other
         workers and a worker's message on to the routes. `r` must be non-empty.
+
+        The zone relay (`zone_relay`): a message for routes goes into another zone as one relay frame when
+        several servers there want it (`ZoneRelay.plan`); a relay frame that came in (`relayed` RELAY) goes on
+        to the routes of this zone with interest too, as ordinary messages; a queue-only frame (QUEUES_ONLY)
+        only to the named queue groups.
         """
         src_kind = src.kind
         from_link = src_kind in LINKS or src_kind == LEAF  # the link named the queue groups to serve here
         delivered = False
         routes: dict[Connection, list[bytes]] | None = None
         echo = src_kind != CLIENT or src.echo
-        for sub in r.psubs:
+        zr = self.zone_relay
+        fan_zone = relayed == RELAY and zr is not None
+        for sub in r.psubs if relayed != QUEUES_ONLY else ():
             conn = sub.conn
             kind = conn.kind
             if kind in (CLIENT, INTERNAL):
@@ -124,10 +137,12 @@ class MessageRouting:
                     continue
                 self._deliver_one(sub, subject, reply, hdr_len, data)
                 delivered = True
-            elif (kind != src_kind or kind == LEAF) and (kind != LEAF and src_kind != LEAF or link_allows(src, conn)):
+            elif ((kind != src_kind or kind == LEAF or (fan_zone and conn is not src and zr.fans_out_to(conn)))
+                  and (kind != LEAF and src_kind != LEAF or link_allows(src, conn))):
                 if routes is None:
                     routes = {}
                 routes.setdefault(conn, [])
+        plan = zr.plan(subject, list(routes)) if routes and zr is not None and src_kind != ROUTE else None
         if r.qsubs:
             if from_link:
                 routes, d = self._serve_named_queues(src, r.qsubs, routes, queues, subject, reply, hdr_len, data)
@@ -136,12 +151,34 @@ class MessageRouting:
                 only = (queues or ()) if src.kind == GATEWAY else None
                 routes, d = self._route_queues(src, r.qsubs, routes, subject, reply, hdr_len, data, echo, only)
                 delivered |= d
+        if plan is not None:
+            return self._forward_planned(plan, routes or {}, subject, reply, hdr_len, data, acc) or delivered
         if routes:
             name = self.global_account.name if acc is None else acc.name
-            for conn, qnames in routes.items():
-                conn.forward(subject, reply, hdr_len, data, qnames, name)
+            if relayed == QUEUES_ONLY:  # (to the other workers of this server: the queue picks only)
+                for conn, qnames in routes.items():
+                    conn.forward(subject, reply, hdr_len, data, qnames, name, QUEUES_ONLY)
+            else:
+                for conn, qnames in routes.items():
+                    conn.forward(subject, reply, hdr_len, data, qnames, name)
             delivered = True
         return delivered
+
+    def _forward_planned(self, plan: dict[Connection, int], routes: dict[Connection, list[bytes]], subject: bytes,
+                         reply: bytes | None, hdr_len: int, data: bytes, acc: Account | None) -> bool:
+        """Send to the links along a zone relay plan: a relay frame per relay (with its queue picks), a
+        queue-only frame to a route its zone's relay serves when a member there was picked, else as before."""
+        name = self.global_account.name if acc is None else acc.name
+        for conn, qnames in routes.items():
+            mark = plan.get(conn)
+            if mark is None:
+                conn.forward(subject, reply, hdr_len, data, qnames, name)
+            elif mark == RELAY or qnames:
+                conn.forward(subject, reply, hdr_len, data, qnames, name, mark)
+        for conn, mark in plan.items():
+            if mark == RELAY and conn not in routes:  # a relay without interest of its own
+                conn.forward(subject, reply, hdr_len, data, None, name, RELAY)
+        return True
 
     def _memoize(self, src: Connection, hdr: PubHeader, r: MatchResult) -> None:
         """Remember the delivery list of a reply-less PUB line that reaches only plain client subs."""
@@ -154,6 +191,8 @@ class MessageRouting:
         if hdr.reply is not None or hdr.hdr_len >= 0:
             return
         memo = self._memo_entries(src, hdr, r.psubs)
+        if memo is not None and self.zone_relay is not None:
+            memo = self.zone_relay.memo_entries(hdr.subject, hdr.size, acc.name, memo)
         if memo is None or (fwd is not None and not fwd.memo_entries(hdr.subject, hdr.size, memo)):
             return
         if r.qsubs:

@@ -35,6 +35,7 @@ from zonebus.server.hooks import (
     PageBuilder,
     PublishInterceptor,
     QueuePicker,
+    ZoneRelay,
 )
 from zonebus.server.identity import new_server_id
 from zonebus.server.listening import ClientListener, open_clients
@@ -100,6 +101,7 @@ class Server(ClientLogins, MessageRouting):
         self.reload_hooks: list[Callable[[ServerOptions], None]] = []
         self.url_watchers: list[Callable[[], None]] = []  # told after client_urls_changed (hooks.py)
         self.publish_interceptor: PublishInterceptor | None = None
+        self.zone_relay: ZoneRelay | None = None  # zonebus.cluster.relay: one copy per remote zone
         self.pong_gate: Callable[[ClientConnection], bool] | None = None  # e.g. zonebus.workers: PONG when synced
         self.admission: Callable[[ClientConnection], bool] | None = None  # zonebus.workers: False = not here
         self.random = random.Random()
