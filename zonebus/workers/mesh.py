@@ -93,10 +93,10 @@ class LocalLink(RouteConnection):
         self.remote_parts: dict[tuple[bytes, bytes, bytes], int] = {}
         self.remote_of: dict[Subscription, int] = {}
 
-    def _remote_interest(self, subs: dict, key: tuple, acc: Any, subject: bytes, queue: bytes | None,
+    def remote_interest(self, subs: dict, key: tuple, acc: Any, subject: bytes, queue: bytes | None,
                          weight: int) -> None:
         old = subs.get(key)
-        super()._remote_interest(subs, key, acc, subject, queue, weight)
+        super().remote_interest(subs, key, acc, subject, queue, weight)
         if queue is not None:
             self._place_remote(subs.get(key), old, self.remote_parts.get((acc.name, subject, queue), 0))
 
