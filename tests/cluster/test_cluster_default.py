@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from clusterkit import Tally, binomial_bounds, connect, name_of, plain_and_queue_scenario, wait_interest
 
+from tests.cluster.kit import Tally, binomial_bounds, connect, name_of, plain_and_queue_scenario, wait_interest
 from zonebus.testing.processes import route_peers
 
 pytestmark = pytest.mark.timeout(60)

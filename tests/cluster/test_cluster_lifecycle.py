@@ -10,8 +10,8 @@ import signal
 import time
 
 import pytest
-from clusterkit import Tally, binomial_bounds, connect, name_of, started_cluster, wait_interest
 
+from tests.cluster.kit import Tally, binomial_bounds, connect, name_of, started_cluster, wait_interest
 from zonebus.testing.processes import (
     ServerProcess,
     cluster_config,

@@ -9,7 +9,8 @@ import tempfile
 
 import nats
 import pytest
-from seckit import NKEY_PUB, SEED, USERS
+
+from tests.security.kit import NKEY_PUB, SEED, USERS
 
 
 async def connect(url: str, **kw: object):

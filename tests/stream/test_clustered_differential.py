@@ -10,8 +10,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from jscluster import api, start_cluster
 
+from tests.stream.kit_cluster import api, start_cluster
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import nats
 import pytest
-from jscluster import api, restart, start_cluster, wait_meta_leader
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from tests.stream.kit_cluster import api, restart, start_cluster, wait_meta_leader
 from zonebus.testing.processes import ServerProcess, stop_all
 
 RETRIABLE = (nats.errors.Error, asyncio.TimeoutError)  # no responders, no stream response, 10008, timeouts

@@ -19,9 +19,9 @@ from typing import Any
 
 import nats
 import pytest
-from js_kit import normalize
 from nats.js.errors import KeyNotFoundError
 
+from tests.stream.kit import normalize
 from zonebus.testing.processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -441,7 +441,7 @@ async def _wait_messages(nc, stream: str, n: int) -> dict[str, Any]:
 
 
 async def test_ttl_first_seq_and_pause_survive_a_restart() -> None:
-    from js_kit import start_js
+    from tests.stream.kit import start_js
 
     store = tempfile.mkdtemp(prefix="zb-feat-restart-")
     proc = start_js("zonebus", store)

@@ -9,8 +9,8 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from js_kit import FakeClient
 
+from tests.stream.kit import FakeClient
 from zonebus.options import JetStreamOptions
 from zonebus.stream.service import JetStreamService
 

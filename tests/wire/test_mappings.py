@@ -19,9 +19,9 @@ import time
 from collections import Counter
 
 import pytest
-from rawclient import RawClient
-from script import Scenario, Send, Sync, check_scenario, connect
 
+from tests.wire.kit import RawClient
+from tests.wire.kit_script import Scenario, Send, Sync, check_scenario, connect
 from zonebus.testing.processes import (
     IMPLEMENTATIONS,
     ServerProcess,

@@ -17,8 +17,8 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
-from rawclient import CLOSED, RawClient
 
+from tests.wire.kit import CLOSED, RawClient
 from zonebus.testing.processes import ServerProcess
 
 SLOW_CONFIG = "max_payload: 4096\nmax_pending: 1048576\n"

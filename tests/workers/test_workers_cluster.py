@@ -12,8 +12,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from test_workers import close_all, connect, spread_clients, synced, worker_of
 
+from tests.workers.test_workers import close_all, connect, spread_clients, synced, worker_of
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 
