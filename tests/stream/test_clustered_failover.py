@@ -20,6 +20,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from tests.stream.kit_cluster import api, restart, start_cluster, wait_meta_leader
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, stop_all
 
 RETRIABLE = (nats.errors.Error, asyncio.TimeoutError)  # no responders, no stream response, 10008, timeouts
@@ -212,16 +213,16 @@ async def test_meta_leader_killed_restart_catches_up_and_minority_refuses(tmp_pa
 
 def _meta_leader(servers: list[ServerProcess]) -> str:
     """The meta leader named by the servers' own logs is not stable; ask `/jsz` when it exists, else the log."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def named_leader() -> str | None:
         for s in servers:
             with contextlib.suppress(Exception):
-                jsz = s.http_get("/jsz")
-                leader = jsz.get("meta_cluster", {}).get("leader")
+                leader = s.http_get("/jsz").get("meta_cluster", {}).get("leader")
                 if leader:
                     return leader
-        time.sleep(0.1)
-    raise TimeoutError("no meta leader in /jsz")
+        return None
+
+    return wait_until(named_leader, "a meta leader in /jsz", timeout=20, interval=0.1)
 
 
 @pytest.mark.timeout(180)
