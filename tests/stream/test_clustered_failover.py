@@ -20,7 +20,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from tests.stream.kit_cluster import api, restart, start_cluster, wait_meta_leader
-from zonebus.testing.polling import wait_until
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, stop_all
 
 RETRIABLE = (nats.errors.Error, asyncio.TimeoutError)  # no responders, no stream response, 10008, timeouts
@@ -35,16 +35,16 @@ def by_name(servers: list[ServerProcess], name: str) -> ServerProcess:
 
 async def leader_of(nc: nats.NATS, stream: str, not_: str = "", timeout: float = 20.0) -> str:
     """The stream's leader as the cluster reports it (waiting until it is not `not_`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def other_leader() -> str | None:
         with contextlib.suppress(*RETRIABLE):
             info = await api(nc, f"$JS.API.STREAM.INFO.{stream}", timeout=1.0)
             leader = info.get("cluster", {}).get("leader", "")
             if leader and leader != not_:
                 return leader
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{stream}: no leader other than {not_!r}")
-        await asyncio.sleep(0.1)
+        return None
+
+    return await until(other_leader, f"{stream}: a leader other than {not_!r}", timeout=timeout, interval=0.1)
 
 
 async def api_retry(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 20.0) -> dict:
@@ -121,10 +121,8 @@ async def test_stream_leader_killed_three_rounds(tmp_path: Path) -> None:
             victim = by_name(servers, leader)
             victim.kill()
             leader = await leader_of(nc, "FAIL", not_=leader)
-            deadline = time.monotonic() + 20
-            while len(pub.acked) < before + 100:  # publishing goes on with the new leader
-                assert time.monotonic() < deadline, f"publisher stuck at {len(pub.acked)}"
-                await asyncio.sleep(0.05)
+            await until(lambda before=before: len(pub.acked) >= before + 100, "publishing going on with the new leader",
+                        timeout=20, show=lambda: f"publisher stuck at {len(pub.acked)}")
             restart(victim)  # it rejoins as a standby
         pub.stop.set()
         await task
