@@ -117,8 +117,9 @@ class RouteConnection(LinkConnection):
 
     # -- interest ------------------------------------------------------------------------------------
     def remote_interest(self, subs: dict, key: tuple, acc: Account, subject: bytes, queue: bytes | None,
-                         weight: int) -> None:
-        """RS+ (weight > 0) or RS- (0) for `acc`: the route's subscription kept in `subs` under `key`."""
+                        weight: int) -> None:
+        """RS+ (weight > 0) or RS- (0) for `acc`: the route's subscription kept in `subs` under `key` (public: the
+        local links of zonebus.workers extend it)."""
         sub = subs.get(key)
         server = self.server
         if weight <= 0:

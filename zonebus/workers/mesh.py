@@ -94,7 +94,7 @@ class LocalLink(RouteConnection):
         self.remote_of: dict[Subscription, int] = {}
 
     def remote_interest(self, subs: dict, key: tuple, acc: Any, subject: bytes, queue: bytes | None,
-                         weight: int) -> None:
+                        weight: int) -> None:
         old = subs.get(key)
         super().remote_interest(subs, key, acc, subject, queue, weight)
         if queue is not None:
