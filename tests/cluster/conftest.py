@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from clusterkit import started_cluster
 
+from tests.cluster.kit import started_cluster
 from zonebus.testing.processes import ServerProcess, stop_all
 
 SEED_TAGS = [["az:az1"], ["az:az1"], ["az:az2"], ["az:az2"]]

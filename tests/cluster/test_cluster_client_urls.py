@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import nats
 import pytest
 
+from zonebus.testing.polling import until
 from zonebus.testing.processes import (
     ServerProcess,
     cluster_config,
@@ -20,12 +20,11 @@ from zonebus.testing.processes import (
 
 
 async def _discovered(nc, port: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if any(u.port == port for u in nc.discovered_servers):
-            return True
-        await asyncio.sleep(0.05)
-    return False
+    try:
+        return await until(lambda: any(u.port == port for u in nc.discovered_servers), f"port {port} discovered",
+                           timeout=timeout)
+    except TimeoutError:
+        return False
 
 
 @pytest.mark.timeout(60)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from clusterkit import Tally, binomial_bounds, connect, name_of, plain_and_queue_scenario, wait_interest
 
+from tests.cluster.kit import Tally, binomial_bounds, connect, name_of, plain_and_queue_scenario, wait_interest
+from zonebus.testing.polling import until
 from zonebus.testing.processes import route_peers
 
 pytestmark = pytest.mark.timeout(60)
@@ -155,12 +156,11 @@ async def test_burst_of_one_line_counted_and_in_order(impl, seed_cluster):
         writer.close()
         await asyncio.wait_for(done.wait(), 20)
         assert got == [b"%08d" % i for i in range(n)]
-        deadline = asyncio.get_running_loop().time() + 10
-        while True:  # (the counters are read over HTTP, apart from the messages)
-            grown = (_route_msgs(s[1], "in_msgs") - in_before, _route_msgs(s[0], "out_msgs") - out_before)
-            if grown == (n, n) or asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.05)
-        assert grown == (n, n)
+
+        def grown() -> tuple[int, int]:  # (the counters are read over HTTP, apart from the messages)
+            return _route_msgs(s[1], "in_msgs") - in_before, _route_msgs(s[0], "out_msgs") - out_before
+
+        await until(lambda: grown() == (n, n), f"{n} messages counted on both ends of the route", timeout=10,
+                    show=lambda: f"grown: {grown()}")
     finally:
         await sub.close()

@@ -10,8 +10,9 @@ import signal
 import time
 
 import pytest
-from clusterkit import Tally, binomial_bounds, connect, name_of, started_cluster, wait_interest
 
+from tests.cluster.kit import Tally, binomial_bounds, connect, name_of, started_cluster, wait_interest
+from zonebus.testing.polling import until
 from zonebus.testing.processes import (
     ServerProcess,
     cluster_config,
@@ -26,11 +27,7 @@ from zonebus.testing.processes import (
 
 async def _poll(check, what: str, timeout: float = 10.0) -> None:
     """Until `check()` (run in a thread) is true; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(check):
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    await until(lambda: asyncio.to_thread(check), what, timeout=timeout, interval=0.02)
 
 
 async def _restart_and_check(s: list[ServerProcess], v: int) -> None:

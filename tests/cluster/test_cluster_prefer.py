@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import nats.errors
 import pytest
-from clusterkit import Tally, binomial_bounds, connect, plain_and_queue_scenario, started_cluster, wait_interest
 
+from tests.cluster.kit import Tally, binomial_bounds, connect, plain_and_queue_scenario, started_cluster, wait_interest
 from zonebus.testing.processes import ServerProcess, stop_all
 
 pytestmark = pytest.mark.timeout(60)

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from gwkit import Supercluster, started
+
+from tests.gateway.kit import Supercluster, started
 
 
 @pytest.fixture(scope="module")

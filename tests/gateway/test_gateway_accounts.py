@@ -9,8 +9,8 @@ import time
 
 import nats
 import pytest
-from gwkit import start_supercluster, wait_until
 
+from tests.gateway.kit import start_supercluster, wait_until
 from zonebus.testing.tally import until_received
 
 pytestmark = pytest.mark.timeout(90)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from gwkit import connect, gatewayz, in_thread, start_supercluster, wait_for_full_mesh, wait_remote_interest
 
+from tests.gateway.kit import connect, gatewayz, in_thread, start_supercluster, wait_for_full_mesh, wait_remote_interest
 from zonebus.testing.polling import until, wait_until
 
 pytestmark = pytest.mark.timeout(90)

@@ -23,7 +23,8 @@ import itertools
 import time
 
 import pytest
-from gwkit import (
+
+from tests.gateway.kit import (
     Supercluster,
     account,
     connect,
@@ -42,7 +43,7 @@ _fences = itertools.count()
 
 @pytest.fixture(scope="module")
 def sc() -> Supercluster:
-    from gwkit import started
+    from tests.gateway.kit import started
 
     sc = started("zonebus", gateway_extra=f"interest_only_threshold: {THRESHOLD}")
     yield sc

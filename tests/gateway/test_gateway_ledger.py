@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from gwkit import connect, in_thread, start_supercluster, wait_for_full_mesh, wait_remote_interest, wait_until
+
+from tests.gateway.kit import (
+    connect,
+    in_thread,
+    start_supercluster,
+    wait_for_full_mesh,
+    wait_remote_interest,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from gwkit import gatewayz, wait_until
 
+from tests.gateway.kit import gatewayz, wait_until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 pytestmark = pytest.mark.timeout(60)

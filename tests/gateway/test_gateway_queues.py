@@ -14,7 +14,8 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from gwkit import (
+
+from tests.gateway.kit import (
     Supercluster,
     Tally,
     connect,
@@ -26,7 +27,6 @@ from gwkit import (
     wait_remote_interest,
     wait_until,
 )
-
 from zonebus.testing.processes import wait_for_route_interest
 
 pytestmark = pytest.mark.timeout(120)

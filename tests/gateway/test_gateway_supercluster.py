@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from gwkit import Tally, connect, gatewayz, in_thread, outbound, wait_for_full_mesh, wait_remote_interest
 
+from tests.gateway.kit import Tally, connect, gatewayz, in_thread, outbound, wait_for_full_mesh, wait_remote_interest
 from zonebus.testing.processes import route_peers, wait_for_route_interest
 
 pytestmark = pytest.mark.timeout(90)

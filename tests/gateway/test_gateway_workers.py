@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import nats
 import pytest
-from gwkit import Supercluster, in_thread, started, wait_remote_interest
 
+from tests.gateway.kit import Supercluster, in_thread, started, wait_remote_interest
 from zonebus.testing.processes import wait_for_route_interest
 
 pytestmark = pytest.mark.timeout(90)

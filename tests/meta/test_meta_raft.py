@@ -1,4 +1,4 @@
-"""The meta group with real processes on 127.0.0.1 (tests/meta/metanode.py), linked by a small TCP mesh that
+"""The meta group with real processes on 127.0.0.1 (tests/meta/kit_node.py), linked by a small TCP mesh that
 calls the transport exactly as the link layer will: election, forwarding, kill -9, minority, restart."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from metakit import MetaCluster
 
+from tests.meta.kit import MetaCluster
 from zonebus.testing.polling import wait_until
 
 ZONES = {"a": ["az:z1"], "b": ["az:z2"], "c": ["az:z3"]}

@@ -27,8 +27,8 @@ from typing import Any
 import nats
 import pyarrow.dataset as ds
 import pytest
-from monkit import Family, http, parse_exposition
 
+from tests.monitoring.kit import Family, http, parse_exposition
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
     ServerProcess,

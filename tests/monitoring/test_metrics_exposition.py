@@ -1,8 +1,8 @@
 """`/metrics`: valid Prometheus text, the NATS exporter's series names, values equal to the JSON pages.
 
 The names a dashboard built on prometheus-nats-exporter reads are derived here from nats-server's own /varz,
-/subsz and /routez after the same scenario (the exporter's rule, `monkit.exporter_series`), and each must be
-in zonebus's /metrics wherever zonebus's JSON has the field.
+/subsz and /routez after the same scenario (the exporter's rule, `tests.monitoring.kit.exporter_series`), and
+each must be in zonebus's /metrics wherever zonebus's JSON has the field.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from monkit import (
+
+from tests.monitoring.kit import (
     Family,
     exporter_series,
     http,
@@ -24,7 +25,6 @@ from monkit import (
     shape,
     traffic_scenario,
 )
-
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port
 

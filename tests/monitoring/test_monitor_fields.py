@@ -15,8 +15,8 @@ from typing import Any
 
 import nats
 import pytest
-from monkit import GO_DURATION, NATS_UPTIME, RFC3339, http, shape, traffic_scenario
 
+from tests.monitoring.kit import GO_DURATION, NATS_UPTIME, RFC3339, http, shape, traffic_scenario
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port, start_cluster, stop_all
 

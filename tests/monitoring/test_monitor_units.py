@@ -6,8 +6,8 @@ from __future__ import annotations
 import types
 
 import pytest
-from monkit import exporter_series, parse_exposition, prometheus_client_families
 
+from tests.monitoring.kit import exporter_series, parse_exposition, prometheus_client_families
 from zonebus.server.ledger_hooks import LedgerTotals
 from zonebus.server.metrics import Exposition, flatten, metric_name, parse_duration, price_per_byte
 from zonebus.server.monitor import MonitorQueryError, decode_bool, decode_int, go_duration, go_float, nats_uptime

@@ -28,9 +28,9 @@ from urllib.parse import parse_qs, urlparse
 import nats
 import pyarrow.parquet as pq
 import pytest
-from monkit import prometheus_client_families
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from tests.monitoring.kit import prometheus_client_families
 from zonebus.testing.processes import ServerProcess, free_port
 
 PUT_PER_REQ = 0.005 / 1000  # S3 Standard, per request

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from ledgerdata import write_hand_ledger
+
+from tests.pipeline.kit import write_hand_ledger
 
 
 @pytest.fixture(scope="session")

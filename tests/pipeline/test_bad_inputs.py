@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from ledgerdata import W1, write_hand_ledger
 
+from tests.pipeline.kit import W1, write_hand_ledger
 from zonebus.ledger.accumulator import LedgerAccumulator
 from zonebus.options import LedgerOptions
 

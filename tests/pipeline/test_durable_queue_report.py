@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 import nats
 import pytest
 
+from tests.queue.kit import group_info, primary_of
 from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "queue"))
-from qkit import group_info, primary_of  # noqa: E402
 
 ZONES = ["z0", "z1", "z2"]
 FIRST = 30  # per publisher, while every zone has a member

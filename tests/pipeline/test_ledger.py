@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from datetime import UTC, datetime
@@ -16,6 +15,7 @@ from zonebus.ledger import schema as S
 from zonebus.ledger.accumulator import LedgerAccumulator, window_start_for
 from zonebus.ledger.zones import CidrZoneMap, ClientZoneResolver, server_zone, zone_from_name
 from zonebus.options import LedgerOptions
+from zonebus.testing.polling import until
 
 W = 1709287200.0  # 2024-03-01T10:00:00Z
 
@@ -159,9 +159,8 @@ async def test_background_flush_and_close(tmp_path: Path) -> None:
     acc = LedgerAccumulator(_opts(tmp_path, interval=0.2), "s1", "az1", True)
     acc.start()
     acc.record_traffic(window_start_for(time.time(), 0.2), "client", "c", "az1", True, "in", "A", {b"a.b": [1, 10]})
-    deadline = time.monotonic() + 10
-    while not _files(tmp_path, "traffic") and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
+    await until(lambda: _files(tmp_path, "traffic"), "the traffic file of the background task", timeout=10,
+                interval=0.02)
     assert len(_files(tmp_path, "traffic")) == 1  # written by the background task, not by close()
     acc.record_traffic(window_start_for(time.time(), 0.2), "client", "c", "az1", True, "out", "A", {b"a.b": [2, 20]})
     await acc.close()

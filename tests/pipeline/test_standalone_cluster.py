@@ -19,8 +19,8 @@ from typing import Any
 import nats
 import pyarrow.parquet as pq
 import pytest
-from test_streams_source import Expected, publish, start_server
 
+from tests.pipeline.test_streams_source import Expected, publish, start_server
 from zonebus.testing.polling import wait_until
 from zonebus.testing.sparkcluster import SparkCluster, skip_reason, zip_package
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from ledgerdata import W1, W2, write_hand_ledger
 
+from tests.pipeline.kit import W1, W2, write_hand_ledger
 from zonebus.ledger import schema as S
 from zonebus.ledger.accumulator import LedgerAccumulator
 from zonebus.options import LedgerOptions

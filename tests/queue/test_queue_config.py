@@ -9,8 +9,8 @@ import sys
 
 import nats
 import pytest
-from qkit import group_info
 
+from tests.queue.kit import group_info
 from zonebus.config import ConfigError, parse_config_text
 from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, free_port

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import nats
 import pytest
-from qkit import group_info, lone_server
 
+from tests.queue.kit import group_info, lone_server
 from zonebus.testing.polling import until
 
 pytestmark = pytest.mark.timeout(60)

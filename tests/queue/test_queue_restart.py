@@ -9,8 +9,8 @@ import time
 
 import nats
 import pytest
-from qkit import cluster, group_info, primary_of
 
+from tests.queue.kit import cluster, group_info, primary_of
 from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import stop_all
 

@@ -20,9 +20,9 @@ import time
 
 import nats
 import pytest
-from rawclient import RawClient
-from script import Read, Scenario, Send, Sync, check_scenario, connect, run_script
 
+from tests.wire.kit import RawClient
+from tests.wire.kit_script import Read, Scenario, Send, Sync, check_scenario, connect, run_script
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
     IMPLEMENTATIONS,

@@ -10,6 +10,7 @@ import time
 import nats
 import pytest
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
     ServerProcess,
     check_config,
@@ -408,15 +409,14 @@ def test_ledger_records_the_account(tmp_path) -> None:
                     out += [r for r in pq.read_table(path).to_pylist() if r["subject_prefix"] == "acct.x"]
             return out
 
-        deadline = time.monotonic() + 15
-        while True:
+        def counted() -> list[dict] | None:
             found = rows()
             routed = sum(r["msgs"] for r in found if r["link_kind"] == "route" and r["direction"] == "out")
             published = sum(r["msgs"] for r in found if r["link_kind"] == "client" and r["direction"] == "in")
-            if routed >= 21 and published >= 21:
-                break
-            assert time.monotonic() < deadline, f"ledger rows for acct.x: {found}"
-            time.sleep(0.2)
+            return found if routed >= 21 and published >= 21 else None
+
+        found = wait_until(counted, "ledger rows for acct.x (21 routed, 21 published)", timeout=15, interval=0.2,
+                           show=lambda: f"rows: {rows()}")
         assert {r["account"] for r in found} == {"A"}, [
             (r["link_kind"], r["direction"], r["msgs"]) for r in found if r["account"] != "A"]
     finally:

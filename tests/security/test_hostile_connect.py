@@ -6,7 +6,8 @@ log line per connection and never a traceback, and other clients keep flowing (t
 from __future__ import annotations
 
 import pytest
-from script import Read, Scenario, Send, check_scenario
+
+from tests.wire.kit_script import Read, Scenario, Send, check_scenario
 
 CASES = {
     "protocol_overflow": b'{"protocol":1e999}',

@@ -9,7 +9,9 @@ import tempfile
 
 import nats
 import pytest
-from seckit import NKEY_PUB, SEED, USERS
+
+from tests.security.kit import NKEY_PUB, SEED, USERS
+from zonebus.testing.polling import until
 
 
 async def connect(url: str, **kw: object):
@@ -67,10 +69,7 @@ async def test_permission_violation_reported_connection_stays(impl: str, server_
         sub = await nc.subscribe("a.ok")
         await nc.publish("a.ok", b"fine")
         assert (await sub.next_msg(timeout=3)).data == b"fine"
-        for _ in range(30):
-            if errors:
-                break
-            await asyncio.sleep(0.05)
+        await until(lambda: errors, "an error callback", timeout=1.5)
         assert any('permissions violation for publish to "b.forbidden"' in str(e).lower() for e in errors), errors
         assert nc.is_connected
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import signal
 import time
 
-from rawclient import RawClient, connect_line
+from tests.wire.kit import RawClient, connect_line
 
 BEFORE = """
 authorization { users: [

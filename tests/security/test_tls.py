@@ -5,7 +5,6 @@ certificates, `verify_and_map`, `handshake_first`, routes and gateways over TLS,
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import ssl
@@ -20,6 +19,7 @@ import nats
 import pytest
 
 from zonebus.testing import processes
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, nats_server_binary, start_parallel
 from zonebus.testing.tlscerts import CertFiles, TestCA, tls_info_wait
 
@@ -134,9 +134,8 @@ def test_plain_client_is_refused(impl: str, server_pool, pki: PKI) -> None:
     assert closed
     assert rest == b""
     if impl == "zonebus":  # the log line follows the close by a loop turn
-        deadline = time.monotonic() + 5
-        while "first record does not look like" not in server.log() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: "first record does not look like" in server.log(), "the handshake error logged",
+                   timeout=5, interval=0.02)
         assert "first record does not look like a TLS handshake" in server.log()
         assert "Traceback" not in server.log()
 
@@ -178,9 +177,8 @@ async def test_verify_requires_a_client_certificate(impl: str, server_pool, pki:
     finally:
         await nc.close()
     if impl == "zonebus":
-        deadline = time.monotonic() + 5
-        while "did not return a certificate" not in server.log() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        await until(lambda: "did not return a certificate" in server.log(), "the handshake error logged",
+                    timeout=5, interval=0.02)
         assert "TLS handshake error: peer did not return a certificate" in server.log()
         assert "Traceback" not in server.log()
 
@@ -209,9 +207,7 @@ async def test_verify_and_map_logs_in_by_certificate(impl: str, server_pool, pki
             assert (await sub.next_msg(timeout=3)).data == b"mine"
             await nc.subscribe(f"{other}.x")
             await nc.flush()
-            deadline = time.monotonic() + 3
-            while not errors and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await until(lambda errors=errors: errors, "an error callback", timeout=3, interval=0.02)
             assert errors and "permissions violation" in str(errors[0]).lower()
         finally:
             await nc.close()
@@ -250,16 +246,17 @@ async def _carry(pub_url: str, sub_url: str, subject: str) -> None:
     try:
         sub = await sub_nc.subscribe(subject)
         await sub_nc.flush()
-        deadline = time.monotonic() + 15
-        got = None
-        while got is None and time.monotonic() < deadline:
+
+        async def carried() -> nats.aio.msg.Msg | None:
             await pub_nc.publish(subject, b"across")
             await pub_nc.flush()
             try:
-                got = await sub.next_msg(timeout=0.2)
+                return await sub.next_msg(timeout=0.2)
             except nats.errors.TimeoutError:
-                continue
-        assert got is not None and got.data == b"across"
+                return None
+
+        got = await until(carried, "a message carried across (interest crossed)", timeout=15, interval=0)
+        assert got.data == b"across"
     finally:
         await pub_nc.close()
         await sub_nc.close()

@@ -19,6 +19,7 @@ import nats
 import pytest
 
 from zonebus.cli.flags import parse_server_args
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, nats_server_binary, wait_for_info
 from zonebus.testing.tlscerts import CertFiles, TestCA
 
@@ -134,10 +135,8 @@ async def test_tls_false_switches_client_tls_off(impl: str, pki: PKI, where: str
 
 def _reloaded(server: ServerProcess, before: int) -> None:
     """Wait until the server has handled the SIGHUP (a reload line in its log after `before` characters)."""
-    deadline = time.monotonic() + 10
-    while "reload" not in server.log()[before:].lower():
-        assert time.monotonic() < deadline, server.log()
-        time.sleep(0.05)
+    wait_until(lambda: "reload" in server.log()[before:].lower(), "a reload in the log", timeout=10,
+               show=server.log)
 
 
 async def test_a_reload_keeps_the_flags_tls(impl: str, pki: PKI) -> None:

@@ -15,12 +15,12 @@ import shutil
 import signal
 import socket
 import ssl
-import time
 from pathlib import Path
 
 import nats
 import pytest
 
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 from zonebus.testing.tlscerts import CertFiles, TestCA
 
@@ -68,10 +68,8 @@ def _reload(server: ServerProcess, config: str | None = None) -> None:
         (server.workdir / "server.conf").write_text(config)
     before = len(server.log())
     server.signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while "reload" not in server.log()[before:].lower():
-        assert time.monotonic() < deadline, f"no reload in the log:\n{server.log()}"
-        time.sleep(0.05)
+    wait_until(lambda: "reload" in server.log()[before:].lower(), "a reload in the log", timeout=10,
+               show=server.log)
 
 
 async def _carry(pub_url: str, sub_url: str, subject: str, timeout: float = 20.0) -> None:
@@ -83,15 +81,17 @@ async def _carry(pub_url: str, sub_url: str, subject: str, timeout: float = 20.0
     try:
         sub = await sub_nc.subscribe(subject)
         await sub_nc.flush()
-        deadline = time.monotonic() + timeout
-        while True:
+
+        async def carried() -> bool:
             await pub_nc.publish(subject, b"across")
             await pub_nc.flush()
             try:
                 assert (await sub.next_msg(timeout=0.2)).data == b"across"
-                return
+                return True
             except nats.errors.TimeoutError:
-                assert time.monotonic() < deadline, f"nothing reached {sub_url} from {pub_url}"
+                return False
+
+        await until(carried, f"a message from {pub_url} reaching {sub_url}", timeout=timeout, interval=0)
     finally:
         await pub_nc.close()
         await sub_nc.close()

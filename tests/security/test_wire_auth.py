@@ -10,8 +10,9 @@ for a queue SUB) and the connection stays open, with no +OK for the refused op; 
 from __future__ import annotations
 
 import pytest
-from script import Read, Scenario, Send, Sync, check_scenario, connect
-from seckit import ALICE, BCRYPT_TOKEN, FULL, NO_AUTH_BCRYPT_USER, NO_AUTH_USER, USERS
+
+from tests.security.kit import ALICE, BCRYPT_TOKEN, FULL, NO_AUTH_BCRYPT_USER, NO_AUTH_USER, USERS
+from tests.wire.kit_script import Read, Scenario, Send, Sync, check_scenario, connect
 
 BOB = {"user": "bob", "pass": "bobpw"}
 RESP = {"user": "resp", "pass": "pw"}

@@ -9,19 +9,16 @@ message is in the stream at its sequence, in each publisher's order, and publish
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 
 import nats
 import pytest
 
+from tests.zonerouter.kit import full_view, router_info, start_zoned, stream_in_z2
 from zonebus.testing.damage import ArrivalWatcher, flip_bit
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
 from zonebus.testing.polling import until, wait_until
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zonerouter"))
-from zrkit import full_view, router_info, start_zoned, stream_in_z2  # noqa: E402  (the zone router tests' helpers)
 
 LAYOUT = [("a1", "z1"), ("b1", "z2"), ("c1", "z3")]
 FULL = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,8 @@ from pathlib import Path
 import nats
 import pytest
 
+from tests.stream.kit_cluster import start_cluster, wait_meta_leader
+from tests.zonerouter.kit import api, full_view, router_info, start_zoned
 from zonebus.store import sharedlayout as L
 from zonebus.store.shared import SharedStorage
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
@@ -31,11 +32,6 @@ from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, proxied_s3
 from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import stop_all
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zonerouter"))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stream"))
-from jscluster import start_cluster, wait_meta_leader  # noqa: E402  (the clustered tests' helpers)
-from zrkit import api, full_view, router_info, start_zoned  # noqa: E402  (the zone router tests' helpers)
 
 LAYOUT = [("a1", "z1"), ("b1", "z2"), ("c1", "z3")]
 FULL = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ import nats
 import nats.js.errors
 import pytest
 
+from tests.stream.kit_cluster import api, restart, start_cluster, wait_meta_leader
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
 from zonebus.store.shared import SharedStorage, SharedView
@@ -35,9 +35,6 @@ from zonebus.testing.damage import flip_bit, truncate
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
 from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, stop_all
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stream"))
-from jscluster import api, restart, start_cluster, wait_meta_leader  # noqa: E402  (the clustered tests' helpers)
 
 
 class Cluster:

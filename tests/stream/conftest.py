@@ -10,8 +10,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from js_kit import start_js
 
+from tests.stream.kit import start_js
 from zonebus.testing.motos3 import MotoS3, moto_s3_server
 from zonebus.testing.processes import ServerProcess
 

@@ -11,9 +11,9 @@ import json
 
 import nats
 import pytest
-from jscluster import api, start_cluster, wait_meta_leader
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from tests.stream.kit_cluster import api, start_cluster, wait_meta_leader
 from zonebus.testing.processes import stop_all
 
 

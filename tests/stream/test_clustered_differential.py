@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from pathlib import Path
 
 import nats
 import pytest
-from jscluster import api, start_cluster
 
+from tests.stream.kit_cluster import api, start_cluster
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 
@@ -25,15 +25,16 @@ def nats_cluster(tmp: Path) -> list[ServerProcess]:
 
 async def ready(nc: nats.NATS, timeout: float = 30.0) -> None:
     """Until the cluster accepts a stream (nats-server needs its meta leader and peers first)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def accepts_a_stream() -> bool:
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
             resp = await api(nc, "$JS.API.STREAM.CREATE.READY", {"name": "READY", "subjects": ["ready"]}, 2.0)
             if "error" not in resp:
                 await api(nc, "$JS.API.STREAM.DELETE.READY")
-                return
-        assert time.monotonic() < deadline, "JetStream cluster not ready"
-        await asyncio.sleep(0.2)
+                return True
+        return False
+
+    await until(accepts_a_stream, "the JetStream cluster ready", timeout=timeout, interval=0.2)
 
 
 def outcome(resp: dict) -> object:

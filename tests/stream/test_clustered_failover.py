@@ -17,9 +17,10 @@ from pathlib import Path
 
 import nats
 import pytest
-from jscluster import api, restart, start_cluster, wait_meta_leader
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from tests.stream.kit_cluster import api, restart, start_cluster, wait_meta_leader
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, stop_all
 
 RETRIABLE = (nats.errors.Error, asyncio.TimeoutError)  # no responders, no stream response, 10008, timeouts
@@ -34,16 +35,16 @@ def by_name(servers: list[ServerProcess], name: str) -> ServerProcess:
 
 async def leader_of(nc: nats.NATS, stream: str, not_: str = "", timeout: float = 20.0) -> str:
     """The stream's leader as the cluster reports it (waiting until it is not `not_`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def other_leader() -> str | None:
         with contextlib.suppress(*RETRIABLE):
             info = await api(nc, f"$JS.API.STREAM.INFO.{stream}", timeout=1.0)
             leader = info.get("cluster", {}).get("leader", "")
             if leader and leader != not_:
                 return leader
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{stream}: no leader other than {not_!r}")
-        await asyncio.sleep(0.1)
+        return None
+
+    return await until(other_leader, f"{stream}: a leader other than {not_!r}", timeout=timeout, interval=0.1)
 
 
 async def api_retry(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 20.0) -> dict:
@@ -120,10 +121,8 @@ async def test_stream_leader_killed_three_rounds(tmp_path: Path) -> None:
             victim = by_name(servers, leader)
             victim.kill()
             leader = await leader_of(nc, "FAIL", not_=leader)
-            deadline = time.monotonic() + 20
-            while len(pub.acked) < before + 100:  # publishing goes on with the new leader
-                assert time.monotonic() < deadline, f"publisher stuck at {len(pub.acked)}"
-                await asyncio.sleep(0.05)
+            await until(lambda before=before: len(pub.acked) >= before + 100, "publishing going on with the new leader",
+                        timeout=20, show=lambda: f"publisher stuck at {len(pub.acked)}")
             restart(victim)  # it rejoins as a standby
         pub.stop.set()
         await task
@@ -212,16 +211,16 @@ async def test_meta_leader_killed_restart_catches_up_and_minority_refuses(tmp_pa
 
 def _meta_leader(servers: list[ServerProcess]) -> str:
     """The meta leader named by the servers' own logs is not stable; ask `/jsz` when it exists, else the log."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def named_leader() -> str | None:
         for s in servers:
             with contextlib.suppress(Exception):
-                jsz = s.http_get("/jsz")
-                leader = jsz.get("meta_cluster", {}).get("leader")
+                leader = s.http_get("/jsz").get("meta_cluster", {}).get("leader")
                 if leader:
                     return leader
-        time.sleep(0.1)
-    raise TimeoutError("no meta leader in /jsz")
+        return None
+
+    return wait_until(named_leader, "a meta leader in /jsz", timeout=20, interval=0.1)
 
 
 @pytest.mark.timeout(180)

@@ -13,8 +13,9 @@ import tempfile
 
 import nats
 import pytest
-from js_kit import start_js
 from nats.js.api import AckPolicy, ConsumerConfig
+
+from tests.stream.kit import start_js
 
 
 async def _connect(url: str) -> nats.NATS:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import itertools
 
-import js_scenarios
 import nats
 import pytest
-from js_scenarios import Probe, strip_replies
+
+from tests.stream import kit_scenarios
+from tests.stream.kit_scenarios import Probe, strip_replies
 
 _counter = itertools.count()
 
@@ -35,7 +36,7 @@ def first_difference(a: list, b: list) -> str:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("scenario", js_scenarios.ALL, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("scenario", kit_scenarios.ALL, ids=lambda f: f.__name__)
 async def test_same_results_as_nats_server(js_servers, scenario) -> None:
     tag = f"{scenario.__name__[:6]}{next(_counter)}".replace("_", "")
     ref = await run(js_servers["nats"].url, scenario, tag)

@@ -19,9 +19,10 @@ from typing import Any
 
 import nats
 import pytest
-from js_kit import normalize
 from nats.js.errors import KeyNotFoundError
 
+from tests.stream.kit import normalize
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -432,16 +433,15 @@ async def test_object_store_basics(js_servers: dict[str, ServerProcess]) -> None
 
 # -- after a restart (zonebus only: the state on disk) ------------------------------------------------------
 async def _wait_messages(nc, stream: str, n: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 5
-    while True:
+    async def state_with_n() -> dict[str, Any] | None:
         state = (await _api(nc, f"$JS.API.STREAM.INFO.{stream}"))["state"]
-        if state["messages"] >= n or time.monotonic() > deadline:
-            return state
-        await asyncio.sleep(0.05)
+        return state if state["messages"] >= n else None
+
+    return await until(state_with_n, f"{n} messages in {stream}", timeout=5)
 
 
 async def test_ttl_first_seq_and_pause_survive_a_restart() -> None:
-    from js_kit import start_js
+    from tests.stream.kit import start_js
 
     store = tempfile.mkdtemp(prefix="zb-feat-restart-")
     proc = start_js("zonebus", store)
@@ -467,13 +467,12 @@ async def test_ttl_first_seq_and_pause_survive_a_restart() -> None:
         assert state["messages"] == 2 and state["last_seq"] == 2
         info = await _api(nc, "$JS.API.CONSUMER.INFO.RT.c")
         assert info["paused"] is True and info["config"]["pause_until"] == "2099-01-01T00:00:00Z"
-        deadline = time.monotonic() + 10
-        state: dict[str, Any] = {}
-        while time.monotonic() < deadline:
+
+        async def one_left() -> dict[str, Any] | None:
             state = (await _api(nc, "$JS.API.STREAM.INFO.RT", {"subjects_filter": ">"}))["state"]
-            if state["messages"] == 1:
-                break
-            await asyncio.sleep(0.1)
+            return state if state["messages"] == 1 else None
+
+        state = await until(one_left, "one message left in RT", timeout=10, interval=0.1)
         assert state["messages"] == 1 and state["subjects"] == {"RT.keep": 1}  # the TTL ran out after the restart
         await nc.close()
     finally:

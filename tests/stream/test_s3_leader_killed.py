@@ -17,8 +17,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from jscluster import api, start_cluster, wait_meta_leader
 
+from tests.stream.kit_cluster import api, start_cluster, wait_meta_leader
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
 from zonebus.testing.motos3 import MotoS3, proxied_s3
 from zonebus.testing.polling import until

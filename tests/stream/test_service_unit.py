@@ -9,10 +9,11 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from js_kit import FakeClient
 
+from tests.stream.kit import FakeClient
 from zonebus.options import JetStreamOptions
 from zonebus.stream.service import JetStreamService
+from zonebus.testing.polling import until
 
 
 async def make_service(store_dir: str) -> tuple[JetStreamService, FakeClient]:
@@ -87,10 +88,7 @@ async def test_ack_wait_backoff_and_max_deliver(tmp_path) -> None:
     cfg = {"durable_name": "D", "ack_policy": "explicit", "backoff": [50_000_000, 100_000_000], "max_deliver": 3}
     api(svc, "CONSUMER.DURABLE.CREATE.R.D", {"stream_name": "R", "config": cfg})
     pull(fc, svc, "R", "D", {"batch": 10, "expires": 2_000_000_000}, "in")
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while len(deliveries(fc, "in")) < 3 and loop.time() - start < 3:
-        await asyncio.sleep(0.01)
+    await until(lambda: len(deliveries(fc, "in")) >= 3, "three deliveries", timeout=3, interval=0.01)
     got = deliveries(fc, "in")
     assert [(s, d) for _, s, d, _ in got] == [(1, 1), (1, 2), (1, 3)]
     await asyncio.sleep(0.3)  # the third delivery was the last one allowed

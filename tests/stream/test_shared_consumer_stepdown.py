@@ -16,8 +16,9 @@ from pathlib import Path
 
 import nats
 import pytest
-from jscluster import api
-from test_clustered_differential import assert_same, on_both, outcome
+
+from tests.stream.kit_cluster import api
+from tests.stream.test_clustered_differential import assert_same, on_both, outcome
 
 STEPDOWN = "$JS.API.CONSUMER.LEADER.STEPDOWN"
 

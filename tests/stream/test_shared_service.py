@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from js_kit import FakeClient
 
+from tests.stream.kit import FakeClient
 from zonebus.options import JetStreamOptions
 from zonebus.stream.service import JetStreamService
 from zonebus.testing.polling import until

@@ -94,3 +94,32 @@ def test_error_after_good_ops_keeps_them() -> None:
     ops, err = ClientParser().feed(b"PING\r\nPUB a 1\r\nx\r\nBAD\r\n")
     assert [o[0] for o in ops] == [PING, PUB]
     assert err is not None and err.text == "Unknown Protocol Operation"
+
+
+@pytest.mark.parametrize("sent, held", [
+    (b"PUB a 5\r\nhel", b"PUB a 5\r\nhel"),  # a payload under way
+    (b"PUB a r 5\r\n", b"PUB a r 5\r\n"),  # the line, no payload yet
+    (b"HPUB a r 12 14\r\nNATS/1.0\r\n", b"HPUB a r 12 14\r\nNATS/1.0\r\n"),  # headers under way
+    (b"PUB a 2\r\nhi\r\nSUB b", b"SUB b"),  # a partial line after a whole message
+    (b"PING\r\n", b""),
+])
+def test_unparsed_is_what_a_handed_over_connection_goes_on_from(sent: bytes, held: bytes) -> None:
+    """zonebus.workers hands a client's socket to another process with `unparsed()`: fed to a fresh parser,
+    those bytes and the rest of the stream give the ops the first parser would have given."""
+    p = ClientParser(4096, 1 << 20)
+    ops, err = p.feed(sent)
+    assert err is None
+    assert p.unparsed() == held
+    assert p.buffered() <= len(held)  # (a payload under way: its bytes, not its line)
+    rest = b"lo\r\n" if held.endswith(b"hel") else b""
+    fresh = ClientParser(4096, 1 << 20)
+    whole, err = ClientParser(4096, 1 << 20).feed(sent + rest)
+    got, err2 = fresh.feed(held + rest)
+    assert err is None and err2 is None
+    assert _norm(ops + got) == _norm(whole)
+
+
+def test_cached_headers_are_the_remembered_lines() -> None:
+    p = ClientParser(4096, 1 << 20)
+    p.feed(b"PUB a 1\r\nx\r\nPUB a 1\r\ny\r\nPUB b 1\r\nz\r\n")
+    assert sorted(h.subject for h in p.cached_headers()) == [b"a", b"b"]

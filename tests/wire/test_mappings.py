@@ -15,13 +15,13 @@ What nats-server 2.15 does, and zonebus must do too:
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
-from rawclient import RawClient
-from script import Scenario, Send, Sync, check_scenario, connect
 
+from tests.wire.kit import RawClient
+from tests.wire.kit_script import Scenario, Send, Sync, check_scenario, connect
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
     IMPLEMENTATIONS,
     ServerProcess,
@@ -148,15 +148,16 @@ def test_mapped_subject_crosses_the_route_and_cluster_destinations() -> None:
                 pub.connect()
                 sub.send(b"SUB in.> 1\r\n")
                 sub.sync()
-                deadline = time.monotonic() + 10
-                frames: list[str] = []
-                while not frames and time.monotonic() < deadline:  # until the interest reached s1
+
+                def probe_arrived(pub: RawClient = pub, sub: RawClient = sub) -> list[str]:
                     pub.send(b"PUB x.probe 0\r\n\r\n")
                     pub.sync()
-                    frames = [f for f in sub.sync(timeout=0.2) if f.startswith("MSG")]
+                    return [f for f in sub.sync(timeout=0.2) if f.startswith("MSG")]
+
+                wait_until(probe_arrived, "the interest reached s1", timeout=10, interval=0)
+                frames: list[str] = []
                 pub.send(b"PUB cl 1\r\n1\r\nPUB x.y 1\r\n2\r\n")
                 pub.sync()
-                frames = []
                 while len(frames) < 2:  # (late probes left out)
                     frame = sub.collect(1, timeout=5)[0]
                     if "probe" not in frame:

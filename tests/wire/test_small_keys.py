@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable
 
 import pytest
-from rawclient import RawClient
-from script import Read, Scenario, Send, Sync, check_scenario, connect
 
+from tests.wire.kit import RawClient
+from tests.wire.kit_script import Read, Scenario, Send, Sync, check_scenario, connect
 from zonebus.server.syslogging import local_socket
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (

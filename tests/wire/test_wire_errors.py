@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from script import Pool, Read, Scenario, Send, Sync, Vanish, check_scenario, connect
+
+from tests.wire.kit_script import Pool, Read, Scenario, Send, Sync, Vanish, check_scenario, connect
 
 ERR_UNKNOWN = "-ERR 'Unknown Protocol Operation'"
 ERR_PAYLOAD = "-ERR 'Maximum Payload Violation'"

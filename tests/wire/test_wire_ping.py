@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from rawclient import RawClient
+
+from tests.wire.kit import RawClient
 
 PING_CONFIG = 'ping_interval: "300ms"\nping_max: 2\n'
 

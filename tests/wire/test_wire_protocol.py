@@ -2,7 +2,7 @@
 request/reply, no responders, case-insensitive ops and PING/PONG.
 
 Every expected transcript below is what nats-server 2.15.1 sends (recorded by hand with the raw client);
-zonebus must send the same. Line format: see `script.py`; payloads are shown as Python bytes reprs.
+zonebus must send the same. Line format: see `kit_script.py`; payloads are shown as Python bytes reprs.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from rawclient import RawClient, connect_line
-from script import Pool, Read, Scenario, Send, Sync, check_scenario, connect
 
+from tests.wire.kit import RawClient, connect_line
+from tests.wire.kit_script import Pool, Read, Scenario, Send, Sync, check_scenario, connect
 from zonebus.testing.processes import ServerProcess
 
 HDR = b"NATS/1.0\r\nA: b\r\n\r\n"  # 18 bytes

@@ -22,6 +22,7 @@ import pytest
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, free_port
 
 CLIENTS = 12
@@ -174,10 +175,9 @@ def test_the_supervisor_is_a_small_interpreter_with_the_same_pid(server: ServerP
 
 
 async def test_varz_sums_the_workers(server: ServerProcess) -> None:
-    deadline = time.monotonic() + 10  # the clients of the tests before are gone, with their subscriptions
-    while (before := server.http_get("/varz"))["connections"] and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert before["connections"] == 0
+    # the clients of the tests before are gone, with their subscriptions
+    before = await until(lambda: (varz := server.http_get("/varz"))["connections"] == 0 and varz,
+                         "no connections left from the tests before", timeout=10)
     clients = await spread_clients(server)
     try:
         got = asyncio.Event()
@@ -347,9 +347,8 @@ async def test_default_server_runs_a_worker_per_core() -> None:
         # a reload (SIGHUP) reaches every worker, which applies it
         (server.workdir / "server.conf").write_text(conf_text + 'server_tags: ["az:z9"]\n')
         os.kill(server.proc.pid, signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while server.log().count("tags=['az:z9']") < cores and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await until(lambda: server.log().count("tags=['az:z9']") >= cores, "every worker applied the reload",
+                    timeout=10)
         assert server.log().count("tags=['az:z9']") == cores, server.log()
         assert "reload failed" not in server.log()
         assert server.proc.poll() is None

@@ -6,14 +6,13 @@ Server A runs 2 workers, server B one process; clients of A are spread until the
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from test_workers import close_all, connect, spread_clients, synced, worker_of
 
+from tests.workers.test_workers import close_all, connect, spread_clients, synced, worker_of
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 
@@ -25,19 +24,14 @@ def pair() -> Iterator[tuple[ServerProcess, ServerProcess]]:
     b = ServerProcess("zonebus", cluster_config("B", ports[1], ports, tags=["az:z2"], prefer=True),
                       http_port=free_port(), workers=1)
     start_parallel([a, b])
-    deadline = time.monotonic() + 20
-    while len(a.http_get("/routez")["routes"]) < 1 or len(b.http_get("/routez")["routes"]) < 1:
-        assert time.monotonic() < deadline, "no route between A and B"
-        time.sleep(0.05)
+    wait_until(lambda: a.http_get("/routez")["routes"] and b.http_get("/routez")["routes"], "a route between A and B",
+               timeout=20)
     yield a, b
     stop_all([a, b])
 
 
 async def _until(check, what: str, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
+    await until(check, what, timeout=timeout)
 
 
 @pytest.mark.timeout(60)

@@ -13,20 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from zonebus.testing.polling import wait_until
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "zonerouter"))
-from zrkit import (  # noqa: E402  (the zone router tests' helpers)
+from tests.zonerouter.kit import (
     Zoned,
     full_view,
     publish_numbered,
@@ -34,6 +29,7 @@ from zrkit import (  # noqa: E402  (the zone router tests' helpers)
     start_zoned,
     stream_in_z2,
 )
+from zonebus.testing.polling import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,8 +15,8 @@ from collections import Counter
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import full_view, router_info, start_zoned
 
+from tests.zonerouter.kit import full_view, router_info, start_zoned
 from zonebus.testing.jsapi import api
 from zonebus.testing.polling import until, wait_until
 

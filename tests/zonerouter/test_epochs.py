@@ -11,8 +11,8 @@ import time
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import FULL, LAYOUT, Publisher, full_view, router_info, start_zoned, stream_in_z2
 
+from tests.zonerouter.kit import FULL, LAYOUT, Publisher, full_view, router_info, start_zoned, stream_in_z2
 from zonebus.testing.polling import wait_until
 
 

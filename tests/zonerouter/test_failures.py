@@ -10,8 +10,8 @@ import time
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import Publisher, full_view, router_info, start_zoned
 
+from tests.zonerouter.kit import Publisher, full_view, router_info, start_zoned
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess
 

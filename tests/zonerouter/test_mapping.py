@@ -8,8 +8,8 @@ import socket
 
 import nats
 import pytest
-from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned
 
+from tests.zonerouter.kit import FULL, LAYOUT, full_view, router_info, start_zoned
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import wait_for_info
 

@@ -11,8 +11,8 @@ import json
 
 import nats
 import pytest
-from zrkit import FULL, LAYOUT, full_view, router_info, start_zoned, stream_in_z2
 
+from tests.zonerouter.kit import FULL, LAYOUT, full_view, router_info, start_zoned, stream_in_z2
 from zonebus.testing.polling import wait_until
 
 BIG = 32 * 1024

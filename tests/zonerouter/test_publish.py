@@ -11,8 +11,8 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError
-from zrkit import FULL, LAYOUT, full_view, publish_numbered, router_info, start_zoned, stream_in_z2
 
+from tests.zonerouter.kit import FULL, LAYOUT, full_view, publish_numbered, router_info, start_zoned, stream_in_z2
 from zonebus.testing.polling import wait_until
 
 PAYLOAD = 1024

@@ -15,8 +15,8 @@ import json
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import FULL, LAYOUT, full_view, start_zoned, stream_in_z2
 
+from tests.zonerouter.kit import FULL, LAYOUT, full_view, start_zoned, stream_in_z2
 from zonebus.testing.jsapi import api
 from zonebus.testing.polling import until, wait_until
 

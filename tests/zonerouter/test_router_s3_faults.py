@@ -15,8 +15,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from zrkit import full_view, router_info, start_zoned, stream_in_z2
 
+from tests.zonerouter.kit import full_view, router_info, start_zoned, stream_in_z2
 from zonebus.testing.faultload import PHASES, FaultPublisher, check, read_back, run_phases
 from zonebus.testing.motos3 import MotoS3, proxied_s3
 from zonebus.testing.polling import wait_until

@@ -12,8 +12,8 @@ import asyncio
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from zrkit import api, full_view, router_info, start_zoned
 
+from tests.zonerouter.kit import api, full_view, router_info, start_zoned
 from zonebus.testing.polling import wait_until
 
 LAYOUT = [("a1", "z1"), ("b1", "z2"), ("c1", "z3")]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from zrkit import api, full_view, router_info, start_zoned
 
+from tests.zonerouter.kit import api, full_view, router_info, start_zoned
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
 from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, proxied_s3

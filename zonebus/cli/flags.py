@@ -220,7 +220,7 @@ class _TLSFlags:
         old = opts.tls or TLSOptions()
         tls = TLSOptions(cert_file=self.cert_file, key_file=self.key_file, ca_file=self.ca_file,
                          verify=self.verify, timeout=old.timeout, handshake_first=old.handshake_first)
-        from zonebus.server.tls import TLSConfigError, check
+        from zonebus.credentials import TLSConfigError, check
 
         try:
             check(TLSOptions(cert_file=tls.cert_file, key_file=tls.key_file), "--tlscert/--tlskey: ")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from zonebus import SERVER_VERSION
 from zonebus.cluster.queue_policy import LOCAL, MATCHING, OTHER, pick_member, tags_overlap
 from zonebus.cluster.relay import ZoneRelay, relay_enabled
 from zonebus.cluster.route import RouteConnection
@@ -143,7 +144,7 @@ class ClusterManager:
             "client_url": f"{advertised_host(sopts.host)}:{sopts.port}",
             "peers": peers,
             "headers": True,
-            "version": server._info_base.get("version", ""),
+            "version": SERVER_VERSION,
             **offer_fields(self.opts.compression, nats_field=True),
             **self.relay.info_fields(),
             **({"gateway": self.gateway_gossip} if self.gateway_gossip else {}),

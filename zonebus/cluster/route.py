@@ -85,12 +85,12 @@ class RouteConnection(LinkConnection):
         name, subject, queue = op[1], op[2], op[3]
         weight = op[4] if code == RS_PLUS else 0
         if name == ACCOUNT:
-            self._remote_interest(self.remote_subs, (subject, queue), self.server.global_account, subject, queue,
+            self.remote_interest(self.remote_subs, (subject, queue), self.server.global_account, subject, queue,
                                   weight)
             return
         acc = self.server.accounts.get(name)
         if acc is not None:  # an account this server does not have is ignored, as there
-            self._remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, weight)
+            self.remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, weight)
 
     def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
         """Local client deliveries of a plain RMSG (a message from a route is delivered here only), and one
@@ -138,9 +138,10 @@ class RouteConnection(LinkConnection):
         return f"{self.remote_name or self.remote_id or self.url} ({self.ip}:{self.remote_port})"
 
     # -- interest ------------------------------------------------------------------------------------
-    def _remote_interest(self, subs: dict, key: tuple, acc: Account, subject: bytes, queue: bytes | None,
-                         weight: int) -> None:
-        """RS+ (weight > 0) or RS- (0) for `acc`: the route's subscription kept in `subs` under `key`."""
+    def remote_interest(self, subs: dict, key: tuple, acc: Account, subject: bytes, queue: bytes | None,
+                        weight: int) -> None:
+        """RS+ (weight > 0) or RS- (0) for `acc`: the route's subscription kept in `subs` under `key` (public: the
+        local links of zonebus.workers extend it)."""
         sub = subs.get(key)
         server = self.server
         if weight <= 0:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from zonebus.config.convert import BadValue, expected, get_duration, get_map, get_seconds, get_str, show
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, int_field, setter, str_field
+from zonebus.credentials import decode_user_nkey
 from zonebus.options import (
     GatewayOptions,
     Permissions,
@@ -97,8 +98,6 @@ def read_permissions(v: Value, errors: Errors) -> Permissions:
 
 
 def _nkey(user: UserOptions, v: Value, errors: Errors) -> None:
-    from zonebus.server.auth import decode_user_nkey
-
     key = get_str(v).strip()
     if decode_user_nkey(key) is None:
         raise BadValue(f"Not a valid public nkey for a user: {json.dumps(key)}", v)

@@ -1,6 +1,6 @@
 """`tls {}` blocks (top level: clients and https monitoring; `cluster {}`: routes; `gateway {}`: gateways).
 
-The certificate, key and CA of a block are loaded while the configuration is read (`zonebus.server.tls.check`),
+The certificate, key and CA of a block are loaded while the configuration is read (`zonebus.credentials.check`),
 so that a bad file fails the config check with the position of its block, as nats-server does."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 from zonebus.config.convert import BadValue, get_map, get_seconds, show
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, setter, str_field
+from zonebus.credentials import TLSConfigError, check
 from zonebus.options import GatewayOptions, RouteOptions, ServerOptions, TLSOptions
 
 
@@ -33,8 +34,6 @@ _TLS_HANDLERS: dict[str, Handler] = {
 def read_tls(v: Value, errors: Errors, block: str) -> TLSOptions:
     """A `tls {}` block; its certificate, key and CA are loaded at once, so a bad file fails the config
     check with the block's position (as nats-server)."""
-    from zonebus.server.tls import TLSConfigError, check
-
     tls = TLSOptions()
     before = len(errors)
     apply_handlers(get_map(v), _TLS_HANDLERS, tls, errors)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from zonebus import SERVER_VERSION
 from zonebus.gateway.accounts import GatewayAccounts
 from zonebus.gateway.connection import GatewayConnection, delays_from_env
 from zonebus.gateway.interest import (
@@ -213,7 +214,7 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
         info: dict[str, Any] = {
             "server_id": server.server_id,
             "server_name": server.name,
-            "version": server._info_base.get("version", ""),
+            "version": SERVER_VERSION,
             "gateway": self.name,
             "gateway_url": self.url,
             "gateway_urls": self.cluster_urls(),

@@ -66,7 +66,7 @@ class GatewayRouting:
         if self.by_rtt and not subject.startswith(INTERNAL_PREFIX):
             sent = self._forward(src, subject, reply, hdr_len, data, r, acc)
         if not delivered and not sent and reply and src.kind == CLIENT and src.no_responders:
-            server._no_responders(src, subject, reply)
+            server.answer_no_responders(src, subject, reply)
         return delivered or sent
 
     def no_interest(self, conn: GatewayConnection, subject: bytes) -> None:  # implemented by the manager

@@ -92,6 +92,19 @@ class ClientParser(FrameParser):
             raise ProtocolError(errors.UNKNOWN_OP)
         return None
 
+    def unparsed(self) -> bytes:
+        """The bytes held but not turned into ops yet (a partial line or payload), as the client sent them: a
+        connection handed to another process (zonebus.workers) goes on from there."""
+        pending = self._pending
+        if pending is None:
+            return self._buf
+        reply = b" " + pending.reply if pending.reply else b""
+        if pending.hdr_len >= 0:
+            line = b"HPUB %b%b %d %d\r\n" % (pending.subject, reply, pending.hdr_len, pending.size)
+        else:
+            line = b"PUB %b%b %d\r\n" % (pending.subject, reply, pending.size)
+        return line + b"".join(self._chunks)
+
     def _checked_size(self, tok: bytes) -> int:
         if not tok.isdigit():
             raise malformed()

@@ -13,6 +13,7 @@ while a switch to a compressed stream may come, zonebus.link.compression). No I/
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from zonebus.protocol import errors
@@ -40,6 +41,14 @@ class FrameParser:
         """The bytes left unparsed after a `stop_after` op (the parser goes on with the next feed)."""
         rest, self._buf, self.held = self._buf, b"", False
         return rest
+
+    def buffered(self) -> int:
+        """How many bytes are held that have not become ops yet (a partial line, a partial payload)."""
+        return len(self._buf) + self._have
+
+    def cached_headers(self) -> Iterable[Any]:
+        """The headers of the control lines this parser remembers (see `_remember`), each with its memo."""
+        return self._lines.values()
 
     def feed(self, data: bytes) -> tuple[list[tuple], ProtocolError | None]:
         ops: list[tuple] = []

@@ -167,7 +167,7 @@ class Dispatcher:
                 return False
             self.inflight[rec.seq] = Inflight(where, None, now + max(REMOTE_REPORT_WAIT, spec.ack_wait), zone)
         else:
-            self.server._deliver_one(sub, subject, reply.encode() if reply else None, rec.hdr_len, rec.data)
+            self.server.deliver_one(sub, subject, reply.encode() if reply else None, rec.hdr_len, rec.data)
             if explicit:
                 self.inflight[rec.seq] = Inflight("", (sub.conn.cid, sub.sid), now + spec.ack_wait, zone)
         self.counts[rec.seq] = n

@@ -412,7 +412,7 @@ class QueueService:
         ok = sub is not None
         m = None
         if sub is not None:
-            self.server._deliver_one(sub, subject, str(reply).encode() if reply else None, int(head["h"]), data)
+            self.server.deliver_one(sub, subject, str(reply).encode() if reply else None, int(head["h"]), data)
             m = [sub.conn.cid, sub.sid.decode()]
             if reply:
                 self.tracks.setdefault((sub.conn.cid, sub.sid), set()).add((primary, group))

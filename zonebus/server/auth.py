@@ -19,13 +19,11 @@ import binascii
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from zonebus.credentials import decode_user_nkey
 from zonebus.options import Permissions, ResponsePermission, ServerOptions, UserOptions
 from zonebus.subjects.patterns import is_subset, matches
-
-if TYPE_CHECKING:  # bcrypt, nkeys and nacl are imported where used: a server without such users never loads them
-    from nacl.signing import VerifyKey
 
 _BCRYPT = re.compile(r"^\$2[abxy]\$\d{2}\$.*")
 PERM_CACHE_MAX = 1024  # publish decisions kept per connection; the cache starts over beyond this
@@ -43,22 +41,6 @@ def sub_violation(subject: bytes, queue: bytes | None) -> bytes:
 
 def is_bcrypt(secret: str) -> bool:
     return bool(_BCRYPT.match(secret))
-
-
-def decode_user_nkey(key: str) -> VerifyKey | None:
-    """The Ed25519 verify key of a public user nkey (`U...`), or None when `key` is not one."""
-    import nkeys
-    from nacl.signing import VerifyKey
-
-    try:
-        raw = base64.b32decode(key.encode() + b"=" * (-len(key) % 8))
-    except (binascii.Error, ValueError):
-        return None
-    if len(raw) != 35 or raw[0] != nkeys.PREFIX_BYTE_USER:
-        return None
-    if nkeys.crc16(bytearray(raw[:-2])) != int.from_bytes(raw[-2:], "little"):
-        return None
-    return VerifyKey(bytes(raw[1:33]))
 
 
 def _b64(text: str) -> bytes | None:

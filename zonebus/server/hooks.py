@@ -33,6 +33,17 @@ another process (the hook then marked the connection closed). (**) zonebus.worke
 processes have confirmed this one's interest; the gate sends it with `conn.send_pong()` (a client's first
 PONG lets the async INFO held back until then follow it).
 
+What extensions call on the Server (public methods; no extension uses a private name of the core, checked
+by `tests/unit/test_seams.py`):
+
+| method | what it does |
+|---|---|
+| `process_msg(src, subject, reply, hdr_len, data, ...)` | the routing point: deliver a message as if `src` sent it |
+| `deliver_in_cluster(src, r, subject, ...)` | local subscribers, routes, one member per queue group (forwarders) |
+| `deliver_one(sub, subject, reply, hdr_len, data)` | one message to one local subscription (a picked member) |
+| `answer_no_responders(src, subject, reply)` | the 503 status a `no_responders` client gets when nothing took it |
+| `start_client_ids_after(last)` | client ids continue from `last + 1` (a worker process's block) |
+
 A connection of an extension's kind (`kind` not CLIENT/INTERNAL) implements `forward(...)` (send a message
 as RMSG) and `unregister()` (called once when it closes); `memo_sub` stands in for a subscription in
 client fast-path entries.

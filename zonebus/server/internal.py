@@ -135,14 +135,14 @@ class InternalClient(Connection):
         for sub in r.psubs:
             if sub.conn.kind in (CLIENT, INTERNAL):
                 if not (sub.max_msgs and sub.delivered >= sub.max_msgs):
-                    server._deliver_one(sub, shown, reply, hdr_len, data)
+                    server.deliver_one(sub, shown, reply, hdr_len, data)
             else:
                 routes.setdefault(sub.conn, [])
         for group in r.qsubs:
             local = [s for s in group if s.conn.kind in (CLIENT, INTERNAL)]
             if local:
                 sub = local[server.random.randrange(len(local))] if len(local) > 1 else local[0]
-                server._deliver_one(sub, shown, reply, hdr_len, data)
+                server.deliver_one(sub, shown, reply, hdr_len, data)
             elif group:
                 member = group[server.random.randrange(len(group))]
                 routes.setdefault(member.conn, []).append(member.queue)

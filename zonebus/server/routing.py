@@ -70,11 +70,11 @@ class MessageRouting:
             return self.forwarder.process_msg(src, subject, reply, hdr_len, data, queues, r)
         if not r:
             if reply and src.kind == CLIENT and src.no_responders:
-                self._no_responders(src, subject, reply)
+                self.answer_no_responders(src, subject, reply)
             return False
         delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, None, relayed) or taken
         if not delivered and reply and src.kind == CLIENT and src.no_responders:
-            self._no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
+            self.answer_no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
         return delivered
 
     def _process_in_account(self, src: Connection, acc: Account, subject: bytes, reply: bytes | None,
@@ -101,7 +101,7 @@ class MessageRouting:
             delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc,
                                                 relayed) or delivered
         if not delivered and reply and src.kind == CLIENT and src.no_responders:
-            self._no_responders(src, subject, reply)
+            self.answer_no_responders(src, subject, reply)
         return delivered
 
     def deliver_in_cluster(self, src: Connection, r: MatchResult, subject: bytes, reply: bytes | None,
@@ -135,7 +135,7 @@ class MessageRouting:
                     continue
                 if sub.max_msgs and sub.delivered >= sub.max_msgs:
                     continue
-                self._deliver_one(sub, subject, reply, hdr_len, data)
+                self.deliver_one(sub, subject, reply, hdr_len, data)
                 delivered = True
             elif ((kind != src_kind or kind == LEAF or (fan_zone and conn is not src and zr.fans_out_to(conn)))
                   and (kind != LEAF and src_kind != LEAF or link_allows(src, conn))):
@@ -294,19 +294,24 @@ class MessageRouting:
         """The queue member picked: delivered here when it is local (True); else (False) the caller names
         its queue to the link it stands for."""
         if sub.conn.kind in (CLIENT, INTERNAL):
-            self._deliver_one(sub, subject, reply, hdr_len, data)
+            self.deliver_one(sub, subject, reply, hdr_len, data)
             return True
         return False
 
-    def _deliver_one(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int,
-                     data: bytes) -> None:
+    def deliver_one(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int,
+                    data: bytes) -> None:
+        """Hand one message to one local subscription (a client's or an internal one) and count it; the
+        subscription ends once it reached its `max_msgs`. For extensions that pick the subscriber themselves
+        (durable queue groups): see `zonebus.server.hooks`."""
         conn = sub.conn
         sub.delivered += 1
         conn.deliver(sub, subject, reply, hdr_len, data)
         if sub.max_msgs and sub.delivered >= sub.max_msgs:
             conn.subscription_done(sub)
 
-    def _no_responders(self, src: ClientConnection, subject: bytes, reply: bytes) -> None:
+    def answer_no_responders(self, src: ClientConnection, subject: bytes, reply: bytes) -> None:
+        """Tell a client that asked for them (`no_responders` in its CONNECT) that nothing received its
+        request: a 503 status message on its reply subject. For forwarders that end a message's delivery."""
         hdr = b"NATS/1.0 503\r\nNats-Subject: " + subject + b"\r\n\r\n"
         for sub in src.account.sublist.match(reply).psubs:
             if sub.conn is src:

@@ -234,6 +234,11 @@ class Server(ClientLogins, MessageRouting):
         return server_zone(tags, self.opts.ledger.zone_tag_prefix)[0]
 
     # -- connections ----------------------------------------------------------------------------------
+    def start_client_ids_after(self, last: int) -> None:
+        """The next client id is `last + 1` (zonebus.workers gives each worker process a block of its own, so
+        that ids are unique across the workers of one server)."""
+        self._cid = last
+
     def next_cid(self) -> int:
         self._cid += 1
         return self._cid

@@ -1,5 +1,8 @@
 """TLS through the standard library's `ssl`: contexts from `tls {}` blocks, the client upgrade, cert identities.
 
+Loading a block's files (`server_context`, `TLSConfigError`) lives in the leaf `zonebus.credentials`, which the
+config reader uses too; the server's modules import them from here.
+
 How each connection kind uses TLS, as nats-server does:
 - clients: the server sends INFO in plain text (with `tls_required`, and `tls_verify` when client
   certificates are required), then the client starts the TLS handshake (`InfoFirstListener`). A client
@@ -24,6 +27,7 @@ import socket
 import ssl
 from typing import TYPE_CHECKING
 
+from zonebus.credentials import TLSConfigError, error_reason, load_cert_files, server_context
 from zonebus.options import TLSOptions
 
 if TYPE_CHECKING:
@@ -35,40 +39,6 @@ _SHORT = {
     "organizationName": "O", "organizationalUnitName": "OU", "streetAddress": "STREET",
     "domainComponent": "DC", "userId": "UID", "serialNumber": "SERIALNUMBER", "postalCode": "POSTALCODE",
 }
-
-
-class TLSConfigError(ValueError):
-    """A tls block whose files cannot be loaded; the text names the file and the reason."""
-
-
-def _load(ctx: ssl.SSLContext, opts: TLSOptions, block: str) -> None:
-    if not opts.cert_file:
-        raise TLSConfigError(f"{block}missing 'cert_file' in TLS configuration")
-    if not opts.key_file:
-        raise TLSConfigError(f"{block}missing 'key_file' in TLS configuration")
-    try:
-        ctx.load_cert_chain(opts.cert_file, opts.key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise TLSConfigError(f"{block}error parsing X509 certificate/key pair "
-                             f"({opts.cert_file}, {opts.key_file}): {_reason(exc)}") from None
-    if opts.ca_file:
-        try:
-            ctx.load_verify_locations(cafile=opts.ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise TLSConfigError(f"{block}failed to load ca_file {opts.ca_file}: {_reason(exc)}") from None
-
-
-def server_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
-    """For accepted connections (clients, routes, gateways, https): our certificate; with `verify` or
-    `verify_and_map`, a client certificate signed by `ca_file` (else the system's CAs) is required."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # nats-server's minimum
-    _load(ctx, opts, block)
-    if opts.verify or opts.verify_and_map:
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        if not opts.ca_file:
-            ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
-    return ctx
 
 
 def reload_context(ctx: ssl.SSLContext, opts: TLSOptions, block: str = "") -> None:
@@ -92,7 +62,7 @@ def client_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
     peer's certificate checked against `ca_file` and the host dialled, unless `insecure`."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load(ctx, opts, block)
+    load_cert_files(ctx, opts, block)
     if opts.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
@@ -124,19 +94,6 @@ def reload_links(server: Server, block: str, listening: ssl.SSLContext | None,
     return new
 
 
-def check(opts: TLSOptions, block: str = "") -> None:
-    """Load the block's files once, so that a bad block fails at config time (`zonebus server -t`)."""
-    server_context(opts, block)
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return exc.reason.replace("_", " ").lower()
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror.lower()
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL")
 
 
@@ -148,7 +105,7 @@ def handshake_error(exc: BaseException) -> str:
         return "TLS handshake error: first record does not look like a TLS handshake"
     if isinstance(exc, ConnectionError) and not exc.strerror:
         return "TLS handshake error: the client closed the connection"
-    return f"TLS handshake error: {_reason(exc)}"
+    return f"TLS handshake error: {error_reason(exc)}"
 
 
 class InfoFirstListener:

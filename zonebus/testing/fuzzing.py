@@ -33,7 +33,7 @@ def _run(parser: FrameParser, chunks: list[bytes]) -> tuple[list[tuple], bool]:
     for chunk in chunks:
         got, err = parser.feed(chunk)
         ops.extend(got)
-        buffered = len(parser._buf) + parser._have
+        buffered = parser.buffered()
         assert buffered <= MAX_CONTROL_LINE + MAX_PAYLOAD + 2 + len(chunk), f"{buffered} bytes held"
         if err is not None:
             return ops, True  # the connection is closed on an error: nothing after it counts

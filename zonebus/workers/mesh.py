@@ -98,10 +98,10 @@ class LocalLink(RouteConnection):
         self.leaf_parts: dict[tuple[bytes, bytes, bytes], int] = {}  # the same for members behind leaf nodes
         self.leaf_of: dict[Subscription, int] = {}
 
-    def _remote_interest(self, subs: dict, key: tuple, acc: Any, subject: bytes, queue: bytes | None,
-                         weight: int) -> None:
+    def remote_interest(self, subs: dict, key: tuple, acc: Any, subject: bytes, queue: bytes | None,
+                        weight: int) -> None:
         old = subs.get(key)
-        super()._remote_interest(subs, key, acc, subject, queue, weight)
+        super().remote_interest(subs, key, acc, subject, queue, weight)
         if queue is not None:
             new = subs.get(key)
             self._place_remote(new, old, self.remote_parts.get((acc.name, subject, queue), 0))

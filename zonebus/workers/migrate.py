@@ -129,7 +129,7 @@ class Migrator:
 
         gen = conn.account.sublist.generation if hasattr(conn, "account") else self.server.sublist.generation
         target = None
-        for hdr in conn.parser._lines.values():
+        for hdr in conn.parser.cached_headers():
             if hdr.gen != gen:
                 continue  # not published since the interest changed: unknown, ignored
             memo = hdr.memo
@@ -169,7 +169,7 @@ class Migrator:
             state.update(connect=conn.connect_opts, **{k: getattr(conn, k) for k in _FLAGS})
         fd = os.dup(sock.fileno())
         try:
-            link.send_frame(_WIRE, json.dumps(state).encode() + b"\n" + (b"" if fresh else unparsed(conn.parser)))
+            link.send_frame(_WIRE, json.dumps(state).encode() + b"\n" + (b"" if fresh else conn.parser.unparsed()))
             self.sock.sendmsg([token], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))], 0,
                               os.path.join(self.mesh.spec.directory, f"f{link.peer}.sock"))
         except OSError as exc:
@@ -222,17 +222,3 @@ class Migrator:
             conn.connected = conn.info_sent = True
             self.moved_in += 1
         self.server.loop.create_task(self.server.loop.connect_accepted_socket(lambda: conn, sock))
-
-
-def unparsed(parser: Any) -> bytes:
-    """The bytes a client parser holds but has not turned into ops yet (a partial line or payload)."""
-    pending = parser._pending
-    if pending is None:
-        return parser._buf
-    reply = b" " + pending.reply if pending.reply else b""
-    if pending.hdr_len >= 0:
-        line = b"HPUB %b%b %d %d\r\n" % (pending.subject, reply, pending.hdr_len, pending.size)
-    else:
-        line = b"PUB %b%b %d\r\n" % (pending.subject, reply, pending.size)
-    return line + b"".join(parser._chunks)
-

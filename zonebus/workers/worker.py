@@ -55,7 +55,7 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     server = node.server
     server.server_id = spec.server_id
     server.name = opts.server_name or spec.server_id
-    server._cid = spec.index * CID_BLOCK  # client ids unique across the workers (one /connz)
+    server.start_client_ids_after(spec.index * CID_BLOCK)  # client ids unique across the workers (one /connz)
     server.worker_index = spec.index
     server.system_requests = first  # $SYS.REQ.SERVER.* answered once, by the worker that sums the others
     server.loop = loop = asyncio.get_running_loop()

@@ -67,7 +67,7 @@ class RouterForwarder:
             return self.inner.process_msg(src, subject, reply, hdr_len, data, queues, r) or taken
         if not r:
             if reply and src.kind == CLIENT and src.no_responders:  # type: ignore[attr-defined]
-                self.server._no_responders(src, subject, reply)  # type: ignore[arg-type]
+                self.server.answer_no_responders(src, subject, reply)  # type: ignore[arg-type]
             return False
         return self.server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
 

@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 import nats
-from js_kit import normalize
 
+from tests.stream.kit import normalize
 from zonebus.testing.polling import until
 
 API = "$JS.API"

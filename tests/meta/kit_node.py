@@ -4,7 +4,7 @@ The mesh calls exactly what the link layer will call: `peer_up`, `deliver`, `pee
 `send_bytes`. Frames are 4-byte big-endian lengths + payload; the dialling side (the smaller name) first sends
 its name. The control port speaks JSON lines: {"cmd": "status" | "propose" | "stepdown" | "changes", ...}.
 
-    python tests/meta/metanode.py --name a --peers a=127.0.0.1:7001,b=...,c=... --control 7101 --store DIR
+    python tests/meta/kit_node.py --name a --peers a=127.0.0.1:7001,b=...,c=... --control 7101 --store DIR
 """
 
 from __future__ import annotations

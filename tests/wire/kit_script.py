@@ -17,8 +17,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rawclient import RawClient, connect_line
-
+from tests.wire.kit import RawClient, connect_line
 from zonebus.testing.processes import ServerProcess
 
 

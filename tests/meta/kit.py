@@ -1,4 +1,4 @@
-"""Start `metanode.py` processes on loopback and talk to their control ports (tests only)."""
+"""Start `kit_node.py` processes on loopback and talk to their control ports (tests only)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import free_port
 
-HARNESS = Path(__file__).with_name("metanode.py")
+HARNESS = Path(__file__).with_name("kit_node.py")
 REPO = Path(__file__).resolve().parents[2]
 
 # Election 1-2 s (the defaults); failover shortened so that tests run in seconds.

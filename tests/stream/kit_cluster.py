@@ -8,12 +8,12 @@ and each has its own local store_dir. `wait_meta_leader` polls the servers' `/js
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import nats
 
 from zonebus.testing.jsapi import api
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 
@@ -40,20 +40,19 @@ def restart(server: ServerProcess) -> ServerProcess:
 
 async def wait_meta_leader(servers: list[ServerProcess], timeout: float = 20.0) -> None:
     """Until every live server answers a JetStream API request without error."""
-    deadline = time.monotonic() + timeout
+    deadline = asyncio.get_running_loop().time() + timeout  # (one budget for all the servers)
     for s in servers:
         nc = await nats.connect(s.url, allow_reconnect=False)
+
+        async def answers(nc: nats.NATS = nc) -> bool:
+            try:
+                return "error" not in await api(nc, "$JS.API.STREAM.NAMES", timeout=1.0)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                return False
+
         try:
-            while True:
-                try:
-                    resp = await api(nc, "$JS.API.STREAM.NAMES", timeout=1.0)
-                    if "error" not in resp:
-                        break
-                except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{s.info['server_name']}: no meta leader")
-                await asyncio.sleep(0.1)
+            await until(answers, f"{s.info['server_name']}: a meta leader",
+                        timeout=max(0.0, deadline - asyncio.get_running_loop().time()), interval=0.1)
         finally:
             await nc.close()
 

@@ -1,0 +1,83 @@
+"""Credentials checks that both the config reader (`zonebus.config`) and the server core need: loading a
+`tls {}` block's certificate, key and CA into an `ssl` context, and decoding a user's public nkey.
+
+A leaf below `config/` and `server/` (it imports only `options`), so that checking a config file does not
+reach up into the server; `zonebus.server.tls` builds the connection-level TLS on top of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ssl
+from typing import TYPE_CHECKING
+
+from zonebus.options import TLSOptions
+
+if TYPE_CHECKING:  # nkeys and nacl are imported where used: a server without nkey users never loads them
+    from nacl.signing import VerifyKey
+
+
+class TLSConfigError(ValueError):
+    """A tls block whose files cannot be loaded; the text names the file and the reason."""
+
+
+def load_cert_files(ctx: ssl.SSLContext, opts: TLSOptions, block: str) -> None:
+    """Load a `tls {}` block's certificate, key and CA into `ctx`; TLSConfigError names the file and why."""
+    if not opts.cert_file:
+        raise TLSConfigError(f"{block}missing 'cert_file' in TLS configuration")
+    if not opts.key_file:
+        raise TLSConfigError(f"{block}missing 'key_file' in TLS configuration")
+    try:
+        ctx.load_cert_chain(opts.cert_file, opts.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TLSConfigError(f"{block}error parsing X509 certificate/key pair "
+                             f"({opts.cert_file}, {opts.key_file}): {error_reason(exc)}") from None
+    if opts.ca_file:
+        try:
+            ctx.load_verify_locations(cafile=opts.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise TLSConfigError(f"{block}failed to load ca_file {opts.ca_file}: {error_reason(exc)}") from None
+
+
+def server_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
+    """For accepted connections (clients, routes, gateways, https): our certificate; with `verify` or
+    `verify_and_map`, a client certificate signed by `ca_file` (else the system's CAs) is required."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # nats-server's minimum
+    load_cert_files(ctx, opts, block)
+    if opts.verify or opts.verify_and_map:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        if not opts.ca_file:
+            ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+    return ctx
+
+
+def check(opts: TLSOptions, block: str = "") -> None:
+    """Load the block's files once, so that a bad block fails at config time (`zonebus server -t`)."""
+    server_context(opts, block)
+
+
+def error_reason(exc: BaseException) -> str:
+    """One lower-case line saying why an ssl/OS call failed, as nats-server words it."""
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return exc.reason.replace("_", " ").lower()
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def decode_user_nkey(key: str) -> VerifyKey | None:
+    """The Ed25519 verify key of a public user nkey (`U...`), or None when `key` is not one."""
+    import nkeys
+    from nacl.signing import VerifyKey
+
+    try:
+        raw = base64.b32decode(key.encode() + b"=" * (-len(key) % 8))
+    except (binascii.Error, ValueError):
+        return None
+    if len(raw) != 35 or raw[0] != nkeys.PREFIX_BYTE_USER:
+        return None
+    if nkeys.crc16(bytearray(raw[:-2])) != int.from_bytes(raw[-2:], "little"):
+        return None
+    return VerifyKey(bytes(raw[1:33]))
