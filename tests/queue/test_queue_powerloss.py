@@ -17,8 +17,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from qkit import groups_block
 
+from tests.queue.kit import groups_block
 from zonebus.testing.polling import until
 from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable
 from zonebus.testing.processes import ServerProcess
