@@ -59,7 +59,7 @@ JSZ_DETAIL_SCOPE = ["account_details[].name", "account_details[].id", "account_d
 # point 3: request metadata; nats-server's default consumer limit, which zonebus does not enforce)
 ZONEBUS_EXTRA = {"/varz": {"max_subscriptions"}, "/connz": {"connections[].zone"},
                  "/routez": {"routes[].tags", "routes[].zone", "routes[].tag_match", "routes[].compression_peer",
-                             "routes[].compression_ratio"}}
+                             "routes[].compression_ratio", "routes[].zone_relay"}}
 # zonebus's own blocks, with whatever they hold (`workers`: each worker process's figures, zonebus.workers.stats,
 # when the server runs more than one; `sync_always`: zonebus's default is nats-server's `sync_interval: always`,
 # which nats-server shows so)

@@ -191,6 +191,7 @@ class ShadowTarget:
     echo = True
     cid = 0
     closed = False
+    spoke = False  # (not a leaf connection: see `connection.link_allows`)
     __slots__ = ("account", "origin", "prefix", "check")
 
     def __init__(self, exporter: Account, origin: Subscription, prefix: bytes, check: str) -> None:
