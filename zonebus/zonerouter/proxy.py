@@ -63,7 +63,7 @@ class _Target:
 class Proxy:
     def __init__(self, channel: RouterChannel, send_link: Callable[[str, bytes], bool],
                  send_reply: Callable[[str, bytes], None], linger: float, max_bytes: int,
-                 paths: PathChooser | None = None) -> None:
+                 paths: PathChooser | None = None, sent: SentBatches | None = None) -> None:
         self.channel = channel
         self.send_link = send_link
         self.send_reply = send_reply
@@ -74,7 +74,7 @@ class Proxy:
         self.waiting: dict[int, _Batch] = {}  # channel offset -> batch sent, awaiting its answer
         self.done: list[tuple[int, int]] = []  # (epoch, offset) of batches the leader is done with: to trim
         self.tasks: set[asyncio.Task] = set()
-        self.sent = SentBatches()
+        self.sent = sent  # kept for the replicated tail's references (`tailrefs`); None: no tail here
         self.stats = {"msgs": 0, "bytes": 0, "batches": 0, "inline_batches": 0, "acked": 0, "errors": 0,
                       "link_bytes": 0}
 
@@ -108,7 +108,8 @@ class Proxy:
         if b is None:
             return
         b.epoch, b.offset = self.channel.next_offset()
-        self.sent.add(b.offset, b.messages)  # the leader's tail may send these back to us by reference
+        if self.sent is not None:  # the leader's tail may send these back to us by reference
+            self.sent.add(b.offset, b.messages)
         target.queue.append(b)
         self.stats["batches"] += 1
         data = batchfmt.encode(b.messages)

@@ -33,6 +33,7 @@ from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
 from zonebus.zonerouter.tailrecovery import TAIL, TAILQ, TailQuery, TailRecovery
+from zonebus.zonerouter.tailrefs import SentBatches
 from zonebus.zonerouter.view import RouterView, derive
 
 if TYPE_CHECKING:
@@ -107,8 +108,9 @@ class ZoneRouter:
         linger = self.opts.zone_router_linger
         storage_linger = max(linger, self.opts.shared_store_latency_budget / 5) if billed else linger
         self.paths = PathChooser(self.opts.zone_router_path, billed, storage_linger)
+        self.tiered = billed and self.opts.zone_router_ack == "replicas"
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
-                           self.opts.zone_router_batch, self.paths)
+                           self.opts.zone_router_batch, self.paths, SentBatches() if self.tiered else None)
         self.serving.inline_limit = self.paths.inline_limit()
         self.serving.compress = self.paths.compress_object
         self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send, self._fenced,
@@ -118,8 +120,8 @@ class ZoneRouter:
         self.epochs.meta = self.meta
         self._epoch_task = asyncio.get_running_loop().create_task(self._epoch_loop())
         self.reader = Reader(store, self._send, self._publish, self._foreign_leader, self._msg_get_to_leader)
-        self.reader.own = (self.channel.id, self.proxy.sent)
-        self.tiered = billed and self.opts.zone_router_ack == "replicas"
+        if self.proxy.sent is not None:
+            self.reader.own = (self.channel.id, self.proxy.sent)
         self.tails = TailRecovery(self.name, self.link.send, self._members, self._is_live, self.reader.tail)
         self.tails.loop = asyncio.get_running_loop()
         if self.tiered and self.js.svc.shared is not None:  # a takeover gathers the fenced writer's tail
