@@ -307,11 +307,14 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
         return sum(len(p.acked) for p in pubs)
 
     await asyncio.sleep(1.0)
-    bench.reset_counters()
     t0 = time.perf_counter()
     con_tasks = [asyncio.create_task(run_consumer(servers[c.zone - 1].url, c, stream, done, target, r, args.drain))
                  for c, r in zip(cons, readies, strict=True)]
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
+    # counted from here: the stream's and the consumers' creation are one-off requests, not a cost per GB (a run
+    # of seconds would weigh them a thousandfold); their state kept while the workload runs is counted
+    setup = bench.storage_counts()
+    bench.reset_counters()
     seconds = args.seconds if workload == "steady" else args.burst_seconds
     rate = args.rate / len(pubs) if workload == "steady" else None
     pub_tasks = [asyncio.create_task(run_publisher(servers[int(p.name.split("-")[1][1:]) - 1].url, p,
@@ -338,7 +341,7 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     counts = bench.storage_counts()
     stored, where = await bench.stored_bytes(stream)
     return {"pubs": pubs, "cons": cons, "cross": cross, "counts": counts, "stored": stored, "where": where,
-            "pub_elapsed": pub_elapsed, "elapsed": time.perf_counter() - t0}
+            "pub_elapsed": pub_elapsed, "elapsed": time.perf_counter() - t0, "setup": setup}
 
 
 def router_bytes(bench: Bench) -> str:
@@ -350,7 +353,9 @@ def router_bytes(bench: Bench) -> str:
         sv, px, ld = zr.get("serving", {}), zr.get("proxy", {}), zr.get("leader", {})
         out.append(f"{srv.info.get('server_name', '?')}: tail {sv.get('tail_bytes', 0)}->{sv.get('tail_wire_bytes', 0)}"
                    f" snap {sv.get('snap_bytes', 0)} polls {sv.get('polls', 0)} deliver-frames "
-                   f"{sv.get('delivered', 0)} publish {px.get('link_bytes', 0)} answers {ld.get('answer_bytes', 0)}")
+                   f"{sv.get('delivered', 0)} publish {px.get('link_bytes', 0)} answers {ld.get('answer_bytes', 0)}"
+                   f" batches {px.get('batches', 0)} (inline {px.get('inline_batches', 0)}, gathered "
+                   f"{px.get('gathered_batches', 0)}, largest {px.get('largest_batch', 0)} B)")
     return "; ".join(out)
 
 
@@ -432,6 +437,11 @@ def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespac
         print(f"- {b.label}, {w}: storage requests by key prefix (per 1,000 msgs acked): " + "; ".join(
             f"`{pfx}` " + " ".join(f"{k} {int(v['requests']) * per1k:.1f}" for k, v in sorted(ks.items()))
             for _, pfx, ks in top))
+    for b, w, r in results:
+        setup = kind_totals(r["setup"]) if r.get("setup") else {}
+        if any(setup.values()):
+            print(f"- {b.label}, {w}: requests of the stream's and consumers' creation, not in the figures above "
+                  "(one-off): " + " ".join(f"{k} {v}" for k, v in setup.items() if v))
     print("- longest read gap (s without a message while acked messages were unread), consumers z1/z2/z3: " + "; ".join(
         f"{b.label} {w} " + "/".join(f"{c.longest_gap:.1f}" for c in r["cons"]) for b, w, r in results))
     for b, w, r in results:

@@ -165,14 +165,15 @@ async def test_kill9_under_load_loses_no_acknowledged_message(tmp_path: Path) ->
     counts = Counter(p for _, p in stored)
     duplicates = sum(n - 1 for n in counts.values() if n > 1)
     print(f"acked={len(acked)} stored={len(stored)} duplicates={duplicates} retried="
-          f"{sum(1 for n in attempts.values() if n > 1)}")
+          f"{sum(1 for n in attempts.values() if n > 1)} payloads, {sum(n - 1 for n in attempts.values())} retries")
     assert all(counts[p] >= 1 for p in acked.values())
     # each publisher's acknowledged payloads are stored in the order it published them
     for k in range(8):
         mine = [int(p.split(b":")[1]) for _, p in stored if p.startswith(f"{k}:".encode())]
         firsts = sorted(set(mine), key=mine.index)
         assert firsts == sorted(firsts)
-    assert duplicates <= sum(1 for n in attempts.values() if n > 1)  # only retried payloads can repeat
+    # only retries can repeat a payload, each at most once (under load one payload may time out several times)
+    assert duplicates <= sum(n - 1 for n in attempts.values())
 
 
 @pytest.mark.timeout(90)

@@ -1,6 +1,7 @@
-"""The zone router's choice of path per leader (`zonebus.zonerouter.paths`): the link at a low rate, storage
-at a high one, at S3 Standard and AWS transfer prices; a store that bills no requests always uses storage;
-the ratio is measured on the batches and a forced mode is kept."""
+"""The zone router's choice of path per batch (`zonebus.zonerouter.paths`): the link for a small batch,
+storage for a large one, at S3 Standard and AWS transfer prices, counting the zones a replicated tail reaches;
+when a batch may gather up to that size; a store that bills no requests always uses storage; the ratio is
+measured on the batches and a forced mode is kept."""
 
 from __future__ import annotations
 
@@ -17,28 +18,36 @@ def payload(i: int) -> bytes:
 
 
 @pytest.mark.timeout(10)
-def test_link_at_low_rates_storage_at_high_rates() -> None:
+def test_link_for_small_batches_storage_for_large_ones() -> None:
     p = PathChooser("auto", billed=True, storage_linger=0.05)
     data = b"".join(payload(i) for i in range(200))
     p.compress("b1", data)
-    assert 0 < p.flows["b1"].ratio < 0.9
-    for _ in range(100):
-        p.seen("b1", 1000)  # 100 kB arrive in one moment: 50 kB/s over the window
-    assert p.choose("b1") == LINK
-    p.flows["b1"].rate = 100e6  # 100 MB/s: storage's few requests a second are cheaper than the bytes
-    assert p.choose("b1") == STORAGE
+    ratio = p.flows["b1"].ratio
+    assert 0 < ratio < 0.9
+    # S3 Standard PUT $0.005 + GET $0.0004 per 1,000 against AWS $0.02/GB crossing: the break-even size
+    alone = p.break_even("b1")
+    assert alone == pytest.approx(5.4e-6 / (ratio * 0.02e-9), rel=0.01)
+    assert p.gather_bytes("b1") == 2 * alone
+    assert p.choose("b1", alone // 2) == LINK
+    assert p.choose("b1", alone * 2) == STORAGE
     why = p.info()["leaders"]["b1"]["why"]  # type: ignore[index]
-    assert "through storage" in why and "over the link" in why
+    assert "through storage" in why and "crossing 1 zone boundary" in why
+    # a replicated tail in a third zone: the link path crosses twice, storage adds one GET
+    p.further_zones = 1
+    assert p.break_even("b1") == pytest.approx(5.8e-6 / (ratio * 0.02e-9 * 2), rel=0.01)
+    assert p.break_even("b1") < alone
 
 
 @pytest.mark.timeout(10)
 def test_unbilled_store_and_forced_modes() -> None:
     free = PathChooser("auto", billed=False, storage_linger=0.001)
     free.seen("b1", 10)
-    assert free.choose("b1") == STORAGE
+    assert free.choose("b1", 100) == STORAGE
+    assert free.gather_bytes("b1") == 0  # no request price: batches never wait to grow
     forced = PathChooser("link", billed=True, storage_linger=0.05)
     forced.seen("b1", 10**9)
-    assert forced.choose("b1") == LINK
+    assert forced.choose("b1", 10**7) == LINK
+    assert forced.gather_bytes("b1") == 0
     data = payload(1) * 50
     assert forced.decompress(forced.compress("b1", data)) == data
 

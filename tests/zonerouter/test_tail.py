@@ -3,7 +3,12 @@
 a proxy in another zone holds the message, and the stream's log object follows in bulk (`zone_router_tier`,
 30 s here so that nothing is stored before the kill): the log takes no PUT per acknowledged batch. Then the
 stream's leader is killed (-9): the new leader gathers the dead one's tail from the replicas, and every
-acknowledged message is in the stream at its acknowledged sequence, in each publisher's order."""
+acknowledged message is in the stream at its acknowledged sequence, in each publisher's order.
+
+Twice: with the path chosen per batch (small batches: the link), and with every batch through storage
+(`zone_router_path: storage`), where the tail names the other proxies' records by link record into their
+RouterChannel objects (`tailrefs`): each replica reads those objects itself, none of them is trimmed before
+the leader stored the records (no reference fails), and the new leader recovers from the rebuilt records."""
 
 from __future__ import annotations
 
@@ -43,11 +48,13 @@ def _log_puts(counts: dict) -> int:
 
 
 @pytest.mark.timeout(150)
-async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: MotoS3) -> None:
+@pytest.mark.parametrize("path", ["auto", "storage"])
+async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: MotoS3, path: str) -> None:
     proxy = tail_s3.proxy
     assert proxy is not None
     url = f"s3://{tail_s3.bucket}/tail-{tmp_path.name}"
-    extra = (f', zone_router_tier: "30s", s3 {{ endpoint: "{tail_s3.endpoint}", region: "{tail_s3.region}" }}')
+    extra = (f', zone_router_tier: "30s", zone_router_path: {path}, '
+             f's3 {{ endpoint: "{tail_s3.endpoint}", region: "{tail_s3.region}" }}')
     zoned = start_zoned(tmp_path, LAYOUT, shared=url, js_extra=extra, env=tail_s3.env(endpoint=False))
     s = zoned.servers
     try:
@@ -72,6 +79,11 @@ async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: Mot
                 assert info["serving"]["tail_parts"] > 0, info["serving"]
                 # the other zones' publishes went back to their own proxies as references (`tailrefs`)
                 assert info["serving"]["tail_refs"] > 0, info["serving"]
+                if path == "storage":  # and a third zone's batches as link records into their channel objects
+                    for n in s:
+                        if n != leader:
+                            snap = router_info(s[n])["reader"]["snapshots"]["TAIL"]
+                            assert snap["link_gets"] > 0 and snap["tail_ref_misses"] == 0, (n, snap)
                 # acknowledged from the replicas: the log's object is still filling (30 s), no PUT per ack
                 assert puts <= 2, (puts, acked)
                 s[leader].kill()

@@ -1,15 +1,17 @@
-"""A replica's own records come back by reference (`zonebus.zonerouter.tailrefs`): the rebuilt bytes are the
-leader's, records the proxy did not send or that the leader stored differently go in full, and a reference the
-proxy cannot rebuild is refused rather than guessed."""
+"""A replica's own records come back by reference, and other proxies' stored batches as link records
+(`zonebus.zonerouter.tailrefs`): the rebuilt bytes are the leader's, records the proxy did not send (inline)
+or that the leader stored differently go in full, a reference the proxy cannot rebuild is refused rather than
+guessed, and the channel objects linked to stay until the records are in stored log objects."""
 
 from __future__ import annotations
 
 import pytest
 
 from zonebus.store import filestore as F
+from zonebus.zonerouter import batch as batchfmt
 from zonebus.zonerouter.batch import Message
 from zonebus.zonerouter.readframes import Poll
-from zonebus.zonerouter.tailrefs import Origins, RefError, SentBatches, rebuild
+from zonebus.zonerouter.tailrefs import ChannelBatches, Origin, Origins, RefError, SentBatches, rebuild
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,11 +39,11 @@ def test_own_records_travel_as_references_and_rebuild_exactly() -> None:
     for i, m in enumerate(mine):  # interleaved with another zone's records
         seq += 1
         records.append((seq, 1_000 + seq, m))
-        origins.add("ORDERS", seq, ME, 40 if i < 3 else 41, i % 3, m)
+        origins.add("ORDERS", seq, Origin(ME, 1, 40 if i < 3 else 41, i % 3, m, False))
         if i < len(theirs):
             seq += 1
             records.append((seq, 1_000 + seq, theirs[i]))
-            origins.add("ORDERS", seq, OTHER, 7, i, theirs[i])
+            origins.add("ORDERS", seq, Origin(OTHER, 1, 7, i, theirs[i], False))  # (inline: no link)
     chunk = _chunk(records)
     segments, refs = origins.segment("ORDERS", chunk, ME)
     assert refs == len(mine)
@@ -61,7 +63,7 @@ def test_a_record_stored_differently_or_a_delete_goes_in_full() -> None:
     origins, sent = Origins(), SentBatches()
     m = _msg(1)
     sent.add(5, [m])
-    origins.add("ORDERS", 1, ME, 5, 0, m)
+    origins.add("ORDERS", 1, Origin(ME, 1, 5, 0, m, True))
     changed = Message(m.stream, "transformed." + m.subject, m.headers, m.payload)  # (a subject transform)
     buf = bytearray()
     F.encode_into(buf, F.MSG, 1, 9, changed.subject.encode(), changed.headers, changed.payload)
@@ -76,7 +78,7 @@ def test_pruned_origins_and_forgotten_batches() -> None:
     msgs = [_msg(i) for i in range(3)]
     for i, m in enumerate(msgs):
         sent.add(i, [m])
-        origins.add("ORDERS", i + 1, ME, i, 0, m)
+        origins.add("ORDERS", i + 1, Origin(ME, 1, i, 0, m, False))
     origins.prune("ORDERS", 2)  # sequences 1 and 2 are in stored objects
     assert len(origins) == 1
     chunk = _chunk([(3, 3, msgs[2])])
@@ -89,6 +91,51 @@ def test_pruned_origins_and_forgotten_batches() -> None:
         rebuild(segments, sent)
     with pytest.raises(RefError):
         rebuild(b"\x07garbage", sent)
+
+
+def test_stored_batches_of_other_proxies_travel_as_link_records() -> None:
+    origins = Origins()
+    objects: dict[tuple[bytes, int, int], bytes] = {}
+    fetched: list[tuple[bytes, int, int]] = []
+
+    def fetch(channel: bytes, epoch: int, offset: int) -> bytes:
+        fetched.append((channel, epoch, offset))
+        try:
+            return objects[(channel, epoch, offset)]
+        except KeyError:
+            raise FileNotFoundError(offset) from None
+
+    theirs = [_msg(200 + i, b"NATS/1.0\r\nNats-Msg-Id: x%d\r\n\r\n" % i) for i in range(5)]
+    objects[(OTHER, 3, 9)] = batchfmt.encode(theirs[:3])
+    objects[(OTHER, 4, 10)] = batchfmt.encode(theirs[3:])
+    inline = _msg(300)
+    records = []
+    for i, m in enumerate(theirs):
+        records.append((i + 1, 50 + i, m))
+        origins.add("ORDERS", i + 1, Origin(OTHER, 3 if i < 3 else 4, 9 if i < 3 else 10, i % 3, m, True))
+    records.append((6, 60, inline))
+    origins.add("ORDERS", 6, Origin(OTHER, 4, 11, 0, inline, False))
+    chunk = _chunk(records)
+    segments, refs = origins.segment("ORDERS", chunk, ME)
+    assert refs == len(theirs)  # the inline batch's record goes in full
+    assert len(segments) < len(chunk) - sum(len(m.payload) for m in theirs)
+    assert rebuild(segments, None, ChannelBatches(fetch)) == chunk
+    assert sorted(set(fetched)) == [(OTHER, 3, 9), (OTHER, 4, 10)] and len(fetched) == 2  # one GET per object
+    # the leader's epoch floor: the oldest epoch of a linked object whose records are not stored yet
+    assert origins.floor() == 3
+    origins.prune("ORDERS", 3)
+    assert origins.floor() == 4
+    origins.prune("ORDERS", 6)
+    assert origins.floor() is None
+    # an object gone (trimmed) or changed is refused, never guessed
+    del objects[(OTHER, 4, 10)]
+    with pytest.raises(RefError):
+        rebuild(segments, None, ChannelBatches(fetch))
+    objects[(OTHER, 4, 10)] = batchfmt.encode([_msg(999), _msg(998)])
+    with pytest.raises(RefError):
+        rebuild(segments, None, ChannelBatches(fetch))
+    with pytest.raises(RefError):
+        rebuild(segments, None, None)
 
 
 def test_poll_carries_the_proxy_channel() -> None:

@@ -3,12 +3,13 @@
 Documents are `<folder>/<kind>.<epoch>.json` (the stream's config, each consumer's meta and state): a writer
 only ever writes its own epoch's name, so an older writer that still runs cannot overwrite a newer one's
 documents; readers take the highest epoch of each kind. Writes of the same name that queue up are coalesced
-(only the latest content is written). After the first write of a kind in a folder the lower-epoch versions
-are deleted. A delete of a folder (a consumer removed) drops the writes queued for it and runs after the ones
-already running, so a late state write cannot bring a deleted consumer back. A write that fails (S3 503s,
-timeouts) is queued again at the front, unless a newer write of that name or a delete of its folder was queued
-meanwhile, and retried after a backoff (`later`; without an event loop, on the next write or `flush`), so a
-consumer's meta or last state is not silently dropped. Nothing is written once the writer is fenced.
+(only the latest content is written). After the first write of a kind in a folder the lower-epoch versions are
+deleted (a LIST of the folder; none for a folder this writer created). A delete of a folder (a consumer
+removed) drops the writes queued for it and runs after the ones already running, so a late state write cannot
+bring a deleted consumer back. A write that fails (S3 503s, timeouts) is queued again at the front, unless a
+newer write of that name or a delete of its folder was queued meanwhile, and retried after a backoff (`later`;
+without an event loop, on the next write or `flush`), so a consumer's meta or last state is not silently
+dropped. Nothing is written once the writer is fenced.
 """
 
 from __future__ import annotations
@@ -52,8 +53,11 @@ class DocQueue:
     def _folder(self, sub: str) -> str:
         return f"{self.prefix}/{sub}" if sub else self.prefix
 
-    def put(self, sub: str, kind: str, doc: dict) -> None:
-        key = f"{self._folder(sub)}/{L.doc_name(kind, self.epoch)}"
+    def put(self, sub: str, kind: str, doc: dict, new: bool = False) -> None:
+        folder = self._folder(sub)
+        key = f"{folder}/{L.doc_name(kind, self.epoch)}"
+        if new:  # created by this writer: no older epoch wrote it (a late one of a fenced writer is ignored by
+            self._cleaned.add((folder, kind))  # readers, who take the highest epoch)
         self._queue[key] = ("put", json.dumps(doc, separators=(",", ":")).encode())
         self._kick()
 

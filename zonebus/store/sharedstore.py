@@ -513,9 +513,10 @@ class SharedStore(ReplicatedTail, WriterFencing, BaseMoves, SharedView):
         return True
 
     # -- documents (stream config, consumer meta and state) -------------------------------------------
-    def put_doc(self, sub: str, kind: str, doc: dict) -> None:
-        """Write `<sub>/<kind>.<epoch>.json` under the stream (asynchronously, in order with other documents)."""
-        self.docs.put(sub, kind, doc)
+    def put_doc(self, sub: str, kind: str, doc: dict, new: bool = False) -> None:
+        """Write `<sub>/<kind>.<epoch>.json` under the stream (asynchronously, in order with other documents);
+        `new`: the folder was created by this writer (a new consumer), no older epoch's version to delete."""
+        self.docs.put(sub, kind, doc, new)
 
     def delete_docs(self, sub: str) -> None:
         """Delete everything under the stream's `<sub>/` (a consumer's folder), after the writes queued before."""

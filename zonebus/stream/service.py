@@ -485,8 +485,8 @@ class JetStreamService:
         cons = Consumer(stream, name, cfg, now_ns(), durable)
         stream.consumers[name] = cons
         if durable and self._persistent(stream):
-            self._save_consumer_meta(cons)
-            self._write_state(cons)
+            self._save_consumer_meta(cons, new=True)
+            self._write_state(cons, new=True)
         cons.start()
         return cons
 
@@ -510,20 +510,20 @@ class JetStreamService:
                 shutil.rmtree(self._consumer_dir(cons), ignore_errors=True)
         stream.recheck_interest()
 
-    def _save_consumer_meta(self, cons: Consumer) -> None:
+    def _save_consumer_meta(self, cons: Consumer, new: bool = False) -> None:
         doc = {"name": cons.name, "config": cons.cfg, "created": cons.created}
         shared = self._shared_of(cons.stream)
         if shared is not None:
-            shared.put_doc(f"consumers/{cons.name}", "meta", doc)
+            shared.put_doc(f"consumers/{cons.name}", "meta", doc, new)
             return
         d = self._consumer_dir(cons)
         make_dirs(d)  # fsynced, as the stream's meta.json: a created consumer survives a power loss (its state
         replace_file(d / "meta.json", json.dumps(doc).encode())  # file is not: acks may come back as redeliveries
 
-    def _write_state(self, cons: Consumer) -> None:
+    def _write_state(self, cons: Consumer, new: bool = False) -> None:
         shared = self._shared_of(cons.stream)
         if shared is not None:
-            shared.put_doc(f"consumers/{cons.name}", "state", cons.state_dict())
+            shared.put_doc(f"consumers/{cons.name}", "state", cons.state_dict(), new)
             return
         d = self._consumer_dir(cons)
         if d.is_dir():

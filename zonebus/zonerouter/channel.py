@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 from zonebus.storage.fs import ObjectStore
@@ -33,7 +34,8 @@ class RouterChannel:
         self.epoch = 0
         self._next = 0
         self.puts = self.gets = self.put_bytes = self.get_bytes = self.deletes = 0
-        self._written: set[int] = set()  # epochs this run wrote objects of, not trimmed yet
+        self._written: dict[int, set[int]] = {}  # epoch -> offsets this run wrote and did not delete yet
+        self._lock = threading.Lock()  # (writers and trims run in worker threads)
 
     # -- writer --------------------------------------------------------------------------------------
     def open(self) -> None:
@@ -61,20 +63,43 @@ class RouterChannel:
             self.store.put(key, data)
         self.puts += 1
         self.put_bytes += len(data)
-        self._written.add(epoch)
+        with self._lock:
+            self._written.setdefault(epoch, set()).add(offset)
 
     def written_up_to(self, epoch: int) -> bool:
         """Whether this run wrote objects of epochs <= `epoch` (a new channel id each run: nothing else is ours)."""
-        return any(e <= epoch for e in self._written)
+        with self._lock:
+            return any(e <= epoch for e in self._written)
 
     def trimmed(self, epoch: int) -> None:
         """Every folder of this channel up to `epoch` was deleted."""
-        self._written = {e for e in self._written if e > epoch}
+        with self._lock:
+            self._written = {e: offs for e, offs in self._written.items() if e > epoch}
+
+    def delete_up_to(self, epoch: int) -> int:
+        """Worker thread: delete this run's objects of epochs <= `epoch` by key (on S3 without a LIST: this run
+        knows what it wrote; a DELETE costs nothing), on a file system their folders; returns the folders."""
+        with self._lock:
+            gone = {e: offs for e, offs in self._written.items() if e <= epoch}
+        for e, offsets in sorted(gone.items()):
+            if self.store.local:
+                self.store.delete_prefix(f"{PREFIX}/{self.id.hex()}/{e:010d}")
+            else:
+                for offset in sorted(offsets):
+                    self.store.delete(object_key(self.id, e, offset))
+                    self.deletes += 1
+        self.trimmed(epoch)
+        return len(gone)
+
     def trim(self, batches: list[tuple[int, int]]) -> None:
         """Worker thread: delete batches the leaders are done with (answered, or given up on)."""
         for epoch, offset in batches:
             self.store.delete(object_key(self.id, epoch, offset))
             self.deletes += 1
+            with self._lock:
+                offsets = self._written.get(epoch)
+                if offsets is not None:
+                    offsets.discard(offset)
 
     def remove_stale(self) -> int:
         """Worker thread: delete the channels an earlier run of this server left (their batches were answered

@@ -140,9 +140,9 @@ class RouteEpochs:
         own = self.channel.id.hex()
         self._trims += 1
         leader = leader and self._trims % SWEEP_EVERY == 1  # a LIST and a GET per channel: not every epoch
-        if not leader and not self.channel.written_up_to(committed):
-            return 0, 0  # our channel has no object of a committed epoch: nothing to list (a billed LIST)
-        cids = [own] if not leader else store.list(PREFIX, dirs=True)
+        if not leader:  # our own objects, by key: no LIST (a billed request on S3)
+            return self.channel.delete_up_to(committed), 0
+        cids = store.list(PREFIX, dirs=True)
         owners: dict[str, tuple[str, float]] = {}
         if leader:
             for cid in cids:

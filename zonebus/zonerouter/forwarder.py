@@ -14,13 +14,18 @@ worker 0 knows as that worker's interest. A client's ack (`$JS.ACK.<stream>...`)
 another zone goes to the proxy too, which sends the leader ranges of acks. Everything else goes to the
 forwarder that was installed before (gateways) or to the core's own cluster delivery. Such subjects are kept
 off the clients' fast path (`memo_entries`).
+
+A client's message for a stream this server leads goes to this server's member of the stream's group, never to
+another server's: a leader cut off by a partition cannot withdraw its interest across it, and a random pick
+would hand half the publishes of the new leader's own zone to the old one (they time out) until the route
+dies (`_here`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zonebus.server.connection import CLIENT, WORKER
+from zonebus.server.connection import CLIENT, INTERNAL, WORKER
 from zonebus.stream.service import STREAM_QUEUE
 from zonebus.subjects.sublist import MatchResult
 
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
 
 _STREAM_QUEUE = STREAM_QUEUE.encode()
 _FILTERED_MAX = 10_000
+_HERE = (INTERNAL, CLIENT)  # a stream group's member on this server (the stream's own subscription)
 _CLIENTS = (CLIENT, WORKER)  # what clients of this server publish: here, or on another worker process
 
 
@@ -42,6 +48,7 @@ class RouterForwarder:
         self.router = router
         self.inner = inner
         self._filtered: dict[bytes, tuple[MatchResult, MatchResult]] = {}  # subject -> (match, without stream)
+        self._here: dict[bytes, tuple[MatchResult, MatchResult]] = {}  # subject -> (match, this server's member)
 
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: Any, r: MatchResult) -> bool:
@@ -61,6 +68,8 @@ class RouterForwarder:
                 if r.qsubs:
                     r = self._without_stream(subject, r, not ack)
                 taken = True
+            elif r.qsubs:
+                r = self._leader_here(subject, r, not ack)
         if taken and not r:  # only the leader wanted it: nothing else to deliver (and no "no responders")
             return True
         if self.inner is not None:
@@ -85,6 +94,27 @@ class RouterForwarder:
         if len(self._filtered) >= _FILTERED_MAX:
             self._filtered.clear()
         self._filtered[subject] = (r, out)
+        return out
+
+    def _leader_here(self, subject: bytes, r: MatchResult, keep: bool) -> MatchResult:
+        """`r` with each stream group that has a member on this server (the leader's stream subscription)
+        narrowed to it. `keep`: remember the result for `subject`."""
+        hit = self._here.get(subject) if keep else None
+        if hit is not None and hit[0] is r:
+            return hit[1]
+        out = r
+        if any(len(g) > 1 and g[0].queue.startswith(_STREAM_QUEUE) for g in r.qsubs):
+            groups = []
+            for g in r.qsubs:
+                if len(g) > 1 and g[0].queue.startswith(_STREAM_QUEUE):
+                    here = [s for s in g if s.conn.kind in _HERE]
+                    g = here or g
+                groups.append(g)
+            out = MatchResult(r.psubs, groups)
+        if keep:
+            if len(self._here) >= _FILTERED_MAX:
+                self._here.clear()
+            self._here[subject] = (r, out)
         return out
 
     def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:

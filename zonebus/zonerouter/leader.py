@@ -22,7 +22,7 @@ from zonebus.zonerouter import batch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.proxy import retry_error
 from zonebus.zonerouter.records import BatchAnswer, LinkRecord, answer_entries
-from zonebus.zonerouter.tailrefs import Origins
+from zonebus.zonerouter.tailrefs import Origin, Origins
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ Outcome = tuple[str, int | bytes]
 
 class _Source:
     def __init__(self) -> None:
-        self.queue: deque[tuple[str, LinkRecord, asyncio.Task]] = deque()
+        self.queue: deque[tuple[str, LinkRecord, asyncio.Task, bool]] = deque()  # (peer, record, read, stored)
         self.runner: asyncio.Task | None = None
 
 
@@ -49,8 +49,9 @@ class LeaderSide:
         self.inflight: dict[int, int] = {}  # route epoch -> link records of it not answered yet
         self.stats = {"batches": 0, "inline_batches": 0, "msgs": 0, "rejected": 0, "answer_bytes": 0}
 
-    def on_link(self, peer: str, rec: LinkRecord, data: bytes | None = None) -> None:
-        """A link record (the batch is read from its channel), or an inline batch (`data`, already here)."""
+    def on_link(self, peer: str, rec: LinkRecord, data: bytes | None = None, stored: bool | None = None) -> None:
+        """A link record (the batch is read from its channel), or an inline batch (`data`, already here;
+        `stored`: it is a channel object as well, so the replicated tail may name its records by link)."""
         loop = asyncio.get_running_loop()
         src = self.sources.get(rec.source)
         if src is None:
@@ -61,7 +62,7 @@ class LeaderSide:
             read = loop.create_task(_ready(data))
             self.stats["inline_batches"] += 1
         self.inflight[rec.epoch] = self.inflight.get(rec.epoch, 0) + 1
-        src.queue.append((peer, rec, read))
+        src.queue.append((peer, rec, read, data is None if stored is None else stored))
         if src.runner is None or src.runner.done():
             src.runner = loop.create_task(self._drain(src))
 
@@ -70,14 +71,14 @@ class LeaderSide:
         for src in self.sources.values():
             if src.runner is not None:
                 src.runner.cancel()
-            for _, _, read in src.queue:
+            for _, _, read, _ in src.queue:
                 read.cancel()
 
     async def _drain(self, src: _Source) -> None:
         while src.queue:
-            peer, rec, read = src.queue.popleft()
+            peer, rec, read, stored = src.queue.popleft()
             try:
-                outcomes = await self._apply(rec, read)
+                outcomes = await self._apply(rec, read, stored)
             except Exception:  # never leave the proxy without an answer
                 log.exception("zone router: applying batch %d failed", rec.offset)
                 outcomes = [("err", retry_error("leader failed to apply"))] * rec.count
@@ -91,10 +92,13 @@ class LeaderSide:
                 self.inflight.pop(rec.epoch, None)
 
     def inflight_floor(self) -> int | None:
-        """The oldest route epoch of a link record still being handled, or None."""
-        return min(self.inflight) if self.inflight else None
+        """The oldest route epoch of a link record still being handled, or of a channel object that records not
+        yet in a stored log object came from (the replicated tail names them by link record), or None."""
+        low = min(self.inflight) if self.inflight else None
+        kept = self.origins.floor() if self.origins is not None else None
+        return kept if low is None else low if kept is None else min(low, kept)
 
-    async def _apply(self, rec: LinkRecord, read: asyncio.Task) -> list[Outcome]:
+    async def _apply(self, rec: LinkRecord, read: asyncio.Task, stored: bool) -> list[Outcome]:
         if rec.epoch <= self.fenced_epoch():
             read.cancel()
             self.stats["rejected"] += 1
@@ -122,7 +126,7 @@ class LeaderSide:
                 prev = last.get(m.stream)
                 last[m.stream] = (stream, max(int(outcome[1]), prev[1] if prev else 0))
                 if outcome[0] == "ok" and self.origins is not None and getattr(stream.store, "tiered", False):
-                    self.origins.add(m.stream, int(outcome[1]), rec.source, rec.offset, i, m)
+                    self.origins.add(m.stream, int(outcome[1]), Origin(rec.source, rec.epoch, rec.offset, i, m, stored))
         if self.origins is not None:
             for name, (stream, _seq) in last.items():
                 self.origins.prune(name, getattr(stream.store, "durable_seq", 0))

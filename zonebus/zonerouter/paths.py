@@ -1,18 +1,24 @@
 """Which way a proxy's batches for one leader cross zones: through the shared store, or over the link.
 
-The storage path costs requests: one PUT of the channel object and one GET by the leader per batch, a few batches
-a second whatever the rate. The link path costs bytes: the batch, compressed (zstd), crosses one zone boundary.
-`PathChooser` keeps, per leader, the rate of payload bytes (a moving average over `WINDOW` seconds) and the
-compression ratio measured on the batches, and picks the cheaper one at the configured prices (`zonebus.prices`:
-a transfer list and a storage list) every time a batch is sealed:
+The storage path costs requests: one PUT of the channel object, one GET by the leader and, where the stream keeps
+a replicated tail, one GET by the proxy of each further zone (the tail names the batch's records by link record,
+`tailrefs`). The link path costs bytes: the batch, compressed (zstd), crosses to the leader, and the tail carries
+its records, compressed again, to each further zone. `PathChooser` keeps, per leader, the rate of payload bytes
+(a moving average over `WINDOW` seconds) and the compression ratio measured on the batches, and picks the
+cheaper one at the configured prices (`zonebus.prices`: a transfer list and a storage list) for every batch as
+it is sealed, from that batch's size:
 
-    link:    rate x ratio x price of a byte crossing
-    storage: batches per second (1 / linger) x (PUT + GET)
+    link:    bytes x ratio x price of a byte crossing x (1 + further zones)
+    storage: PUT + GET x (1 + further zones)
 
-So at a low rate a message goes over the link and at a high rate through storage; a `file://` store (no request
-price) always uses storage. The read path asks the same prices how large a compressed log object may be to go to
-a proxy inline with the snapshot answer rather than as a GET (`inline_limit`). `mode` forces one path (`storage`
-or `link`). `info()` says per leader which path is taken and why, for `/jsz`.
+So a small batch goes over the link and a large one (about 0.7 MB of 1 KiB JSON at S3 Standard and AWS transfer
+prices, with three zones) through storage; a `file://` store (no request price) always uses storage. A large
+batch forms only where that much is in flight: when a leader's unanswered bytes reach twice the size at which
+storage is cheaper (`gather_bytes`), the proxy lets the open batch fill until publishes stop coming (`GATHER_GAP`), it
+reaches `STORAGE_BATCH`, or `gather_linger` passed (`proxy.Proxy`). The read path asks the same prices how large a
+compressed log object may be to go to a proxy inline with the snapshot answer rather than as a GET
+(`inline_limit`). `mode` forces one path (`storage` or `link`). `info()` says per leader which path is taken and
+why, for `/jsz`.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from zonebus.prices import storage_prices, transfer_doc, transfer_per_byte
 
 WINDOW = 2.0  # seconds over which the byte rate is averaged
 STORAGE, LINK = "storage", "link"
+STORAGE_BATCH = 1 << 20  # bytes at which a gathering batch is sealed (S3 charges per request, not per byte)
+GATHER_GAP = 0.005  # seconds without a publish after which a gathering batch is sealed
 _LEVEL = 3
 
 
@@ -50,6 +58,8 @@ class PathChooser:
         self.per_batch = sp.per_request("PUT") + sp.per_request("GET")
         self.per_get = sp.per_request("GET")
         self.per_byte = transfer_per_byte(transfer_doc(transfer)[0])
+        self.further_zones = 0  # zones besides the proxy's and the leader's that a replicated tail reaches
+        self.gather_linger = max(storage_linger, 0.001)  # the longest a gathering batch fills
         self.flows: dict[str, _Flow] = {}
         self._cctx = zstandard.ZstdCompressor(level=_LEVEL)
         self._dctx = zstandard.ZstdDecompressor()
@@ -74,21 +84,40 @@ class PathChooser:
         decay = max(0.0, 1.0 - dt / WINDOW)
         f.rate = f.rate * decay + nbytes / WINDOW
 
-    def choose(self, leader: str) -> str:
+    def choose(self, leader: str, size: int) -> str:
+        """The path of a batch of `size` bytes for `leader`."""
         f = self._flow(leader)
         if self.mode in (STORAGE, LINK):
             f.path, f.why = self.mode, f"zone_router_path: {self.mode}"
         elif not self.billed:
             f.path, f.why = STORAGE, "the store bills no requests"
         else:
-            link = f.rate * f.ratio * self.per_byte
-            per_s = 1 / max(self.storage_linger, 0.001)  # batches a second through storage
-            storage = self.per_batch * per_s
+            crossings = 1 + self.further_zones
+            link = size * f.ratio * self.per_byte * crossings
+            storage = self.per_batch + self.per_get * self.further_zones
             f.path = LINK if link < storage else STORAGE
-            f.why = (f"{f.rate / 1e3:.0f} kB/s x {f.ratio:.2f} compressed over the link costs ${link * 3600:.4f}/h; "
-                     f"{per_s:.0f} batches/s through storage cost ${storage * 3600:.4f}/h")
+            f.why = (f"a batch of {size / 1e3:.0f} kB x {f.ratio:.2f} compressed crossing {crossings} zone "
+                     f"boundar{'y' if crossings == 1 else 'ies'} costs ${link * 1e6:.2f} per million; "
+                     f"through storage {1 + crossings} requests cost ${storage * 1e6:.2f} per million")
         f.batches[f.path] += 1
         return f.path
+
+    def break_even(self, leader: str) -> int:
+        """The batch size from which storage is the cheaper path for `leader` (0: a store without request
+        prices, or the link forced)."""
+        if self.mode == LINK or not self.billed or self.per_byte <= 0:
+            return 0
+        crossings = 1 + self.further_zones
+        return int((self.per_batch + self.per_get * self.further_zones)
+                   / (self._flow(leader).ratio * self.per_byte * crossings))
+
+    def gather_bytes(self, leader: str) -> int:
+        """The unanswered bytes from which a batch for `leader` gathers (0: never): twice the break-even size, so
+        that a gathered batch (at most `STORAGE_BATCH`) is clearly cheaper through storage, and its wait pays.
+        A smaller window of publishes in flight fills batches about as cheap either way; gathering would only
+        cost it latency."""
+        size = self.break_even(leader)
+        return 2 * size if 0 < size < STORAGE_BATCH else 0
 
     def compress(self, leader: str, data: bytes) -> bytes:
         out = self._cctx.compress(data)

@@ -1,15 +1,19 @@
 """The proxy side of the publish path: batch publishes per leader, send each batch to the leader the cheaper
 way, and fan its answer out as PubAcks.
 
-The storage path writes the batch to our RouterChannel and sends the leader a link record; the link path
-sends the batch itself, zstd-compressed, as an inline batch frame (no storage request). `paths.PathChooser`
-picks per batch from the flow's rate and compression ratio at the configured prices. A batch closes after
-`linger` (the link path) or `storage_linger` (the storage path, where each batch costs two requests) or at
-`max_bytes`; several uploads run at once, but link records and inline batches leave in channel-offset order,
-so one publisher's messages reach the leader in the order sent. A
-batch whose upload fails, whose leader cannot be reached or does not answer within `timeout` is answered
-with a retriable JetStream error (503): the client's publish raises and its retry goes through; nothing is
-acknowledged that the leader did not store. Runs on the event loop; uploads run in worker threads.
+The storage path writes the batch to our RouterChannel and sends the leader a link record; the link path sends
+the batch itself, zstd-compressed, as an inline batch frame (no storage request). `paths.PathChooser` picks per
+batch from its size and the flow's compression ratio at the configured prices. A batch closes after `linger` (the
+link path) or `storage_linger` (a store without request prices, or `zone_router_path: storage`) or at
+`max_bytes`. Where a leader's unanswered bytes reach twice the size at which storage is the cheaper path
+(`PathChooser.gather_bytes`: a burst, many publishes in flight), the open batch gathers instead: it closes once
+no batch to that leader is unanswered and publishes stopped coming for `GATHER_GAP` (the publishers wait for
+their acks: the batch holds what they had in flight), at `STORAGE_BATCH`, or after `gather_linger`. Several
+uploads run at once, but link records and inline batches leave in channel-offset order, so one publisher's
+messages reach the leader in the order sent. A batch whose upload fails, whose leader cannot be reached or does
+not answer within `timeout` is answered with a retriable JetStream error (503): the client's publish raises and
+its retry goes through; nothing is acknowledged that the leader did not store. Runs on the event loop; uploads
+run in worker threads.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dataclasses import dataclass, field
 
 from zonebus.zonerouter import batch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
-from zonebus.zonerouter.paths import LINK, PathChooser
+from zonebus.zonerouter.paths import GATHER_GAP, LINK, STORAGE, STORAGE_BATCH, PathChooser
 from zonebus.zonerouter.records import BatchAnswer, LinkRecord, streamed_frame
 from zonebus.zonerouter.tailrefs import SentBatches
 
@@ -51,6 +55,8 @@ class _Batch:
     sent_at: float = 0.0
     inline: bytes | None = None  # the link path: the batch, sent (compressed) instead of a link record
     stored: bool = False  # a channel object was written (to be trimmed once the leader is done with it)
+    opened: float = field(default_factory=time.monotonic)
+    settled: bool = False  # answered or failed: its bytes left the target's pending count
 
 
 class _Target:
@@ -58,6 +64,10 @@ class _Target:
         self.open: _Batch | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.queue: deque[_Batch] = deque()  # sealed, link record not sent yet, in offset order
+        self.pending = 0  # bytes submitted for this leader and not answered yet (open, queued or in flight)
+        self.flying = 0  # sealed batches not answered yet
+        self.gathering = False  # enough is in flight for a batch to fill up to the storage path's size
+        self.last_add = 0.0  # when the last publish was added (monotonic)
 
 
 class Proxy:
@@ -76,7 +86,7 @@ class Proxy:
         self.tasks: set[asyncio.Task] = set()
         self.sent = sent  # kept for the replicated tail's references (`tailrefs`); None: no tail here
         self.stats = {"msgs": 0, "bytes": 0, "batches": 0, "inline_batches": 0, "acked": 0, "errors": 0,
-                      "link_bytes": 0}
+                      "link_bytes": 0, "gathered_batches": 0, "largest_batch": 0}
 
     # -- intake --------------------------------------------------------------------------------------
     def submit(self, leader: str, stream: str, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
@@ -88,17 +98,40 @@ class Proxy:
             b = target.open = _Batch(leader)
         b.messages.append(batchfmt.Message(stream, subject, headers, payload))
         b.replies.append(reply)
-        b.size += len(subject) + len(headers) + len(payload) + 16
+        size = len(subject) + len(headers) + len(payload) + 16
+        b.size += size
+        target.pending += size
+        target.last_add = time.monotonic()
         self.stats["msgs"] += 1
         self.stats["bytes"] += len(payload)
         self.paths.seen(leader, len(payload))
-        if b.size >= self.max_bytes:
+        if b.size >= (STORAGE_BATCH if target.gathering else self.max_bytes):
             self._seal(leader, target)
         elif target.timer is None:
             loop = asyncio.get_running_loop()
-            linger = self.linger if self.paths.flows[leader].path == LINK else self.paths.storage_linger
-            target.timer = (loop.call_later(linger, self._seal, leader, target) if linger > 0
-                            else loop.call_soon(self._seal, leader, target))  # type: ignore[assignment]
+            paths = self.paths
+            short = paths.flows[leader].path == LINK or (paths.billed and paths.mode != STORAGE)
+            linger = self.linger if short else paths.storage_linger
+            target.timer = (loop.call_later(linger, self._linger_done, leader, target) if linger > 0
+                            else loop.call_soon(self._linger_done, leader, target))  # type: ignore[assignment]
+
+    def _linger_done(self, leader: str, target: _Target) -> None:
+        """The open batch's linger is over: seal it, unless it gathers (publishes still coming, enough in
+        flight for a batch the storage path carries cheaper) and may fill a while longer."""
+        target.timer = None
+        b = target.open
+        if b is None:
+            return
+        gather = self.paths.gather_bytes(leader)
+        target.gathering = bool(gather) and target.pending >= gather
+        if target.gathering:  # publishes come back as the batches in flight are answered: wait for them all
+            now = time.monotonic()
+            idle, age = now - target.last_add, now - b.opened
+            if (idle < GATHER_GAP or target.flying) and age < self.paths.gather_linger:
+                wait = min(max(GATHER_GAP - idle, 0.001), self.paths.gather_linger - age)
+                target.timer = asyncio.get_running_loop().call_later(wait, self._linger_done, leader, target)
+                return
+        self._seal(leader, target)
 
     def _seal(self, leader: str, target: _Target) -> None:
         if target.timer is not None:
@@ -108,12 +141,15 @@ class Proxy:
         if b is None:
             return
         b.epoch, b.offset = self.channel.next_offset()
+        target.flying += 1
         if self.sent is not None:  # the leader's tail may send these back to us by reference
             self.sent.add(b.offset, b.messages)
         target.queue.append(b)
         self.stats["batches"] += 1
+        self.stats["gathered_batches"] += target.gathering
         data = batchfmt.encode(b.messages)
-        if self.paths.choose(leader) == LINK:
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(data))
+        if self.paths.choose(leader, len(data)) == LINK:
             b.inline = data  # compressed when sent: blocks of the stream to the leader go in send order
             b.state = "uploaded"
             self.stats["inline_batches"] += 1
@@ -159,7 +195,8 @@ class Proxy:
         b = self.waiting.pop(ans.offset, None)
         if b is None or b.leader != peer:
             return
-        if b.stored:
+        self._settle(b)
+        if b.stored and self.sent is None:  # (a replicated tail may name its records: the epoch trim deletes it)
             self.done.append((b.epoch, b.offset))
         outcomes = ans.outcomes()
         if any(k == "err" and isinstance(v, bytes) and OUT_OF_STEP.encode() in v for k, v in outcomes):
@@ -177,8 +214,17 @@ class Proxy:
             if reply:
                 self.send_reply(reply, body)
 
+    def _settle(self, b: _Batch) -> None:
+        if not b.settled:
+            b.settled = True
+            target = self.targets.get(b.leader)
+            if target is not None:
+                target.pending -= b.size
+                target.flying -= 1
+
     def _fail(self, b: _Batch, why: str) -> None:
-        if b.state in ("uploaded", "sent") and b.stored:
+        self._settle(b)
+        if b.state in ("uploaded", "sent") and b.stored and self.sent is None:
             self.done.append((b.epoch, b.offset))
         b.state = "failed"
         self.stats["errors"] += len(b.replies)
@@ -204,4 +250,6 @@ class Proxy:
                 self._fail(b, f"no answer from leader {b.leader}")
 
     def info(self) -> dict[str, object]:
-        return {**self.stats, "awaiting_answer": len(self.waiting), "paths": self.paths.info()}
+        return {**self.stats, "awaiting_answer": len(self.waiting), "paths": self.paths.info(),
+                "pending_bytes": {leader: t.pending for leader, t in self.targets.items()},
+                "gathering": sorted(leader for leader, t in self.targets.items() if t.gathering)}

@@ -108,7 +108,11 @@ class ZoneRouter:
         linger = self.opts.zone_router_linger
         storage_linger = max(linger, self.opts.shared_store_latency_budget / 5) if billed else linger
         self.paths = PathChooser(self.opts.zone_router_path, billed, storage_linger)
+        if billed:  # a burst's batch gathers for at most this (a storage-path batch of 1 MB costs what 1 kB does)
+            self.paths.gather_linger = max(storage_linger, self.opts.shared_store_latency_budget * 2)
         self.tiered = billed and self.opts.zone_router_ack == "replicas"
+        if self.tiered:
+            self.paths.further_zones = max(len(self.view.zones) - 2, 0)
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
                            self.opts.zone_router_batch, self.paths, SentBatches() if self.tiered else None)
         self.serving.inline_limit = self.paths.inline_limit()
@@ -211,6 +215,8 @@ class ZoneRouter:
         view = derive(meta.membership.members, zone_of, self._is_live, self.leaving)
         if view != self.view:
             self.view = view
+            if self.paths is not None and self.tiered:  # the tail reaches every zone but the proxy's and leader's
+                self.paths.further_zones = max(len(view.zones) - 2, 0)
             self.changes += 1
             self._forget_routes()
             log.info("zone router: mapping %s", view.proxies)

@@ -152,11 +152,18 @@ class ReadServer:
         self.held[stream.name] = keep
 
     def tail_check(self) -> None:
-        """Periodic: stores whose replicas went away seal their open batch (acks then follow its PUT)."""
+        """Periodic: stores whose replicas went away seal their open batch (acks then follow its PUT); the
+        origins of records now in stored log objects are forgotten (their channel objects may go)."""
         for stream in list(self.svc.streams.values()):
             store = getattr(stream, "store", None)
             if store is not None and getattr(store, "tiered", False):
                 store.tail_check()
+        for name in self.origins.streams():
+            store = self._store(name)
+            if store is None or not getattr(store, "tiered", False):
+                self.origins.drop(name)  # no longer led here: a new leader keeps its own
+            else:
+                self.origins.prune(name, store.durable_seq)
 
     def _answer(self, peer: str, name: str, poll: rf.Poll) -> None:
         next_batch = poll.next_batch

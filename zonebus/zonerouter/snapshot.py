@@ -8,7 +8,8 @@ fell behind a base move, or the next batch is not the one named, the view is rel
 With a replicated tail (`zonebus.store.sharedtier`) the poll also says how much of the batches not stored yet
 the view holds (the leader's acknowledgement that this replica has them), the answer brings the records since
 (decompressed with one zstd stream per leader; the records this server published come back as references to
-what its proxy sent, `tailrefs`), and the view keeps them until the leader stored them; `tail`
+what its proxy sent, and those that came through another proxy's RouterChannel as link records to its objects,
+read here once each: `tailrefs`), and the view keeps them until the leader stored them; `tail`
 hands them to a new writer and from then on takes nothing from older writers. A pinned snapshot (a replica,
 `pinned`) never stops for idleness. `read(seqs)` waits until the view holds the sequences (or gives up after
 `WAIT`, reloading once) and returns the stored messages; `direct_get` answers a direct get from the view;
@@ -37,6 +38,7 @@ from zonebus.stream import direct
 from zonebus.stream.api import JSApi
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter import tailrefs
+from zonebus.zonerouter.channel import object_key
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class Snapshot:
         self.gen = 0  # the compression context of the tail's parts (0: none, the leader starts one)
         self._dobj: Any = None
         self.own: tuple[bytes, tailrefs.SentBatches] | None = None  # this server's channel and what it sent
+        self.linked = tailrefs.ChannelBatches(self._channel_object)  # channel objects the tail links to
         self.refs_off_until = 0.0  # a reference could not be rebuilt: whole records until then
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -189,6 +192,9 @@ class Snapshot:
             self._apply_parts(snap)
         self._note()
 
+    def _channel_object(self, channel: bytes, epoch: int, offset: int) -> bytes:
+        return self.view.objects.get(object_key(channel, epoch, offset))
+
     def _apply_parts(self, snap: rf.Snap) -> None:
         view = self.view
         if snap.gen != self.gen or self._dobj is None:
@@ -197,7 +203,8 @@ class Snapshot:
             self.stats["tail_resets"] += 1
         for b, e, off, header, packed in snap.parts:
             try:
-                chunk = tailrefs.rebuild(self._dobj.decompress(packed), self.own[1] if self.own else None)
+                chunk = tailrefs.rebuild(self._dobj.decompress(packed), self.own[1] if self.own else None,
+                                         self.linked)
             except zstandard.ZstdError:
                 self.gen, self._dobj = 0, None
                 return
@@ -285,4 +292,5 @@ class Snapshot:
 
     def info(self) -> dict[str, Any]:
         return {"last_seq": self.last_seq, "next_batch": self.next_batch, "pinned": self.pinned,
-                "tail_held": self.part[1], **self.stats}
+                "tail_held": self.part[1], "link_gets": self.linked.gets, "link_get_bytes": self.linked.get_bytes,
+                **self.stats}
