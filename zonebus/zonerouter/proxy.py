@@ -192,9 +192,10 @@ class Proxy:
     def on_answer(self, peer: str, ans: BatchAnswer) -> None:
         if ans.source != self.channel.id:
             return
-        b = self.waiting.pop(ans.offset, None)
+        b = self.waiting.get(ans.offset)
         if b is None or b.leader != peer:
-            return
+            return  # (not ours, or from another server: the batch still waits for its leader's answer)
+        del self.waiting[ans.offset]
         self._settle(b)
         if b.stored and self.sent is None:  # (a replicated tail may name its records: the epoch trim deletes it)
             self.done.append((b.epoch, b.offset))
