@@ -9,11 +9,9 @@ Every JetStream server of a cluster runs one `ClusteredJetStream`. Its parts:
   about one stream go to its leader as `$JSC.<leader hash>.<original subject>` with the client's reply subject,
   so the leader answers the client directly. STREAM.NAMES comes from the replicated state, STREAM.LIST
   gathers each leader's streams (`$JSC.<hash>.LIST`).
-- CONSUMER.LEADER.STEPDOWN: a consumer lives beside its stream's writer (it has no Raft group of its own), so
-  its leader is the stream's leader and stepping it down moves the stream, with all its consumers, to a standby
-  (`placement.preferred` picks which; `placement.tags`/`cluster` filter). The stream's leader checks the
-  consumer and answers as nats-server does in a cluster: for an R1 stream or a `num_replicas: 1` consumer
-  (nats-server: no Raft group) `success` whatever the body, else its placement errors (10005) and 10025.
+- CONSUMER.LEADER.STEPDOWN: a consumer lives beside its stream's writer (no Raft group of its own): stepping it
+  down moves the stream, with its consumers, to a standby (`placement` picks). The stream's leader answers as
+  nats-server does: `success` for an R1 stream or `num_replicas: 1` consumer, else placement errors (10005, 10025).
 - leadership: when an applied change makes this server a stream's leader it takes the stream over on the
   shared store (a new writer epoch fences any older writer) with its consumers, and subscribes its subjects;
   losing leadership releases it. Deliveries to clients on other servers keep the stream subject
