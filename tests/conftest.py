@@ -6,6 +6,9 @@
 - `server_pool` (session): servers shared between tests, keyed by (impl, config); for tests that only need a
   running server with a given config and leave it as they found it.
 - `server`: the shared default-config server of the current impl.
+
+Under pytest-xdist (`-n 2`, what .ci/run uses) each worker picks ports from its own slice
+(`ZONEBUS_PORT_SLICE`, see `zonebus.localservers.free_port`), so two workers never start servers on one port.
 """
 
 from __future__ import annotations
@@ -16,6 +19,13 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from zonebus.testing.processes import IMPLEMENTATIONS, ServerProcess, free_port
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... in an xdist worker process
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and count:
+        os.environ["ZONEBUS_PORT_SLICE"] = f"{int(worker[2:])}/{int(count)}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
