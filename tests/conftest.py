@@ -6,6 +6,12 @@
 - `server_pool` (session): servers shared between tests, keyed by (impl, config); for tests that only need a
   running server with a given config and leave it as they found it.
 - `server`: the shared default-config server of the current impl.
+
+Under pytest-xdist (`-n 2`, what .ci/run uses) each worker picks ports from its own slice
+(`ZONEBUS_PORT_SLICE`, see `zonebus.localservers.free_port`), so two workers never start servers on one port.
+Every Spark driver JVM the tests start (the `spark` fixture's, spark-submit's, `zonebus cost` subprocesses')
+gets `SPARK_SUBMIT_OPTS` for a quick start (the C1 compiler only, serial GC), as the standalone cluster's
+daemons do (zonebus.testing.sparkcluster): the tests' jobs are small, and the JIT work would cost more.
 """
 
 from __future__ import annotations
@@ -16,6 +22,15 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from zonebus.testing.processes import IMPLEMENTATIONS, ServerProcess, free_port
+from zonebus.testing.sparkcluster import QUICK_JVM
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", QUICK_JVM)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... in an xdist worker process
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and count:
+        os.environ["ZONEBUS_PORT_SLICE"] = f"{int(worker[2:])}/{int(count)}"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

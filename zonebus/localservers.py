@@ -1,6 +1,8 @@
 """zonebus server processes on 127.0.0.1, each started from a config text: what `zonebus demo` runs.
 
-`free_port()` picks a port nothing listens on, `wait_for_info(port)` waits until a server there sends its
+`free_port()` picks a port nothing listens on (in this process's slice of the range when
+`ZONEBUS_PORT_SLICE=i/n` is set, so that n test processes running side by side never pick the same port),
+`wait_for_info(port)` waits until a server there sends its
 INFO line, and `LocalServer` starts `python -m zonebus server` in a folder of its own, waits until its
 client port (and its monitoring port, when set) answers, and stops it (SIGTERM) on exit. The tests'
 harness (`zonebus.testing.processes`) builds on the same two helpers.
@@ -9,6 +11,7 @@ harness (`zonebus.testing.processes`) builds on the same two helpers.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import socket
@@ -32,15 +35,33 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _port_range() -> tuple[int, int]:
+    """The ports free_port picks from: below the ephemeral range, the i-th of n slices under
+    ZONEBUS_PORT_SLICE=i/n (pytest-xdist's workers, see tests/conftest.py)."""
+    high = _ephemeral_low() - 1
+    low = min(10000, high - 2000)
+    spec = os.environ.get("ZONEBUS_PORT_SLICE", "")
+    if spec:
+        try:
+            index, count = (int(part) for part in spec.split("/"))
+        except ValueError:
+            raise ValueError(f"ZONEBUS_PORT_SLICE must be i/n (two integers), got {spec!r}") from None
+        if not 0 <= index < count:
+            raise ValueError(f"ZONEBUS_PORT_SLICE {spec!r}: i must be in 0..n-1")
+        width = (high - low + 1) // count
+        low, high = low + index * width, low + (index + 1) * width - 1
+    return low, high
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now.
 
     Picked below the kernel's ephemeral range, so that no outgoing connection (a client, a route dialling
     out) can be given it as its local port between now and the moment a server binds it; never the same
     port twice in one process."""
-    low = _ephemeral_low()
+    low, high = _port_range()
     for _ in range(200):
-        port = random.randint(min(10000, low - 2000), low - 1)
+        port = random.randint(low, high)
         if port in _handed_out:
             continue
         with socket.socket() as s:

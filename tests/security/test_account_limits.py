@@ -164,11 +164,20 @@ REFUSED = ["-ERR 'maximum account active connections exceeded'", "CLOSED"]
 def _counted_client(here: ServerProcess, there: ServerProcess) -> RawClient:
     """A client of A logged in on `here`, once `there` refuses the next login for it. The first count a
     server publishes can go before the other's system-account interest reached it (nats-server does not
-    publish it again), so the client logs in again until it is counted."""
+    publish it again), so the client logs in again until it is counted. Its login on `here` may itself wait
+    for the slot of a client that just left `here` (the probe that saw the slot free on it: a server takes a
+    moment to count a closed connection out, zonebus's other workers a moment more)."""
+
+    def accepted() -> RawClient | None:
+        client = RawClient(here.port)
+        if client.connect(**A) == ["PONG"]:
+            return client
+        client.close()
+        return None
+
     deadline = time.monotonic() + 30
     while True:
-        client = RawClient(here.port)
-        assert client.connect(**A) == ["PONG"]
+        client = wait_until(accepted, f"{here.impl} to take a client of A", timeout=10)
         try:
             wait_until(lambda p=there.port: _login(p, A) == REFUSED, f"{there.impl} to count {here.impl}'s client",
                        timeout=3)

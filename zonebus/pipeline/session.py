@@ -2,7 +2,8 @@
 
 Local by default (`local[*]`, driver bound to 127.0.0.1, UI off, quiet logs, UTC session time zone). With
 `--master URL` it connects to that cluster; under `spark-submit` (the JVM started Python, so
-`PYSPARK_GATEWAY_PORT` is set) it uses whatever spark-submit was given. An already active session (tests,
+`PYSPARK_GATEWAY_PORT` is set) it uses whatever spark-submit was given (with `--master local[N]`, the
+local SQL settings where spark-submit was not given them). An already active session (tests,
 notebooks) is reused and left running. `check_java` looks for the Java runtime Spark needs before a session
 is started, so that a missing one is reported in plain words rather than as Spark's JAVA_GATEWAY_EXITED.
 """
@@ -93,6 +94,16 @@ def check_java() -> None:
         )
 
 
+def local_sql_settings() -> dict[str, str]:
+    """The SQL settings of a local session (the whole "cluster" is this machine)."""
+    return {
+        "spark.sql.shuffle.partitions": str(max(4, 2 * (os.cpu_count() or 2))),
+        # List ledger directories on the driver: a distributed listing job costs more than it saves
+        # when the "cluster" is this machine.
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
+    }
+
+
 def build_session(master: str | None, app_name: str, conf: dict[str, str] | None = None) -> SparkSession:
     """A new (or the active) SparkSession; `master=None` means local unless run by spark-submit."""
     active = SparkSession.getActiveSession()
@@ -114,17 +125,20 @@ def build_session(master: str | None, app_name: str, conf: dict[str, str] | None
         settings |= {
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
-            "spark.sql.shuffle.partitions": str(max(4, 2 * (os.cpu_count() or 2))),
             "spark.driver.memory": LOCAL_DRIVER_MEMORY,
-            # List ledger directories on the driver: a distributed listing job costs more than it saves
-            # when the "cluster" is this machine.
-            "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
             "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J_CONFIG.as_uri()}",
-        }
+        } | local_sql_settings()
     settings |= conf or {}
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if master is None and spark.sparkContext.master.startswith("local"):
+        # spark-submit --master local[N]: the same SQL settings as our own local sessions, where spark-submit
+        # was not given them (its default of 200 shuffle partitions makes a small report take a minute)
+        given = spark.sparkContext.getConf()
+        for key, value in local_sql_settings().items():
+            if not given.contains(key):
+                spark.conf.set(key, value)
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     _register_sources(spark)
