@@ -14,9 +14,11 @@ from collections import Counter
 from pathlib import Path
 
 import nats
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import (
     ServerProcess,
     cluster_config,
@@ -180,17 +182,31 @@ def test_fast_path_traffic_is_counted(tmp_path: Path) -> None:
     ledger = f'ledger {{ dir: "{tmp_path}", interval: "1s", subject_tokens: 2 }}'
     servers = [ServerProcess("zonebus", cluster_config(f"p{i}", route_ports[i], [route_ports[0]], [f"az:z{i}"],
                                                        extra=ledger), http_port=free_port()) for i in range(2)]
+    keys = [("p0", "client", "in"), ("p0", "client", "out"), ("p0", "route", "out"), ("p1", "route", "in"),
+            ("p1", "client", "out")]
+
+    def totals() -> tuple[list[dict], Counter]:
+        try:
+            rows = [r for r in _rows(tmp_path, "traffic") if r["subject_prefix"] == "metrics.cpu"]
+        except (AssertionError, OSError, pa.ArrowInvalid):  # no file yet, or one being written
+            return [], Counter()
+        total: Counter = Counter()
+        for r in rows:
+            total[(r["server"], r["link_kind"], r["direction"])] += r["msgs"]
+        return rows, total
+
     start_parallel(servers)
     try:
         wait_for_mesh(servers)
         delivered = asyncio.run(_plain_workload(servers, n))
+        # the running servers write each 1 s interval: wait for it (on a loaded machine a stop may outlast the
+        # harness's 10 s before SIGKILL, and the last interval with it; the stop's own flush is tested elsewhere)
+        wait_until(lambda: all(totals()[1][k] >= n for k in keys), "the ledger's rows of the workload",
+                   timeout=30, show=lambda: [totals()[1][k] for k in keys])
     finally:
         stop_all(servers)
     assert delivered == 2 * n
-    rows = [r for r in _rows(tmp_path, "traffic") if r["subject_prefix"] == "metrics.cpu"]
-    total = Counter()
-    for r in rows:
-        total[(r["server"], r["link_kind"], r["direction"])] += r["msgs"]
+    rows, total = totals()
     assert total[("p0", "client", "in")] == n
     assert total[("p0", "client", "out")] == n
     assert total[("p0", "route", "out")] == n
