@@ -56,6 +56,8 @@ class RouterChannel:
     def append(self, epoch: int, offset: int, data: bytes) -> None:
         """Worker thread: write one batch; durable when this returns."""
         key = object_key(self.id, epoch, offset)
+        with self._lock:  # (before the PUT: one that lands but whose answer is lost is deleted all the same)
+            self._written.setdefault(epoch, set()).add(offset)
         try:
             self.store.put(key, data)
         except FileNotFoundError:  # the epoch folder was trimmed under us (only on a file system): once more
@@ -63,13 +65,6 @@ class RouterChannel:
             self.store.put(key, data)
         self.puts += 1
         self.put_bytes += len(data)
-        with self._lock:
-            self._written.setdefault(epoch, set()).add(offset)
-
-    def written_up_to(self, epoch: int) -> bool:
-        """Whether this run wrote objects of epochs <= `epoch` (a new channel id each run: nothing else is ours)."""
-        with self._lock:
-            return any(e <= epoch for e in self._written)
 
     def trimmed(self, epoch: int) -> None:
         """Every folder of this channel up to `epoch` was deleted."""

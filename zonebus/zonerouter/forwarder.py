@@ -23,6 +23,7 @@ dies (`_here`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zonebus.server.connection import CLIENT, INTERNAL, WORKER
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 _STREAM_QUEUE = STREAM_QUEUE.encode()
 _FILTERED_MAX = 10_000
+Cache = dict[bytes, tuple[MatchResult, MatchResult]]  # subject -> (match, what is delivered of it)
 _HERE = (INTERNAL, CLIENT)  # a stream group's member on this server (the stream's own subscription)
 _CLIENTS = (CLIENT, WORKER)  # what clients of this server publish: here, or on another worker process
 
@@ -47,8 +49,8 @@ class RouterForwarder:
         self.server = server
         self.router = router
         self.inner = inner
-        self._filtered: dict[bytes, tuple[MatchResult, MatchResult]] = {}  # subject -> (match, without stream)
-        self._here: dict[bytes, tuple[MatchResult, MatchResult]] = {}  # subject -> (match, this server's member)
+        self._filtered: Cache = {}  # subject -> (match, without the stream groups)
+        self._here: Cache = {}  # subject -> (match, stream groups narrowed to this server's member)
 
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: Any, r: MatchResult) -> bool:
@@ -83,41 +85,46 @@ class RouterForwarder:
     def _without_stream(self, subject: bytes, r: MatchResult, keep: bool) -> MatchResult:
         """`r` without the streams' queue groups (`$JSQ.<stream>`): the router stores the message (or takes
         the ack). `keep`: remember the result for `subject` (not for an ack's subject, seen once)."""
-        hit = self._filtered.get(subject) if keep else None
-        if hit is not None and hit[0] is r:
-            return hit[1]
-        out = r
-        if any(g and g[0].queue.startswith(_STREAM_QUEUE) for g in r.qsubs):
-            out = MatchResult(r.psubs, [g for g in r.qsubs if not (g and g[0].queue.startswith(_STREAM_QUEUE))])
-        if not keep:
-            return out
-        if len(self._filtered) >= _FILTERED_MAX:
-            self._filtered.clear()
-        self._filtered[subject] = (r, out)
-        return out
+        return _cached(self._filtered, subject, r, keep, _no_stream_groups)
 
     def _leader_here(self, subject: bytes, r: MatchResult, keep: bool) -> MatchResult:
         """`r` with each stream group that has a member on this server (the leader's stream subscription)
         narrowed to it. `keep`: remember the result for `subject`."""
-        hit = self._here.get(subject) if keep else None
-        if hit is not None and hit[0] is r:
-            return hit[1]
-        out = r
-        if any(len(g) > 1 and g[0].queue.startswith(_STREAM_QUEUE) for g in r.qsubs):
-            groups = []
-            for g in r.qsubs:
-                if len(g) > 1 and g[0].queue.startswith(_STREAM_QUEUE):
-                    here = [s for s in g if s.conn.kind in _HERE]
-                    g = here or g
-                groups.append(g)
-            out = MatchResult(r.psubs, groups)
-        if keep:
-            if len(self._here) >= _FILTERED_MAX:
-                self._here.clear()
-            self._here[subject] = (r, out)
-        return out
+        return _cached(self._here, subject, r, keep, _stream_groups_here)
 
     def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:
         if subject.startswith(b"$JS.ACK.") or self.router.target(subject) is not None:
             return False
         return self.inner.memo_entries(subject, size, memo) if self.inner is not None else True
+
+
+
+def _cached(cache: Cache, subject: bytes, r: MatchResult, keep: bool,
+            narrow: Callable[[MatchResult], MatchResult]) -> MatchResult:
+    """`narrow(r)`, remembered for `subject` while the sublist hands out the same match (`keep`)."""
+    hit = cache.get(subject) if keep else None
+    if hit is not None and hit[0] is r:
+        return hit[1]
+    out = narrow(r)
+    if keep:
+        if len(cache) >= _FILTERED_MAX:
+            cache.clear()
+        cache[subject] = (r, out)
+    return out
+
+
+def _is_stream_group(g: list[Any]) -> bool:
+    return bool(g) and g[0].queue.startswith(_STREAM_QUEUE)
+
+
+def _no_stream_groups(r: MatchResult) -> MatchResult:
+    if not any(_is_stream_group(g) for g in r.qsubs):
+        return r
+    return MatchResult(r.psubs, [g for g in r.qsubs if not _is_stream_group(g)])
+
+
+def _stream_groups_here(r: MatchResult) -> MatchResult:
+    if not any(len(g) > 1 and _is_stream_group(g) for g in r.qsubs):
+        return r
+    return MatchResult(r.psubs, [([s for s in g if s.conn.kind in _HERE] or g)
+                                 if len(g) > 1 and _is_stream_group(g) else g for g in r.qsubs])

@@ -93,8 +93,8 @@ class PathChooser:
             f.path, f.why = STORAGE, "the store bills no requests"
         else:
             crossings = 1 + self.further_zones
-            link = size * f.ratio * self.per_byte * crossings
-            storage = self.per_batch + self.per_get * self.further_zones
+            link = size * self._link_per_byte(f)
+            storage = self._storage_per_batch()
             f.path = LINK if link < storage else STORAGE
             f.why = (f"a batch of {size / 1e3:.0f} kB x {f.ratio:.2f} compressed crossing {crossings} zone "
                      f"boundar{'y' if crossings == 1 else 'ies'} costs ${link * 1e6:.2f} per million; "
@@ -107,9 +107,15 @@ class PathChooser:
         prices, or the link forced)."""
         if self.mode == LINK or not self.billed or self.per_byte <= 0:
             return 0
-        crossings = 1 + self.further_zones
-        return int((self.per_batch + self.per_get * self.further_zones)
-                   / (self._flow(leader).ratio * self.per_byte * crossings))
+        return int(self._storage_per_batch() / self._link_per_byte(self._flow(leader)))
+
+    def _link_per_byte(self, f: _Flow) -> float:
+        """A batch byte over the link: compressed, it crosses to the leader and to each further zone."""
+        return f.ratio * self.per_byte * (1 + self.further_zones)
+
+    def _storage_per_batch(self) -> float:
+        """A batch through storage: its PUT, the leader's GET and one GET per further zone's replica."""
+        return self.per_batch + self.per_get * self.further_zones
 
     def gather_bytes(self, leader: str) -> int:
         """The unanswered bytes from which a batch for `leader` gathers (0: never): twice the break-even size, so
