@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from zonebus.zonerouter.paths import LINK, STORAGE, PathChooser
+from zonebus.zonerouter.paths import GATHER_FROM, LINK, STORAGE, PathChooser
 
 
 def payload(i: int) -> bytes:
@@ -27,7 +27,7 @@ def test_link_for_small_batches_storage_for_large_ones() -> None:
     # S3 Standard PUT $0.005 + GET $0.0004 per 1,000 against AWS $0.02/GB crossing: the break-even size
     alone = p.break_even("b1")
     assert alone == pytest.approx(5.4e-6 / (ratio * 0.02e-9), rel=0.01)
-    assert p.gather_bytes("b1") == 2 * alone
+    assert p.gather_bytes("b1") == int(GATHER_FROM * alone) and GATHER_FROM >= 1
     assert p.choose("b1", alone // 2) == LINK
     assert p.choose("b1", alone * 2) == STORAGE
     why = p.info()["leaders"]["b1"]["why"]  # type: ignore[index]
@@ -36,6 +36,18 @@ def test_link_for_small_batches_storage_for_large_ones() -> None:
     p.further_zones = 1
     assert p.break_even("b1") == pytest.approx(5.8e-6 / (ratio * 0.02e-9 * 2), rel=0.01)
     assert p.break_even("b1") < alone
+
+
+@pytest.mark.timeout(10)
+def test_a_batch_that_stays_here_is_measured_as_one_stream() -> None:
+    """The leader's own batches are not sent: `measure` gives them the ratio of the tail's stream, which
+    (compressing each batch against the ones before) beats compressing each small batch alone."""
+    alone, streamed = PathChooser("auto", billed=True, storage_linger=0.05), PathChooser("auto", True, 0.05)
+    for k in range(40):
+        data = b"".join(payload(k * 10 + i) for i in range(10))
+        alone.compress("me", data)
+        streamed.measure("me", data)
+    assert 0 < streamed.flows["me"].ratio < alone.flows["me"].ratio
 
 
 @pytest.mark.timeout(10)

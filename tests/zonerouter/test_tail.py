@@ -7,7 +7,8 @@ acknowledged message is in the stream at its acknowledged sequence, in each publ
 
 Twice: with the path chosen per batch (small batches: the link), and with every batch through storage
 (`zone_router_path: storage`), where the tail names the other proxies' records by link record into their
-RouterChannel objects (`tailrefs`): each replica reads those objects itself, none of them is trimmed before
+RouterChannel objects (`tailrefs`), the leader's own zone's batches too (its own proxy writes them to its own
+channel): each replica reads those objects itself, none of them is trimmed before
 the leader stored the records (no reference fails), and the new leader recovers from the rebuilt records."""
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: Mot
                 assert info["serving"]["tail_parts"] > 0, info["serving"]
                 # the other zones' publishes went back to their own proxies as references (`tailrefs`)
                 assert info["serving"]["tail_refs"] > 0, info["serving"]
+                # the leader's own zone publishes through its own proxy as well (seed 002: every message into
+                # the RouterChannel); with `storage`, into channel objects the replicas resolve
+                assert info["proxy"]["own_batches"] > 0, info["proxy"]
                 if path == "storage":  # and a third zone's batches as link records into their channel objects
                     for n in s:
                         if n != leader:

@@ -13,9 +13,11 @@ it is sealed, from that batch's size:
 
 So a small batch goes over the link and a large one (about 0.7 MB of 1 KiB JSON at S3 Standard and AWS transfer
 prices, with three zones) through storage; a `file://` store (no request price) always uses storage. A large
-batch forms only where that much is in flight: when a leader's unanswered bytes reach twice the size at which
-storage is cheaper (`gather_bytes`), the proxy lets the open batch fill until publishes stop coming (`GATHER_GAP`), it
-reaches `STORAGE_BATCH`, or `gather_linger` passed (`proxy.Proxy`). The read path asks the same prices how large a
+batch forms only where that much is in flight: when a leader's unanswered bytes (their peak of the last seconds)
+reach the size at which storage is cheaper (`gather_bytes`), the proxy lets the open batch fill until publishes
+stop coming (`GATHER_GAP`), it reaches `STORAGE_BATCH`, or `gather_linger` passed (`proxy.Proxy`). The leader's
+own zone counts as a proxy too (its batches stay on the server, and the link path's price is the tail's: the
+records cross to the further zones' replicas, `measure`). The read path asks the same prices how large a
 compressed log object may be to go to a proxy inline with the snapshot answer rather than as a GET
 (`inline_limit`). `mode` forces one path (`storage` or `link`). `info()` says per leader which path is taken and
 why, for `/jsz`.
@@ -33,7 +35,8 @@ from zonebus.prices import storage_prices, transfer_doc, transfer_per_byte
 
 WINDOW = 2.0  # seconds over which the byte rate is averaged
 STORAGE, LINK = "storage", "link"
-STORAGE_BATCH = 1 << 20  # bytes at which a gathering batch is sealed (S3 charges per request, not per byte)
+STORAGE_BATCH = 4 << 20  # bytes at which a gathering batch is sealed (S3 charges per request, not per byte)
+GATHER_FROM = 1.0  # a batch gathers where that many times its break-even size is in flight
 GATHER_GAP = 0.005  # seconds without a publish after which a gathering batch is sealed
 _LEVEL = 3
 
@@ -68,6 +71,7 @@ class PathChooser:
         self._gen = random.getrandbits(31) | 1
         self._out: dict[str, tuple[int, object]] = {}  # leader -> (generation, compressobj)
         self._in: dict[str, tuple[int, object]] = {}  # proxy -> (generation, decompressobj)
+        self._probe: dict[str, zstandard.ZstdCompressionObj] = {}  # (`measure`)
 
     def _flow(self, leader: str) -> _Flow:
         f = self.flows.get(leader)
@@ -118,12 +122,12 @@ class PathChooser:
         return self.per_batch + self.per_get * self.further_zones
 
     def gather_bytes(self, leader: str) -> int:
-        """The unanswered bytes from which a batch for `leader` gathers (0: never): twice the break-even size, so
-        that a gathered batch (at most `STORAGE_BATCH`) is clearly cheaper through storage, and its wait pays.
-        A smaller window of publishes in flight fills batches about as cheap either way; gathering would only
-        cost it latency."""
+        """The unanswered bytes from which a batch for `leader` gathers (0: never): `GATHER_FROM` times the
+        break-even size, so that a gathered batch (the publishes in flight, at most `STORAGE_BATCH`) is cheaper
+        through storage by a margin that pays its wait. A smaller window of publishes in flight fills batches
+        about as cheap either way; gathering would only cost it latency."""
         size = self.break_even(leader)
-        return 2 * size if 0 < size < STORAGE_BATCH else 0
+        return int(GATHER_FROM * size) if 0 < size < STORAGE_BATCH else 0
 
     def compress(self, leader: str, data: bytes) -> bytes:
         out = self._cctx.compress(data)
@@ -168,6 +172,16 @@ class PathChooser:
         """On the storage path, measure the ratio on one batch in 16 (the link path measures every one)."""
         if n % 16 == 0:
             self.compress(leader, data)
+
+    def measure(self, leader: str, data: bytes) -> None:
+        """A batch that stays on this server (the leader is here: its replicated tail carries the records,
+        compressed as one stream per replica): measure the ratio that stream gets, nothing is sent."""
+        s = self._probe.get(leader)
+        if s is None:
+            s = self._probe[leader] = zstandard.ZstdCompressor(level=_LEVEL).compressobj()
+        out = s.compress(data) + s.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        f = self._flow(leader)
+        f.ratio = 0.8 * f.ratio + 0.2 * (len(out) / max(len(data), 1))
 
     def decompress(self, data: bytes) -> bytes:
         return self._dctx.decompress(data)

@@ -5,15 +5,16 @@ The storage path writes the batch to our RouterChannel and sends the leader a li
 the batch itself, zstd-compressed, as an inline batch frame (no storage request). `paths.PathChooser` picks per
 batch from its size and the flow's compression ratio at the configured prices. A batch closes after `linger` (the
 link path) or `storage_linger` (a store without request prices, or `zone_router_path: storage`) or at
-`max_bytes`. Where a leader's unanswered bytes reach twice the size at which storage is the cheaper path
-(`PathChooser.gather_bytes`: a burst, many publishes in flight), the open batch gathers instead: it closes once
-no batch to that leader is unanswered and publishes stopped coming for `GATHER_GAP` (the publishers wait for
+`max_bytes`. Where a leader's unanswered bytes (their peak within `PEAK_WINDOW`) reach the size at which storage
+is the cheaper path (`PathChooser.gather_bytes`: a burst, many publishes in flight), the open batch gathers: it
+closes once no batch to that leader is unanswered and publishes stopped coming for `GATHER_GAP` (the publishers wait for
 their acks: the batch holds what they had in flight), at `STORAGE_BATCH`, or after `gather_linger`. Several
 uploads run at once, but link records and inline batches leave in channel-offset order, so one publisher's
 messages reach the leader in the order sent. A batch whose upload fails, whose leader cannot be reached or does
 not answer within `timeout` is answered with a retriable JetStream error (503): the client's publish raises and
-its retry goes through; nothing is acknowledged that the leader did not store. Runs on the event loop; uploads
-run in worker threads.
+its retry goes through; nothing is acknowledged that the leader did not store. The streams this server leads
+take the same way for its own clients (`here`): a batch goes to the leader side in this process (`local`), after
+its upload on the storage path, never over a link. Runs on the event loop; uploads run in worker threads.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT = 3.0  # nats-py waits 5 s for a PubAck
 OUT_OF_STEP = "compression stream out of step"  # the leader could not decode a streamed batch
+PEAK_WINDOW = 2.0  # seconds a leader's most pending bytes count as its window of publishes in flight
 
 
 def retry_error(why: str) -> bytes:
@@ -54,6 +56,7 @@ class _Batch:
     state: str = "open"  # open -> uploading -> uploaded -> sent (-> answered) | failed
     sent_at: float = 0.0
     inline: bytes | None = None  # the link path: the batch, sent (compressed) instead of a link record
+    data: bytes | None = None  # a batch for this server's own streams: handed to its leader side as it is
     stored: bool = False  # a channel object was written (to be trimmed once the leader is done with it)
     opened: float = field(default_factory=time.monotonic)
     settled: bool = False  # answered or failed: its bytes left the target's pending count
@@ -68,6 +71,8 @@ class _Target:
         self.flying = 0  # sealed batches not answered yet
         self.gathering = False  # enough is in flight for a batch to fill up to the storage path's size
         self.last_add = 0.0  # when the last publish was added (monotonic)
+        self.peak = 0  # the most bytes pending lately (within `PEAK_WINDOW` of `peak_at`)
+        self.peak_at = 0.0
 
 
 class Proxy:
@@ -85,8 +90,10 @@ class Proxy:
         self.done: list[tuple[int, int]] = []  # (epoch, offset) of batches the leader is done with: to trim
         self.tasks: set[asyncio.Task] = set()
         self.sent = sent  # kept for the replicated tail's references (`tailrefs`); None: no tail here
+        self.here = ""  # this server's name: batches for its own streams go to `local`, not over a link
+        self.local: Callable[[LinkRecord, bytes, bool], None] | None = None  # (record, batch, stored)
         self.stats = {"msgs": 0, "bytes": 0, "batches": 0, "inline_batches": 0, "acked": 0, "errors": 0,
-                      "link_bytes": 0, "gathered_batches": 0, "largest_batch": 0}
+                      "link_bytes": 0, "gathered_batches": 0, "largest_batch": 0, "own_batches": 0}
 
     # -- intake --------------------------------------------------------------------------------------
     def submit(self, leader: str, stream: str, subject: str, reply: str, headers: bytes, payload: bytes) -> None:
@@ -101,7 +108,9 @@ class Proxy:
         size = len(subject) + len(headers) + len(payload) + 16
         b.size += size
         target.pending += size
-        target.last_add = time.monotonic()
+        now = target.last_add = time.monotonic()
+        if target.pending >= target.peak or now - target.peak_at > PEAK_WINDOW:
+            target.peak, target.peak_at = target.pending, now
         self.stats["msgs"] += 1
         self.stats["bytes"] += len(payload)
         self.paths.seen(leader, len(payload))
@@ -123,9 +132,10 @@ class Proxy:
         if b is None:
             return
         gather = self.paths.gather_bytes(leader)
-        target.gathering = bool(gather) and target.pending >= gather
+        now = time.monotonic()
+        window = target.peak if now - target.peak_at <= PEAK_WINDOW else target.pending
+        target.gathering = bool(gather) and max(target.pending, window) >= gather
         if target.gathering:  # publishes come back as the batches in flight are answered: wait for them all
-            now = time.monotonic()
             idle, age = now - target.last_add, now - b.opened
             if (idle < GATHER_GAP or target.flying) and age < self.paths.gather_linger:
                 wait = min(max(GATHER_GAP - idle, 0.001), self.paths.gather_linger - age)
@@ -142,15 +152,21 @@ class Proxy:
             return
         b.epoch, b.offset = self.channel.next_offset()
         target.flying += 1
-        if self.sent is not None:  # the leader's tail may send these back to us by reference
+        own = leader == self.here
+        if self.sent is not None and not own:  # the leader's tail may send these back to us by reference
             self.sent.add(b.offset, b.messages)
         target.queue.append(b)
         self.stats["batches"] += 1
         self.stats["gathered_batches"] += target.gathering
         data = batchfmt.encode(b.messages)
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(data))
+        if own:
+            b.data = data
         if self.paths.choose(leader, len(data)) == LINK:
-            b.inline = data  # compressed when sent: blocks of the stream to the leader go in send order
+            if own:
+                self.paths.measure(leader, data)
+            else:
+                b.inline = data  # compressed when sent: blocks of the stream to the leader go in send order
             b.state = "uploaded"
             self.stats["inline_batches"] += 1
             self._send_ready(target)
@@ -177,6 +193,13 @@ class Proxy:
             if b.state != "uploaded":
                 continue
             link = LinkRecord(self.channel.id, b.offset, b.epoch, time.time_ns(), len(b.messages))
+            if b.data is not None and self.local is not None:  # our own stream: its leader side is here
+                data, b.data = b.data, None
+                self.stats["own_batches"] += 1
+                b.state, b.sent_at = "sent", time.monotonic()
+                self.waiting[b.offset] = b
+                self.local(link, data, b.stored)
+                continue
             rec = link.encode() if b.inline is None else streamed_frame(link, *self.paths.compress_stream(
                 b.leader, b.inline))
             b.inline = None

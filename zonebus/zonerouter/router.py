@@ -117,8 +117,10 @@ class ZoneRouter:
                            self.opts.zone_router_batch, self.paths, SentBatches() if self.tiered else None)
         self.serving.inline_limit = self.paths.inline_limit()
         self.serving.compress = self.paths.compress_object
-        self.leader = LeaderSide(self.channel, self.js.led_stream, self.link.send, self._fenced,
+        self.leader = LeaderSide(self.channel, self.js.led_stream, self._answer, self._fenced,
                                  self.serving.origins)
+        self.proxy.here = self.name
+        self.proxy.local = self._own_batch
         self.epochs = RouteEpochs(self.name, self.channel, self.opts.zone_router_epoch, self.leader.inflight_floor,
                                   self._live_servers)
         self.epochs.meta = self.meta
@@ -259,8 +261,18 @@ class ZoneRouter:
         assert self.meta is not None
         for rec in self.meta.state.streams.values():
             if any(matches(f, subject) for f in rec.config.get("subjects") or [rec.name]):
-                return self._stream_target(rec)
+                return self._own_target(rec) if rec.leader == self.name else self._stream_target(rec)
         return None
+
+    def _own_target(self, rec: Any) -> Target | None:
+        """A stream led here whose replicated tail reaches other zones: this server's clients' publishes go
+        through its own proxy as well (seed 002: every message into the RouterChannel, forwarded or not), so
+        that a burst's batches gather into channel objects the tail names by link record rather than carry
+        across zones in full; a small batch is handed to the leader side here as it is (`proxy.local`)."""
+        if not self.tiered or rec.config.get("storage") == "memory" or len(self.view.zones) < 2 \
+                or self.paths is None or self.paths.mode == "link":
+            return None
+        return (rec.name, self.name, self.name)
 
     def _stream_target(self, rec: Any) -> Target | None:
         zone = self.view.zone_of(rec.leader)
@@ -295,6 +307,19 @@ class ZoneRouter:
 
     def _reply(self, reply: str, body: bytes) -> None:
         self.client.publish(reply, body)
+
+    def _own_batch(self, rec: records.LinkRecord, data: bytes, stored: bool) -> None:
+        """Proxy: a batch for a stream led here goes to the leader side without a link."""
+        assert self.leader is not None
+        self.leader.on_link(self.name, rec, data, stored)
+
+    def _answer(self, peer: str, frame: bytes) -> bool:
+        """LeaderSide: a batch's answer, to the proxy here for our own batches."""
+        if peer == self.name:
+            if self.proxy is not None:
+                self.proxy.on_answer(peer, records.BatchAnswer.decode(frame))
+            return True
+        return self.link.send(peer, frame)
 
     def _send(self, peer: str, frame: bytes) -> bool:
         return self.link.send(peer, frame)
