@@ -89,3 +89,43 @@ async def test_replies_and_deliveries_wait_for_durability(tmp_path: Path) -> Non
     svc3, _fc3 = await make_service(tmp_path, "l3")
     assert sorted(svc3.streams) == ["S"] and svc3.streams["S"].consumers == {}
     await svc3.stop()
+
+
+@pytest.mark.timeout(30)
+async def test_consumer_states_are_one_document_per_stream(tmp_path: Path) -> None:
+    """Every durable consumer's state goes into the stream's `consumers/states` document (one PUT per flush on
+    s3://, not one per consumer); a consumer missing from it is read from its own older `state` document."""
+    svc, fc = await make_service(tmp_path, "l1")
+    api(svc, "STREAM.CREATE.S", {"name": "S", "subjects": ["s.>"]})
+    stream = svc.streams["S"]
+    for name, subject in (("A", "s.a"), ("B", "s.b")):
+        api(svc, f"CONSUMER.DURABLE.CREATE.S.{name}", {"stream_name": "S", "config": {
+            "durable_name": name, "ack_policy": "explicit", "filter_subject": subject}})
+    fc.subscribe("inbox", lambda *a: None)
+    for i in range(10):
+        stream.on_publish(f"s.{'ab'[i % 2]}", "inbox", None, f"m{i}".encode())
+    await until(lambda: len(replies(fc, "inbox")) == 10, "10 PubAcks", timeout=5)
+    for name, n in (("A", 2), ("B", 3)):
+        fc.subscribe(f"pull.{name}", lambda *a: None)
+        stream.consumers[name].waiting.add(f"pull.{name}", json.dumps({"batch": n}).encode())
+    await until(lambda: (stream.consumers["A"].dseq, stream.consumers["B"].dseq) == (2, 3), "deliveries", timeout=5)
+    await svc.stop()
+
+    folder = tmp_path / "shared" / "streams" / "S" / "consumers"
+    assert [p.name.split(".")[0] for p in folder.iterdir() if p.is_file()] == ["states"]
+    assert not list(folder.glob("*/state.*.json"))  # no consumer's own state document
+    states = json.loads(next(folder.glob("states.*.json")).read_bytes())
+    assert sorted(states) == ["A", "B"]
+    # a consumer of an older writer: its meta and its own state document, not in `states`
+    old = folder / "C"
+    old.mkdir()
+    (old / "meta.00000000000000000001.json").write_text(json.dumps(
+        {"name": "C", "config": {"durable_name": "C", "ack_policy": "explicit", "filter_subject": "s.a"},
+         "created": 1}))
+    (old / "state.00000000000000000001.json").write_text(json.dumps({**states["A"], "dseq": 7}))
+
+    svc2, _fc2 = await make_service(tmp_path, "l2")
+    s2 = svc2.streams["S"]
+    assert (s2.consumers["A"].dseq, s2.consumers["B"].dseq, s2.consumers["C"].dseq) == (2, 3, 7)
+    assert sorted(s2.consumers["B"].pending) == [2, 4, 6]
+    await svc2.stop()

@@ -9,7 +9,8 @@ readers. Under the store's root:
     streams/<stream>/log/<batch>.<epoch>.blk         one group-commit batch: header + file-store records
     streams/<stream>/base/<batch>.<epoch>.json       the log starts at `batch`; sequences < `next_seq` are gone
     streams/<stream>/stream.<epoch>.json             the stream's config (highest epoch wins)
-    streams/<stream>/consumers/<name>/meta.<epoch>.json, state.<epoch>.json
+    streams/<stream>/consumers/states.<epoch>.json   every durable consumer's state: {name: state}
+    streams/<stream>/consumers/<name>/meta.<epoch>.json, state.<epoch>.json (a state not in `states`: older)
 
 Numbers in names are decimal, zero-padded to 20 digits. The log is the chain of batches B, B+1, ... (B from
 the highest base object, else 1) where batch b is the object written by the epoch that governs b: walk the

@@ -442,10 +442,14 @@ class SharedView(MsgStore):
         return self.read_doc("", "stream")
 
     def consumers(self) -> dict[str, tuple[dict, dict | None]]:
-        """consumer name -> (meta document, state document or None)."""
+        """consumer name -> (meta document, state document or None). The states are one document of the
+        stream's (`consumers/states`); a consumer missing from it has its own (`consumers/<name>/state`, as
+        written before the states were kept together)."""
         out = {}
+        states = self.read_doc("consumers", "states") or {}
         for name in self.objects.list(f"{self.prefix}/consumers", dirs=True):
             meta = self.read_doc(f"consumers/{name}", "meta")
             if meta is not None:
-                out[name] = (meta, self.read_doc(f"consumers/{name}", "state"))
+                state = states.get(name)
+                out[name] = (meta, state if isinstance(state, dict) else self.read_doc(f"consumers/{name}", "state"))
         return out

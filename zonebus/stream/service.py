@@ -382,9 +382,12 @@ class JetStreamService:
         if stream is None:
             return
         self._unsubscribe_stream(stream)
+        shared = self._shared_of(stream)
+        if shared is not None:
+            self._write_states(stream, shared)
         for cons in stream.consumers.values():
             self._dirty.discard(cons)
-            if cons.durable and self._persistent(stream):
+            if cons.durable and shared is None and self._persistent(stream):
                 self._write_state(cons)
             cons.stop()
         stream.close()
@@ -486,7 +489,7 @@ class JetStreamService:
         stream.consumers[name] = cons
         if durable and self._persistent(stream):
             self._save_consumer_meta(cons, new=True)
-            self._write_state(cons, new=True)
+            self._write_state(cons)
         cons.start()
         return cons
 
@@ -520,10 +523,10 @@ class JetStreamService:
         make_dirs(d)  # fsynced, as the stream's meta.json: a created consumer survives a power loss (its state
         replace_file(d / "meta.json", json.dumps(doc).encode())  # file is not: acks may come back as redeliveries
 
-    def _write_state(self, cons: Consumer, new: bool = False) -> None:
+    def _write_state(self, cons: Consumer) -> None:
         shared = self._shared_of(cons.stream)
         if shared is not None:
-            shared.put_doc(f"consumers/{cons.name}", "state", cons.state_dict(), new)
+            self._write_states(cons.stream, shared)
             return
         d = self._consumer_dir(cons)
         if d.is_dir():
@@ -540,12 +543,24 @@ class JetStreamService:
             self._flush_handle = self.loop.call_later(BILLED_STATE_FLUSH_DELAY if billed else STATE_FLUSH_DELAY,
                                                       self._flush_states)
 
+    @staticmethod
+    def _write_states(stream: Stream, shared: SharedStore) -> None:
+        """A shared store keeps the state of all of a stream's durable consumers in one document
+        (`consumers/states.<epoch>.json`): one PUT per flush, whatever the number of consumers."""
+        shared.put_doc("consumers", "states", {c.name: c.state_dict() for c in stream.consumers.values()
+                                               if c.durable and not c.closed})
+
     def _flush_states(self) -> None:
         self._flush_handle = None
         dirty, self._dirty = self._dirty, set()
+        written: set[str] = set()
         for cons in dirty:
-            if cons.closed or not self._persistent(cons.stream) or cons.stream.name not in self.streams:
+            stream = cons.stream
+            if cons.closed or not self._persistent(stream) or stream.name not in self.streams \
+                    or stream.name in written:
                 continue
+            if self._shared_of(stream) is not None:
+                written.add(stream.name)
             try:
                 self._write_state(cons)
             except OSError:
