@@ -246,7 +246,7 @@ class Bench:
                 lambda i, t: (f'jetstream {{ store_dir: "{t}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
                               f'zone_router: true, zone_router_ack: "{self.ack}", '
                               f's3 {{ endpoint: "{ep}", region: "{region}" }} }}'),
-                env=self.s3.env(endpoint=False))
+                cluster_extra="compression: s2_best", env=self.s3.env(endpoint=False))
         stack.callback(self.cluster.stop)
         self.cluster.start(tmp)
         if self.impl == "zonebus":
