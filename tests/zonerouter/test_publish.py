@@ -6,14 +6,15 @@ servers (counted on every route by a byte-counting proxy) are a tiny fraction of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from tests.zonerouter.kit import FULL, LAYOUT, full_view, publish_numbered, router_info, start_zoned, stream_in_z2
-from zonebus.testing.polling import wait_until
+from zonebus.testing.polling import until, wait_until
 
 PAYLOAD = 1024
 PER_PUBLISHER = 600
@@ -86,7 +87,13 @@ async def test_dedupe_and_expected_last_sequence_through_the_router(zoned) -> No
     try:
         await stream_in_z2(nc, "DED", ["ded.>"])
         js = pub.jetstream(timeout=10)
-        first = await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
+
+        async def first_publish() -> object:  # c1 learns of the stream from the meta group a moment after b1
+            with contextlib.suppress(NoStreamResponseError, nats.errors.NoRespondersError):
+                return await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
+            return None
+
+        first = await until(first_publish, "c1 routing the stream's subjects")
         again = await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
         assert first.seq == 1 and not first.duplicate
         assert again.seq == 1 and again.duplicate
