@@ -37,10 +37,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import logging
+import math
 import os
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +66,7 @@ from zonebus.testing.zonecluster import ZoneCluster, pct, stream_led_in  # noqa:
 
 LEADER = "s2"
 BUCKET = "zonebus-whole-bill"
+LEDGER_INTERVAL = 1  # seconds: the zonebus servers' ledger windows (the cost report's check)
 RETENTION_DAYS = 7
 HEAD_RE = re.compile(rb'"pub":"([^"]+)","seq":(\d+),"ts":(\d+)')
 WORDS = ("express", "standard", "parcel", "fragile", "return", "gift", "priority", "bulk", "north", "south",
@@ -245,7 +249,8 @@ class Bench:
                 self.label, "zonebus",
                 lambda i, t: (f'jetstream {{ store_dir: "{t}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
                               f'zone_router: true, zone_router_ack: "{self.ack}", '
-                              f's3 {{ endpoint: "{ep}", region: "{region}" }} }}'),
+                              f's3 {{ endpoint: "{ep}", region: "{region}" }} }}\n'
+                              f'ledger {{ dir: "{tmp}/ledger", interval: "{LEDGER_INTERVAL}s" }}'),
                 cluster_extra="compression: s2_best", env=self.s3.env(endpoint=False))
         stack.callback(self.cluster.stop)
         self.cluster.start(tmp)
@@ -315,6 +320,7 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     # of seconds would weigh them a thousandfold); their state kept while the workload runs is counted
     setup = bench.storage_counts()
     bench.reset_counters()
+    since = time.time()
     seconds = args.seconds if workload == "steady" else args.burst_seconds
     rate = args.rate / len(pubs) if workload == "steady" else None
     pub_tasks = [asyncio.create_task(run_publisher(servers[int(p.name.split("-")[1][1:]) - 1].url, p,
@@ -341,7 +347,8 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     counts = bench.storage_counts()
     stored, where = await bench.stored_bytes(stream)
     return {"pubs": pubs, "cons": cons, "cross": cross, "counts": counts, "stored": stored, "where": where,
-            "pub_elapsed": pub_elapsed, "elapsed": time.perf_counter() - t0, "setup": setup}
+            "pub_elapsed": pub_elapsed, "elapsed": time.perf_counter() - t0, "setup": setup,
+            "since": since, "until": time.time(), "stream": stream}
 
 
 def router_bytes(bench: Bench) -> str:
@@ -411,6 +418,53 @@ def _in_order(con: Con, pub: str) -> bool:
     return counters == sorted(counters)
 
 
+def cost_report(bench: Bench, ledger: Path, res: dict) -> dict:
+    """`zonebus cost report --json` over the zonebus servers' ledger, for the windows of the counted span (the
+    ledger's interval is 1 s: the span is widened to whole windows), with the R3 comparison measured on the
+    stream's own messages (`--streams`)."""
+    assert bench.s3 is not None
+    stream = res["stream"]
+    cmd = [sys.executable, "-m", "zonebus", "cost", "report", "--ledger", str(ledger), "--json", "--quiet",
+           "--since", str(math.floor(res["since"] / LEDGER_INTERVAL) * LEDGER_INTERVAL),
+           "--until", str(math.ceil(res["until"] / LEDGER_INTERVAL) * LEDGER_INTERVAL),
+           "--r3-subjects", f"{stream.lower()}.>", "--streams", f"s3://{BUCKET}/zb", "--stream", stream]
+    env = {**os.environ, **bench.s3.env(), "SPARK_LOCAL_IP": "127.0.0.1"}
+    log(f"cost report over the zonebus ledger ({stream})")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode != 0:
+        log(f"cost report failed: {out.stderr.strip()[-500:]}")
+        return {}
+    return json.loads(out.stdout).get("whole_bill", {})
+
+
+def report_lines(results: list[tuple[Bench, str, dict]]) -> list[str]:
+    """The cost report's whole bill (the zonebus run's ledger) against the bench's own figures: zonebus's bill
+    (transfer, requests and per-GB charges; the bench leaves storage kept out of its $/GB) and the report's
+    model of nats-server R3 against the nats-server run measured in the same bench, both per GB published."""
+    std = storage_prices("s3-standard")
+    nats = {w: r for b, w, r in results if b.impl == "nats"}
+    lines = []
+    for b, w, r in results:
+        bill = r.get("report")
+        if b.impl != "zonebus" or not bill:
+            continue
+        parts = bill["parts_usd"]
+        report_usd = parts["transfer"] + parts["storage_requests"] + parts["storage_per_gb"]
+        published = sum(p.bytes for p in r["pubs"]) / std.bytes_per_gb
+        bench_gb = bill_per_gb(r, std)
+        line = (f"- cost report vs bench, {w}: zonebus ${report_usd / published:.4f}/GB (report: transfer "
+                f"${parts['transfer']:.6f}, requests ${parts['storage_requests']:.6f}) vs ${bench_gb:.4f}/GB "
+                f"(bench): {100 * (report_usd / published / bench_gb - 1):+.1f}%")
+        r3 = bill.get("nats_r3")
+        if r3 and w in nats:
+            model = r3["cost_usd"] / published
+            measured = bill_per_gb(nats[w], std)
+            line += (f"; nats-server R3 ${model:.4f}/GB (report's model, ratio {r3['compression_ratio']:.3f}) vs "
+                     f"${measured:.4f}/GB (measured): {100 * (model / measured - 1):+.1f}%")
+        lines.append(line)
+    return lines
+
+
 def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespace) -> None:
     rows = [summarize(b.label, w, r) for b, w, r in results]
     cols = list(rows[0])
@@ -463,6 +517,8 @@ def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespac
               f"{ratio:.2f} B stored per B published): " + ", ".join(
                   f"{n} ${ratio * gb_month * storage_prices(n).storage_per_gb_month:.4f}/GB published"
                   for n in lists))
+    for line in report_lines(results):
+        print(line)
     print(f"- prices: transfer {load_prices('aws').per_gb_crossing:.3f} $/GB crossing (aws); requests, upload and "
           "retrieval from zonebus.prices s3-standard / s3-express; storage GB-month not in the $/GB columns.")
 
@@ -477,7 +533,11 @@ async def main_async(args: argparse.Namespace) -> None:
             with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-bill-") as tmp:
                 log(f"starting {bench.label} for {w}")
                 bench.start(stack, Path(tmp))
-                results.append((bench, w, await run_workload(bench, w, args)))
+                res = await run_workload(bench, w, args)
+                if bench.impl == "zonebus" and args.report:
+                    bench.cluster.stop()  # (the servers write their last ledger window)
+                    res["report"] = await asyncio.to_thread(cost_report, bench, Path(tmp) / "ledger", res)
+                results.append((bench, w, res))
             log(f"done: {bench.label}, {w}")
     print_report(results, args)
     print(f"- machine: {os.cpu_count()} cores, load average {started_load} at the start, "
@@ -500,6 +560,8 @@ def main() -> None:
     ap.add_argument("--ack", choices=("replicas", "storage"), default="replicas",
                     help="zonebus's zone_router_ack: replicas (the default) or storage (a PUT before each ack)")
     ap.add_argument("--prefix-depth", type=int, default=4, help="key prefix depth of the storage request counts")
+    ap.add_argument("--no-report", dest="report", action="store_false",
+                    help="skip `zonebus cost report` over the zonebus servers' ledger (checked against the bench)")
     args = ap.parse_args()
     bad = set(args.workloads) - {"steady", "burst"}
     if bad:

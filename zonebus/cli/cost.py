@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from zonebus.pipeline.errors import PipelineInputError, PipelineOptionError
@@ -44,6 +45,19 @@ def _ratio(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be > 0 and <= 1 (compressed / raw bytes), got {text!r}")
     return value
+
+
+def _instant(text: str) -> float:
+    """Epoch seconds, or an ISO 8601 time (UTC unless it names an offset)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected epoch seconds or an ISO 8601 time, got {text!r}")
+    return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--r3-subjects", default="", metavar="LIST",
                      help="comma-separated subjects of the streams, for the R3 comparison (default: every client "
                           "subject but $JS., $SYS., _INBOX, _R_)")
+    rep.add_argument("--since", type=_instant, metavar="TIME",
+                     help="only ledger windows starting at or after TIME (epoch seconds or ISO 8601, UTC)")
+    rep.add_argument("--until", type=_instant, metavar="TIME", help="only ledger windows starting before TIME")
 
     sim = sub.add_parser("simulate", parents=[common], help="what-if cost of routing policies",
                          description="Sample routing decisions for a topology and price them per policy.")
@@ -164,6 +181,8 @@ def _report(args: argparse.Namespace) -> int:
     prices = load_prices(args.prices)
     storage = _storage_prices(args.storage_prices)
     subjects = tuple(p.strip() for p in args.r3_subjects.split(",") if p.strip())
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        raise PipelineOptionError("--since must be before --until")
     if not is_url(args.ledger):
         locate_ledger(None, args.ledger)  # fail fast, before the JVM starts
     streams = _check_streams(args)
@@ -175,7 +194,8 @@ def _report(args: argparse.Namespace) -> int:
     check_java()
     opts = ReportOptions(args.ledger, args.out, prices, args.top, args.skip_corrupt,
                          streams=args.streams, stream_names=tuple(streams), storage_prices=storage,
-                         r3_ratio=args.r3_compression_ratio, r3_subjects=subjects)
+                         r3_ratio=args.r3_compression_ratio, r3_subjects=subjects, since=args.since,
+                         until=args.until)
     with spark_session(args.master, "zonebus-cost-report") as spark, \
             Progress(spark, enabled=_progress_wanted(args)) as progress:
         summary = run_report(spark, opts, progress)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from zonebus.ledger import schema as S
@@ -53,6 +54,12 @@ class LedgerLocation:
     decisions: str | None  # None: no decision rows (no queue groups were used)
     durable_queue: str | None = None  # None: no durable queue group rows
     storage: str | None = None  # None: no storage request rows (no shared store, or an older ledger)
+    since: float | None = None  # only windows starting at or after this (epoch seconds; --since)
+    until: float | None = None  # only windows starting before this (--until)
+
+    def within(self, since: float | None, until: float | None) -> LedgerLocation:
+        """The same ledger, read only for the windows that start in [since, until)."""
+        return replace(self, since=since, until=until)
 
 
 def is_url(path: str) -> bool:
@@ -144,26 +151,36 @@ def _read(spark: SparkSession, path: str, schema: T.StructType, kind: str) -> Da
         raise explain_read_error(exc, path)
 
 
+def _window(df: DataFrame, loc: LedgerLocation) -> DataFrame:
+    """Rows of the windows that start in [loc.since, loc.until), when set."""
+    start = F.unix_micros(F.col(S.WINDOW_START)) / 1e6
+    if loc.since is not None:
+        df = df.where(start >= loc.since)
+    if loc.until is not None:
+        df = df.where(start < loc.until)
+    return df
+
+
 def read_traffic(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
-    return _read(spark, loc.traffic, TRAFFIC_SPARK_SCHEMA, S.TRAFFIC)
+    return _window(_read(spark, loc.traffic, TRAFFIC_SPARK_SCHEMA, S.TRAFFIC), loc)
 
 
 def read_decisions(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
     if loc.decisions is None:
         return spark.createDataFrame([], DECISIONS_SPARK_SCHEMA)
-    return _read(spark, loc.decisions, DECISIONS_SPARK_SCHEMA, S.DECISIONS)
+    return _window(_read(spark, loc.decisions, DECISIONS_SPARK_SCHEMA, S.DECISIONS), loc)
 
 
 def read_durable_queue(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
     if loc.durable_queue is None:
         return spark.createDataFrame([], DURABLE_QUEUE_SPARK_SCHEMA)
-    return _read(spark, loc.durable_queue, DURABLE_QUEUE_SPARK_SCHEMA, S.DURABLE_QUEUE)
+    return _window(_read(spark, loc.durable_queue, DURABLE_QUEUE_SPARK_SCHEMA, S.DURABLE_QUEUE), loc)
 
 
 def read_storage(spark: SparkSession, loc: LedgerLocation) -> DataFrame:
     if loc.storage is None:
         return spark.createDataFrame([], STORAGE_SPARK_SCHEMA)
-    return _read(spark, loc.storage, STORAGE_SPARK_SCHEMA, S.STORAGE)
+    return _window(_read(spark, loc.storage, STORAGE_SPARK_SCHEMA, S.STORAGE), loc)
 
 
 def first_line(text: str) -> str:

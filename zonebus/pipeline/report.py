@@ -76,6 +76,8 @@ class ReportOptions:
     storage_prices: StoragePrices | None = None  # --storage-prices (None: S3 Standard)
     r3_ratio: float | None = None  # --r3-compression-ratio (None: measured with --streams, else 0.4)
     r3_subjects: tuple[str, ...] = ()  # --r3-subjects: the streams' subjects (default: all client subjects)
+    since: float | None = None  # --since: only ledger windows starting then or later (epoch seconds)
+    until: float | None = None  # --until: only windows starting before then
 
 
 @contextmanager
@@ -97,7 +99,7 @@ def _conf(spark: SparkSession, key: str, value: str | None) -> Iterator[None]:
 
 def run_report(spark: SparkSession, opts: ReportOptions, progress: Progress) -> dict[str, Any]:
     """Run the report; return the summary. Bad input raises PipelineInputError."""
-    loc = locate_ledger(spark, opts.ledger)
+    loc = locate_ledger(spark, opts.ledger).within(opts.since, opts.until)
     with _conf(spark, "spark.sql.files.ignoreCorruptFiles", "true" if opts.skip_corrupt else None):
         try:
             return _run(spark, opts, loc, progress)
