@@ -238,3 +238,23 @@ def test_r3_subject_matching_and_measured_ratio() -> None:
     random = measure_ratio([("s.y", os.urandom(1000)) for _ in range(50)])
     assert same is not None and same < 0.1
     assert random is not None and random > 0.5
+
+
+@pytest.mark.timeout(60)
+def test_r3_ratio_follows_the_messages_per_route_write() -> None:
+    """A slow stream's route writes carry a message or two, which S2 compresses worse than a burst's: the model
+    measures the ratio at the messages per write that the ledger's stream rate implies."""
+    import json
+    import random as rnd
+
+    from zonebus.pipeline.r3model import COALESCE_S, measure_ratio, write_msgs
+
+    rng = rnd.Random(5)
+    words = [f"w{rng.randrange(10**6)}" for _ in range(400)]
+    msgs = [("orders.eu", json.dumps({"order": i, "customer": rng.randrange(10**6), "sku": rng.choice(words),
+                                       "note": " ".join(rng.choice(words) for _ in range(60))}).encode())
+            for i in range(600)]
+    one, burst = measure_ratio(msgs, write_msgs(100)), measure_ratio(msgs, write_msgs(5000))
+    assert write_msgs(100) == 1 and write_msgs(5000) == round(5000 * COALESCE_S) > 1
+    assert one is not None and burst is not None and burst < one
+    assert measure_ratio(msgs) is not None and measure_ratio(msgs) <= burst  # (64 KiB blocks: best of all)

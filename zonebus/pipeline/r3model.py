@@ -27,7 +27,8 @@ the comparison only when the ledger has storage rows (streams on a shared store)
 
 The default compression ratio, 0.4, is an assumption, not a measurement (what S2 achieves depends on the payloads);
 `zonebus cost report --streams URL` measures it instead on the streams' own messages with Snappy (S2's
-subset, pyarrow's codec) over route-framed batches, and `--r3-compression-ratio` sets it.
+subset, pyarrow's codec), route-framed, in blocks of the messages one route write would carry at the ledger's
+stream rate (`write_msgs`), and `--r3-compression-ratio` sets it.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ DEFAULT_RATIO = 0.4
 EXCLUDED_PREFIXES = ("$JS.", "$SYS.", "_INBOX", "_R_", "$JSC.", "$JSD")
 REPLICAS = 3
 SAMPLE_FRAMES = 4096  # messages compressed to measure the ratio
-BATCH_BYTES = 64 * 1024  # route writes are batched about this much before S2 compresses them
+BATCH_BYTES = 64 * 1024  # a route write carries at most about this much
+COALESCE_S = 0.003  # a stream's messages that reach a route within this long leave in one write (see below)
 
 
 def matches(prefix: str, pattern: str) -> bool:
@@ -125,9 +127,19 @@ def r3_bill(traffic: dict[str, int], zones: int, ratio: float, prices: Prices,
     }
 
 
-def measure_ratio(payloads: Sequence[tuple[str, bytes]]) -> float | None:
-    """Compressed / raw bytes of route-framed messages (`RMSG $G <subject> <size>\\r\\n<data>\\r\\n`) in batches
-    of about BATCH_BYTES, with Snappy; None without messages."""
+def write_msgs(rate: float) -> int:
+    """Messages per route write at `rate` stream messages per second: those that arrive within `COALESCE_S`.
+    S2 compresses each write as one block, so a slow stream's writes (a message or two, the case of clients
+    that await each PubAck) compress far worse than a burst's. The window is calibrated on nats-server 2.15 in
+    `bench/whole_bill.py` (R3, `s2_best`, 1 KiB JSON): its steady run (600 msgs/s) crossed zones at a ratio
+    of about 0.5 and its burst (about 4,000 msgs/s) at about 0.35, which Snappy gives for 2 and 12 messages
+    per write."""
+    return max(1, round(rate * COALESCE_S))
+
+
+def measure_ratio(payloads: Sequence[tuple[str, bytes]], per_write: int | None = None) -> float | None:
+    """Compressed / raw bytes of route-framed messages (`RMSG $G <subject> <size>\\r\\n<data>\\r\\n`), with
+    Snappy, `per_write` messages a block (None: blocks of about BATCH_BYTES); None without messages."""
     raw = done = 0
     batch: list[bytes] = []
     size = 0
@@ -135,7 +147,7 @@ def measure_ratio(payloads: Sequence[tuple[str, bytes]]) -> float | None:
         frame = b"RMSG $G %s %d\r\n%s\r\n" % (subject.encode(), len(data), data)
         batch.append(frame)
         size += len(frame)
-        if size >= BATCH_BYTES:
+        if size >= BATCH_BYTES or (per_write is not None and len(batch) >= per_write):
             raw, done = raw + size, done + len(pa.compress(b"".join(batch), codec="snappy", asbytes=True))
             batch, size = [], 0
     if batch:

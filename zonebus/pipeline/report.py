@@ -243,9 +243,15 @@ def _add_whole_bill(spark: SparkSession, opts: ReportOptions, loc: Any, summary:
     if ratio is None and opts.streams:
         from zonebus.pipeline.stream_contents import sample_messages
 
-        ratio = r3model.measure_ratio(sample_messages(spark, opts.streams, opts.stream_names, r3model.SAMPLE_FRAMES))
-        basis = (f"measured: Snappy (S2's subset) over route-framed batches of up to {r3model.SAMPLE_FRAMES:,} of the "
-                 "streams' messages")
+        published = r3model.stream_traffic(r3model.client_flows(read_traffic(spark, loc)),
+                                           opts.r3_subjects)["published_msgs"]
+        rate = published / max(span.end_s - span.first_s, 1e-9)
+        per_write = r3model.write_msgs(rate)
+        ratio = r3model.measure_ratio(sample_messages(spark, opts.streams, opts.stream_names, r3model.SAMPLE_FRAMES),
+                                      per_write)
+        basis = (f"measured: Snappy (S2's subset) on up to {r3model.SAMPLE_FRAMES:,} of the streams' messages, "
+                 f"route-framed, {per_write} a write (those of {r3model.COALESCE_S * 1e3:g} ms at the ledger's "
+                 f"{rate:,.0f} stream msgs/s)")
     if ratio is None:
         ratio, basis = r3model.DEFAULT_RATIO, ("assumed, not measured; measure it on the streams with --streams "
                                                "URL or set it with --r3-compression-ratio")
