@@ -298,6 +298,12 @@ class Bench:
 # -- one run ---------------------------------------------------------------------------------------------
 
 
+async def to_window_edge() -> None:
+    """Wait for the next ledger window to begin (windows start at multiples of `LEDGER_INTERVAL`)."""
+    now = time.time()
+    await asyncio.sleep(math.floor(now / LEDGER_INTERVAL + 1) * LEDGER_INTERVAL - now + 0.005)
+
+
 async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) -> dict:
     stream = workload.upper()
     await bench.make_stream(stream)
@@ -318,6 +324,7 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
     # counted from here: the stream's and the consumers' creation are one-off requests, not a cost per GB (a run
     # of seconds would weigh them a thousandfold); their state kept while the workload runs is counted
+    await to_window_edge()  # the counted span is whole ledger windows: the cost report counts the same
     setup = bench.storage_counts()
     bench.reset_counters()
     since = time.time()
@@ -341,6 +348,8 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
         await asyncio.gather(*con_tasks)
     finally:
         ticker.cancel()
+    await to_window_edge()
+    until = time.time()
     cross = bench.cluster.cross_zone()
     if bench.impl == "zonebus":
         log(f"{bench.label} {workload}: zone router link bytes {router_bytes(bench)}")
@@ -348,7 +357,7 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     stored, where = await bench.stored_bytes(stream)
     return {"pubs": pubs, "cons": cons, "cross": cross, "counts": counts, "stored": stored, "where": where,
             "pub_elapsed": pub_elapsed, "elapsed": time.perf_counter() - t0, "setup": setup,
-            "since": since, "until": time.time(), "stream": stream}
+            "since": since, "until": until, "stream": stream}
 
 
 def router_bytes(bench: Bench) -> str:
@@ -419,14 +428,14 @@ def _in_order(con: Con, pub: str) -> bool:
 
 
 def cost_report(bench: Bench, ledger: Path, res: dict) -> dict:
-    """`zonebus cost report --json` over the zonebus servers' ledger, for the windows of the counted span (the
-    ledger's interval is 1 s: the span is widened to whole windows), with the R3 comparison measured on the
+    """`zonebus cost report --json` over the zonebus servers' ledger, for the windows of the counted span (it
+    starts and ends at window edges, `to_window_edge`), with the R3 comparison measured on the
     stream's own messages (`--streams`)."""
     assert bench.s3 is not None
     stream = res["stream"]
     cmd = [sys.executable, "-m", "zonebus", "cost", "report", "--ledger", str(ledger), "--json", "--quiet",
            "--since", str(math.floor(res["since"] / LEDGER_INTERVAL) * LEDGER_INTERVAL),
-           "--until", str(math.ceil(res["until"] / LEDGER_INTERVAL) * LEDGER_INTERVAL),
+           "--until", str(math.floor(res["until"] / LEDGER_INTERVAL) * LEDGER_INTERVAL),
            "--r3-subjects", f"{stream.lower()}.>", "--streams", f"s3://{BUCKET}/zb", "--stream", stream]
     env = {**os.environ, **bench.s3.env(), "SPARK_LOCAL_IP": "127.0.0.1"}
     log(f"cost report over the zonebus ledger ({stream})")

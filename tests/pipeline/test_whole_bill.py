@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -157,6 +158,25 @@ def test_whole_bill_at_s3_express_and_r3_subjects(
     assert (r3["published_bytes"], r3["delivered_bytes"]) == (2000, 2000)
     assert r3["compression_ratio"] == 0.4 and "assumed" in r3["compression_ratio_basis"]
     assert r3["cross_zone_bytes"] == pytest.approx(0.4 * (1000 + 2000 + 1000))
+
+
+@pytest.mark.timeout(300)
+def test_since_and_until_keep_the_windows_that_start_between(
+        spark: object, bill_ledger: Path, run_cli: Callable[..., tuple[int, str, str]]) -> None:
+    """--since/--until: only the rows of the ledger windows starting in [since, until), as epoch seconds or ISO
+    8601 (how the bench counts the same span as its own counters)."""
+    iso = datetime.fromtimestamp(W2, UTC).isoformat()
+    for since, until, kinds in ((str(W2), None, {"PUT": 20, "GET": 5}), (iso, None, {"PUT": 20, "GET": 5}),
+                                (str(W1), str(W2), {"PUT": 150, "GET": 300, "DELETE": 50, "LIST": 10})):
+        code, out, err = run_cli("report", "--ledger", str(bill_ledger), "--json", "--quiet", "--since", since,
+                                 *(["--until", until] if until else []))
+        assert code == 0, err
+        bill = json.loads(out)["whole_bill"]
+        assert {k: v["requests"] for k, v in bill["storage_requests"]["by_kind"].items()} == kinds, (since, until)
+    code, _out, err = run_cli("report", "--ledger", str(bill_ledger), "--json", "--since", str(W2), "--until", str(W1))
+    assert code == 2 and "--since must be before --until" in err
+    code, _out, err = run_cli("report", "--ledger", str(bill_ledger), "--json", "--since", "yesterday")
+    assert code == 2 and "--since: expected epoch seconds or an ISO 8601 time" in err
 
 
 @pytest.mark.timeout(300)

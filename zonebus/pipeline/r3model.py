@@ -27,8 +27,9 @@ the comparison only when the ledger has storage rows (streams on a shared store)
 
 The default compression ratio, 0.4, is an assumption, not a measurement (what S2 achieves depends on the payloads);
 `zonebus cost report --streams URL` measures it instead on the streams' own messages with Snappy (S2's
-subset, pyarrow's codec), route-framed, in blocks of the messages one route write would carry at the ledger's
-stream rate (`write_msgs`), and `--r3-compression-ratio` sets it.
+subset, pyarrow's codec), route-framed, in blocks of the messages one route write would carry at the stream
+rate of each ledger window (`write_msgs`, weighed by the window's bytes: `write_mix`), and
+`--r3-compression-ratio` sets it.
 """
 
 from __future__ import annotations
@@ -135,6 +136,39 @@ def write_msgs(rate: float) -> int:
     of about 0.5 and its burst (about 4,000 msgs/s) at about 0.35, which Snappy gives for 2 and 12 messages
     per write."""
     return max(1, round(rate * COALESCE_S))
+
+
+def write_mix(traffic: DataFrame, subjects: Sequence[str]) -> dict[int, int]:
+    """Messages per route write (`write_msgs` of each ledger window's stream publish rate) -> the stream bytes
+    published in windows of that rate: a burst and the quiet after it are weighed each at its own rate."""
+    rows = (traffic.where((F.col(S.LINK_KIND) == "client") & (F.col(S.DIRECTION) == "in"))
+            .groupBy(S.WINDOW_START, S.SUBJECT_PREFIX)
+            .agg(F.sum(S.MSGS).alias(S.MSGS), F.sum(S.BYTES).alias(S.BYTES), F.max(S.INTERVAL_S).alias("iv"))
+            .collect())
+    windows: dict[Any, list[float]] = {}
+    for r in rows:
+        if is_stream_prefix(r[S.SUBJECT_PREFIX] or "", subjects):
+            w = windows.setdefault(r[S.WINDOW_START], [0, 0, 0.0])
+            w[0] += int(r[S.MSGS] or 0)
+            w[1] += int(r[S.BYTES] or 0)
+            w[2] = max(w[2], float(r["iv"] or 0))
+    mix: dict[int, int] = {}
+    for msgs, nbytes, interval in windows.values():
+        if nbytes:
+            k = write_msgs(msgs / interval if interval > 0 else 0.0)
+            mix[k] = mix.get(k, 0) + int(nbytes)
+    return mix
+
+
+def mixed_ratio(payloads: Sequence[tuple[str, bytes]], mix: dict[int, int]) -> float | None:
+    """`measure_ratio` at each messages-per-write of `mix`, weighed by its bytes (None without messages)."""
+    total = sum(mix.values())
+    if not total:
+        return measure_ratio(payloads)
+    parts = [(measure_ratio(payloads, k), n) for k, n in mix.items()]
+    if any(r is None for r, _ in parts):
+        return None
+    return sum(r * n for r, n in parts if r is not None) / total
 
 
 def measure_ratio(payloads: Sequence[tuple[str, bytes]], per_write: int | None = None) -> float | None:

@@ -243,15 +243,13 @@ def _add_whole_bill(spark: SparkSession, opts: ReportOptions, loc: Any, summary:
     if ratio is None and opts.streams:
         from zonebus.pipeline.stream_contents import sample_messages
 
-        published = r3model.stream_traffic(r3model.client_flows(read_traffic(spark, loc)),
-                                           opts.r3_subjects)["published_msgs"]
-        rate = published / max(span.end_s - span.first_s, 1e-9)
-        per_write = r3model.write_msgs(rate)
-        ratio = r3model.measure_ratio(sample_messages(spark, opts.streams, opts.stream_names, r3model.SAMPLE_FRAMES),
-                                      per_write)
+        mix = r3model.write_mix(read_traffic(spark, loc), opts.r3_subjects)
+        ratio = r3model.mixed_ratio(sample_messages(spark, opts.streams, opts.stream_names, r3model.SAMPLE_FRAMES),
+                                    mix)
+        writes = ", ".join(f"{k} ({n / max(sum(mix.values()), 1):.0%} of the bytes)" for k, n in sorted(mix.items()))
         basis = (f"measured: Snappy (S2's subset) on up to {r3model.SAMPLE_FRAMES:,} of the streams' messages, "
-                 f"route-framed, {per_write} a write (those of {r3model.COALESCE_S * 1e3:g} ms at the ledger's "
-                 f"{rate:,.0f} stream msgs/s)")
+                 f"route-framed, as many a write as reach a route in {r3model.COALESCE_S * 1e3:g} ms at each ledger "
+                 f"window's stream rate: {writes or 'no stream publishes'}")
     if ratio is None:
         ratio, basis = r3model.DEFAULT_RATIO, ("assumed, not measured; measure it on the streams with --streams "
                                                "URL or set it with --r3-compression-ratio")
