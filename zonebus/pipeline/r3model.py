@@ -49,7 +49,7 @@ EXCLUDED_PREFIXES = ("$JS.", "$SYS.", "_INBOX", "_R_", "$JSC.", "$JSD")
 REPLICAS = 3
 SAMPLE_FRAMES = 4096  # messages compressed to measure the ratio
 BATCH_BYTES = 64 * 1024  # a route write carries at most about this much
-COALESCE_S = 0.003  # a stream's messages that reach a route within this long leave in one write (see below)
+COALESCE_S = 0.005  # a stream's messages that reach a route within this long leave in one write (see below)
 
 
 def matches(prefix: str, pattern: str) -> bool:
@@ -131,10 +131,11 @@ def r3_bill(traffic: dict[str, int], zones: int, ratio: float, prices: Prices,
 def write_msgs(rate: float) -> int:
     """Messages per route write at `rate` stream messages per second: those that arrive within `COALESCE_S`.
     S2 compresses each write as one block, so a slow stream's writes (a message or two, the case of clients
-    that await each PubAck) compress far worse than a burst's. The window is calibrated on nats-server 2.15 in
-    `bench/whole_bill.py` (R3, `s2_best`, 1 KiB JSON): its steady run (600 msgs/s) crossed zones at a ratio
-    of about 0.5 and its burst (about 4,000 msgs/s) at about 0.35, which Snappy gives for 2 and 12 messages
-    per write."""
+    that await each PubAck) compress far worse than a burst's. The window is fitted to nats-server 2.15 in
+    `bench/whole_bill.py` (R3, `s2_best`, 1 KiB JSON; 2026-11-28): with 3 ms the model was 22% over the
+    steady run's measured bill (560 msgs/s) and 11% over the burst's (about 2,400 msgs/s); 5 ms (3 and 12
+    messages a write there) puts both within about 5% of that run. nats-server's own figure moves by about 10%
+    between runs (where it places its R3 leader)."""
     return max(1, round(rate * COALESCE_S))
 
 
