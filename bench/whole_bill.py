@@ -543,8 +543,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 log(f"starting {bench.label} for {w}")
                 bench.start(stack, Path(tmp))
                 res = await run_workload(bench, w, args)
+                bench.cluster.stop()  # (the servers write their last ledger window; before `tmp` goes)
                 if bench.impl == "zonebus" and args.report:
-                    bench.cluster.stop()  # (the servers write their last ledger window)
                     res["report"] = await asyncio.to_thread(cost_report, bench, Path(tmp) / "ledger", res)
                 results.append((bench, w, res))
             log(f"done: {bench.label}, {w}")
