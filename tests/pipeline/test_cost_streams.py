@@ -15,8 +15,10 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.js.api import StreamInfo
 
 from zonebus.store.sharedview import SharedView
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 ZONES = ("z1", "z2", "z3")
@@ -60,10 +62,12 @@ async def _publish(servers: list[ServerProcess]) -> int:
         await nc.flush()
     total = sum(w[2] for w in WORKLOAD)
     js = conns["z1"].jetstream(timeout=5)
-    deadline = time.monotonic() + 15
-    while (info := await js.stream_info("ORDERS")).state.messages < total:
-        assert time.monotonic() < deadline, f"the stream has {info.state.messages} of {total} messages"
-        await asyncio.sleep(0.05)
+
+    async def full() -> StreamInfo | None:
+        info = await js.stream_info("ORDERS")
+        return info if info.state.messages >= total else None
+
+    info = await until(full, f"the stream to hold {total} messages", timeout=15)
     for nc in conns.values():
         await nc.close()
     return int(info.state.bytes)
