@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import nats
@@ -29,18 +28,20 @@ WORKLOAD = [("z1", "orders.eu.new", 30, 100), ("z2", "orders.us.new", 20, 300),
 
 async def _create_stream(url: str, deadline_s: float = 30) -> None:
     """Add the stream once the meta group has a leader (polled)."""
-    deadline = time.monotonic() + deadline_s
     nc = await nats.connect(url)
+    refused: list[Exception] = []
     try:
         js = nc.jetstream(timeout=2)
-        while True:
+
+        async def added() -> bool:
             try:
                 await js.add_stream(name="ORDERS", subjects=["orders.>"])
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+                return True
+            except Exception as exc:
+                refused[:] = [exc]
+                return False
+
+        await until(added, "the ORDERS stream to be added", timeout=deadline_s, interval=0.2, show=lambda: refused)
     finally:
         await nc.close()
 
