@@ -10,6 +10,11 @@ Declared here so that no extension reaches into JetStream by a private name, or 
 - `ApiHook` (`ClusteredJetStream.api_hook`): a JetStream API request of a stream led elsewhere; True when the
   hook took it (else the request goes to the stream's leader as usual).
 - `ClusteredJetStream.to_leader(...)`: hand an API request to the stream's leader (the router's fallback).
+- `JetStreamService.stream_queue` (a flag): every subscription of a stream joins the queue group
+  `STREAM_QUEUE + name`, so that a forwarder can tell a stream's interest from core subscribers'.
+- `MetaFormedHook` (`ClusteredJetStream.meta_formed`, a list): run once the meta group is up.
+- `ClusteredJetStream.led_stream(name)`, `JetStreamService.streams` / `loop`: what the router reads of
+  JetStream's state.
 - `ShownForwarder` (`InternalClient.shown_forwarder`, a hook of the server core declared in
   `zonebus.server.internal`): sends a delivery to a route keeping the stream subject it shows;
   `zonebus.stream.routed` sets JetStream's, and the zone router's internal client takes the same one.
@@ -17,14 +22,18 @@ Declared here so that no extension reaches into JetStream by a private name, or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from zonebus.server.internal import ShownForwarder
 
 if TYPE_CHECKING:
+    from zonebus.meta import MetaGroup
     from zonebus.stream.stream import Stream
 
-__all__ = ["ApiHook", "ShownForwarder", "TailHook", "TapHook", "VisibleHook"]
+__all__ = ["ApiHook", "MetaFormedHook", "ShownForwarder", "TailHook", "TapHook", "VisibleHook"]
+
+MetaFormedHook = Callable[["MetaGroup"], None]
 
 
 class TapHook(Protocol):
