@@ -9,11 +9,11 @@ import asyncio
 
 import nats
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import APIError
+from nats.js.api import AckPolicy, ConsumerConfig, PubAck
+from nats.js.errors import APIError, NoStreamResponseError
 
 from tests.zonerouter.kit import FULL, LAYOUT, full_view, publish_numbered, router_info, start_zoned, stream_in_z2
-from zonebus.testing.polling import wait_until
+from zonebus.testing.polling import until, wait_until
 
 PAYLOAD = 1024
 PER_PUBLISHER = 600
@@ -86,7 +86,14 @@ async def test_dedupe_and_expected_last_sequence_through_the_router(zoned) -> No
     try:
         await stream_in_z2(nc, "DED", ["ded.>"])
         js = pub.jetstream(timeout=10)
-        first = await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
+
+        async def first_ack() -> PubAck | None:  # a moment after the create, c1 may not have its interest yet
+            try:
+                return await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
+            except NoStreamResponseError:  # (no responders: nothing stored, so the retry is no duplicate)
+                return None
+
+        first = await until(first_ack, "a PubAck for the first publish from c1", timeout=10)
         again = await js.publish("ded.x", b"one", headers={"Nats-Msg-Id": "m1"})
         assert first.seq == 1 and not first.duplicate
         assert again.seq == 1 and again.duplicate
