@@ -221,7 +221,7 @@ class Node:
 
         self.zone_router = router = ZoneRouter(server, self.cluster, self.clustered_js)
         server.add_extension(router)
-        server.forwarder = RouterForwarder(server, router, server.forwarder)
+        server.forwarder = RouterForwarder(router, server.forwarder)
         server.pages["/jsz"] = lambda query: {**self._jsz_page(query), "zone_router": router.info()}
         server.pages["/connz"] = router.zones.connz_page
 

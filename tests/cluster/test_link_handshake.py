@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port
 
 SID_A = "N" + "A" * 55
@@ -43,12 +44,9 @@ def _exchange(port: int, data: bytes, until: bytes | None = None, timeout: float
 
 
 def _wait_no_routes(server: ServerProcess, timeout: float = 5.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        body = server.http_get("/routez")
-        if body["num_routes"] == 0 or time.monotonic() > deadline:
-            return body
-        time.sleep(0.05)
+    """`/routez` once it lists no route (a TimeoutError shows the last one)."""
+    return wait_until(lambda: (body := server.http_get("/routez"))["num_routes"] == 0 and body, "no routes",
+                      timeout=timeout, show=lambda: server.http_get("/routez")["routes"])
 
 
 @pytest.mark.timeout(60)

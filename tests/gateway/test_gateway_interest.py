@@ -18,9 +18,7 @@ answers, so once the sender lists it, the sender has processed every answer sent
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import time
 
 import pytest
 
@@ -35,6 +33,7 @@ from tests.gateway.kit import (
     wait_remote_interest,
     wait_until,
 )
+from zonebus.testing.polling import until
 
 pytestmark = [pytest.mark.timeout(90)]
 THRESHOLD = 5
@@ -89,17 +88,18 @@ async def fence(sc: Supercluster, sender: str, remote: str, nc=None) -> None:
 
 async def until_received(nc, subject: str, box: list, timeout: float = 10.0) -> int:
     """Publish on `subject` every 50 ms until a message arrived in `box`; returns how many were published."""
-    deadline = time.monotonic() + timeout
     n = 0
-    while not box:
-        assert time.monotonic() < deadline, f"nothing arrived on {subject}"
+
+    async def arrived() -> bool:
+        nonlocal n
+        if box:
+            return True
         await nc.publish(subject, b"probe")
         await nc.flush()
         n += 1
-        for _ in range(10):
-            if box:
-                break
-            await asyncio.sleep(0.005)
+        return False
+
+    await until(arrived, f"a message on {subject}", timeout=timeout, interval=0.05)
     return n
 
 

@@ -7,7 +7,6 @@ on both of its workers.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import nats
 import pytest
 
 from tests.gateway.kit import Supercluster, in_thread, started, wait_remote_interest
+from zonebus.testing.polling import until
 from zonebus.testing.processes import wait_for_route_interest
 
 pytestmark = pytest.mark.timeout(90)
@@ -54,22 +54,22 @@ async def test_queue_member_in_the_cluster_serves_publishers_of_every_worker(wor
         await in_thread(wait_for_route_interest, a1, "gww.q", "q", time.monotonic() + 10, peers={"A2"})
         await in_thread(wait_remote_interest, a1, "B", "gww.q", "q")
         for w, nc in publishers.items():  # until each worker knows A2's member (interest reaches workers too)
-            deadline = time.monotonic() + 10
-            probe = b"probe-%d" % w
-            while not got["A2"][probe]:
-                assert time.monotonic() < deadline, f"nothing published on worker {w} of A1 reached A2's member"
+
+            async def probed(nc: nats.NATS = nc, probe: bytes = b"probe-%d" % w) -> bool:
+                if got["A2"][probe]:
+                    return True
                 await nc.publish("gww.q", probe)
                 await nc.flush()
-                await asyncio.sleep(0.05)
+                return False
+
+            await until(probed, f"a probe published on worker {w} of A1 to reach A2's member", timeout=10)
         for w, nc in publishers.items():
             for i in range(50):
                 await nc.publish("gww.q", b"%d-%d" % (w, i))
             await nc.publish("gww.q", b"end-%d" % w)
             await nc.flush()
-        deadline = time.monotonic() + 10
-        while not (got["A2"][b"end-0"] and got["A2"][b"end-1"]):
-            assert time.monotonic() < deadline, f"A2's member did not get both ends: {got}"
-            await asyncio.sleep(0.05)
+        await until(lambda: got["A2"][b"end-0"] and got["A2"][b"end-1"], "A2's member to get both ends", timeout=10,
+                    show=lambda: got)
         numbered = {b"%d-%d" % (w, i) for w in (0, 1) for i in range(50)}
         assert {k: v for k, v in got["A2"].items() if k in numbered} == dict.fromkeys(numbered, 1)
         assert not any(k in numbered for k in got["B1"]), "another cluster served a group with a member in A"

@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from zonebus.meta import Change, MembershipError, MetaGroup, MetaTiming, NoQuorum
 from zonebus.meta.membership import Membership
+from zonebus.testing.polling import until
 
 NAMES = ["a", "b", "c"]
-T = TypeVar("T")
 
 
 class Links:
@@ -41,16 +40,6 @@ class Links:
                 self.groups[name].peer_down(other)
 
 
-async def until(check: Callable[[], T | None], timeout: float, what: str) -> T:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not (value := check()):
-        if loop.time() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-    return value
-
-
 @pytest.mark.timeout(30)
 async def test_link_layer_contract_in_one_loop(tmp_path: Path) -> None:
     links = Links()
@@ -70,18 +59,19 @@ async def test_link_layer_contract_in_one_loop(tmp_path: Path) -> None:
         group.start()
     try:
         leader = await until(lambda: {g.leader for g in links.groups.values()} == {links.groups["a"].leader}
-                             and links.groups["a"].leader, 10, "a leader")
-        await until(lambda: len(links.groups[leader].state.peers) == 3, 10, "registrations")
+                             and links.groups["a"].leader, "a leader", timeout=10, interval=0.02)
+        await until(lambda: len(links.groups[leader].state.peers) == 3, "registrations", timeout=10, interval=0.02)
         follower = links.groups[next(n for n in NAMES if n != leader)]
         created = await follower.propose({"op": "stream_create", "name": "S",
                                           "config": {"num_replicas": 1, "placement": {"tags": ["az:c"]}}})
         assert created["stream"]["leader"] == "c"
-        await until(lambda: any(ch.key == "S" and ch.gained_leader("c") for ch in seen["c"]), 5, "c's callback")
+        await until(lambda: any(ch.key == "S" and ch.gained_leader("c") for ch in seen["c"]), "c's callback",
+                    timeout=5, interval=0.02)
 
         links.isolate("c")  # c leads S; after failover=1 s it moves (any live server, flagged)
         survivors = [links.groups[n] for n in NAMES if n != "c"]
-        moved = await until(lambda: (s := survivors[0].state.streams.get("S")) and s.leader != "c" and s, 10,
-                            "S to move off the isolated server")
+        moved = await until(lambda: (s := survivors[0].state.streams.get("S")) and s.leader != "c" and s,
+                            "S to move off the isolated server", timeout=10, interval=0.02)
         assert moved.epoch == 2 and moved.honoured is False
         with pytest.raises(NoQuorum) as info:
             await links.groups["c"].propose({"op": "stream_delete", "name": "S"}, timeout=2)
@@ -100,7 +90,8 @@ async def test_a_lone_server_leads_itself_and_replays_its_journal_on_restart(tmp
     group = lone()
     group.start()
     try:
-        await until(lambda: group.is_leader and group.state.peers.get("solo"), 10, "self-registration")
+        await until(lambda: group.is_leader and group.state.peers.get("solo"), "self-registration", timeout=10,
+                    interval=0.02)
         made = await group.propose({"op": "stream_create", "name": "S", "config": {"num_replicas": 1}})
         assert made["stream"]["leader"] == "solo" and group.info()["cluster_size"] == 1
         digest = group.state.digest()
@@ -113,7 +104,7 @@ async def test_a_lone_server_leads_itself_and_replays_its_journal_on_restart(tmp
     again.start()
     try:
         # Replayed from the journal (entries past the lazily persisted commit index once it leads again).
-        await until(lambda: again.state.digest() == digest, 10, "the journal's state")
+        await until(lambda: again.state.digest() == digest, "the journal's state", timeout=10, interval=0.02)
         assert [(c.kind, c.key) for c in replayed] == [("peer", "solo"), ("stream", "S")]
     finally:
         await again.stop()

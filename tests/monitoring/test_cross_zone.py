@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from tests.monitoring.kit import Family, http, parse_exposition
-from zonebus.testing.polling import wait_until
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import (
     ServerProcess,
     cluster_config,
@@ -107,10 +106,7 @@ async def _workload(urls: list[str], servers: list[ServerProcess]) -> None:
     await pub.flush()
     await roamer.flush()
     await asyncio.wait_for(got.wait(), 15)
-    deadline = time.monotonic() + 15
-    while sum(jobs.values()) < 10:
-        assert time.monotonic() < deadline, f"jobs delivered: {jobs}"
-        await w_a.flush()
+    await until(lambda: sum(jobs.values()) >= 10, "10 jobs delivered", timeout=15, show=lambda: jobs)
     assert jobs == {"a": 10, "c": 0}, jobs
     for c in (pub, roamer, sub, w_a, w_c):
         await c.close()

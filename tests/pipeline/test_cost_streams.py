@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import nats
 import pytest
+from nats.js.api import StreamInfo
 
 from zonebus.store.sharedview import SharedView
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 ZONES = ("z1", "z2", "z3")
@@ -27,18 +28,20 @@ WORKLOAD = [("z1", "orders.eu.new", 30, 100), ("z2", "orders.us.new", 20, 300),
 
 async def _create_stream(url: str, deadline_s: float = 30) -> None:
     """Add the stream once the meta group has a leader (polled)."""
-    deadline = time.monotonic() + deadline_s
     nc = await nats.connect(url)
+    refused: list[Exception] = []
     try:
         js = nc.jetstream(timeout=2)
-        while True:
+
+        async def added() -> bool:
             try:
                 await js.add_stream(name="ORDERS", subjects=["orders.>"])
-                return
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
+                return True
+            except Exception as exc:
+                refused[:] = [exc]
+                return False
+
+        await until(added, "the ORDERS stream to be added", timeout=deadline_s, interval=0.2, show=lambda: refused)
     finally:
         await nc.close()
 
@@ -60,10 +63,12 @@ async def _publish(servers: list[ServerProcess]) -> int:
         await nc.flush()
     total = sum(w[2] for w in WORKLOAD)
     js = conns["z1"].jetstream(timeout=5)
-    deadline = time.monotonic() + 15
-    while (info := await js.stream_info("ORDERS")).state.messages < total:
-        assert time.monotonic() < deadline, f"the stream has {info.state.messages} of {total} messages"
-        await asyncio.sleep(0.05)
+
+    async def full() -> StreamInfo | None:
+        info = await js.stream_info("ORDERS")
+        return info if info.state.messages >= total else None
+
+    info = await until(full, f"the stream to hold {total} messages", timeout=15)
     for nc in conns.values():
         await nc.close()
     return int(info.state.bytes)

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import secrets
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ import nats
 import pytest
 
 from zonebus.testing.motos3 import MotoS3, moto_s3_server
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess
 
 # Spark's Python workers inherit the environment of the JVM, which starts with the first Spark test: the
@@ -71,10 +71,11 @@ async def raw_hpub(url: str, subject: str, header_block: bytes, data: bytes) -> 
 
 
 async def wait_messages(js, stream: str, n: int, deadline_s: float = 10) -> None:
-    deadline = time.monotonic() + deadline_s
-    while (await js.stream_info(stream)).state.messages < n:
-        assert time.monotonic() < deadline, f"stream {stream} never reached {n} messages"
-        await asyncio.sleep(0.02)
+
+    async def reached() -> bool:
+        return (await js.stream_info(stream)).state.messages >= n
+
+    await until(reached, f"stream {stream} to reach {n} messages", timeout=deadline_s, interval=0.02)
 
 
 @dataclass

@@ -23,7 +23,7 @@ import pytest
 
 from tests.wire.kit import RawClient
 from tests.wire.kit_script import Read, Scenario, Send, Sync, check_scenario, connect, run_script
-from zonebus.testing.polling import wait_until
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import (
     IMPLEMENTATIONS,
     ServerProcess,
@@ -113,16 +113,18 @@ def test_nats_py_connection_slot_frees(impl: str, server_pool) -> None:
         with pytest.raises(nats.errors.MaxPayloadError):  # nats-py checks INFO's first max_payload (1000)
             await first.publish("big", b"x" * 1001)
         await first.close()
-        deadline = time.monotonic() + 10
-        while True:  # the server notices the close a moment later
+        refused: list[Exception] = []
+
+        async def connected() -> nats.NATS | None:  # the server notices the close a moment later
             try:
-                again = await nats.connect(server.url, user="a", password="a", allow_reconnect=False,
-                                           connect_timeout=3)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+                return await nats.connect(server.url, user="a", password="a", allow_reconnect=False,
+                                          connect_timeout=3)
+            except Exception as exc:
+                refused[:] = [exc]
+                return None
+
+        again = await until(connected, "a connection of account a again (its slot freed)", timeout=10,
+                            show=lambda: refused)
         sub = await again.subscribe("s")
         await again.publish("s", b"ok")
         assert (await sub.next_msg(timeout=3)).data == b"ok"

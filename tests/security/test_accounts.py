@@ -10,7 +10,7 @@ import time
 import nats
 import pytest
 
-from zonebus.testing.polling import wait_until
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import (
     ServerProcess,
     check_config,
@@ -70,13 +70,14 @@ async def responder(nc: nats.NATS, subject: str) -> None:
 async def first_reply(nc: nats.NATS, subject: str) -> nats.aio.msg.Msg:
     """The first request, repeated while it finds no responder: nats-server sometimes answers a service
     import's first request with no-responders for a moment after the responder subscribed."""
-    deadline = time.monotonic() + 10
-    while True:
+
+    async def replied() -> nats.aio.msg.Msg | None:
         try:
             return await nc.request(subject, b"q", timeout=0.5)
         except (TimeoutError, nats.errors.NoRespondersError):
-            if time.monotonic() > deadline:
-                raise
+            return None
+
+    return await until(replied, f"a reply to a request on {subject}", timeout=10)
 
 
 async def test_accounts_do_not_see_each_other(impl: str, server_pool) -> None:

@@ -320,16 +320,12 @@ async def test_gateway_tls_carries_messages(impl: str, pki: PKI) -> None:
 def test_https_monitoring(impl: str, pki: PKI) -> None:
     port = free_port()
     with ServerProcess(impl, pki.block() + f"\nhttps: 127.0.0.1:{port}\n") as server:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with urllib.request.urlopen(f"https://127.0.0.1:{port}/varz", context=pki.ctx(), timeout=3) as r:
-                    varz = json.loads(r.read())
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+
+        def varz_page() -> dict:  # (OSError: the monitoring port is not up yet)
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/varz", context=pki.ctx(), timeout=3) as r:
+                return json.loads(r.read())
+
+        varz = wait_until(varz_page, "/varz over https", timeout=10, interval=0.1)
         assert varz["tls_required"] is True
         assert varz["server_id"] == server.info["server_id"]
         with pytest.raises(OSError):  # plain http on the https port

@@ -14,6 +14,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from tests.stream.kit_cluster import api, start_cluster, wait_meta_leader
+from zonebus.testing.polling import until
 from zonebus.testing.processes import stop_all
 
 
@@ -163,9 +164,7 @@ async def test_update_is_checked_as_an_update_sealing_works(cluster) -> None:
 async def test_reloaded_tags_reach_stream_placement(cluster) -> None:
     """SIGHUP with a new tag on s3: the meta group's peer table learns it, so a placement asking for that tag
     is placed on s3 (before the reload it finds no server: 10005)."""
-    import asyncio
     import signal
-    import time
 
     await wait_meta_leader(cluster)
     s3 = cluster[2]
@@ -177,11 +176,15 @@ async def test_reloaded_tags_reach_stream_placement(cluster) -> None:
         conf = s3.workdir / "server.conf"
         conf.write_text(conf.read_text().replace('server_tags: ["az:z3"]', 'server_tags: ["az:z3", "disk:fast"]'))
         s3.signal(signal.SIGHUP)
-        deadline = time.monotonic() + 20
-        while "error" in (resp := await api(nc, "$JS.API.STREAM.CREATE.FASTDISK", want)):
+
+        async def placed() -> dict | None:
+            resp = await api(nc, "$JS.API.STREAM.CREATE.FASTDISK", want)
+            if "error" not in resp:
+                return resp
             assert resp["error"]["err_code"] == 10005, resp
-            assert time.monotonic() < deadline, "the reloaded tag never reached stream placement"
-            await asyncio.sleep(0.2)
+            return None
+
+        resp = await until(placed, "the reloaded tag to reach stream placement", timeout=20, interval=0.2)
         assert resp["cluster"]["leader"] == "s3"
     finally:
         await nc.close()

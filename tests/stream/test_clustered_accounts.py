@@ -4,15 +4,16 @@ consumers work from any server, and the store keeps each account's streams under
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
 
 import nats
 import pytest
+from nats.js.api import PubAck
 
 from zonebus.testing.jsapi import api
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel, stop_all
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,14 +49,19 @@ async def login(server: ServerProcess, user: str) -> nats.NATS:
 
 async def meta_ready(servers: list[ServerProcess], users: str = "ab", timeout: float = 30.0) -> None:
     """Until every server answers every JetStream account's STREAM.NAMES without error (its meta leader)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # (for them all)
+    last: dict = {}
+
+    async def answers(nc: nats.NATS) -> bool:
+        last["resp"] = await _names(nc)
+        return "error" not in last["resp"]
+
     for s in servers:
         for user in users:
             nc = await login(s, user)
             try:
-                while "error" in (resp := await _names(nc)):
-                    assert time.monotonic() < deadline, f"{s.info['server_name']}/{user}: {resp}"
-                    await asyncio.sleep(0.2)
+                await until(lambda nc=nc: answers(nc), f"{s.info['server_name']}/{user}: STREAM.NAMES",
+                            timeout=max(deadline - time.monotonic(), 0.0), interval=0.2, show=lambda: last)
             finally:
                 await nc.close()
 
@@ -125,14 +131,14 @@ async def test_an_account_stream_survives_its_leader(cluster) -> None:
         for i in range(10):
             await js.publish("survive.x", b"%d" % i)
         victim.kill()
-        deadline = time.monotonic() + 20
-        while True:
+
+        async def published() -> PubAck | None:
             try:
-                ack = await js.publish("survive.x", b"after")
-                break
+                return await js.publish("survive.x", b"after")
             except nats.errors.Error:  # no responders, timeouts, no stream response while it moves
-                assert time.monotonic() < deadline, "no new leader for A's stream in 20 s"
-                await asyncio.sleep(0.2)
+                return None
+
+        ack = await until(published, "a new leader for A's stream (a PubAck)", timeout=20, interval=0.2)
         assert ack.seq == 11
         state = await api(nc, "$JS.API.STREAM.INFO.SURVIVE", timeout=5)
         assert state["state"]["messages"] == 11 and state["cluster"]["leader"] != leader

@@ -49,18 +49,17 @@ async def leader_of(nc: nats.NATS, stream: str, not_: str = "", timeout: float =
 
 async def api_retry(nc: nats.NATS, subject: str, body: dict | None = None, timeout: float = 20.0) -> dict:
     """An API request retried while the client reconnects or the stream changes leader."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            resp = await api(nc, subject, body, timeout=1.0)
+    last: dict = {}
+
+    async def answered() -> dict | None:
+        with contextlib.suppress(*RETRIABLE):
+            resp = last["resp"] = await api(nc, subject, body, timeout=1.0)
             if resp.get("error", {}).get("code") != 503:
                 return resp
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{subject}: still 503 after {timeout} s: {resp}")
-        except RETRIABLE:
-            if time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.1)
+        return None
+
+    return await until(answered, f"{subject}: an answer other than 503", timeout=timeout, interval=0.1,
+                       show=lambda: last)
 
 
 class Publisher:
@@ -195,15 +194,16 @@ async def test_meta_leader_killed_restart_catches_up_and_minority_refuses(tmp_pa
         last = servers[0]
         for s in servers[1:]:
             s.kill()
-        deadline = time.monotonic() + 20
-        while True:
-            resp = await api(nc if rest[0] is last else await nats.connect(last.url), "$JS.API.STREAM.CREATE.M3",
-                             {"name": "M3", "subjects": ["m3"]})
-            if resp.get("error", {}).get("err_code") == 10008:
-                break
+        to_last = nc if rest[0] is last else await nats.connect(last.url)
+
+        async def refused() -> bool:
+            resp = await api(to_last, "$JS.API.STREAM.CREATE.M3", {"name": "M3", "subjects": ["m3"]})
             assert "error" in resp, f"a minority created a stream: {resp}"
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.2)
+            return resp["error"].get("err_code") == 10008
+
+        await until(refused, "the last server to refuse metadata writes (10008)", timeout=20, interval=0.2)
+        if to_last is not nc:
+            await to_last.close()
         await nc.close()
     finally:
         stop_all(servers)
@@ -238,16 +238,13 @@ async def test_s3_shared_store_leader_killed(tmp_path: Path, moto_s3) -> None:
         task = asyncio.create_task(pub.run())
         deadline = time.monotonic() + 30
         # (on s3:// a batch fills for the 250 ms latency budget: this one-at-a-time publisher gets ~4 acks a second)
-        while len(pub.acked) < 30:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await until(lambda: len(pub.acked) >= 30, "30 PubAcks", timeout=30, show=lambda: len(pub.acked))
         leader = await leader_of(nc, "S3C")
         by_name(servers, leader).kill()
         await leader_of(nc, "S3C", not_=leader)
         before = len(pub.acked)
-        while len(pub.acked) < before + 20:
-            assert time.monotonic() < deadline + 30
-            await asyncio.sleep(0.05)
+        await until(lambda: len(pub.acked) >= before + 20, "20 more PubAcks after the leader's death",
+                    timeout=deadline + 30 - time.monotonic(), show=lambda: len(pub.acked) - before)
         pub.stop.set()
         await task
         info = await api_retry(nc, "$JS.API.STREAM.INFO.S3C")

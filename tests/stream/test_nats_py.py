@@ -12,6 +12,8 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StreamConfig
 from nats.js.errors import APIError, BadRequestError, NotFoundError
 
+from zonebus.testing.polling import until
+
 _n = itertools.count()
 
 
@@ -315,13 +317,15 @@ async def test_ephemeral_consumers_go_away_when_inactive(js) -> None:
     assert info.config.durable_name is None and info.name
     sub = await js.subscribe(name, stream=name, config=ConsumerConfig(inactive_threshold=0.5))
     push_name = (await sub.consumer_info()).name
-    deadline = asyncio.get_running_loop().time() + 10
-    while True:
-        names = {c.name for c in await js._jsm.consumers_info(name)}
-        if info.name not in names:
-            break
-        assert asyncio.get_running_loop().time() < deadline, names
-        await asyncio.sleep(0.2)
+    names: set[str] = set()
+
+    async def pull_consumer_gone() -> bool:
+        names.clear()
+        names.update(c.name for c in await js._jsm.consumers_info(name))
+        return info.name not in names
+
+    await until(pull_consumer_gone, "the inactive pull consumer to be gone", timeout=10, interval=0.2,
+                show=lambda: names)
     assert push_name in names  # its deliver subject still has interest
     await sub.unsubscribe()
     await js.delete_stream(name)

@@ -19,6 +19,7 @@ import pytest
 
 from tests.stream.kit_cluster import api
 from tests.stream.test_clustered_differential import assert_same, on_both, outcome
+from zonebus.testing.polling import until
 
 STEPDOWN = "$JS.API.CONSUMER.LEADER.STEPDOWN"
 
@@ -26,15 +27,17 @@ STEPDOWN = "$JS.API.CONSUMER.LEADER.STEPDOWN"
 async def consumer_leader(nc: nats.NATS, stream: str, name: str, timeout: float = 20.0, not_: str = "") -> str:
     """The consumer's leader once it has one (other than `not_`); nats-server has none for a moment after a
     stepdown and does not answer then."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def leader() -> str:
         with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
             info = await api(nc, f"$JS.API.CONSUMER.INFO.{stream}.{name}", timeout=1.0)
             leader = info.get("cluster", {}).get("leader", "")
             if "error" not in info and leader and leader != not_:
                 return leader
-        assert time.monotonic() < deadline, f"consumer {stream}/{name}: no leader (other than {not_!r})"
-        await asyncio.sleep(0.2)
+        return ""
+
+    return await until(leader, f"a leader of consumer {stream}/{name} (other than {not_!r})", timeout=timeout,
+                       interval=0.2)
 
 
 async def scenario(nc: nats.NATS) -> list[tuple[str, object]]:

@@ -15,6 +15,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from zonebus.store.shared import SharedStorage
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess
 
 
@@ -137,17 +138,15 @@ async def test_kill9_under_load_loses_no_acknowledged_message(tmp_path: Path) ->
 
         tasks = [asyncio.create_task(publisher(k)) for k in range(8)]
         deadline = asyncio.get_running_loop().time() + 30
-        while per_phase[False] < 600:
-            assert asyncio.get_running_loop().time() < deadline, "publishers made no progress"
-            await asyncio.sleep(0.01)
+        await until(lambda: per_phase[False] >= 600, "600 PubAcks before the kill", timeout=30, interval=0.01,
+                    show=lambda: per_phase)
         port = proc.port
         await asyncio.to_thread(proc.kill)  # kill -9 while the publishers keep going (publishes in flight)
         phase2.set()
         # a fresh local disk, the same shared store; the publishers retry meanwhile
         proc = await asyncio.to_thread(start, str(tmp_path / "local2"), url, port)
-        while per_phase[True] < 300:
-            assert asyncio.get_running_loop().time() < deadline + 30, "publishers did not resume"
-            await asyncio.sleep(0.01)
+        await until(lambda: per_phase[True] >= 300, "the publishers to resume (300 PubAcks after the restart)",
+                    timeout=deadline + 30 - asyncio.get_running_loop().time(), interval=0.01, show=lambda: per_phase)
         done.set()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         stored = await read_all(js, "CRASH")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from zonebus.localservers import free_port, wait_for_info
+from zonebus.testing.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE_ONLY = ("pyspark", "matplotlib", "numpy", "nats-py")
@@ -78,11 +79,9 @@ def test_the_server_runs_without_the_extra(tmp_path: Path) -> None:
 
 def _get(url: str, deadline: float) -> bytes:
     """The page at `url`, once the monitoring port answers (it opens just after the client port)."""
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                return resp.read()
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+
+    def page() -> bytes:  # (OSError: not yet)
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.read()
+
+    return wait_until(page, f"{url} to answer", timeout=max(deadline - time.monotonic(), 0.0))

@@ -7,9 +7,10 @@ own). A private name belongs to the packages that define it: a `def`/`class` of 
 `self._name` / `cls._name`, or a module- or class-level assignment. Flagged:
 
 - `from zonebus.<other package>... import _name`;
-- `obj._name` (read, write or call; `obj` anything but `self`/`cls`, `super()` included) where `_name` is
-  defined in another package and not in the accessing one (the check has no types: a name that both define
-  counts as the accessing package's own).
+- `obj._name` (read, write or call; `obj` anything but `self`/`cls`, `super()` included), or
+  `getattr(obj, "_name")` (also setattr, hasattr, delattr), where `_name` is defined in another package and
+  not in the accessing one (the check has no types: a name that both define counts as the accessing
+  package's own).
 
 Private names of third-party libraries (pyspark's `_jvm`, nats-py's `_server_info`) are not zonebus's seams
 and are not checked.
@@ -26,6 +27,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "zonebus"
+
+REFLECTION = ("getattr", "setattr", "hasattr", "delattr")  # `getattr(obj, "_name")` is a reach-in all the same
 
 # (module path relative to zonebus/, "obj._name" as written): uses that are allowed, each with its reason.
 ALLOWED: dict[tuple[str, str], str] = {}
@@ -82,6 +85,13 @@ def private_uses(tree: ast.Module, module: str) -> list[PrivateUse]:
             if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
                 continue
             uses.append(PrivateUse(module, node.lineno, f"{ast.unparse(node.value)}.{node.attr}", node.attr))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REFLECTION \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and is_private(node.args[1].value):
+            obj = node.args[0]
+            if isinstance(obj, ast.Name) and obj.id in ("self", "cls"):
+                continue
+            uses.append(PrivateUse(module, node.lineno, ast.unparse(node), node.args[1].value))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "zonebus":
             for alias in node.names:
                 if is_private(alias.name):
@@ -126,11 +136,12 @@ def test_the_checker_finds_a_reach_in(tmp_path: Path) -> None:
     """The rules on a small tree: an import and an attribute across packages are flagged, a package's own
     private names and self's are not."""
     core = ast.parse("class Server:\n    def __init__(self):\n        self._cid = 0\n        self._cid += 1\n")
-    ext = ast.parse("from zonebus.server.x import _helper\n\ndef wire(server):\n    server._cid = 5\n")
+    ext = ast.parse("from zonebus.server.x import _helper\n\ndef wire(server):\n    server._cid = 5\n"
+                    "    getattr(server, '_cid')\n    getattr(self, '_own')\n")
     own = ast.parse("class Snap:\n    _task = None\n\ndef f(snap):\n    return snap._task\n")
     assert defined_private_names(core) == {"_cid"}
     assert [u.text for u in private_uses(ext, "workers/w.py")] == ["from zonebus.server.x import _helper",
-                                                                      "server._cid"]
+                                                                      "server._cid", "getattr(server, '_cid')"]
     assert imported_package("from zonebus.server.x import _helper") == "server"
     assert defined_private_names(own) == {"_task"}
     assert package_of("node.py") == "node" and package_of("server/server.py") == "server"

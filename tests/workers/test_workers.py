@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,17 +235,14 @@ async def test_killed_worker_restarts_and_only_its_clients_reconnect(workers: in
         for c in clients:
             await synced(c)
         os.kill(old, signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        w: dict = {}
-        while True:  # the supervisor starts the worker again, with a new pid
-            try:
-                w = server.http_get("/varz")["workers"][victim]
-            except OSError:  # worker 0 serves monitoring: it may be the one restarting
-                w = {}
-            if w.get("up") and w["pid"] != old and all(c.is_connected for c in clients):
-                break
-            assert time.monotonic() < deadline, f"worker {victim} not back: {w}"
-            await asyncio.sleep(0.05)
+        seen: dict = {}
+
+        def back() -> bool:  # the supervisor starts the worker again, with a new pid
+            seen.clear()  # (OSError: worker 0 serves monitoring, it may be the one restarting)
+            seen.update(server.http_get("/varz")["workers"][victim])
+            return bool(seen.get("up") and seen["pid"] != old and all(c.is_connected for c in clients))
+
+        await until(back, f"worker {victim} back", timeout=20, show=lambda: seen)
         assert set(disconnects) == on_victim  # only the killed worker's clients lost their connection
         assert all(c.is_connected for c in others)
         for c in clients:

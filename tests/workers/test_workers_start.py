@@ -31,6 +31,7 @@ import pytest
 from nats.aio.client import Client
 
 from zonebus.testing import processes
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port
 from zonebus.testing.tlscerts import CertFiles, TestCA, tls_info_wait
 
@@ -164,15 +165,12 @@ async def test_tls_handshake_first_with_workers(pki: PKI, workers: int, monkeypa
 
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
     """Until a TCP connection to `port` is accepted (what a client that "waits for the port" sees)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def answers() -> bool:
         assert proc.poll() is None, f"server exited with code {proc.returncode}"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"port {port} never answered"
-            time.sleep(0.005)
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()  # (OSError: not yet)
+        return True
+
+    wait_until(answers, f"port {port} to answer", timeout=timeout, interval=0.005)
 
 
 async def start_and_create_stream(store: str) -> tuple[str, int]:

@@ -29,7 +29,7 @@ from tests.zonerouter.kit import (
     start_zoned,
     stream_in_z2,
 )
-from zonebus.testing.polling import wait_until
+from zonebus.testing.polling import until, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,14 +78,15 @@ async def close_all(clients: list[Client]) -> None:
 async def until_acked(nc: Client, subject: str) -> None:
     """Publish to `subject` until a PubAck comes: the stream's interest has reached this client's worker."""
     js = nc.jetstream(timeout=5)
-    deadline = time.monotonic() + 20
-    while True:
+
+    async def acked() -> bool:
         try:
             await js.publish(subject, b"probe")
-            return
+            return True
         except (nats.errors.Error, TimeoutError):
-            assert time.monotonic() < deadline, f"no PubAck for {subject} from worker {worker_of(nc)}"
-            await asyncio.sleep(0.1)
+            return False
+
+    await until(acked, f"a PubAck for {subject}", timeout=20, interval=0.1, show=lambda: f"worker {worker_of(nc)}")
 
 
 def proxied(zoned: Zoned, key: str = "msgs") -> int:
@@ -154,14 +155,13 @@ async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned)
         assert sum(r.get("delivered", 0) for r in readers) == total
         assert sum(r.get("acks", 0) for r in readers) >= total
 
+        last: dict = {}
+
         async def all_acked() -> bool:
-            info = await js.consumer_info("WZR", "w1")
+            info = last["info"] = await js.consumer_info("WZR", "w1")
             return info.num_ack_pending == 0 and info.ack_floor.stream_seq == probes + total
 
-        deadline = time.monotonic() + 20
-        while not await all_acked():
-            assert time.monotonic() < deadline, await js.consumer_info("WZR", "w1")
-            await asyncio.sleep(0.1)
+        await until(all_acked, "every message acked on WZR/w1", timeout=20, interval=0.1, show=lambda: last)
     finally:
         await close_all(clients)
         await admin.close()

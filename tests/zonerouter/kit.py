@@ -19,6 +19,7 @@ import nats
 
 from zonebus.testing.byteproxy import ProxyProcess
 from zonebus.testing.jsapi import api
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 
@@ -115,11 +116,8 @@ class Publisher:
             await nc.close()
 
     async def wait_acked(self, n: int, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.acked) < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(self.acked)} acknowledged")
-            await asyncio.sleep(0.05)
+        await until(lambda: len(self.acked) >= n, f"{n} acknowledged", timeout=timeout,
+                    show=lambda: f"only {len(self.acked)} acknowledged")
 
 
 def router_info(server: ServerProcess) -> dict:

@@ -17,7 +17,7 @@ reach of clients. A server whose gateway name differs from ours is reported as a
 Routing of messages lives in `routing.GatewayRouting`, monitoring in `monitoring`.
 
 It is an extension of the server core (`zonebus.server.hooks`): the server's `forwarder` (every message
-not from a route goes through `process_msg`) and an interest watcher. `cluster` is this server's
+not from a route goes through `take`) and an interest watcher. `cluster` is this server's
 ClusterManager when it has one (set by `zonebus.node`): in-cluster gossip and reply routing use it.
 """
 

@@ -1,16 +1,17 @@
 """How a message crosses gateways: which clusters get it, which cluster serves a queue group, reply mapping.
 
-`Server.process_msg` hands every message that did not come over a route to `GatewayRouting.process_msg`
-(the GatewayManager inherits it) once gateways are configured:
+`Server.process_msg` hands every message that did not come over a route to `GatewayRouting.take` (the
+GatewayManager inherits it) once gateways are configured; what `take` returns the core delivers in this
+cluster (local subscribers, routes, one member per queue group via the cluster's queue policy):
 
-- published here (client or internal): delivered in this cluster first (local subscribers, routes, one
-  member per queue group via the cluster's queue policy); then one RMSG per remote cluster that may want it:
+- published here (client or internal): one RMSG per remote cluster that may want it:
   plain interest per the connection's mode (`interest.OutboundInterest.wants`), plus the queue groups this
   cluster could not serve, each given to the first cluster with a member in RTT order (lowest first).
   A reply subject that a local client subscribed to is mapped to `_GR_.<cluster hash>.<server hash>.<reply>`
   so the response comes back to this very server.
-- from a gateway: delivered in this cluster only (local subscribers and routes, and the queue groups the
-  sender named), never to another gateway. No plain subscriber in the cluster: answer "no interest".
+- from a gateway: delivered in this cluster only (by the core: local subscribers and routes, and the queue
+  groups the sender named), never to another gateway. No plain subscriber in the cluster: answer "no
+  interest".
 - `_GR_.` subjects: published here -> straight to the cluster named by the hash; arrived from a gateway
   -> unwrapped and delivered on this server or handed to the route of the server named by the hash.
 
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.gateway.interest import INTERNAL_PREFIX
 from zonebus.protocol.route_parser import msg_line
 from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, LINKS, WORKER
-from zonebus.subjects.sublist import MatchResult, Subscription
+from zonebus.subjects.sublist import EMPTY, MatchResult, Subscription
 
 if TYPE_CHECKING:
     from zonebus.gateway.connection import GatewayConnection
@@ -48,26 +49,24 @@ class GatewayRouting:
     reply_prefix: bytes
     hash_to_gateway: dict[bytes, str]
 
-    def process_msg(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                    queues: Any, r: MatchResult, acc: Account | None = None) -> bool:
-        server = self.server
+    def take(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+             queues: list[bytes] | None, r: MatchResult, acc: Account | None = None) -> tuple[MatchResult, bool]:
+        """The server's `Forwarder` (and `AccountForwarder`): send the message to the other clusters that want
+        it; returns what the core delivers in this cluster (`r`, or nothing for a reply that came home) and
+        whether a gateway took it (`zonebus.server.hooks`)."""
         if src.kind == GATEWAY:
             if subject.startswith(GR_PREFIX):
-                return self._reply_arrived(src, subject, reply, hdr_len, data, acc)
-            delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) if r else False
+                return EMPTY, self._reply_arrived(src, subject, reply, hdr_len, data, acc)
             if not r.psubs and not subject.startswith(INTERNAL_PREFIX) and acc is None:
                 self.no_interest(src, subject)  # (other accounts are interest-only: nothing to answer)
-            return delivered
-        # (`queues`: what another worker process of this server named, zonebus.workers; a client names none)
-        delivered = server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc) if r else False
+            return r, False
+        # (the core delivers `r` with `queues`: what another worker process of this server named,
+        # zonebus.workers; a client names none)
         if subject.startswith(GR_PREFIX):
-            return self._reply_home(src, subject, reply, hdr_len, data, acc) or delivered
-        sent = False
+            return r, self._reply_home(src, subject, reply, hdr_len, data, acc)
         if self.by_rtt and not subject.startswith(INTERNAL_PREFIX):
-            sent = self._forward(src, subject, reply, hdr_len, data, r, acc)
-        if not delivered and not sent and reply and src.kind == CLIENT and src.no_responders:
-            server.answer_no_responders(src, subject, reply)
-        return delivered or sent
+            return r, self._forward(src, subject, reply, hdr_len, data, r, acc)
+        return r, False
 
     def no_interest(self, conn: GatewayConnection, subject: bytes) -> None:  # implemented by the manager
         raise NotImplementedError

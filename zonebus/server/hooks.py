@@ -11,7 +11,7 @@ through the attributes below. The core calls them; it never imports them.
 | `interest_watchers` | list of `InterestWatcher` | every subscription added to / removed from the global account |
 | `account_watchers` | list of `AccountWatcher` | the same in any other account (routes carry accounts) |
 | `local_watchers` | list of `AccountWatcher` | an internal subscription that stays on this server (`local`) |
-| `forwarder` | `Forwarder` or None | every message that did not come over a route (gateways take it from there) |
+| `forwarder` | `Forwarder` or None | every message not from a route: takes its part (gateways), the core the rest |
 | `account_forwarder` | `AccountForwarder` or None | the same for a message of another account (gateways) |
 | `queue_picker` | `QueuePicker` or None | a queue group needs a member (the cluster's routing policy) |
 | `connect_urls` | `() -> list[str]` or None | a client's INFO is built (`connect_urls` for failover) |
@@ -39,9 +39,8 @@ by `tests/unit/test_seams.py`):
 | method | what it does |
 |---|---|
 | `process_msg(src, subject, reply, hdr_len, data, ...)` | the routing point: deliver a message as if `src` sent it |
-| `deliver_in_cluster(src, r, subject, ...)` | local subscribers, routes, one member per queue group (forwarders) |
+| `deliver_in_cluster(src, r, subject, ...)` | subscribers here, routes, a queue member (a reply gateways unwrap) |
 | `deliver_one(sub, subject, reply, hdr_len, data)` | one message to one local subscription (a picked member) |
-| `answer_no_responders(src, subject, reply)` | the 503 status a `no_responders` client gets when nothing took it |
 | `start_client_ids_after(last)` | client ids continue from `last + 1` (a worker process's block) |
 
 A connection of an extension's kind (`kind` not CLIENT/INTERNAL) implements `forward(...)` (send a message
@@ -79,16 +78,27 @@ class AccountWatcher(Protocol):
 
 
 class AccountForwarder(Protocol):
-    def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                    queues: Any, r: MatchResult, acc: Account) -> bool:
-        """`Forwarder.process_msg` for a message of `acc`, an account other than the global one."""
+    def take(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+             queues: list[bytes] | None, r: MatchResult, acc: Account) -> tuple[MatchResult, bool]:
+        """`Forwarder.take` for a message of `acc`, an account other than the global one."""
         ...
 
 
 class Forwarder(Protocol):
-    def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                    queues: Any, r: MatchResult) -> bool:
-        """Deliver a message that did not come over a route, here and beyond; returns whether anything got it."""
+    """Takes its part of a message that did not come over a route, before the core delivers the rest (gateways:
+    the copies for other clusters; the zone router: a publish to a stream led in another zone).
+
+    The core (`Server.process_msg`) finishes every delivery in one place: it delivers the match result the
+    forwarder returns in this cluster (`deliver_in_cluster`), and answers "no responders" to a requester when
+    nothing received the message and the forwarder did not take it. A forwarder does neither itself.
+    """
+
+    def take(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+             queues: list[bytes] | None, r: MatchResult) -> tuple[MatchResult, bool]:
+        """Returns `(r, taken)`: the match result for the core to deliver in this cluster (`r` itself, `r`
+        narrowed, or an empty one when there is nothing left to deliver here) and whether the forwarder took the
+        message (sent it to another cluster, stored it, delivered a reply it unwrapped): then the message counts
+        as received."""
         ...
 
     def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:

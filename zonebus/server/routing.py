@@ -65,16 +65,23 @@ class MessageRouting:
                     return taken
         if memo_for is not None:
             self._memoize(src, memo_for, r)
-        # e.g. gateways: zonebus.gateway.routing (a relay frame came over a route: gateways had their copy)
-        if self.forwarder is not None and src.kind != ROUTE and not relayed:
-            return self.forwarder.process_msg(src, subject, reply, hdr_len, data, queues, r)
-        if not r:
-            if reply and src.kind == CLIENT and src.no_responders:
-                self.answer_no_responders(src, subject, reply)
-            return False
-        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, None, relayed) or taken
+        fwd = self.forwarder  # e.g. gateways (a relay frame came over a route: gateways had their copy)
+        if fwd is not None and src.kind != ROUTE and not relayed:
+            r, took = fwd.take(src, subject, reply, hdr_len, data, queues, r)
+            taken = taken or took
+        return self._finish(src, r, subject, reply, hdr_len, data, queues, None, relayed, taken)
+
+    def _finish(self, src: Connection, r: MatchResult, subject: bytes, reply: bytes | None, hdr_len: int,
+                data: bytes, queues: list[bytes] | None, acc: Account | None, relayed: int, taken: bool) -> bool:
+        """The end of every message's delivery, whatever took part of it before (interceptor, forwarders,
+        service imports: `taken`): `r` in this cluster, then the 503 a `no_responders` client gets when
+        nothing received its request (e.g. only its own subscription matched, with echo off)."""
+        delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc, relayed) \
+            if r else False
+        if taken:
+            return True
         if not delivered and reply and src.kind == CLIENT and src.no_responders:
-            self.answer_no_responders(src, subject, reply)  # e.g. only our own subs matched, with echo off
+            self.answer_no_responders(src, subject, reply)
         return delivered
 
     def _process_in_account(self, src: Connection, acc: Account, subject: bytes, reply: bytes | None,
@@ -94,15 +101,10 @@ class MessageRouting:
         fwd = self.account_forwarder
         # gateways (a service request stays here; a relay frame came over a route)
         if fwd is not None and src.kind != ROUTE and took is None and not relayed:
-            return fwd.process_msg(src, subject, reply, hdr_len, data, queues, r, acc)
-        if memo_for is not None and fwd is None:
+            r, delivered = fwd.take(src, subject, reply, hdr_len, data, queues, r, acc)
+        elif memo_for is not None and fwd is None:
             self._memoize(src, memo_for, r)
-        if r:
-            delivered = self.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues, acc,
-                                                relayed) or delivered
-        if not delivered and reply and src.kind == CLIENT and src.no_responders:
-            self.answer_no_responders(src, subject, reply)
-        return delivered
+        return self._finish(src, r, subject, reply, hdr_len, data, queues, acc, relayed, delivered)
 
     def deliver_in_cluster(self, src: Connection, r: MatchResult, subject: bytes, reply: bytes | None,
                            hdr_len: int, data: bytes, queues: list[bytes] | None, acc: Account | None = None,
@@ -311,7 +313,7 @@ class MessageRouting:
 
     def answer_no_responders(self, src: ClientConnection, subject: bytes, reply: bytes) -> None:
         """Tell a client that asked for them (`no_responders` in its CONNECT) that nothing received its
-        request: a 503 status message on its reply subject. For forwarders that end a message's delivery."""
+        request: a 503 status message on its reply subject (`_finish`, the end of every delivery)."""
         hdr = b"NATS/1.0 503\r\nNats-Subject: " + subject + b"\r\n\r\n"
         for sub in src.account.sublist.match(reply).psubs:
             if sub.conn is src:

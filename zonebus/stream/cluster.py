@@ -42,7 +42,7 @@ from zonebus.store.sharedlayout import LayoutError
 from zonebus.store.sharedstore import Fenced
 from zonebus.stream import direct, stream_config
 from zonebus.stream.clusterlists import FORWARD, StreamLists, _error, _reply
-from zonebus.stream.hooks import ApiHook
+from zonebus.stream.hooks import ApiHook, MetaFormedHook
 from zonebus.stream.routed import RoutedDeliveries
 from zonebus.stream.service import JetStreamService
 
@@ -118,7 +118,7 @@ class ClusteredJetStream(StreamLists):
         self._damaged: dict[str, str] = {}  # streams this server leads but cannot serve: why (a damaged object)
         self._chains: dict[str, asyncio.Task] = {}  # per-stream leadership work, in order
         self._tasks: set[asyncio.Task] = set()
-        self.meta_formed: list[Any] = []  # callables (MetaGroup) -> None, e.g. the zone router's
+        self.meta_formed: list[MetaFormedHook] = []  # (zonebus.stream.hooks) e.g. the zone router's
         # zone router hook: (stream, subject, reply, headers, payload) -> True when it serves a request about a
         # stream led in another zone through this zone's proxy (pull requests, direct gets); None without it
         self.api_hook: ApiHook | None = None  # (zonebus.stream.hooks)

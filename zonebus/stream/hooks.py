@@ -1,19 +1,39 @@
 """The hooks JetStream offers its extensions (the zone router sets them; `zonebus.node` wires the router).
 
-Declared here so that no extension reaches into JetStream by a private name:
-- `TapHook` (`JetStreamService.tap`): a delivery or status message for a subject under `tap_prefix` (a pull
-  request that a proxy in another zone serves) is handed to the hook instead of being published; True when
-  taken.
+Declared here so that no extension reaches into JetStream by a private name, or types them `Any`:
+- `TapHook` (`JetStreamService.install_tap(tap, prefix)`): a delivery or status message for a subject under
+  `prefix` (the installer's own subjects: the zone router's `$ZR.D.` inboxes of pull requests that a proxy
+  in another zone serves) is handed to the hook instead of being published; True when taken. JetStream
+  knows no prefix of its own: without a tap nothing is taken.
 - `VisibleHook` (`JetStreamService.on_visible_hook`): a shared stream's store made messages visible.
 - `TailHook` (`JetStreamService.on_tail_hook`): records were appended to a shared stream's replicated tail.
 - `ApiHook` (`ClusteredJetStream.api_hook`): a JetStream API request of a stream led elsewhere; True when the
   hook took it (else the request goes to the stream's leader as usual).
 - `ClusteredJetStream.to_leader(...)`: hand an API request to the stream's leader (the router's fallback).
+- `JetStreamService.stream_queue` (a flag): every subscription of a stream joins the queue group
+  `STREAM_QUEUE + name`, so that a forwarder can tell a stream's interest from core subscribers'.
+- `MetaFormedHook` (`ClusteredJetStream.meta_formed`, a list): run once the meta group is up.
+- `ClusteredJetStream.led_stream(name)`, `JetStreamService.streams` / `loop`: what the router reads of
+  JetStream's state.
+- `ShownForwarder` (`InternalClient.shown_forwarder`, a hook of the server core declared in
+  `zonebus.server.internal`): sends a delivery to a route keeping the stream subject it shows;
+  `zonebus.stream.routed` sets JetStream's, and the zone router's internal client takes the same one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from zonebus.server.internal import ShownForwarder
+
+if TYPE_CHECKING:
+    from zonebus.meta import MetaGroup
+    from zonebus.stream.stream import Stream
+
+__all__ = ["ApiHook", "MetaFormedHook", "ShownForwarder", "TailHook", "TapHook", "VisibleHook"]
+
+MetaFormedHook = Callable[["MetaGroup"], None]
 
 
 class TapHook(Protocol):
@@ -22,11 +42,11 @@ class TapHook(Protocol):
 
 
 class VisibleHook(Protocol):
-    def __call__(self, stream: Any) -> None: ...
+    def __call__(self, stream: Stream) -> None: ...
 
 
 class TailHook(Protocol):
-    def __call__(self, stream: Any) -> None: ...
+    def __call__(self, stream: Stream) -> None: ...
 
 
 class ApiHook(Protocol):

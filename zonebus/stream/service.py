@@ -98,11 +98,11 @@ class JetStreamService:
         # one of them again would delete what is left of it)
         self.unrecovered: dict[str, str] = {}
         self.started = False
-        # zone router hooks (zonebus.zonerouter.serving), None without the router: `tap` takes deliveries and
-        # status messages sent to `$ZR.` subjects (pull requests a proxy in another zone serves) and returns
-        # True; `on_visible_hook(stream)` runs when a shared stream's store releases a batch with messages
+        # extension hooks (zonebus.stream.hooks; the zone router's, None without it): `tap` takes deliveries
+        # and status messages sent to subjects under `tap_prefix` (`install_tap`); `on_visible_hook(stream)`
+        # runs when a shared stream's store releases a batch with messages
         self.tap: TapHook | None = None
-        self.tap_prefix = "\x00"  # the subjects `tap` may take (the router's `$ZR.`); none by default
+        self.tap_prefix = "\x00"  # the subjects `tap` may take: set by `install_tap`, none before
         self.on_visible_hook: VisibleHook | None = None
         self.on_tail_hook: TailHook | None = None  # records were appended to a replicated tail
         # zone router: every subscription of a stream joins the queue group `STREAM_QUEUE + name`, so that
@@ -195,6 +195,12 @@ class JetStreamService:
             s.store.sync()
 
     # -- sending -------------------------------------------------------------------------------------
+    def install_tap(self, tap: TapHook, prefix: str) -> None:
+        """From now on, what JetStream sends to a subject under `prefix` (the installer's own subjects) goes
+        to `tap` first, and is published only when the tap does not take it (`zonebus.stream.hooks`)."""
+        self.tap = tap
+        self.tap_prefix = prefix
+
     def send(self, subject: str, payload: bytes, reply: str | None = None, headers: bytes | None = None) -> None:
         if self.tap is not None and subject.startswith(self.tap_prefix) and self.tap(subject, None, payload, reply,
                                                                                     headers):

@@ -1,6 +1,6 @@
 """The server-core hook that takes client publishes for streams led in another zone (a `Forwarder`).
 
-The core calls `process_msg` for every message that did not come over a route. For a client's message on a
+The core calls `take` for every message that did not come over a route. For a client's message on a
 subject of a stream whose leader is in another zone, the router takes the message (it goes to this zone's
 proxy for that leader) and the stream's queue group (`$JSQ.<stream>`, whose only member is the leader: the
 router sets the JetStream service's `stream_queue`) is left out of the delivery; every subscriber gets the
@@ -11,9 +11,9 @@ zonebus.workers) is a client's message of this server: the other workers run no 
 clients publish or ack reaches worker 0's router that way (pull requests and direct gets reach it as API
 requests, `$JS.API.>` being worker 0's interest); PubAcks and deliveries go to the client's inbox, which
 worker 0 knows as that worker's interest. A client's ack (`$JS.ACK.<stream>...`) of a stream led in
-another zone goes to the proxy too, which sends the leader ranges of acks. Everything else goes to the
-forwarder that was installed before (gateways) or to the core's own cluster delivery. Such subjects are kept
-off the clients' fast path (`memo_entries`).
+another zone goes to the proxy too, which sends the leader ranges of acks. Then the forwarder that was
+installed before (gateways) takes its part, and the core delivers what is left in the cluster. Such subjects
+are kept off the clients' fast path (`memo_entries`).
 
 A client's message for a stream this server leads goes to this server's member of the stream's group, never to
 another server's: a leader cut off by a partition cannot withdraw its interest across it, and a random pick
@@ -33,7 +33,6 @@ from zonebus.subjects.sublist import MatchResult
 if TYPE_CHECKING:
     from zonebus.server.connection import Connection
     from zonebus.server.hooks import Forwarder
-    from zonebus.server.server import Server
     from zonebus.zonerouter.router import ZoneRouter
 
 
@@ -45,15 +44,17 @@ _CLIENTS = (CLIENT, WORKER)  # what clients of this server publish: here, or on 
 
 
 class RouterForwarder:
-    def __init__(self, server: Server, router: ZoneRouter, inner: Forwarder | None) -> None:
-        self.server = server
+    def __init__(self, router: ZoneRouter, inner: Forwarder | None) -> None:
         self.router = router
         self.inner = inner
         self._filtered: Cache = {}  # subject -> (match, without the stream groups)
         self._here: Cache = {}  # subject -> (match, stream groups narrowed to this server's member)
 
-    def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                    queues: Any, r: MatchResult) -> bool:
+    def take(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+             queues: list[bytes] | None, r: MatchResult) -> tuple[MatchResult, bool]:
+        """The server's `Forwarder` (`zonebus.server.hooks`): take a client's publish or ack for a stream led in
+        another zone; returns what the core delivers in the cluster (`r` without the stream's group, or with it
+        narrowed to this server's member) and whether the router took the message (or the inner forwarder)."""
         taken = False
         if src.kind in _CLIENTS:
             ack = subject.startswith(b"$JS.ACK.")
@@ -72,15 +73,12 @@ class RouterForwarder:
                 taken = True
             elif r.qsubs:
                 r = self._leader_here(subject, r, not ack)
-        if taken and not r:  # only the leader wanted it: nothing else to deliver (and no "no responders")
-            return True
+        if taken and not r:  # only the leader wanted it: nothing else to deliver (nor to send to other clusters)
+            return r, True
         if self.inner is not None:
-            return self.inner.process_msg(src, subject, reply, hdr_len, data, queues, r) or taken
-        if not r:
-            if reply and src.kind == CLIENT and src.no_responders:  # type: ignore[attr-defined]
-                self.server.answer_no_responders(src, subject, reply)  # type: ignore[arg-type]
-            return False
-        return self.server.deliver_in_cluster(src, r, subject, reply, hdr_len, data, queues) or taken
+            r, sent = self.inner.take(src, subject, reply, hdr_len, data, queues, r)
+            return r, sent or taken
+        return r, taken
 
     def _without_stream(self, subject: bytes, r: MatchResult, keep: bool) -> MatchResult:
         """`r` without the streams' queue groups (`$JSQ.<stream>`): the router stores the message (or takes

@@ -75,8 +75,7 @@ class ZoneRouter:
         self.epochs: RouteEpochs | None = None
         self._epoch_task: asyncio.Task | None = None
         self.serving = ReadServer(js.svc, self._send)
-        js.svc.tap = self.serving.tap
-        js.svc.tap_prefix = "$ZR."  # (REPLY_PREFIX's root)
+        js.svc.install_tap(self.serving.tap, REPLY_PREFIX)  # (the pull inboxes the tap serves)
         js.svc.on_visible_hook = self.serving.on_visible
         js.svc.on_tail_hook = self.serving.on_tail
         self.tails: TailRecovery | None = None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zstandard
 
@@ -35,6 +35,10 @@ from zonebus.store import sharedlayout as L
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.records import RecordError
 from zonebus.zonerouter.tailrefs import Origins
+
+if TYPE_CHECKING:
+    from zonebus.stream.service import JetStreamService
+    from zonebus.stream.stream import Stream
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,7 @@ INLINE_TOTAL = 1 << 20  # compressed bytes of log objects sent inline in one sna
 
 
 class ReadServer:
-    def __init__(self, svc: Any, send: Callable[[str, bytes], bool]) -> None:
+    def __init__(self, svc: JetStreamService, send: Callable[[str, bytes], bool]) -> None:
         self.svc = svc  # the JetStreamService: the streams this server leads
         self.send = send
         # the router's prices: a log object whose compressed size is at most `inline_limit` goes with the
@@ -130,14 +134,14 @@ class ReadServer:
             waiting.remove(held)
             self._answer(held.peer, stream, held.poll)
 
-    def on_visible(self, stream: Any) -> None:
+    def on_visible(self, stream: Stream) -> None:
         """Store hook: a batch with messages was released; answer the polls held for this stream."""
         waiting = self.held.pop(stream.name, None)
         for held in waiting or ():
             held.timer.cancel()
             self._answer(held.peer, stream.name, held.poll)
 
-    def on_tail(self, stream: Any) -> None:
+    def on_tail(self, stream: Stream) -> None:
         """Store hook: records were appended to a replicated tail; the held polls of replicas get them."""
         waiting = self.held.get(stream.name)
         if not waiting:
