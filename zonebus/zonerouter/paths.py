@@ -129,10 +129,14 @@ class PathChooser:
         size = self.break_even(leader)
         return int(GATHER_FROM * size) if 0 < size < STORAGE_BATCH else 0
 
+    def _note_ratio(self, leader: str, raw: int, packed: int) -> None:
+        """A batch of `raw` bytes compressed to `packed`: the flow's ratio, a moving average over batches."""
+        f = self._flow(leader)
+        f.ratio = 0.8 * f.ratio + 0.2 * (packed / max(raw, 1))
+
     def compress(self, leader: str, data: bytes) -> bytes:
         out = self._cctx.compress(data)
-        f = self._flow(leader)
-        f.ratio = 0.8 * f.ratio + 0.2 * (len(out) / max(len(data), 1))
+        self._note_ratio(leader, len(data), len(out))
         return out
 
     def compress_stream(self, leader: str, data: bytes) -> tuple[int, bytes]:
@@ -144,8 +148,7 @@ class PathChooser:
             s = self._out[leader] = (self._gen, zstandard.ZstdCompressor(level=_LEVEL).compressobj())
         obj: zstandard.ZstdCompressionObj = s[1]  # type: ignore[assignment]
         out = obj.compress(data) + obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-        f = self._flow(leader)
-        f.ratio = 0.8 * f.ratio + 0.2 * (len(out) / max(len(data), 1))
+        self._note_ratio(leader, len(data), len(out))
         return s[0], out
 
     def reset_stream(self, leader: str) -> None:
@@ -180,8 +183,7 @@ class PathChooser:
         if s is None:
             s = self._probe[leader] = zstandard.ZstdCompressor(level=_LEVEL).compressobj()
         out = s.compress(data) + s.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-        f = self._flow(leader)
-        f.ratio = 0.8 * f.ratio + 0.2 * (len(out) / max(len(data), 1))
+        self._note_ratio(leader, len(data), len(out))
 
     def decompress(self, data: bytes) -> bytes:
         return self._dctx.decompress(data)

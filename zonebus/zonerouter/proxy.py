@@ -55,8 +55,8 @@ class _Batch:
     offset: int = -1
     state: str = "open"  # open -> uploading -> uploaded -> sent (-> answered) | failed
     sent_at: float = 0.0
-    inline: bytes | None = None  # the link path: the batch, sent (compressed) instead of a link record
-    data: bytes | None = None  # a batch for this server's own streams: handed to its leader side as it is
+    inline: bytes | None = None  # the link path: the batch, sent (compressed) instead of a link record; a
+    # batch for this server's own streams, either path: the batch, handed to its leader side as it is
     stored: bool = False  # a channel object was written (to be trimmed once the leader is done with it)
     opened: float = field(default_factory=time.monotonic)
     settled: bool = False  # answered or failed: its bytes left the target's pending count
@@ -160,13 +160,12 @@ class Proxy:
         self.stats["gathered_batches"] += target.gathering
         data = batchfmt.encode(b.messages)
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(data))
-        if own:
-            b.data = data
-        if self.paths.choose(leader, len(data)) == LINK:
+        link = self.paths.choose(leader, len(data)) == LINK
+        if link or own:  # (link: compressed when sent, blocks of the stream to the leader in send order)
+            b.inline = data
+        if link:
             if own:
                 self.paths.measure(leader, data)
-            else:
-                b.inline = data  # compressed when sent: blocks of the stream to the leader go in send order
             b.state = "uploaded"
             self.stats["inline_batches"] += 1
             self._send_ready(target)
@@ -193,8 +192,8 @@ class Proxy:
             if b.state != "uploaded":
                 continue
             link = LinkRecord(self.channel.id, b.offset, b.epoch, time.time_ns(), len(b.messages))
-            if b.data is not None and self.local is not None:  # our own stream: its leader side is here
-                data, b.data = b.data, None
+            if b.leader == self.here and b.inline is not None and self.local is not None:  # our own stream
+                data, b.inline = b.inline, None
                 self.stats["own_batches"] += 1
                 b.state, b.sent_at = "sent", time.monotonic()
                 self.waiting[b.offset] = b

@@ -28,7 +28,7 @@ from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.clientzones import ClientZones
 from zonebus.zonerouter.epochs import RouteEpochs
 from zonebus.zonerouter.leader import LeaderSide
-from zonebus.zonerouter.paths import PathChooser
+from zonebus.zonerouter.paths import LINK, PathChooser
 from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
@@ -269,7 +269,7 @@ class ZoneRouter:
         that a burst's batches gather into channel objects the tail names by link record rather than carry
         across zones in full; a small batch is handed to the leader side here as it is (`proxy.local`)."""
         if not self.tiered or rec.config.get("storage") == "memory" or len(self.view.zones) < 2 \
-                or self.paths is None or self.paths.mode == "link":
+                or self.paths is None or self.paths.mode == LINK:
             return None
         return (rec.name, self.name, self.name)
 
