@@ -171,6 +171,7 @@ class Con:
     sseq: dict[tuple[str, int], int] = field(default_factory=dict)  # first stream sequence it was read at
     e2e: list[float] = field(default_factory=list)
     longest_gap: float = 0.0  # longest time without a message while acknowledged messages were unread
+    leader: str = ""  # the server leading the consumer (nats-server R3: where its deliveries come from)
 
 
 async def run_consumer(url: str, con: Con, stream: str, done: asyncio.Event, target: Callable[[], int],
@@ -180,8 +181,9 @@ async def run_consumer(url: str, con: Con, stream: str, done: asyncio.Event, tar
     nc = await nats.connect(url, name=f"sub-z{con.zone}?az=z{con.zone}")
     js = nc.jetstream(timeout=10)
     try:
-        await js.add_consumer(stream, ConsumerConfig(durable_name=f"c{con.zone}", ack_policy=AckPolicy.EXPLICIT,
-                                                     max_ack_pending=20000))
+        info = await js.add_consumer(stream, ConsumerConfig(durable_name=f"c{con.zone}",
+                                                            ack_policy=AckPolicy.EXPLICIT, max_ack_pending=20000))
+        con.leader = (info.cluster.leader or "") if info.cluster else ""
         psub = await js.pull_subscribe_bind(durable=f"c{con.zone}", stream=stream)
         ready.set()
         quiet_since: float | None = None
@@ -507,6 +509,9 @@ def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespac
                   "(one-off): " + " ".join(f"{k} {v}" for k, v in setup.items() if v))
     print("- longest read gap (s without a message while acked messages were unread), consumers z1/z2/z3: " + "; ".join(
         f"{b.label} {w} " + "/".join(f"{c.longest_gap:.1f}" for c in r["cons"]) for b, w, r in results))
+    print("- consumer leaders, consumers z1/z2/z3 (a delivery crosses a zone when its consumer is led outside the "
+          "reader's zone; nats-server elects them, zonebus leads them with the stream): " + "; ".join(
+              f"{b.label} {w} " + "/".join(c.leader or "?" for c in r["cons"]) for b, w, r in results))
     for b, w, r in results:
         kinds = r["counts"].get("kinds", {}) if r["counts"] else {}
         n = sum(int(v["requests"]) for v in kinds.values())
