@@ -15,7 +15,14 @@ zone reads the stream back through its own server, and the checker reports acked
 prefix / middle / postfix per writer), unexpected, duplicates, order, whether every zone read the same log, the
 longest stretch without any PubAck after a fault (unavailability) and the recovery time after healing.
 
-Run: `python bench/chaos.py --minutes 2 [--only zonebus|nats|nats-always] [--faults kill,pause,...] [--seed 1]`.
+A second workload (`--workloads kv`): KV compare-and-set (`zonebus.testing.kvload`): one client per zone doing
+reads, puts and `update`s with the last revision it saw on three keys of one bucket (history 1, no direct gets;
+R1 in z2 with the zone router, R3 on nats-server), checked per key for linearizability
+(`zonebus.testing.linearizable`, a WGL search for one register); a write with an unknown outcome may or may not
+have happened.
+
+Run: `python bench/chaos.py --minutes 2 [--only zonebus|nats|nats-always] [--workloads queue,kv] [--faults ...]
+[--seed 1]`.
 Progress goes to stderr, the table to stdout.
 """
 
@@ -39,12 +46,16 @@ import nats  # noqa: E402
 
 from zonebus.testing.faultload import FaultPublisher, read_back  # noqa: E402
 from zonebus.testing.jsapi import api  # noqa: E402
+from zonebus.testing.kvload import KVCheck, KVClient, bucket_stream, check_history  # noqa: E402
 from zonebus.testing.motos3 import MotoS3, proxied_s3  # noqa: E402
 from zonebus.testing.nemesis import Fault, Nemesis, QueueCheck, queue_check  # noqa: E402
 from zonebus.testing.zonecluster import ZoneCluster, stream_led_in  # noqa: E402
 
 BUCKET = "zonebus-chaos"
 STREAM = "CHAOS"
+BUCKET_KV = "CHAOSKV"
+KEYS = ["k1", "k2", "k3"]
+WORKLOADS = ("queue", "kv")
 LEADER = "s2"
 FAILOVER = 3.0  # zonebus's default failover_timeout
 SETUPS = ("zonebus", "nats", "nats-always")
@@ -121,6 +132,48 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
         return q, faults
 
 
+async def kv_campaign(setup: str, args: argparse.Namespace) -> tuple[KVCheck, list[Fault]]:
+    """The KV workload under the same faults; its history checked for linearizability."""
+    with ExitStack() as stack:
+        td = tempfile.mkdtemp(prefix=f"zb-chaos-kv-{setup}-")
+        if args.keep:
+            log(f"{setup} kv: server directories and logs kept in {td}")
+        else:
+            stack.callback(shutil.rmtree, td, True)
+        cluster, s3 = start(setup, stack, Path(td))
+        servers = dict(zip(cluster.names, cluster.servers, strict=True))
+        cfg = bucket_stream(BUCKET_KV, 1, ["az:z2"]) if setup == "zonebus" else bucket_stream(BUCKET_KV, 3)
+        led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
+        log(f"{setup} kv: bucket {BUCKET_KV} led by {led}")
+        clients = [KVClient([s.url], f"c{k + 1}", BUCKET_KV, KEYS, zone=f"z{k + 1}", seed=args.seed)
+                   for k, s in enumerate(cluster.servers)]
+        watch = await nats.connect(servers=[s.url for s in cluster.servers], max_reconnect_attempts=-1,
+                                   reconnect_time_wait=0.2)
+
+        async def leader() -> str:
+            return (await api(watch, f"$JS.API.STREAM.INFO.KV_{BUCKET_KV}", timeout=2.0))["cluster"]["leader"]
+
+        nemesis = Nemesis(servers, clients, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed)
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(c.run(stop)) for c in clients]
+        try:
+            faults = await nemesis.run(args.faults.split(","), args.minutes * 60, quiet=args.quiet,
+                                       fault_seconds=args.fault_seconds, progress=lambda m: log(f"{setup} kv: {m}"))
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await watch.close()
+        t = time.monotonic()
+        kv = await asyncio.to_thread(check_history, clients)
+        log(f"{setup} kv: {kv.line()} (checked in {time.monotonic() - t:.1f} s)")
+        for key, v in sorted(kv.verdicts.items()):
+            if v.ok is not True:
+                log(f"  {key}: {v.line()}")
+                for op in v.witness:
+                    log(f"    {op}")
+        return kv, faults
+
+
 def explain(q: QueueCheck, pubs: list[FaultPublisher], faults: list[Fault], t0: float,
             reads: dict[str, list[tuple[int, bytes]]]) -> None:
     """What went wrong, against the fault timeline (seconds since the campaign started)."""
@@ -167,21 +220,50 @@ def print_table(results: list[tuple[str, QueueCheck, list[Fault]]], args: argpar
               f"| {_s([f.recovery for f in faults], max)} | {sum(1 for f in faults if not f.recovered)} |")
 
 
+def print_kv_table(results: list[tuple[str, KVCheck, list[Fault]]], args: argparse.Namespace) -> None:
+    print(f"\n{args.minutes:g}-minute KV compare-and-set campaigns, faults {args.faults}, seed {args.seed}\n")
+    print("| setup | faults injected | operations (read / put / cas: ok, fail, unknown) | keys linearizable "
+          "| search steps | unavailable s, p50 / max |")
+    print("|---|---|---|---|---:|---|")
+    for setup, kv, faults in results:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(Counter(f.kind for f in faults).items()))
+        o = kv.outcomes
+        ops = " / ".join(f"{o.get(f'{k} ok', 0)}, {o.get(f'{k} fail', 0)}, {o.get(f'{k} info', 0)}"
+                         for k in ("read", "put", "cas"))
+        words = {True: "yes", False: "**NO**", None: "unknown"}
+        keys = ", ".join(f"{k} {words[v.ok]}" for k, v in sorted(kv.verdicts.items()))
+        unavail = [f.unavailable for f in faults]
+        print(f"| {setup} | {kinds or '-'} | {ops} | {keys} | {sum(v.steps for v in kv.verdicts.values()):,} "
+              f"| {_s(unavail, statistics.median)} / {_s(unavail, max)} |")
+
+
 async def main_async(args: argparse.Namespace) -> int:
     setups = [args.only] if args.only else list(SETUPS)
-    results = []
+    workloads = args.workloads.split(",")
+    results, kv_results = [], []
     for setup in setups:
-        log(f"campaign: {setup}, {args.minutes:g} min")
-        q, faults = await campaign(setup, args)
-        results.append((setup, q, faults))
-    print_table(results, args)
-    return 0 if all(q.ok for _s, q, _f in results if _s == "zonebus") else 1
+        if "queue" in workloads:
+            log(f"campaign: {setup}, queue, {args.minutes:g} min")
+            q, faults = await campaign(setup, args)
+            results.append((setup, q, faults))
+        if "kv" in workloads:
+            log(f"campaign: {setup}, kv, {args.minutes:g} min")
+            kv, faults = await kv_campaign(setup, args)
+            kv_results.append((setup, kv, faults))
+    if results:
+        print_table(results, args)
+    if kv_results:
+        print_kv_table(kv_results, args)
+    ok = all(q.ok for s, q, _f in results if s == "zonebus") and all(
+        kv.ok for s, kv, _f in kv_results if s == "zonebus")
+    return 0 if ok else 1
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=2.0, help="length of each campaign")
     ap.add_argument("--only", choices=SETUPS, default=None)
+    ap.add_argument("--workloads", default="queue,kv", help="comma-separated, of queue,kv")
     ap.add_argument("--faults", default=ALL_FAULTS, help=f"comma-separated, of {ALL_FAULTS}")
     ap.add_argument("--fault-seconds", type=float, default=5.0, help="how long each fault lasts")
     ap.add_argument("--quiet", type=float, default=3.0, help="seconds between a recovery and the next fault")
@@ -191,6 +273,8 @@ def main() -> None:
     unknown = set(args.faults.split(",")) - set(ALL_FAULTS.split(","))
     if unknown:
         ap.error(f"--faults: unknown {sorted(unknown)} (known: {ALL_FAULTS})")
+    if set(args.workloads.split(",")) - set(WORKLOADS):
+        ap.error(f"--workloads: unknown {sorted(set(args.workloads.split(',')) - set(WORKLOADS))} (known: queue,kv)")
     sys.exit(asyncio.run(main_async(args)))
 
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import nats
 import nats.errors
@@ -88,7 +89,16 @@ class FaultPublisher:
         return sum(1 for x in self.ack_times if x >= t)
 
 
-def all_acked_since(pubs: list[FaultPublisher], t: float, n: int = 5) -> bool:
+class Writer(Protocol):
+    """What the nemesis watches of a workload's client: when its writes were acknowledged (`FaultPublisher`,
+    `zonebus.testing.kvload.KVClient`)."""
+
+    ack_times: list[float]
+
+    def acked_since(self, t: float) -> int: ...
+
+
+def all_acked_since(pubs: Sequence[Writer], t: float, n: int = 5) -> bool:
     """True once every publisher had `n` PubAcks after `t` (monotonic): publishing healed everywhere."""
     return all(p.acked_since(t) >= n for p in pubs)
 

@@ -23,11 +23,11 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zonebus.testing.faultload import FaultPublisher, Report, all_acked_since, check
+from zonebus.testing.faultload import FaultPublisher, Report, Writer, all_acked_since, check
 from zonebus.testing.processes import ServerProcess
 from zonebus.testing.s3proxy import S3Proxy
 
@@ -55,7 +55,7 @@ class Fault:
 
 
 class Nemesis:
-    def __init__(self, servers: dict[str, ServerProcess], pubs: list[FaultPublisher], proxy: S3Proxy | None,
+    def __init__(self, servers: dict[str, ServerProcess], pubs: Sequence[Writer], proxy: S3Proxy | None,
                  failover: float, leader: Callable[[], Any] | None = None, seed: int = 1) -> None:
         self.servers, self.pubs, self.proxy, self.failover = servers, pubs, proxy, failover
         self.leader = leader  # async () -> the stream leader's name (the favourite target), or None
@@ -141,7 +141,7 @@ def _signal(pids: list[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
-def unavailable(pubs: list[FaultPublisher], start: float, end: float) -> float:
+def unavailable(pubs: Sequence[Writer], start: float, end: float) -> float:
     """The longest stretch in [start, end] in which no publisher got a PubAck."""
     times = sorted(t for p in pubs for t in p.ack_times if start <= t <= end)
     edges = [start, *times, end]
