@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import math
 import shutil
 import statistics
@@ -166,6 +168,10 @@ async def kv_campaign(setup: str, args: argparse.Namespace) -> tuple[KVCheck, li
         t = time.monotonic()
         kv = await asyncio.to_thread(check_history, clients)
         log(f"{setup} kv: {kv.line()} (checked in {time.monotonic() - t:.1f} s)")
+        if not kv.ok:
+            dump = Path(tempfile.gettempdir()) / f"zb-chaos-kv-history-{setup}-{int(time.time())}.json"
+            dump.write_text(json.dumps([[key, dataclasses.asdict(op)] for c in clients for key, op in c.history]))
+            log(f"{setup} kv: the history is in {dump}")
         for key, v in sorted(kv.verdicts.items()):
             if v.ok is not True:
                 log(f"  {key}: {v.line()}")

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 ChangeCallback = Callable[[Change], None]
 OFFLINE_GRACE = 1.5  # seconds a placement waits for a peer that is still connecting
+STALL = 0.5  # seconds without a tick (every `timing.tick`): this process was stopped or starved meanwhile
+FRESH_GAP = 0.1  # frames read within this long after a stall may have waited in the socket: they prove nothing
 _GONE = (FAIL_REASON.DISCARDED, FAIL_REASON.MISSING_LEADER, FAIL_REASON.NOT_LEADER)
 
 
@@ -91,6 +93,9 @@ class MetaGroup:
         self._leader_event = asyncio.Event()
         self._started_at = 0.0
         self._next_check = 0.0
+        self._last_tick = 0.0  # monotonic time of the last tick (`lease`)
+        self._resumed_at = 0.0  # ... of the first tick after the last stall
+        self._stalled_for = 0.0  # how long that stall lasted
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
@@ -168,6 +173,37 @@ class MetaGroup:
     @property
     def has_quorum(self) -> bool:
         return self._sync is not None and bool(self._sync.hasQuorum)
+
+    def lease(self) -> bool:
+        """Whether the applied state can be trusted to say what this server leads, for a read it answers as the
+        leader (`STREAM.MSG.GET`). The meta leader moves what a server led once it has not heard from it for
+        `timing.failover`; a server that was stopped (SIGSTOP, a VM pause) or cut off meanwhile may still think
+        it leads, and would answer from an old state while another server takes newer writes. So: no stall is
+        under way (the ticker ran within `STALL`), a majority of the group (this server included) was heard
+        from within `timing.failover / 2`, counting only frames read at least `FRESH_GAP` after the last stall;
+        and after a stall longer than that half, `4 x timing.heartbeat` have passed since, for the meta
+        leader's decisions of the meantime to arrive and be applied. A group of one always holds it."""
+        members = len(self.membership.members)
+        if members <= 1 or self._sync is None:
+            return members <= 1
+        now = time.monotonic()
+        half = self.timing.failover / 2
+        if now - self._last_tick > STALL:
+            return False
+        if self._resumed_at and self._stalled_for > half and now - self._resumed_at < 4 * self.timing.heartbeat:
+            return False
+        since = max(now - half, self._resumed_at + FRESH_GAP if self._resumed_at else 0.0)
+        heard = 1 + sum(1 for p in self.transport.peers.values() if p.last_seen is not None and p.last_seen > since)
+        return heard * 2 > members
+
+    async def wait_lease(self, timeout: float) -> bool:
+        """Until `lease()` holds (True) or `timeout` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        while not self.lease():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     @property
     def ready(self) -> bool:
@@ -416,6 +452,12 @@ class MetaGroup:
 
     def _tick(self) -> None:
         self._kicked = False
+        now = time.monotonic()
+        if self._last_tick and now - self._last_tick > STALL:
+            self._resumed_at, self._stalled_for = now, now - self._last_tick
+            log.warning("meta: %s did not run for %.1f s; leader reads wait for the meta group (lease)",
+                        self.name, self._stalled_for)
+        self._last_tick = now
         if self._sync is None:
             return
         try:

@@ -459,6 +459,16 @@ class ClusteredJetStream(StreamLists):
                 self.svc.send(reply, _error(route[0] if route else "api_response", err))
             return
         toks = subject.split(".")[2:]
+        if toks[:3] == ["STREAM", "MSG", "GET"] and self.meta is not None and not self.meta.lease():
+            # a read answered as the leader, only while the meta group's view of who leads can be trusted: back
+            # from a pause, this server may still think it leads a stream that moved (`MetaGroup.lease`)
+            if not await self.meta.wait_lease(2 * self.meta.timing.failover):
+                self.svc.send(reply, _error("stream_msg_get_response", NoQuorum("no meta group majority")))
+                return
+            rec = self.meta.state.streams.get(name)
+            if rec is None or rec.leader != self.name:
+                self.to_leader(name, subject, reply, headers, payload, "stream_msg_get_response")
+                return
         if toks[:3] == CONSUMER_STEPDOWN and len(toks) == 5:
             await self._consumer_stepdown(name, toks[4], payload, reply)
             return

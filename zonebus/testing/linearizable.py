@@ -18,7 +18,8 @@ The model's state is `(value, revision)`; `(None, 0)` is a key never written. Op
 operations (by completion) that could be linearized and the first operation that could not. The search is
 depth-first over the entries of the history in time order; a `(linearized set, state)` pair already explored is
 not explored again (Lowe). Operations that never completed (`info`) stay open to the end of the history, which is
-what makes a history with many of them expensive: `max_steps` bounds the search (the verdict then says
+what makes a history with many of them expensive: those no read saw are dropped first (`_prune`, with the
+failed compare-and-sets they could explain), and `max_steps` bounds the search (the verdict then says
 `unknown`). Reads that failed carry no information and are dropped.
 """
 
@@ -123,7 +124,7 @@ def _unlift(call: _Entry) -> None:
 
 def check(ops: Iterable[Op], max_steps: int = 2_000_000) -> Verdict:
     """Whether the history `ops` of one key is linearizable (see the module docstring)."""
-    history = [o for o in ops if not (o.kind == READ and o.outcome != OK)]
+    history = _prune([o for o in ops if not (o.kind == READ and o.outcome != OK)])
     if not history:
         return Verdict(True)
     # entries in time order; at equal times a return comes first (the operations did not overlap)
@@ -210,6 +211,21 @@ def check(ops: Iterable[Op], max_steps: int = 2_000_000) -> Verdict:
                            f"{best[0]} of {needed} completed operations linearized; cannot place "
                            f"{_describe(failed)}", witness[:20])
     return Verdict(True, len(history), steps)
+
+
+def _prune(ops: list[Op]) -> list[Op]:
+    """Drop what cannot change the verdict but makes the search explode: a write of unknown outcome whose value
+    no read returned. Had it taken effect, no read saw it and no compare-and-set could have expected its revision
+    (a client expects only revisions it saw), so placing it nowhere explains as much as placing it anywhere,
+    with one exception: it may explain a compare-and-set that failed. So every failed compare-and-set that ended
+    after such a write began is dropped too (a weaker check there, never a false alarm)."""
+    read_values = {o.value for o in ops if o.kind == READ and o.outcome == OK and o.value is not None}
+    unseen = [o for o in ops if o.outcome == INFO and o.kind != READ and o.value not in read_values]
+    if not unseen:
+        return ops
+    since = min(o.start for o in unseen)
+    dropped = {id(o) for o in unseen}
+    return [o for o in ops if id(o) not in dropped and not (o.kind == CAS and o.outcome == FAIL and o.end > since)]
 
 
 def _describe(op: Op | None) -> str:

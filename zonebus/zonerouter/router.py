@@ -156,6 +156,8 @@ class ZoneRouter:
         self.meta = meta
         if self.epochs is not None:
             self.epochs.meta = meta
+        self.serving.lease, self.serving.wait_lease = meta.lease, meta.wait_lease
+        self.serving.lease_wait = 2 * meta.timing.failover
         meta.on_change(self._meta_change)
         self.recompute()
 

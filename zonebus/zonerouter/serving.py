@@ -25,8 +25,9 @@ Runs on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import zstandard
@@ -96,6 +97,12 @@ class ReadServer:
         self._next = 0
         self._flush: list[_Req] = []
         self._sweep_at = 0.0
+        # the meta group's lease (`MetaGroup.lease`, `wait_lease`): a sync is answered as the leader only while
+        # the meta group's view of who leads can be trusted (a server back from a pause may still think it leads)
+        self.lease: Callable[[], bool] | None = None
+        self.wait_lease: Callable[[float], Awaitable[bool]] | None = None
+        self.lease_wait = 6.0
+        self._waits: set[asyncio.Task[None]] = set()
         self.stats = {"polls": 0, "snap_bytes": 0, "inline_batches": 0, "pulls": 0, "delivered": 0,
                       "deliver_bytes": 0, "acks": 0, "syncs": 0, "tail_parts": 0, "tail_bytes": 0,
                       "tail_wire_bytes": 0, "tail_refs": 0}
@@ -348,6 +355,20 @@ class ReadServer:
 
     # -- syncs ---------------------------------------------------------------------------------------
     def on_sync(self, peer: str, sync: rf.Sync) -> None:
+        if self.lease is not None and self.wait_lease is not None and not self.lease():
+            task = asyncio.get_running_loop().create_task(self._sync_after_lease(peer, sync))
+            self._waits.add(task)
+            task.add_done_callback(self._waits.discard)
+            return
+        self._answer_sync(peer, sync)
+
+    async def _sync_after_lease(self, peer: str, sync: rf.Sync) -> None:
+        assert self.wait_lease is not None
+        if await self.wait_lease(self.lease_wait):
+            self._answer_sync(peer, sync)  # (led here still, or answered "not led here")
+        # else no answer: the proxy's read falls back to the leader after its own timeout
+
+    def _answer_sync(self, peer: str, sync: rf.Sync) -> None:
         store = self._store(sync.stream)
         if store is None:
             answer = rf.Synced(sync.sid, rf.SNAP_NOT_LEADER)
