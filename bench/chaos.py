@@ -87,38 +87,49 @@ def start(setup: str, stack: ExitStack, tmp: Path) -> tuple[ZoneCluster, MotoS3 
     return cluster, s3
 
 
+def workdir(stack: ExitStack, label: str, args: argparse.Namespace) -> Path:
+    td = tempfile.mkdtemp(prefix=f"zb-chaos-{label.replace(' ', '-')}-")
+    if args.keep:
+        log(f"{label}: server directories and logs kept in {td}")
+    else:
+        stack.callback(shutil.rmtree, td, True)
+    return Path(td)
+
+
+async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 | None, stream: str,
+                       writers: list, args: argparse.Namespace) -> list[Fault]:
+    """Run `writers` (each with `run(stop)`) while the nemesis injects faults (the stream's leader is its
+    favourite target); returns the faults."""
+    servers = dict(zip(cluster.names, cluster.servers, strict=True))
+    watch = await nats.connect(servers=[s.url for s in cluster.servers], max_reconnect_attempts=-1,
+                               reconnect_time_wait=0.2)
+
+    async def leader() -> str:
+        return (await api(watch, f"$JS.API.STREAM.INFO.{stream}", timeout=2.0))["cluster"]["leader"]
+
+    nemesis = Nemesis(servers, writers, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed)
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(w.run(stop)) for w in writers]
+    try:
+        return await nemesis.run(args.faults.split(","), args.minutes * 60, quiet=args.quiet,
+                                 fault_seconds=args.fault_seconds, progress=lambda m: log(f"{label}: {m}"))
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await watch.close()
+
+
 async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, list[Fault]]:
     with ExitStack() as stack:
-        td = tempfile.mkdtemp(prefix=f"zb-chaos-{setup}-")
-        if args.keep:
-            log(f"{setup}: server directories and logs kept in {td}")
-        else:
-            stack.callback(shutil.rmtree, td, True)
-        cluster, s3 = start(setup, stack, Path(td))
-        servers = dict(zip(cluster.names, cluster.servers, strict=True))
+        cluster, s3 = start(setup, stack, workdir(stack, setup, args))
         cfg: dict = {"name": STREAM, "subjects": ["chaos.>"], "storage": "file"}
         cfg |= {"num_replicas": 1, "placement": {"tags": ["az:z2"]}} if setup == "zonebus" else {"num_replicas": 3}
         led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
         log(f"{setup}: stream {STREAM} led by {led}")
         pubs = [FaultPublisher([s.url], f"w{k + 1}", f"chaos.w{k + 1}", zone=f"z{k + 1}")
                 for k, s in enumerate(cluster.servers)]
-        watch = await nats.connect(servers=[s.url for s in cluster.servers], max_reconnect_attempts=-1,
-                                   reconnect_time_wait=0.2)
-
-        async def leader() -> str:
-            return (await api(watch, f"$JS.API.STREAM.INFO.{STREAM}", timeout=2.0))["cluster"]["leader"]
-
-        nemesis = Nemesis(servers, pubs, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed)
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
         t0 = time.monotonic()
-        try:
-            faults = await nemesis.run(args.faults.split(","), args.minutes * 60, quiet=args.quiet,
-                                       fault_seconds=args.fault_seconds, progress=lambda m: log(f"{setup}: {m}"))
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await watch.close()
+        faults = await under_faults(setup, setup, cluster, s3, STREAM, pubs, args)
         reads = {}
         for k, s in enumerate(cluster.servers):  # every zone reads through its own server
             nc = await nats.connect(s.url, name=f"reader?az=z{k + 1}")
@@ -137,34 +148,13 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
 async def kv_campaign(setup: str, args: argparse.Namespace) -> tuple[KVCheck, list[Fault]]:
     """The KV workload under the same faults; its history checked for linearizability."""
     with ExitStack() as stack:
-        td = tempfile.mkdtemp(prefix=f"zb-chaos-kv-{setup}-")
-        if args.keep:
-            log(f"{setup} kv: server directories and logs kept in {td}")
-        else:
-            stack.callback(shutil.rmtree, td, True)
-        cluster, s3 = start(setup, stack, Path(td))
-        servers = dict(zip(cluster.names, cluster.servers, strict=True))
+        cluster, s3 = start(setup, stack, workdir(stack, f"{setup} kv", args))
         cfg = bucket_stream(BUCKET_KV, 1, ["az:z2"]) if setup == "zonebus" else bucket_stream(BUCKET_KV, 3)
         led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
         log(f"{setup} kv: bucket {BUCKET_KV} led by {led}")
         clients = [KVClient([s.url], f"c{k + 1}", BUCKET_KV, KEYS, zone=f"z{k + 1}", seed=args.seed)
                    for k, s in enumerate(cluster.servers)]
-        watch = await nats.connect(servers=[s.url for s in cluster.servers], max_reconnect_attempts=-1,
-                                   reconnect_time_wait=0.2)
-
-        async def leader() -> str:
-            return (await api(watch, f"$JS.API.STREAM.INFO.KV_{BUCKET_KV}", timeout=2.0))["cluster"]["leader"]
-
-        nemesis = Nemesis(servers, clients, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed)
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(c.run(stop)) for c in clients]
-        try:
-            faults = await nemesis.run(args.faults.split(","), args.minutes * 60, quiet=args.quiet,
-                                       fault_seconds=args.fault_seconds, progress=lambda m: log(f"{setup} kv: {m}"))
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await watch.close()
+        faults = await under_faults(setup, f"{setup} kv", cluster, s3, f"KV_{BUCKET_KV}", clients, args)
         t = time.monotonic()
         kv = await asyncio.to_thread(check_history, clients)
         log(f"{setup} kv: {kv.line()} (checked in {time.monotonic() - t:.1f} s)")

@@ -8,32 +8,17 @@ them. The campaign is the bench's own script in its own process, `--minutes` fro
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-MINUTES = float(os.environ.get("ZONEBUS_CHAOS_MINUTES", "1"))
+from tests.zonerouter.kit_chaos import TIMEOUT, run_campaign
 
 
-@pytest.mark.timeout(int(MINUTES * 60) + 420)
+@pytest.mark.timeout(TIMEOUT)
 def test_kv_campaign_is_linearizable() -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", str(MINUTES), "--only",
-                           "zonebus", "--workloads", "kv", "--seed", "3",
-                           "--faults", "kill,s3-503,s3-reset,s3-timeout,s3-slow"], capture_output=True, text=True,
-                          timeout=MINUTES * 60 + 400, cwd=ROOT)
-    print(proc.stdout)
-    progress = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("["))
-    print(progress)
-    row = next((line for line in proc.stdout.splitlines() if line.startswith("| zonebus |")), None)
-    assert row is not None, f"no result row (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] != "-", f"no fault was injected: {row}"
-    ok_writes = [int(n) for n in re.findall(r"(\d+), \d+, \d+", cells[2])]
-    assert sum(ok_writes[1:]) > 100, f"too few writes answered: {row}"
-    assert cells[3].count(" yes") == 3, f"a key is not linearizable:\n{row}\n{progress[-4000:]}"
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    c = run_campaign("kv", 3, "kill,s3-503,s3-reset,s3-timeout,s3-slow")
+    ok_writes = [int(n) for n in re.findall(r"(\d+), \d+, \d+", c.cells[2])]
+    assert sum(ok_writes[1:]) > 100, f"too few writes answered: {c.row}"
+    assert c.cells[3].count(" yes") == 3, f"a key is not linearizable:\n{c.row}\n{c.progress[-4000:]}"
+    assert c.returncode == 0, c.progress[-4000:]

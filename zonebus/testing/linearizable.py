@@ -153,63 +153,48 @@ def check(ops: Iterable[Op], max_steps: int = 2_000_000) -> Verdict:
     entry = head.next
     steps = 0
     best: tuple[int, Op | None] = (0, None)
+    def take(call: _Entry, before: State, candidates: list[State]) -> bool:
+        """Linearize `call` here, into the first of `candidates` not explored yet (the rest stay on the stack
+        for backtracking)."""
+        nonlocal state, linearized, done
+        assert call.op is not None
+        while candidates:
+            nxt = candidates.pop(0)
+            key = (linearized | (1 << call.index), nxt)
+            if key in seen:
+                continue
+            seen.add(key)
+            stack.append((call, before, candidates))
+            state, linearized = nxt, key[0]
+            done += call.op.outcome != INFO
+            _lift(call)
+            return True
+        return False
+
     while done < needed:
         steps += 1
         if steps > max_steps:
             return Verdict(None, len(history), steps, "search budget exhausted")
         if entry is not None and entry.call:
             assert entry.op is not None
-            moved = False
-            for nxt in _steps(state, entry.op):
-                key = (linearized | (1 << entry.index), nxt)
-                if key in seen:
-                    continue
-                seen.add(key)
-                alternatives = [s for s in _steps(state, entry.op) if s != nxt]
-                stack.append((entry, state, alternatives))
-                state, linearized = nxt, key[0]
-                done += entry.op.outcome != INFO
-                _lift(entry)
-                entry = head.next
-                moved = True
-                break
-            if not moved:
-                entry = entry.next
+            entry = head.next if take(entry, state, _steps(state, entry.op)) else entry.next
             continue
         # a return (or the end) reached before its operation could be linearized: undo the last choice
         if entry is not None and done >= best[0]:
             best = (done, entry.op)
-        while stack:
-            call, before, alternatives = stack.pop()
-            assert call.op is not None
-            done -= call.op.outcome != INFO
-            linearized &= ~(1 << call.index)
-            _unlift(call)
-            state = before
-            retried = False
-            while alternatives:
-                nxt = alternatives.pop(0)
-                key = (linearized | (1 << call.index), nxt)
-                if key in seen:
-                    continue
-                seen.add(key)
-                stack.append((call, before, alternatives))
-                state, linearized = nxt, key[0]
-                done += call.op.outcome != INFO
-                _lift(call)
-                entry = head.next
-                retried = True
-                break
-            if retried:
-                break
-            entry = call.next
-            break
-        else:
+        if not stack:
             failed = best[1]
             witness = [o for o in history if failed is not None and o.start <= failed.end and o.end >= failed.start]
             return Verdict(False, len(history), steps,
                            f"{best[0]} of {needed} completed operations linearized; cannot place "
                            f"{_describe(failed)}", witness[:20])
+        call, before, alternatives = stack.pop()
+        assert call.op is not None
+        done -= call.op.outcome != INFO
+        linearized &= ~(1 << call.index)
+        _unlift(call)
+        state = before
+        entry = head.next if take(call, before, alternatives) else call.next
     return Verdict(True, len(history), steps)
 
 

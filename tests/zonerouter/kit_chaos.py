@@ -1,0 +1,39 @@
+"""Runs one short `bench/chaos.py` campaign on zonebus in its own process and returns its result row (the
+chaos tests of this folder)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MINUTES = float(os.environ.get("ZONEBUS_CHAOS_MINUTES", "1"))
+TIMEOUT = int(MINUTES * 60) + 420  # each test's pytest timeout: the campaign, its set-up and its read-back
+
+
+@dataclass
+class Campaign:
+    returncode: int
+    stdout: str
+    progress: str  # the timestamped progress lines (and the explanation of a failure)
+    row: str
+    cells: list[str]
+
+
+def run_campaign(workload: str, seed: int, faults: str | None = None) -> Campaign:
+    args = [sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", str(MINUTES), "--only", "zonebus",
+            "--workloads", workload, "--seed", str(seed)]
+    if faults:
+        args += ["--faults", faults]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT - 20, cwd=ROOT)
+    progress = "\n".join(line for line in proc.stderr.splitlines() if line.startswith(("[", "  ")))
+    print(proc.stdout)
+    print(progress)
+    row = next((line for line in proc.stdout.splitlines() if line.startswith("| zonebus |")), "")
+    assert row, f"no result row (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] != "-", f"no fault was injected: {row}"
+    return Campaign(proc.returncode, proc.stdout, progress, row, cells)
