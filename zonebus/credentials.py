@@ -22,8 +22,12 @@ class TLSConfigError(ValueError):
     """A tls block whose files cannot be loaded; the text names the file and the reason."""
 
 
-def load_cert_files(ctx: ssl.SSLContext, opts: TLSOptions, block: str) -> None:
-    """Load a `tls {}` block's certificate, key and CA into `ctx`; TLSConfigError names the file and why."""
+def load_cert_files(ctx: ssl.SSLContext, opts: TLSOptions, block: str, client: bool = False) -> None:
+    """Load a `tls {}` block's certificate, key and CA into `ctx`; TLSConfigError names the file and why.
+    `client`: the block of a dialling side only (a leafnode remote), whose certificate is optional."""
+    if client and not opts.cert_file and not opts.key_file:
+        _load_ca(ctx, opts, block)
+        return
     if not opts.cert_file:
         raise TLSConfigError(f"{block}missing 'cert_file' in TLS configuration")
     if not opts.key_file:
@@ -33,6 +37,10 @@ def load_cert_files(ctx: ssl.SSLContext, opts: TLSOptions, block: str) -> None:
     except (OSError, ssl.SSLError) as exc:
         raise TLSConfigError(f"{block}error parsing X509 certificate/key pair "
                              f"({opts.cert_file}, {opts.key_file}): {error_reason(exc)}") from None
+    _load_ca(ctx, opts, block)
+
+
+def _load_ca(ctx: ssl.SSLContext, opts: TLSOptions, block: str) -> None:
     if opts.ca_file:
         try:
             ctx.load_verify_locations(cafile=opts.ca_file)
@@ -53,9 +61,12 @@ def server_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
     return ctx
 
 
-def check(opts: TLSOptions, block: str = "") -> None:
+def check(opts: TLSOptions, block: str = "", client: bool = False) -> None:
     """Load the block's files once, so that a bad block fails at config time (`zonebus server -t`)."""
-    server_context(opts, block)
+    if client:
+        load_cert_files(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), opts, block, client=True)
+    else:
+        server_context(opts, block)
 
 
 def error_reason(exc: BaseException) -> str:

@@ -105,6 +105,12 @@ class RemoteLeafOptions:
 
     urls: list[str] = field(default_factory=list)
     account: str = ""  # the local account the connection binds ("" = the global account)
+    deny_imports: list[str] = field(default_factory=list)  # subjects not taken from the hub (no interest sent)
+    deny_exports: list[str] = field(default_factory=list)  # subjects not sent to the hub
+    tls: TLSOptions | None = None  # tls {}: the link is TLS after the hub's INFO (also `tls://` URLs)
+    no_randomize: bool = False  # dial the URLs in the order given (nats-server shuffles them by default)
+    first_info_timeout: float = 1.0  # seconds to wait for the hub's INFO after the TCP connect
+    disabled: bool = False  # configured but never dialled
 
 
 @dataclass
@@ -117,6 +123,8 @@ class LeafNodeOptions:
     password: str = ""
     auth_timeout: float = AUTH_TIMEOUT  # leafnodes { authorization { timeout } }
     remotes: list[RemoteLeafOptions] = field(default_factory=list)
+    tls: TLSOptions | None = None  # tls {}: accepted leaf nodes do TLS after this side's INFO
+    reconnect_interval: float = 1.0  # seconds between two dials of a remote (nats-server's default)
 
 
 @dataclass

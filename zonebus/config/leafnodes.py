@@ -1,19 +1,22 @@
 """The `leafnodes {}` block (also spelt `leaf`): the leaf node listener and the remotes (hubs) to dial.
 
 Read onto `LeafNodeOptions` (zonebus.leaf builds the connections). nats-server's keys that zonebus does not
-build yet (TLS on leaf links, credentials files, deny lists, compression, ...) are refused by name through
+build yet (an advertised address, interest isolation, WebSocket remotes, ...) are refused by name through
 `zonebus.config.unsupported` (blocks `leafnodes` and `leafnode_remote`), never ignored.
 """
 
 from __future__ import annotations
 
+import json
 from urllib.parse import urlsplit
 
 from zonebus.config.authorization import block_auth
-from zonebus.config.convert import BadValue, expected, get_map, get_port, get_str, show
+from zonebus.config.convert import BadValue, expected, get_duration, get_map, get_port, get_str, show
 from zonebus.config.parser import Value
-from zonebus.config.readers import Errors, Handler, apply_handlers, str_field
+from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, positive_duration, str_field
+from zonebus.config.tls import read_tls
 from zonebus.options import LEAF_PORT, RemoteLeafOptions, ServerOptions
+from zonebus.subjects.validate import is_valid_subject
 
 
 def leaf_url(url: str) -> tuple[str, int]:
@@ -40,11 +43,38 @@ def _urls(v: Value) -> list[str]:
     return [_url(item) for item in (v.value if v.kind == "array" else [v])]
 
 
+def _deny_subjects(v: Value) -> list[str]:
+    """`deny_imports` / `deny_exports`: a subject or an array of subjects (wildcards allowed, no queues)."""
+    if v.kind not in ("array", "string"):
+        raise BadValue(f"Expected subject permissions to be a subject, or array of subjects, got {show(v)}", v)
+    out = []
+    for item in v.value if v.kind == "array" else [v]:
+        if item.kind != "string":
+            raise BadValue("Subject in permissions array cannot be cast to string", item)
+        if not is_valid_subject(item.value.encode()):
+            raise BadValue(f"subject {json.dumps(item.value)} is not a valid subject", item)
+        out.append(item.value)
+    return out
+
+
+def _remote_tls(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
+    r.tls = read_tls(v, errors, "leafnode remote tls: ", client=True)
+
+
 _LEAFNODE_REMOTE_HANDLERS: dict[str, Handler] = {
     "url": lambda r, v, e: r.urls.append(_url(v)),
     "urls": lambda r, v, e: r.urls.extend(_urls(v)),
     "account": str_field("account"),
     "local": str_field("account"),
+    "deny_imports": lambda r, v, e: setattr(r, "deny_imports", _deny_subjects(v)),
+    "deny_import": lambda r, v, e: setattr(r, "deny_imports", _deny_subjects(v)),
+    "deny_exports": lambda r, v, e: setattr(r, "deny_exports", _deny_subjects(v)),
+    "deny_export": lambda r, v, e: setattr(r, "deny_exports", _deny_subjects(v)),
+    "tls": _remote_tls,
+    "no_randomize": bool_field("no_randomize"),
+    "dont_randomize": bool_field("no_randomize"),
+    "first_info_timeout": positive_duration("first_info_timeout"),
+    "disabled": bool_field("disabled"),
 }
 
 
@@ -87,7 +117,18 @@ _LEAFNODES_HANDLERS: dict[str, Handler] = {
     "port": lambda o, v, e: setattr(o.leafnodes, "port", get_port(v)),
     "remotes": _remotes,
     "authorization": lambda o, v, e: _AUTH(o.leafnodes, v, e),
+    "tls": lambda o, v, e: setattr(o.leafnodes, "tls", read_tls(v, e, "leafnodes tls: ")),
+    "reconnect": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
+    "reconnect_interval": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
+    "reconnect_delay": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
 }
+
+
+def _reconnect(v: Value) -> float:
+    seconds = get_duration(v)
+    if seconds <= 0:
+        raise BadValue(f"duration must be greater than zero, got {show(v)}", v)
+    return seconds
 
 
 def read_leafnodes(opts: ServerOptions, v: Value, errors: Errors) -> None:

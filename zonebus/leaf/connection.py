@@ -12,17 +12,23 @@ remote's URL, `remote_account`). Once the CONNECT passed the listener's authoriz
 
 from __future__ import annotations
 
+import asyncio
+import ssl
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from zonebus.link.connection import LinkConnection
+from zonebus.leaf.permissions import LeafPermissions
+from zonebus.link.connection import LinkConnection, json_line
 from zonebus.protocol.leaf_parser import LeafParser, leaf_msg_line
 from zonebus.protocol.route_parser import RS_PLUS
 from zonebus.server.connection import LEAF
+from zonebus.server.tls import handshake_error
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     from zonebus.leaf.manager import LeafManager
     from zonebus.link.interest import InterestCounts
+    from zonebus.options import RemoteLeafOptions, TLSOptions
     from zonebus.server.accounts import Account
 
 LDS_PREFIX = b"$LDS."
@@ -33,8 +39,15 @@ class LeafConnection(LinkConnection):
     PING_EVERY = 2.0
 
     def __init__(self, manager: LeafManager, solicited: bool, account: Account, url: str = "",
-                 credentials: tuple[str, str] = ("", "")) -> None:
+                 credentials: tuple[str, str] = ("", ""), remote: RemoteLeafOptions | None = None) -> None:
         super().__init__(manager.server)
+        self.remote = remote  # the remote's options (dialled links)
+        # deny lists: a remote's own (dialled), or the deny_pub of the leaf's CONNECT (accepted)
+        self.perms: LeafPermissions | None = None
+        if remote is not None and (remote.deny_imports or remote.deny_exports):
+            self.perms = LeafPermissions(remote.deny_exports, remote.deny_imports)
+            if remote.deny_imports:
+                self.admit = self.perms.can_receive
         self.manager = manager
         self.spoke = solicited  # this server dialled: the peer is its hub
         self.url = url
@@ -47,13 +60,62 @@ class LeafConnection(LinkConnection):
         self.error = ""  # the last -ERR the peer sent
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}
         self.told: InterestCounts | None = None  # what this side told the peer (the manager keeps it)
+        self.upgrading = False  # the TLS handshake is under way
+        self._info_timer: asyncio.TimerHandle | None = None
 
     # -- link hooks ----------------------------------------------------------------------------------
     def greet(self) -> None:
         self.set_write_limits(self.transport)
+        opts = self.manager.opts
+        wait = opts.auth_timeout
         if not self.spoke:
-            self.send_json(b"INFO", self.manager.info_fields(self))
-        self.handshake_deadline(self.manager.opts.auth_timeout)
+            info = self.manager.info_fields(self)
+            if opts.tls is not None:  # INFO in the clear, then the leaf starts the handshake (nats-server's order)
+                wait += opts.tls.timeout
+                self.transport.pause_reading()
+                self.transport.write(json_line(b"INFO", info))
+                self.upgrading = True
+                self.server.loop.create_task(self._start_tls(self.manager.server_tls_context(), opts.tls.timeout))
+            else:
+                self.send_json(b"INFO", info)
+        elif self.remote is not None:
+            self._info_timer = self.server.loop.call_later(self.remote.first_info_timeout, self._no_info)
+            if self.remote.tls is not None:
+                wait += self.remote.tls.timeout
+        self.handshake_deadline(wait)
+
+    def _no_info(self) -> None:
+        if not self.remote_id and not self.closed:
+            self.log_error(f"leafnode {self.describe()}: no INFO from the hub within "
+                           f"{self.remote.first_info_timeout if self.remote else 0:g}s, closing")
+            self.close(abort=True)
+
+    async def _start_tls(self, ctx: ssl.SSLContext, timeout: float, hostname: str | None = None) -> bool:
+        """Switch the link to TLS (the hub: `server_side`, after its INFO; the leaf: after reading it).
+        Nothing is written meanwhile (`flush` holds what is queued); a failed handshake closes the link."""
+        try:
+            transport = await self.server.loop.start_tls(
+                self.transport, self, ctx, server_side=hostname is None, server_hostname=hostname,
+                ssl_handshake_timeout=timeout)
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            if not self.closed:
+                self.log_error(f"leafnode {self.describe()}: {handshake_error(exc)}")
+                self.close(abort=True)
+            return False
+        if self.closed or transport is None:
+            return False
+        self.transport = transport
+        self.set_write_limits(transport)
+        self.upgrading = False
+        if self.out:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        if self.upgrading:  # (the TLS handshake is under way: what is queued waits for it)
+            self.dirty = False
+            return
+        super().flush()
 
     def credentials(self) -> tuple[str, str]:
         opts = self.manager.opts
@@ -67,6 +129,21 @@ class LeafConnection(LinkConnection):
             self.log_error(f"leafnode {self.describe()}: attempted to connect to wrong port")
             self.close()
             return False
+        tls = self.remote.tls if self.remote is not None else None
+        if tls is not None or info.get("tls_required"):  # TLS now: the hub waits for the handshake
+            self.transport.pause_reading()
+            self.upgrading = True
+            self.server.loop.create_task(self._connect_over_tls(tls))
+            return True
+        return self._send_connect()
+
+    async def _connect_over_tls(self, tls: TLSOptions | None) -> None:
+        ctx = self.manager.remote_tls_context(tls)
+        host = urlsplit(self.url if "://" in self.url else f"nats-leaf://{self.url}").hostname
+        if await self._start_tls(ctx, tls.timeout if tls is not None else 2.0, host or ""):
+            self._send_connect()
+
+    def _send_connect(self) -> bool:
         self.send_json(b"CONNECT", self.manager.connect_fields(self))
         return self.manager.go_live(self)
 
@@ -78,6 +155,11 @@ class LeafConnection(LinkConnection):
         self.remote_id = str(fields.get("server_id") or "")
         self.remote_name = str(fields.get("name") or "") or self.remote_id
         self.remote_tags = [str(t) for t in fields.get("tags") or [] if isinstance(t, str)]
+        deny_pub = fields.get("deny_pub")
+        if isinstance(deny_pub, list) and deny_pub:  # the leaf's deny_imports: not to be sent to it
+            if self.perms is None:
+                self.perms = LeafPermissions()
+            self.perms.merge_pub_deny([str(s) for s in deny_pub if isinstance(s, str)])
         return self.manager.go_live(self)
 
     def on_error(self, text: str) -> None:
@@ -102,6 +184,9 @@ class LeafConnection(LinkConnection):
             if subject.startswith(LDS_PREFIX) and subject == self.manager.lds_subject(self.bound):
                 self.manager.loop_detected(self)
                 return
+            if self.perms is not None and self.perms.offer_denied(subject):
+                self._subscription_denied(subject)
+                return
             weight = op[4] if queue is not None else 1
             key = (subject, queue)
             old = self.remote_subs.get(key)
@@ -115,6 +200,16 @@ class LeafConnection(LinkConnection):
             sub = self.remote_subs.pop((subject, queue), None)
             if sub is not None:
                 self.server.remove_subscription(sub, self.bound)
+
+    def _subscription_denied(self, subject: bytes) -> None:
+        """The peer offered interest in a subject this side may not send it: a leaf ignores it (its hub
+        told it nothing it may not do, as nats-server's spoke), a hub refuses it and closes the link."""
+        if self.spoke:
+            return
+        text = subject.decode(errors="replace")
+        self.manager.log_error(f"leafnode {self.describe()}: Subscription Violation on \"{text}\" - Check other "
+                               f"side configuration")
+        self.reject(f'Permissions Violation for Subscription to "{text}"')
 
     def drop_remote_interest(self) -> None:
         for sub in self.remote_subs.values():
@@ -133,5 +228,9 @@ class LeafConnection(LinkConnection):
     def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                 queues: list[bytes] | None, account: bytes = b"", relayed: int = 0) -> None:
         """Send a message as LMSG/HMSG (the account is the connection's, so the line names none); a leaf
-        takes no zone-relay frames (`relayed` is for routes and worker links), so it gets the message plainly."""
+        takes no zone-relay frames (`relayed` is for routes and worker links), so it gets the message plainly.
+        A subject the link's deny lists keep on this side is dropped here."""
+        perms = self.perms
+        if perms is not None and not perms.can_send(subject):
+            return
         self.write_frame(leaf_msg_line(subject, reply, queues, hdr_len, len(data) - 2), data, subject)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import random
 import secrets
+import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -29,15 +31,15 @@ from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
 from zonebus.server.connection import ROUTE
+from zonebus.server.tls import client_context, server_context
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
-    from zonebus.options import RemoteLeafOptions
+    from zonebus.options import RemoteLeafOptions, TLSOptions
     from zonebus.server.accounts import Account
     from zonebus.server.server import Server
 
 LOOP_DELAY = 30.0  # seconds a remote waits after a loop was detected (nats-server's)
-RECONNECT = 1.0  # seconds between two attempts to reach a hub (nats-server's leafnode reconnect interval)
 
 
 class LeafConfigError(OSError):
@@ -54,6 +56,7 @@ class LeafManager:
         self._tasks: list[asyncio.Task] = []
         self._running = False
         self._lds: dict[bytes, bytes] = {}  # account name -> its loop-detection subject
+        self._server_ctx: ssl.SSLContext | None = None
 
     # -- lifecycle (an Extension) ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -64,9 +67,12 @@ class LeafManager:
             self._listener, self.url = await listen(
                 server, lambda: LeafConnection(self, False, server.global_account), opts.host, max(opts.port, 0),
                 what="leafnodes")
-            warn_open_port(server, "leafnodes", opts.host, bool(opts.user), None)
+            warn_open_port(server, "leafnodes", opts.host, bool(opts.user), opts.tls)
             server.log(f"Listening for leafnode connections on {self.url}")
         for remote in opts.remotes:
+            if remote.disabled:  # (configured, never dialled: nats-server's `disabled`)
+                server.log(f"leafnode remote {remote.urls[0]} is disabled")
+                continue
             account = server.global_account
             if remote.account and remote.account != "$G":
                 found = server.accounts.get(remote.account.encode())
@@ -98,7 +104,25 @@ class LeafManager:
         }
         if self.opts.user:
             info["auth_required"] = True
+        if self.opts.tls is not None:
+            info["tls_required"] = True
+            info["tls_verify"] = self.opts.tls.verify
         return info
+
+    def server_tls_context(self) -> ssl.SSLContext:
+        """The listener's TLS context (`leafnodes { tls {} }`), made once."""
+        if self._server_ctx is None:
+            assert self.opts.tls is not None
+            self._server_ctx = server_context(self.opts.tls, "leafnodes tls: ")
+        return self._server_ctx
+
+    @staticmethod
+    def remote_tls_context(tls: TLSOptions | None) -> ssl.SSLContext:
+        """A remote's TLS context: its `tls {}` block (the certificate optional), or the system's CAs when
+        the hub asks for TLS and the remote has no block (as nats-server)."""
+        if tls is None:
+            return ssl.create_default_context()
+        return client_context(tls, "leafnode remote tls: ", cert_optional=True)
 
     def connect_fields(self, conn: LeafConnection) -> dict[str, Any]:
         """The leaf's CONNECT (nats-server's fields; no `compress_mode`: the link stays uncompressed)."""
@@ -110,6 +134,8 @@ class LeafManager:
         user, password = conn.login
         if user:
             fields["user"], fields["pass"] = user, password
+        if conn.remote is not None and conn.remote.deny_imports:
+            fields["deny_pub"] = list(conn.remote.deny_imports)  # the hub sends nothing on these
         return fields
 
     def go_live(self, conn: LeafConnection) -> bool:
@@ -176,25 +202,32 @@ class LeafManager:
         other = sub.conn
         if other is conn:
             return False
-        return not (conn.spoke and other.kind == ROUTE)
+        if conn.spoke and other.kind == ROUTE:
+            return False
+        return conn.perms is None or conn.perms.can_receive(sub.subject)  # (deny_imports: no interest offered)
 
     # -- dialling ----------------------------------------------------------------------------------------
     async def _dial_loop(self, remote: RemoteLeafOptions, account: Account) -> None:
-        """Keep one connection to the remote's hub, over its URLs in turn; a second between attempts, as
-        nats-server (also after a hub refused the login: it says so once per attempt)."""
+        """Keep one connection to the remote's hub, over its URLs in turn (shuffled once, as nats-server,
+        unless `no_randomize`); `reconnect_interval` (a second) between attempts, as nats-server (also after a
+        hub refused the login: it says so once per attempt)."""
         server = self.server
-        backoff = Backoff(start=RECONNECT, ceiling=RECONNECT)
+        interval = self.opts.reconnect_interval
+        backoff = Backoff(start=interval, ceiling=interval)
         connected = False
         attempt = 0
+        urls = list(remote.urls)
+        if not remote.no_randomize:
+            random.shuffle(urls)
         while self._running:
-            url = remote.urls[attempt % len(remote.urls)]
+            url = urls[attempt % len(urls)]
             attempt += 1
             host, port = leaf_url(url)
             parts = urlsplit(url if "://" in url else f"nats-leaf://{url}")
             login = (unquote(parts.username or ""), unquote(parts.password or ""))
             try:
-                conn = await dial(server, functools.partial(LeafConnection, self, True, account, url, login),
-                                  host, port)
+                conn = await dial(server, functools.partial(LeafConnection, self, True, account, url, login,
+                                                            remote), host, port)
             except OSError as exc:
                 failures = backoff.failed()
                 if should_report(server.opts, connected, failures):

@@ -17,7 +17,8 @@ A kind subclasses it and fills in the hooks: `greet` (what to send once connecte
 `authorized_by_connect` (the CONNECT check itself is here), `on_info`, `on_interest`, `build_memo` (local
 deliveries of a repeated message line) and `build_relay_memo` (those of a zone relay frame), `on_rtt`,
 `on_error`, `log_error`, `handshake_timed_out`, `describe`, and `unregister` (forget the link when it closes).
-It sets `msgs_in` once messages may flow in over the link. Owned by the event loop thread.
+It sets `msgs_in` once messages may flow in over the link, and `admit` when it drops some subjects as they
+arrive. Owned by the event loop thread.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class LinkConnection(Connection, asyncio.Protocol):
         self.authorized = False
         self.established = False
         self.msgs_in = False  # messages are accepted over this link (set by the kind once it is live)
+        self.admit: Callable[[bytes], bool] | None = None  # a kind's filter of inbound subjects (leaf deny lists)
         self.rtt = 0.0  # seconds; 0 = not measured yet
         self._ping_sent = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -238,6 +240,8 @@ class LinkConnection(Connection, asyncio.Protocol):
                 if not self.msgs_in:
                     continue
                 hdr, payload = op[1], op[2]
+                if self.admit is not None and not self.admit(hdr.subject):
+                    continue
                 self.in_msgs += 1
                 self.in_bytes += hdr.size
                 if self.ledger_in is not None:
