@@ -111,6 +111,8 @@ class RemoteLeafOptions:
     no_randomize: bool = False  # dial the URLs in the order given (nats-server shuffles them by default)
     first_info_timeout: float = 1.0  # seconds to wait for the hub's INFO after the TCP connect
     disabled: bool = False  # configured but never dialled
+    nkey: str = ""  # a user nkey seed (`SU...`): the CONNECT carries its public key and its signature of the nonce
+    credentials: str = ""  # a .creds file: the CONNECT carries its user JWT and its seed's signature of the nonce
 
 
 @dataclass
@@ -122,6 +124,7 @@ class LeafNodeOptions:
     user: str = ""
     password: str = ""
     auth_timeout: float = AUTH_TIMEOUT  # leafnodes { authorization { timeout } }
+    nkey: str = ""  # leafnodes { authorization { nkey } }: a leaf must sign the nonce with this user nkey
     remotes: list[RemoteLeafOptions] = field(default_factory=list)
     tls: TLSOptions | None = None  # tls {}: accepted leaf nodes do TLS after this side's INFO
     reconnect_interval: float = 1.0  # seconds between two dials of a remote (nats-server's default)

@@ -8,6 +8,7 @@ build yet (an advertised address, interest isolation, WebSocket remotes, ...) ar
 from __future__ import annotations
 
 import json
+import os
 from urllib.parse import urlsplit
 
 from zonebus.config.authorization import block_auth
@@ -15,6 +16,7 @@ from zonebus.config.convert import BadValue, expected, get_duration, get_map, ge
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, positive_duration, str_field
 from zonebus.config.tls import read_tls
+from zonebus.credentials import CredentialsError, check_seed, decode_user_nkey, read_creds
 from zonebus.options import LEAF_PORT, RemoteLeafOptions, ServerOptions
 from zonebus.subjects.validate import is_valid_subject
 
@@ -57,6 +59,28 @@ def _deny_subjects(v: Value) -> list[str]:
     return out
 
 
+def _nkey(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
+    seed = get_str(v)
+    try:
+        check_seed(seed)
+    except CredentialsError as exc:
+        raise BadValue(str(exc), v) from None
+    if r.credentials:
+        raise BadValue("Remote leafnode can not have both creds and nkey defined", v)
+    r.nkey = seed
+
+
+def _credentials(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
+    path = get_str(v)
+    try:
+        read_creds(path)  # (read again at every connect, as nats-server: the file may be rotated)
+    except CredentialsError as exc:
+        raise BadValue(str(exc), v) from None
+    if r.nkey:
+        raise BadValue("Remote leafnode can not have both creds and nkey defined", v)
+    r.credentials = os.path.expanduser(path)
+
+
 def _remote_tls(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
     r.tls = read_tls(v, errors, "leafnode remote tls: ", client=True)
 
@@ -75,6 +99,10 @@ _LEAFNODE_REMOTE_HANDLERS: dict[str, Handler] = {
     "dont_randomize": bool_field("no_randomize"),
     "first_info_timeout": positive_duration("first_info_timeout"),
     "disabled": bool_field("disabled"),
+    "nkey": _nkey,
+    "seed": _nkey,
+    "credentials": _credentials,
+    "creds": _credentials,
 }
 
 
@@ -110,13 +138,28 @@ def _listen(target: ServerOptions, v: Value, errors: Errors) -> None:
 
 _AUTH = block_auth("Leafnode")
 
+
+def _authorization(opts: ServerOptions, v: Value, errors: Errors) -> None:
+    """nats-server's leafnode `authorization {}`: the user and password of `block_auth`, or an `nkey` that
+    leaf nodes must sign the nonce with."""
+    entries = get_map(v)
+    rest = {k: x for k, x in entries.items() if k.lower() != "nkey"}
+    for key, x in entries.items():
+        if key.lower() == "nkey":
+            nkey = get_str(x).strip()
+            if decode_user_nkey(nkey) is None:
+                errors.add(x, "Not a valid public nkey for leafnode authorization")
+                continue
+            opts.leafnodes.nkey = nkey
+    _AUTH(opts.leafnodes, Value(rest, "map", v.file, v.line, v.col, v.raw), errors)
+
 _LEAFNODES_HANDLERS: dict[str, Handler] = {
     "listen": _listen,
     "host": lambda o, v, e: setattr(o.leafnodes, "host", get_str(v)),
     "net": lambda o, v, e: setattr(o.leafnodes, "host", get_str(v)),
     "port": lambda o, v, e: setattr(o.leafnodes, "port", get_port(v)),
     "remotes": _remotes,
-    "authorization": lambda o, v, e: _AUTH(o.leafnodes, v, e),
+    "authorization": _authorization,
     "tls": lambda o, v, e: setattr(o.leafnodes, "tls", read_tls(v, e, "leafnodes tls: ")),
     "reconnect": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
     "reconnect_interval": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),

@@ -46,8 +46,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "write_deadline": "a leafnode write deadline",
     },
     "leafnode_remote": {
-        "credentials": "leafnode credentials files (operator JWT)",
-        "nkey": "leafnode nkey authentication",
         "hub": "a remote that is the hub of this server",
         "compression": "compression on leaf node connections",
         "ws_compression": "leaf node connections over WebSocket",

@@ -17,8 +17,10 @@ import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from zonebus.credentials import CredentialsError, verify
 from zonebus.leaf.permissions import LeafPermissions
 from zonebus.link.connection import LinkConnection, json_line
+from zonebus.protocol import errors
 from zonebus.protocol.leaf_parser import LeafParser, leaf_msg_line
 from zonebus.protocol.route_parser import RS_PLUS
 from zonebus.server.connection import LEAF
@@ -55,7 +57,8 @@ class LeafConnection(LinkConnection):
         self.account = account
         self.parser = LeafParser(account.name)
         self.login = credentials  # what this side's CONNECT carries (dialled links)
-        self.authorized = solicited or not manager.opts.user
+        self.authorized = solicited or not (manager.opts.user or manager.opts.nkey)
+        self.nonce = ""  # the hub's INFO nonce (what a leaf signs with its nkey)
         self.loop_detected = False
         self.error = ""  # the last -ERR the peer sent
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}
@@ -125,6 +128,7 @@ class LeafConnection(LinkConnection):
         first = self.take_identity(info)
         if not self.spoke or not first:
             return True  # (a hub's later INFOs: connect_info, leafnode_urls updates)
+        self.nonce = str(info.get("nonce") or "")
         if not info.get("client_id") or "leafnode_urls" not in info:  # a client or route port, as nats-server
             self.log_error(f"leafnode {self.describe()}: attempted to connect to wrong port")
             self.close()
@@ -144,12 +148,25 @@ class LeafConnection(LinkConnection):
             self._send_connect()
 
     def _send_connect(self) -> bool:
-        self.send_json(b"CONNECT", self.manager.connect_fields(self))
+        try:
+            fields = self.manager.connect_fields(self)
+        except CredentialsError as exc:  # (a credentials file changed since the start)
+            self.log_error(f"leafnode {self.describe()}: {exc}")
+            self.close()
+            return False
+        self.send_json(b"CONNECT", fields)
         return self.manager.go_live(self)
 
     def on_connect(self, fields: dict[str, Any]) -> bool:
         if self.spoke or self.established:
             return True
+        if not self.authorized and self.manager.opts.nkey:  # leafnodes { authorization { nkey } }
+            nkey = self.manager.opts.nkey
+            if fields.get("nkey") != nkey or not verify(nkey, fields.get("sig"), self.nonce):
+                self.log_error(f"leafnode connection from {self.ip}:{self.remote_port}: authorization failed "
+                               f"(nkey)")
+                return self.reject(errors.AUTH_VIOLATION)
+            self.authorized = True
         if not super().on_connect(fields):
             return False
         self.remote_id = str(fields.get("server_id") or "")

@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 from zonebus import SERVER_VERSION
 from zonebus.config.leafnodes import leaf_url
+from zonebus.credentials import read_creds, sign
 from zonebus.leaf.connection import LDS_PREFIX, LeafConnection
 from zonebus.link import Backoff
 from zonebus.link.connection import dial, listen, warn_open_port
@@ -67,7 +68,7 @@ class LeafManager:
             self._listener, self.url = await listen(
                 server, lambda: LeafConnection(self, False, server.global_account), opts.host, max(opts.port, 0),
                 what="leafnodes")
-            warn_open_port(server, "leafnodes", opts.host, bool(opts.user), opts.tls)
+            warn_open_port(server, "leafnodes", opts.host, bool(opts.user or opts.nkey), opts.tls)
             server.log(f"Listening for leafnode connections on {self.url}")
         for remote in opts.remotes:
             if remote.disabled:  # (configured, never dialled: nats-server's `disabled`)
@@ -96,13 +97,14 @@ class LeafManager:
         """The hub's INFO (nats-server's fields a leaf reads; no `compression`: this link stays plain)."""
         server = self.server
         host, _, port = self.url.rpartition(":")
+        conn.nonce = secrets.token_urlsafe(11)
         info: dict[str, Any] = {
             "server_id": server.server_id, "server_name": server.name, "version": SERVER_VERSION, "proto": 1,
             "host": host, "port": int(port or 0), "headers": True, "max_payload": server.opts.max_payload,
-            "client_id": conn.cid, "nonce": secrets.token_urlsafe(11), "leafnode_urls": [self.url],
+            "client_id": conn.cid, "nonce": conn.nonce, "leafnode_urls": [self.url],
             "tags": server.opts.server_tags,
         }
-        if self.opts.user:
+        if self.opts.user or self.opts.nkey:
             info["auth_required"] = True
         if self.opts.tls is not None:
             info["tls_required"] = True
@@ -134,6 +136,12 @@ class LeafManager:
         user, password = conn.login
         if user:
             fields["user"], fields["pass"] = user, password
+        remote = conn.remote
+        if remote is not None and remote.credentials:  # the user JWT and the seed's signature of the nonce
+            jwt, seed = read_creds(remote.credentials)
+            fields["jwt"], fields["sig"] = jwt, sign(seed, conn.nonce)[1]
+        elif remote is not None and remote.nkey:
+            fields["nkey"], fields["sig"] = sign(remote.nkey, conn.nonce)
         if conn.remote is not None and conn.remote.deny_imports:
             fields["deny_pub"] = list(conn.remote.deny_imports)  # the hub sends nothing on these
         return fields
