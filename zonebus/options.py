@@ -113,6 +113,8 @@ class RemoteLeafOptions:
     disabled: bool = False  # configured but never dialled
     nkey: str = ""  # a user nkey seed (`SU...`): the CONNECT carries its public key and its signature of the nonce
     credentials: str = ""  # a .creds file: the CONNECT carries its user JWT and its seed's signature of the nonce
+    # compression {}: nats-server's default for leaf nodes is s2_auto (zstd between zonebus servers)
+    compression: CompressionOptions = field(default_factory=lambda: CompressionOptions(mode="s2_auto"))
 
 
 @dataclass
@@ -127,6 +129,7 @@ class LeafNodeOptions:
     nkey: str = ""  # leafnodes { authorization { nkey } }: a leaf must sign the nonce with this user nkey
     remotes: list[RemoteLeafOptions] = field(default_factory=list)
     tls: TLSOptions | None = None  # tls {}: accepted leaf nodes do TLS after this side's INFO
+    compression: CompressionOptions = field(default_factory=lambda: CompressionOptions(mode="s2_auto"))
     reconnect_interval: float = 1.0  # seconds between two dials of a remote (nats-server's default)
 
 

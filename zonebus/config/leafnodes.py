@@ -12,12 +12,21 @@ import os
 from urllib.parse import urlsplit
 
 from zonebus.config.authorization import block_auth
-from zonebus.config.convert import BadValue, expected, get_duration, get_map, get_port, get_str, show
+from zonebus.config.convert import (
+    BadValue,
+    expected,
+    get_compression,
+    get_duration,
+    get_map,
+    get_port,
+    get_str,
+    show,
+)
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, positive_duration, str_field
 from zonebus.config.tls import read_tls
 from zonebus.credentials import CredentialsError, check_seed, decode_user_nkey, read_creds
-from zonebus.options import LEAF_PORT, RemoteLeafOptions, ServerOptions
+from zonebus.options import LEAF_PORT, CompressionOptions, RemoteLeafOptions, ServerOptions
 from zonebus.subjects.validate import is_valid_subject
 
 
@@ -103,6 +112,7 @@ _LEAFNODE_REMOTE_HANDLERS: dict[str, Handler] = {
     "seed": _nkey,
     "credentials": _credentials,
     "creds": _credentials,
+    "compression": lambda r, v, e: setattr(r, "compression", _compression(v)),
 }
 
 
@@ -164,7 +174,13 @@ _LEAFNODES_HANDLERS: dict[str, Handler] = {
     "reconnect": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
     "reconnect_interval": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
     "reconnect_delay": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
+    "compression": lambda o, v, e: setattr(o.leafnodes, "compression", _compression(v)),
 }
+
+
+def _compression(v: Value) -> CompressionOptions:
+    """nats-server's leafnode `compression`: as on routes, but `true` (and the default) is `s2_auto`."""
+    return get_compression(v, on_mode="s2_auto", default="s2_auto")
 
 
 def _reconnect(v: Value) -> float:

@@ -40,14 +40,12 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     "leafnodes": {
         "advertise": "an advertised leafnode address",
         "no_advertise": "an advertised leafnode address",
-        "compression": "compression on leaf node connections",
         "min_version": "a minimum version for leaf nodes",
         "isolate_leafnode_interest": "leafnode interest isolation",
         "write_deadline": "a leafnode write deadline",
     },
     "leafnode_remote": {
         "hub": "a remote that is the hub of this server",
-        "compression": "compression on leaf node connections",
         "ws_compression": "leaf node connections over WebSocket",
         "ws_no_masking": "leaf node connections over WebSocket",
         "jetstream_cluster_migrate": "JetStream over leaf nodes",

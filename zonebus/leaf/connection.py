@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from zonebus.credentials import CredentialsError, verify
 from zonebus.leaf.permissions import LeafPermissions
+from zonebus.link.compression import ZONEBUS_FIELD, offer_fields
 from zonebus.link.connection import LinkConnection, json_line
 from zonebus.protocol import errors
 from zonebus.protocol.leaf_parser import LeafParser, leaf_msg_line
@@ -39,6 +40,7 @@ LDS_PREFIX = b"$LDS."
 class LeafConnection(LinkConnection):
     kind = LEAF
     PING_EVERY = 2.0
+    INFO_BEFORE_CONNECT = True  # a leaf's compression offer and switch marker come before its CONNECT
 
     def __init__(self, manager: LeafManager, solicited: bool, account: Account, url: str = "",
                  credentials: tuple[str, str] = ("", ""), remote: RemoteLeafOptions | None = None) -> None:
@@ -64,6 +66,7 @@ class LeafConnection(LinkConnection):
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}
         self.told: InterestCounts | None = None  # what this side told the peer (the manager keeps it)
         self.upgrading = False  # the TLS handshake is under way
+        self._offered = False  # a leaf sent its compression offer
         self._info_timer: asyncio.TimerHandle | None = None
 
     # -- link hooks ----------------------------------------------------------------------------------
@@ -72,6 +75,8 @@ class LeafConnection(LinkConnection):
         opts = self.manager.opts
         wait = opts.auth_timeout
         if not self.spoke:
+            if opts.tls is None:  # (zstd with a zonebus leaf; not under TLS)
+                self.enable_compression(opts.compression, nats_field=False)
             info = self.manager.info_fields(self)
             if opts.tls is not None:  # INFO in the clear, then the leaf starts the handshake (nats-server's order)
                 wait += opts.tls.timeout
@@ -82,10 +87,19 @@ class LeafConnection(LinkConnection):
             else:
                 self.send_json(b"INFO", info)
         elif self.remote is not None:
+            if self.remote.tls is None:
+                self.enable_compression(self.remote.compression, nats_field=False)
             self._info_timer = self.server.loop.call_later(self.remote.first_info_timeout, self._no_info)
             if self.remote.tls is not None:
                 wait += self.remote.tls.timeout
         self.handshake_deadline(wait)
+
+    def before_marker(self) -> None:
+        """A leaf tells a zonebus hub its compression offer (an INFO) before anything else, as nats-server's
+        leaf does when it compresses; a hub offered its own in its first INFO."""
+        if self.spoke and not self._offered and self.compression is not None:
+            self._offered = True
+            self.send_json(b"INFO", offer_fields(self.compression.opts, nats_field=False))
 
     def _no_info(self) -> None:
         if not self.remote_id and not self.closed:
@@ -129,6 +143,8 @@ class LeafConnection(LinkConnection):
         if not self.spoke or not first:
             return True  # (a hub's later INFOs: connect_info, leafnode_urls updates)
         self.nonce = str(info.get("nonce") or "")
+        if ZONEBUS_FIELD in info and not self._offered and self.compression is not None:
+            self.before_marker()  # (a zonebus hub: it settles its side of the compression from this offer)
         if not info.get("client_id") or "leafnode_urls" not in info:  # a client or route port, as nats-server
             self.log_error(f"leafnode {self.describe()}: attempted to connect to wrong port")
             self.close()

@@ -28,6 +28,7 @@ from zonebus.config.leafnodes import leaf_url
 from zonebus.credentials import read_creds, sign
 from zonebus.leaf.connection import LDS_PREFIX, LeafConnection
 from zonebus.link import Backoff
+from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
@@ -94,7 +95,8 @@ class LeafManager:
 
     # -- the handshake ---------------------------------------------------------------------------------
     def info_fields(self, conn: LeafConnection) -> dict[str, Any]:
-        """The hub's INFO (nats-server's fields a leaf reads; no `compression`: this link stays plain)."""
+        """The hub's INFO (nats-server's fields a leaf reads; `compression: off` for a nats-server leaf, and
+        zonebus's own offer)."""
         server = self.server
         host, _, port = self.url.rpartition(":")
         conn.nonce = secrets.token_urlsafe(11)
@@ -109,6 +111,8 @@ class LeafManager:
         if self.opts.tls is not None:
             info["tls_required"] = True
             info["tls_verify"] = self.opts.tls.verify
+        if conn.compression is not None:  # `off` for nats-server (no S2 here), the mode for a zonebus leaf
+            info.update(offer_fields(conn.compression.opts, nats_field=True))
         return info
 
     def server_tls_context(self) -> ssl.SSLContext:
@@ -127,7 +131,7 @@ class LeafManager:
         return client_context(tls, "leafnode remote tls: ", cert_optional=True)
 
     def connect_fields(self, conn: LeafConnection) -> dict[str, Any]:
-        """The leaf's CONNECT (nats-server's fields; no `compress_mode`: the link stays uncompressed)."""
+        """The leaf's CONNECT (nats-server's fields)."""
         server = self.server
         fields: dict[str, Any] = {
             "version": SERVER_VERSION, "server_id": server.server_id, "name": server.name, "hub": False,
