@@ -162,3 +162,35 @@ def test_remote_credentials_file(leaf_impl: str, tmp_path: Path) -> None:
         asyncio.run(_both_ways(hub.url, leaf.url, user_credentials=client_creds))
     finally:
         stop_all([leaf, hub])
+
+
+@pytest.mark.parametrize("hub_impl, leaf_impl", PAIRS)
+def test_top_level_nkey_user_logs_a_leaf_in(hub_impl: str, leaf_impl: str) -> None:
+    """No `leafnodes { authorization }`: the hub's users log leaf nodes in as they log clients in, and the link
+    binds to the user's account (A here: the hub's client in A and the leaf's client in `$G` meet). A leaf
+    without credentials gets `Authorization Violation`."""
+    port = free_port()
+    hub = ServerProcess(hub_impl, http_port=free_port(), config=(
+        "server_name: hub\n"
+        f"accounts {{ A {{ users: [ {{ nkey: {PUB} }}, {{ user: c, password: cpw }} ] }} }}\n"
+        f'leafnodes {{ listen: "127.0.0.1:{port}" }}\n'))
+    leaf = ServerProcess(leaf_impl, http_port=free_port(), config=(
+        f'server_name: spoke\nleafnodes {{ remotes: [{{ url: "nats-leaf://127.0.0.1:{port}", nkey: {SEED} }}] }}\n'))
+    start_parallel([hub, leaf])
+    try:
+        link = wait_until(lambda: (leafs := hub.http_get("/leafz")["leafs"]) and leafs[0], "the leaf logged in")
+        assert link["account"] == "A", link
+        asyncio.run(_both_ways(hub.url, leaf.url, user="c", password="cpw"))
+        _no_credentials_refused(port)
+    finally:
+        stop_all([leaf, hub])
+
+
+def _no_credentials_refused(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        f = s.makefile("rb")
+        info = json.loads(f.readline()[5:])
+        assert info["auth_required"] is True
+        s.sendall(b'CONNECT {"server_id":"NRAW","name":"raw","headers":true}\r\n')
+        rest = f.read()
+    assert b"-ERR 'Authorization Violation'" in rest, rest

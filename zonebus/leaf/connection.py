@@ -59,7 +59,8 @@ class LeafConnection(LinkConnection):
         self.account = account
         self.parser = LeafParser(account.name)
         self.login = credentials  # what this side's CONNECT carries (dialled links)
-        self.authorized = solicited or not (manager.opts.user or manager.opts.nkey)
+        # no leafnodes { authorization }: the top-level users log leaf nodes in, as they do clients (nats-server)
+        self.authorized = solicited or not (manager.opts.user or manager.opts.nkey or manager.server.opts.auth_required)
         self.nonce = ""  # the hub's INFO nonce (what a leaf signs with its nkey)
         self.loop_detected = False
         self.error = ""  # the last -ERR the peer sent
@@ -183,6 +184,8 @@ class LeafConnection(LinkConnection):
                                f"(nkey)")
                 return self.reject(errors.AUTH_VIOLATION)
             self.authorized = True
+        elif not self.authorized and not self.manager.opts.user and not self._client_login(fields):
+            return False
         if not super().on_connect(fields):
             return False
         self.remote_id = str(fields.get("server_id") or "")
@@ -233,6 +236,25 @@ class LeafConnection(LinkConnection):
             sub = self.remote_subs.pop((subject, queue), None)
             if sub is not None:
                 self.server.remove_subscription(sub, self.bound)
+
+    def _client_login(self, fields: dict[str, Any]) -> bool:
+        """No leafnodes authorization but top-level users: the leaf logs in as a client would (a user and
+        password, a token, an nkey signing the nonce), and the link binds to that user's account. A user with
+        permissions is refused: they are not applied to leaf links here (nats-server applies them)."""
+        login, why = self.server.authenticator.authenticate(fields, self.nonce)
+        if login is not None and login.perms is not None:
+            why = f" - user {login.user!r} has permissions, which leaf connections do not apply"
+            login = None
+        if login is None:
+            self.log_error(f"leafnode connection from {self.ip}:{self.remote_port}: authorization failed{why}")
+            return self.reject(errors.AUTH_VIOLATION)
+        if login.account and login.account != "$G":
+            account = self.server.accounts.get(login.account.encode())
+            if account is not None:
+                self.bound = self.account = account
+                self.parser.account = account.name
+        self.authorized = True
+        return True
 
     def _subscription_denied(self, subject: bytes) -> None:
         """The peer offered interest in a subject this side may not send it: a leaf ignores it (its hub

@@ -106,7 +106,7 @@ class LeafManager:
             "client_id": conn.cid, "nonce": conn.nonce, "leafnode_urls": [self.url],
             "tags": server.opts.server_tags,
         }
-        if self.opts.user or self.opts.nkey:
+        if self.opts.user or self.opts.nkey or server.opts.auth_required:
             info["auth_required"] = True
         if self.opts.tls is not None:
             info["tls_required"] = True
