@@ -1,12 +1,19 @@
 """A leaf node connection: one link between a hub and a leaf, in nats-server's leaf protocol.
 
 Handshake: the hub (the accepting side) sends `INFO {json}` at once (`client_id` and `leafnode_urls` tell a
-nats-server leaf it reached a leafnode port; no `compression` field: the link stays uncompressed); the leaf
-(the dialling side, `spoke`) answers with `CONNECT {json}` (its server id and name, `user`/`pass` from the
-remote's URL, `remote_account`). Once the CONNECT passed the listener's authorization (else `-ERR
-'Authorization Violation'` and a close), each side sends `LS+` for the interest of the connection's account
-(with its loop-detection subject `$LDS.<id>`), and messages flow both ways as `LMSG`/`HMSG`
-(`zonebus.protocol.leaf_parser`). Framing, PING/RTT and the counters are the link layer's; the
+nats-server leaf it reached a leafnode port; a `nonce`; `compression: off` for nats-server and zonebus's own
+offer); the leaf (the dialling side, `spoke`) answers with `CONNECT {json}` (its server id and name,
+`user`/`pass` from the remote's URL, `nkey`/`jwt` and `sig` when it has keys, `deny_pub`, `remote_account`).
+On the way, as nats-server:
+- TLS (`leafnodes { tls }`, a remote's `tls`): the hub's INFO goes in the clear, then the leaf starts the
+  handshake (`loop.start_tls` on both sides; nothing is written meanwhile) and the CONNECT goes over TLS;
+- compression with a zonebus hub: the leaf sends its offer as an INFO and both sides switch as routes do
+  (`zonebus.link.compression`), before the CONNECT (`INFO_BEFORE_CONNECT`); never under TLS;
+- deny lists (`zonebus.leaf.permissions`): a remote's own, or the `deny_pub` of an accepted leaf's CONNECT.
+Once the CONNECT passed the listener's authorization (its user, its nkey, else the server's users as for
+clients; `-ERR 'Authorization Violation'` and a close otherwise), each side sends `LS+` for the interest of the
+connection's account (with its loop-detection subject `$LDS.<id>`), and messages flow both ways as
+`LMSG`/`HMSG` (`zonebus.protocol.leaf_parser`). Framing, PING/RTT and the counters are the link layer's; the
 `LeafManager` decides what a connection means. Owned by the event loop thread.
 """
 

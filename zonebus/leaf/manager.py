@@ -1,9 +1,10 @@
 """`LeafManager`: this server's leaf node connections, as a hub (the listener) and as a leaf (the remotes).
 
 - Listener (`leafnodes { listen }`): every accepted connection is a leaf of this server, bound to the global
-  account, checked against `leafnodes { authorization }`.
-- Remotes (`leafnodes { remotes }`): one dial loop each, over its URLs in turn, with the link layer's backoff;
-  a connection closed for a loop waits `LOOP_DELAY` before the next attempt, as nats-server.
+  account, checked against `leafnodes { authorization }` (else the server's users, binding the user's account).
+- Remotes (`leafnodes { remotes }`): one dial loop each (none for a `disabled` one), over its URLs in turn
+  (shuffled once unless `no_randomize`), `reconnect_interval` between attempts; a connection closed for a loop
+  waits `LOOP_DELAY` before the next attempt, as nats-server.
 - Interest: an interest and account watcher of the server. Each live connection is told (`LS+`/`LS-`) the
   interest of its account, but never its own subscriptions, and a connection to a hub is not told what came
   over routes (the route one-hop rule: a hub's message reaches no route here, so a route's interest is not
