@@ -14,7 +14,7 @@ import pytest
 
 from zonebus.localservers import free_port
 from zonebus.testing.polling import wait_until
-from zonebus.testing.processes import ServerProcess, start_parallel, stop_all
+from zonebus.testing.processes import ServerProcess, check_config, start_parallel, stop_all
 from zonebus.testing.tally import settled, until_received
 from zonebus.testing.tlscerts import CertFiles, TestCA
 
@@ -94,3 +94,11 @@ def test_leaf_without_a_certificate_is_refused(hub_impl: str, leaf_impl: str, pk
         assert hub.http_get("/leafz")["leafnodes"] == 0  # (with TLS 1.3 the leaf's side may live a moment)
     finally:
         stop_all([leaf, hub])
+
+
+@pytest.mark.parametrize("key", ["handshake_first", "verify_and_map"])
+def test_leaf_tls_keys_zonebus_lacks_are_refused(key: str, pki: tuple[TestCA, CertFiles], tmp_path) -> None:
+    ca, cert = pki
+    conf = f'leafnodes {{ port: 7422, {_tls(ca, cert, **{key: True})} }}\n'
+    done = check_config(tmp_path / "server.conf", conf)
+    assert done.returncode != 0 and f"{key} is not supported on leaf node connections" in done.stderr, done.stderr

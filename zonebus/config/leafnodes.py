@@ -26,7 +26,7 @@ from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, positive_duration, str_field
 from zonebus.config.tls import read_tls
 from zonebus.credentials import CredentialsError, check_seed, decode_user_nkey, read_creds
-from zonebus.options import LEAF_PORT, CompressionOptions, RemoteLeafOptions, ServerOptions
+from zonebus.options import LEAF_PORT, CompressionOptions, RemoteLeafOptions, ServerOptions, TLSOptions
 from zonebus.subjects.validate import is_valid_subject
 
 
@@ -90,8 +90,17 @@ def _credentials(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
     r.credentials = os.path.expanduser(path)
 
 
+def _leaf_tls(tls: TLSOptions, v: Value, errors: Errors) -> TLSOptions:
+    """What leaf links do not have of a `tls {}` block is refused, not ignored: the handshake before the INFO
+    (`handshake_first`) and logins by certificate (`verify_and_map`)."""
+    for key in ("handshake_first", "verify_and_map"):
+        if getattr(tls, key):
+            errors.add(v, f"leafnode tls: {key} is not supported on leaf node connections by zonebus")
+    return tls
+
+
 def _remote_tls(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
-    r.tls = read_tls(v, errors, "leafnode remote tls: ", client=True)
+    r.tls = _leaf_tls(read_tls(v, errors, "leafnode remote tls: ", client=True), v, errors)
 
 
 _LEAFNODE_REMOTE_HANDLERS: dict[str, Handler] = {
@@ -170,7 +179,7 @@ _LEAFNODES_HANDLERS: dict[str, Handler] = {
     "port": lambda o, v, e: setattr(o.leafnodes, "port", get_port(v)),
     "remotes": _remotes,
     "authorization": _authorization,
-    "tls": lambda o, v, e: setattr(o.leafnodes, "tls", read_tls(v, e, "leafnodes tls: ")),
+    "tls": lambda o, v, e: setattr(o.leafnodes, "tls", _leaf_tls(read_tls(v, e, "leafnodes tls: "), v, e)),
     "reconnect": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
     "reconnect_interval": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
     "reconnect_delay": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
