@@ -105,6 +105,16 @@ class RemoteLeafOptions:
 
     urls: list[str] = field(default_factory=list)
     account: str = ""  # the local account the connection binds ("" = the global account)
+    deny_imports: list[str] = field(default_factory=list)  # subjects not taken from the hub (no interest sent)
+    deny_exports: list[str] = field(default_factory=list)  # subjects not sent to the hub
+    tls: TLSOptions | None = None  # tls {}: the link is TLS after the hub's INFO (also `tls://` URLs)
+    no_randomize: bool = False  # dial the URLs in the order given (nats-server shuffles them by default)
+    first_info_timeout: float = 1.0  # seconds to wait for the hub's INFO after the TCP connect
+    disabled: bool = False  # configured but never dialled
+    nkey: str = ""  # a user nkey seed (`SU...`): the CONNECT carries its public key and its signature of the nonce
+    credentials: str = ""  # a .creds file: the CONNECT carries its user JWT and its seed's signature of the nonce
+    # compression {}: nats-server's default for leaf nodes is s2_auto (zstd between zonebus servers)
+    compression: CompressionOptions = field(default_factory=lambda: CompressionOptions(mode="s2_auto"))
 
 
 @dataclass
@@ -116,7 +126,11 @@ class LeafNodeOptions:
     user: str = ""
     password: str = ""
     auth_timeout: float = AUTH_TIMEOUT  # leafnodes { authorization { timeout } }
+    nkey: str = ""  # leafnodes { authorization { nkey } }: a leaf must sign the nonce with this user nkey
     remotes: list[RemoteLeafOptions] = field(default_factory=list)
+    tls: TLSOptions | None = None  # tls {}: accepted leaf nodes do TLS after this side's INFO
+    compression: CompressionOptions = field(default_factory=lambda: CompressionOptions(mode="s2_auto"))
+    reconnect_interval: float = 1.0  # seconds between two dials of a remote (nats-server's default)
 
 
 @dataclass

@@ -56,8 +56,8 @@ def test_unsupported_keys_are_in_the_readme_table() -> None:
 
 
 @pytest.mark.parametrize("conf, words", [
-    ('leafnodes { remotes: [{url: "nats-leaf://h:7422", credentials: "x.creds"}] }',
-     'unsupported field "credentials": zonebus does not have nats-server\'s leafnode credentials'),
+    ('leafnodes { remotes: [{url: "nats-leaf://h:7422", hub: true}] }',
+     'unsupported field "hub": zonebus does not have nats-server\'s a remote that is the hub'),
     ("cluster { name: c, accounts: [A] }", 'unsupported field "accounts"'),
     ("jetstream { domain: hub }", 'unsupported field "domain"'),
     ("websocket { port: -1, no_tls: true, jwt_cookie: jwt }", 'unsupported field "jwt_cookie": zonebus does not have'),

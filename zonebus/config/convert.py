@@ -213,14 +213,15 @@ def get_host_port(v: Value) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def get_compression(v: Value) -> CompressionOptions:
-    """`compression` of a cluster or gateway block, as nats-server reads it: a mode name, a boolean (`true`
-    is `s2_fast`), or `{mode, rtt_thresholds}` (durations, for `s2_auto`). Modes are checked here (nats-server
+def get_compression(v: Value, on_mode: str = S2_FAST, default: str = "accept") -> CompressionOptions:
+    """`compression` of a cluster, gateway or leafnodes block, as nats-server reads it: a mode name, a boolean
+    (`true` is `on_mode`: `s2_fast` on routes and gateways, `s2_auto` on leaf nodes), or `{mode,
+    rtt_thresholds}` (durations, for `s2_auto`; no mode: `default`). Modes are checked here (nats-server
     checks them when the server starts)."""
-    opts = CompressionOptions()
+    opts = CompressionOptions(mode=default)
     thresholds: list[float] | None = None
     if v.kind == "bool":
-        opts.mode = S2_FAST if v.value else OFF
+        opts.mode = on_mode if v.value else OFF
         return opts
     if v.kind == "string":
         text = v.value
@@ -239,7 +240,7 @@ def get_compression(v: Value) -> CompressionOptions:
     else:
         raise BadValue(f"should be a boolean or a structure, got {show(v)}", v)
     try:
-        opts.mode = normalize_mode(text)
+        opts.mode = normalize_mode(text, on_mode)
         if opts.mode == S2_AUTO and thresholds is not None:
             opts.rtt_thresholds = normalize_thresholds(thresholds)
     except ValueError as exc:

@@ -1,19 +1,33 @@
 """The `leafnodes {}` block (also spelt `leaf`): the leaf node listener and the remotes (hubs) to dial.
 
 Read onto `LeafNodeOptions` (zonebus.leaf builds the connections). nats-server's keys that zonebus does not
-build yet (TLS on leaf links, credentials files, deny lists, compression, ...) are refused by name through
+build yet (an advertised address, interest isolation, WebSocket remotes, ...) are refused by name through
 `zonebus.config.unsupported` (blocks `leafnodes` and `leafnode_remote`), never ignored.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from urllib.parse import urlsplit
 
 from zonebus.config.authorization import block_auth
-from zonebus.config.convert import BadValue, expected, get_map, get_port, get_str, show
+from zonebus.config.convert import (
+    BadValue,
+    expected,
+    get_compression,
+    get_duration,
+    get_map,
+    get_port,
+    get_str,
+    show,
+)
 from zonebus.config.parser import Value
-from zonebus.config.readers import Errors, Handler, apply_handlers, str_field
-from zonebus.options import LEAF_PORT, RemoteLeafOptions, ServerOptions
+from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, positive_duration, str_field
+from zonebus.config.tls import read_tls
+from zonebus.credentials import CredentialsError, check_seed, decode_user_nkey, read_creds
+from zonebus.options import LEAF_PORT, CompressionOptions, RemoteLeafOptions, ServerOptions, TLSOptions
+from zonebus.subjects.validate import is_valid_subject
 
 
 def leaf_url(url: str) -> tuple[str, int]:
@@ -40,11 +54,74 @@ def _urls(v: Value) -> list[str]:
     return [_url(item) for item in (v.value if v.kind == "array" else [v])]
 
 
+def _deny_subjects(v: Value) -> list[str]:
+    """`deny_imports` / `deny_exports`: a subject or an array of subjects (wildcards allowed, no queues)."""
+    if v.kind not in ("array", "string"):
+        raise BadValue(f"Expected subject permissions to be a subject, or array of subjects, got {show(v)}", v)
+    out = []
+    for item in v.value if v.kind == "array" else [v]:
+        if item.kind != "string":
+            raise BadValue("Subject in permissions array cannot be cast to string", item)
+        if not is_valid_subject(item.value.encode()):
+            raise BadValue(f"subject {json.dumps(item.value)} is not a valid subject", item)
+        out.append(item.value)
+    return out
+
+
+def _nkey(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
+    seed = get_str(v)
+    try:
+        check_seed(seed)
+    except CredentialsError as exc:
+        raise BadValue(str(exc), v) from None
+    if r.credentials:
+        raise BadValue("Remote leafnode can not have both creds and nkey defined", v)
+    r.nkey = seed
+
+
+def _credentials(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
+    path = get_str(v)
+    try:
+        read_creds(path)  # (read again at every connect, as nats-server: the file may be rotated)
+    except CredentialsError as exc:
+        raise BadValue(str(exc), v) from None
+    if r.nkey:
+        raise BadValue("Remote leafnode can not have both creds and nkey defined", v)
+    r.credentials = os.path.expanduser(path)
+
+
+def _leaf_tls(tls: TLSOptions, v: Value, errors: Errors) -> TLSOptions:
+    """What leaf links do not have of a `tls {}` block is refused, not ignored: the handshake before the INFO
+    (`handshake_first`) and logins by certificate (`verify_and_map`)."""
+    for key in ("handshake_first", "verify_and_map"):
+        if getattr(tls, key):
+            errors.add(v, f"leafnode tls: {key} is not supported on leaf node connections by zonebus")
+    return tls
+
+
+def _remote_tls(r: RemoteLeafOptions, v: Value, errors: Errors) -> None:
+    r.tls = _leaf_tls(read_tls(v, errors, "leafnode remote tls: ", client=True), v, errors)
+
+
 _LEAFNODE_REMOTE_HANDLERS: dict[str, Handler] = {
     "url": lambda r, v, e: r.urls.append(_url(v)),
     "urls": lambda r, v, e: r.urls.extend(_urls(v)),
     "account": str_field("account"),
     "local": str_field("account"),
+    "deny_imports": lambda r, v, e: setattr(r, "deny_imports", _deny_subjects(v)),
+    "deny_import": lambda r, v, e: setattr(r, "deny_imports", _deny_subjects(v)),
+    "deny_exports": lambda r, v, e: setattr(r, "deny_exports", _deny_subjects(v)),
+    "deny_export": lambda r, v, e: setattr(r, "deny_exports", _deny_subjects(v)),
+    "tls": _remote_tls,
+    "no_randomize": bool_field("no_randomize"),
+    "dont_randomize": bool_field("no_randomize"),
+    "first_info_timeout": positive_duration("first_info_timeout"),
+    "disabled": bool_field("disabled"),
+    "nkey": _nkey,
+    "seed": _nkey,
+    "credentials": _credentials,
+    "creds": _credentials,
+    "compression": lambda r, v, e: setattr(r, "compression", _compression(v)),
 }
 
 
@@ -80,14 +157,46 @@ def _listen(target: ServerOptions, v: Value, errors: Errors) -> None:
 
 _AUTH = block_auth("Leafnode")
 
+
+def _authorization(opts: ServerOptions, v: Value, errors: Errors) -> None:
+    """nats-server's leafnode `authorization {}`: the user and password of `block_auth`, or an `nkey` that
+    leaf nodes must sign the nonce with."""
+    entries = get_map(v)
+    rest = {k: x for k, x in entries.items() if k.lower() != "nkey"}
+    for key, x in entries.items():
+        if key.lower() == "nkey":
+            nkey = get_str(x).strip()
+            if decode_user_nkey(nkey) is None:
+                errors.add(x, "Not a valid public nkey for leafnode authorization")
+                continue
+            opts.leafnodes.nkey = nkey
+    _AUTH(opts.leafnodes, Value(rest, "map", v.file, v.line, v.col, v.raw), errors)
+
 _LEAFNODES_HANDLERS: dict[str, Handler] = {
     "listen": _listen,
     "host": lambda o, v, e: setattr(o.leafnodes, "host", get_str(v)),
     "net": lambda o, v, e: setattr(o.leafnodes, "host", get_str(v)),
     "port": lambda o, v, e: setattr(o.leafnodes, "port", get_port(v)),
     "remotes": _remotes,
-    "authorization": lambda o, v, e: _AUTH(o.leafnodes, v, e),
+    "authorization": _authorization,
+    "tls": lambda o, v, e: setattr(o.leafnodes, "tls", _leaf_tls(read_tls(v, e, "leafnodes tls: "), v, e)),
+    "reconnect": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
+    "reconnect_interval": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
+    "reconnect_delay": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
+    "compression": lambda o, v, e: setattr(o.leafnodes, "compression", _compression(v)),
 }
+
+
+def _compression(v: Value) -> CompressionOptions:
+    """nats-server's leafnode `compression`: as on routes, but `true` (and the default) is `s2_auto`."""
+    return get_compression(v, on_mode="s2_auto", default="s2_auto")
+
+
+def _reconnect(v: Value) -> float:
+    seconds = get_duration(v)
+    if seconds <= 0:
+        raise BadValue(f"duration must be greater than zero, got {show(v)}", v)
+    return seconds
 
 
 def read_leafnodes(opts: ServerOptions, v: Value, errors: Errors) -> None:

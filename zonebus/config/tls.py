@@ -31,15 +31,16 @@ _TLS_HANDLERS: dict[str, Handler] = {
 }
 
 
-def read_tls(v: Value, errors: Errors, block: str) -> TLSOptions:
+def read_tls(v: Value, errors: Errors, block: str, client: bool = False) -> TLSOptions:
     """A `tls {}` block; its certificate, key and CA are loaded at once, so a bad file fails the config
-    check with the block's position (as nats-server)."""
+    check with the block's position (as nats-server). `client`: a block for links this server dials only
+    (a leafnode remote), where the certificate is optional."""
     tls = TLSOptions()
     before = len(errors)
     apply_handlers(get_map(v), _TLS_HANDLERS, tls, errors)
     if len(errors) == before:
         try:
-            check(tls)
+            check(tls, client=client)
         except TLSConfigError as exc:
             errors.add(v, f"{block}{exc}")
     return tls

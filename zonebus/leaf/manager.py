@@ -1,9 +1,10 @@
 """`LeafManager`: this server's leaf node connections, as a hub (the listener) and as a leaf (the remotes).
 
 - Listener (`leafnodes { listen }`): every accepted connection is a leaf of this server, bound to the global
-  account, checked against `leafnodes { authorization }`.
-- Remotes (`leafnodes { remotes }`): one dial loop each, over its URLs in turn, with the link layer's backoff;
-  a connection closed for a loop waits `LOOP_DELAY` before the next attempt, as nats-server.
+  account, checked against `leafnodes { authorization }` (else the server's users, binding the user's account).
+- Remotes (`leafnodes { remotes }`): one dial loop each (none for a `disabled` one), over its URLs in turn
+  (shuffled once unless `no_randomize`), `reconnect_interval` between attempts; a connection closed for a loop
+  waits `LOOP_DELAY` before the next attempt, as nats-server.
 - Interest: an interest and account watcher of the server. Each live connection is told (`LS+`/`LS-`) the
   interest of its account, but never its own subscriptions, and a connection to a hub is not told what came
   over routes (the route one-hop rule: a hub's message reaches no route here, so a route's interest is not
@@ -17,27 +18,31 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import random
 import secrets
+import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from zonebus import SERVER_VERSION
 from zonebus.config.leafnodes import leaf_url
+from zonebus.credentials import read_creds, sign
 from zonebus.leaf.connection import LDS_PREFIX, LeafConnection
 from zonebus.link import Backoff
+from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
 from zonebus.server.connection import ROUTE
+from zonebus.server.tls import client_context, server_context
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
-    from zonebus.options import RemoteLeafOptions
+    from zonebus.options import RemoteLeafOptions, TLSOptions
     from zonebus.server.accounts import Account
     from zonebus.server.server import Server
 
 LOOP_DELAY = 30.0  # seconds a remote waits after a loop was detected (nats-server's)
-RECONNECT = 1.0  # seconds between two attempts to reach a hub (nats-server's leafnode reconnect interval)
 
 
 class LeafConfigError(OSError):
@@ -54,6 +59,7 @@ class LeafManager:
         self._tasks: list[asyncio.Task] = []
         self._running = False
         self._lds: dict[bytes, bytes] = {}  # account name -> its loop-detection subject
+        self._server_ctx: ssl.SSLContext | None = None
 
     # -- lifecycle (an Extension) ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -64,9 +70,12 @@ class LeafManager:
             self._listener, self.url = await listen(
                 server, lambda: LeafConnection(self, False, server.global_account), opts.host, max(opts.port, 0),
                 what="leafnodes")
-            warn_open_port(server, "leafnodes", opts.host, bool(opts.user), None)
+            warn_open_port(server, "leafnodes", opts.host, bool(opts.user or opts.nkey), opts.tls)
             server.log(f"Listening for leafnode connections on {self.url}")
         for remote in opts.remotes:
+            if remote.disabled:  # (configured, never dialled: nats-server's `disabled`)
+                server.log(f"leafnode remote {remote.urls[0]} is disabled")
+                continue
             account = server.global_account
             if remote.account and remote.account != "$G":
                 found = server.accounts.get(remote.account.encode())
@@ -87,21 +96,43 @@ class LeafManager:
 
     # -- the handshake ---------------------------------------------------------------------------------
     def info_fields(self, conn: LeafConnection) -> dict[str, Any]:
-        """The hub's INFO (nats-server's fields a leaf reads; no `compression`: this link stays plain)."""
+        """The hub's INFO (nats-server's fields a leaf reads; `compression: off` for a nats-server leaf, and
+        zonebus's own offer)."""
         server = self.server
         host, _, port = self.url.rpartition(":")
+        conn.nonce = secrets.token_urlsafe(11)
         info: dict[str, Any] = {
             "server_id": server.server_id, "server_name": server.name, "version": SERVER_VERSION, "proto": 1,
             "host": host, "port": int(port or 0), "headers": True, "max_payload": server.opts.max_payload,
-            "client_id": conn.cid, "nonce": secrets.token_urlsafe(11), "leafnode_urls": [self.url],
+            "client_id": conn.cid, "nonce": conn.nonce, "leafnode_urls": [self.url],
             "tags": server.opts.server_tags,
         }
-        if self.opts.user:
+        if self.opts.user or self.opts.nkey or server.opts.auth_required:
             info["auth_required"] = True
+        if self.opts.tls is not None:
+            info["tls_required"] = True
+            info["tls_verify"] = self.opts.tls.verify
+        if conn.compression is not None:  # `off` for nats-server (no S2 here), the mode for a zonebus leaf
+            info.update(offer_fields(conn.compression.opts, nats_field=True))
         return info
 
+    def server_tls_context(self) -> ssl.SSLContext:
+        """The listener's TLS context (`leafnodes { tls {} }`), made once."""
+        if self._server_ctx is None:
+            assert self.opts.tls is not None
+            self._server_ctx = server_context(self.opts.tls, "leafnodes tls: ")
+        return self._server_ctx
+
+    @staticmethod
+    def remote_tls_context(tls: TLSOptions | None) -> ssl.SSLContext:
+        """A remote's TLS context: its `tls {}` block (the certificate optional), or the system's CAs when
+        the hub asks for TLS and the remote has no block (as nats-server)."""
+        if tls is None:
+            return ssl.create_default_context()
+        return client_context(tls, "leafnode remote tls: ", cert_optional=True)
+
     def connect_fields(self, conn: LeafConnection) -> dict[str, Any]:
-        """The leaf's CONNECT (nats-server's fields; no `compress_mode`: the link stays uncompressed)."""
+        """The leaf's CONNECT (nats-server's fields)."""
         server = self.server
         fields: dict[str, Any] = {
             "version": SERVER_VERSION, "server_id": server.server_id, "name": server.name, "hub": False,
@@ -110,6 +141,14 @@ class LeafManager:
         user, password = conn.login
         if user:
             fields["user"], fields["pass"] = user, password
+        remote = conn.remote
+        if remote is not None and remote.credentials:  # the user JWT and the seed's signature of the nonce
+            jwt, seed = read_creds(remote.credentials)
+            fields["jwt"], fields["sig"] = jwt, sign(seed, conn.nonce)[1]
+        elif remote is not None and remote.nkey:
+            fields["nkey"], fields["sig"] = sign(remote.nkey, conn.nonce)
+        if conn.remote is not None and conn.remote.deny_imports:
+            fields["deny_pub"] = list(conn.remote.deny_imports)  # the hub sends nothing on these
         return fields
 
     def go_live(self, conn: LeafConnection) -> bool:
@@ -176,25 +215,32 @@ class LeafManager:
         other = sub.conn
         if other is conn:
             return False
-        return not (conn.spoke and other.kind == ROUTE)
+        if conn.spoke and other.kind == ROUTE:
+            return False
+        return conn.perms is None or conn.perms.can_receive(sub.subject)  # (deny_imports: no interest offered)
 
     # -- dialling ----------------------------------------------------------------------------------------
     async def _dial_loop(self, remote: RemoteLeafOptions, account: Account) -> None:
-        """Keep one connection to the remote's hub, over its URLs in turn; a second between attempts, as
-        nats-server (also after a hub refused the login: it says so once per attempt)."""
+        """Keep one connection to the remote's hub, over its URLs in turn (shuffled once, as nats-server,
+        unless `no_randomize`); `reconnect_interval` (a second) between attempts, as nats-server (also after a
+        hub refused the login: it says so once per attempt)."""
         server = self.server
-        backoff = Backoff(start=RECONNECT, ceiling=RECONNECT)
+        interval = self.opts.reconnect_interval
+        backoff = Backoff(start=interval, ceiling=interval)
         connected = False
         attempt = 0
+        urls = list(remote.urls)
+        if not remote.no_randomize:
+            random.shuffle(urls)
         while self._running:
-            url = remote.urls[attempt % len(remote.urls)]
+            url = urls[attempt % len(urls)]
             attempt += 1
             host, port = leaf_url(url)
             parts = urlsplit(url if "://" in url else f"nats-leaf://{url}")
             login = (unquote(parts.username or ""), unquote(parts.password or ""))
             try:
-                conn = await dial(server, functools.partial(LeafConnection, self, True, account, url, login),
-                                  host, port)
+                conn = await dial(server, functools.partial(LeafConnection, self, True, account, url, login,
+                                                            remote), host, port)
             except OSError as exc:
                 failures = backoff.failed()
                 if should_report(server.opts, connected, failures):

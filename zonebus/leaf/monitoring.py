@@ -33,8 +33,9 @@ def connection_info(conn: LeafConnection, subs: bool) -> dict[str, Any]:
         "in_bytes": conn.in_bytes,
         "out_bytes": conn.out_bytes,
         "subscriptions": len(conn.remote_subs),
-        "compression": "off",
     }
+    zc = conn.compression
+    info.update(zc.monitoring() if zc is not None and zc.negotiated else {"compression": "off"})
     if subs:
         info["subscriptions_list"] = [subject.decode(errors="replace") for subject, _ in conn.remote_subs]
     if conn.zone:

@@ -14,10 +14,13 @@ What it owns, for every kind:
   the switch marker, zstd per write batch out (`flush`) and before the parser in (`data_received`).
 
 A kind subclasses it and fills in the hooks: `greet` (what to send once connected), `credentials` and
-`authorized_by_connect` (the CONNECT check itself is here), `on_info`, `on_interest`, `build_memo` (local
-deliveries of a repeated message line) and `build_relay_memo` (those of a zone relay frame), `on_rtt`,
-`on_error`, `log_error`, `handshake_timed_out`, `describe`, and `unregister` (forget the link when it closes).
-It sets `msgs_in` once messages may flow in over the link. Owned by the event loop thread.
+`authorized_by_connect` (the CONNECT check itself is here), `on_info`, `before_marker`, `on_interest`,
+`build_memo` (local deliveries of a repeated message line) and `build_relay_memo` (those of a zone relay
+frame), `on_rtt`, `on_error`, `log_error`, `handshake_timed_out`, `describe`, and `unregister` (forget the
+link when it closes). `INFO_BEFORE_CONNECT`: an accepted link may send its compression offer (an INFO) and
+its switch marker before its CONNECT (leaf nodes).
+It sets `msgs_in` once messages may flow in over the link, and `admit` when it drops some subjects as they
+arrive. Owned by the event loop thread.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ class LinkConnection(Connection, asyncio.Protocol):
     PING_EVERY = 2.0
     STALE_AFTER = 0.0  # a PING unanswered this long closes the link; 0 = never
     MEMO_MAX = 256
+    INFO_BEFORE_CONNECT = False  # an accepted link may send an INFO (its compression offer) before its CONNECT
 
     def __init__(self, server: Server, channels: LinkChannels | None = None) -> None:
         super().__init__(server)
@@ -118,6 +122,7 @@ class LinkConnection(Connection, asyncio.Protocol):
         self.authorized = False
         self.established = False
         self.msgs_in = False  # messages are accepted over this link (set by the kind once it is live)
+        self.admit: Callable[[bytes], bool] | None = None  # a kind's filter of inbound subjects (leaf deny lists)
         self.rtt = 0.0  # seconds; 0 = not measured yet
         self._ping_sent = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -147,6 +152,9 @@ class LinkConnection(Connection, asyncio.Protocol):
 
     def on_info(self, info: dict[str, Any]) -> bool:
         return True
+
+    def before_marker(self) -> None:
+        """Compression was negotiated: the last moment to send something uncompressed (a leaf's own INFO)."""
 
     def on_interest(self, op: tuple) -> None:
         pass
@@ -238,6 +246,8 @@ class LinkConnection(Connection, asyncio.Protocol):
                 if not self.msgs_in:
                     continue
                 hdr, payload = op[1], op[2]
+                if self.admit is not None and not self.admit(hdr.subject):
+                    continue
                 self.in_msgs += 1
                 self.in_bytes += hdr.size
                 if self.ledger_in is not None:
@@ -276,10 +286,11 @@ class LinkConnection(Connection, asyncio.Protocol):
                 info = self._json_object(op[1])
                 if info is None:
                     return
-                if not self.authorized:
+                zc = self.compression
+                if not self.authorized and not (self.INFO_BEFORE_CONNECT and zc is not None
+                                                and (not zc.negotiated or is_marker(info))):
                     self.reject(errors.AUTH_VIOLATION)
                     return
-                zc = self.compression
                 if zc is not None:
                     if is_marker(info):
                         if not self._switch_inbound(zc):
@@ -347,6 +358,7 @@ class LinkConnection(Connection, asyncio.Protocol):
             self.log_error(f"{self.kind} {self.describe()}: {exc}, closing")
             return self.reject(str(exc))
         if compress:
+            self.before_marker()
             self.send(MARKER)
             self.flush()
             zc.start_deflate()

@@ -57,12 +57,13 @@ def reload_context(ctx: ssl.SSLContext, opts: TLSOptions, block: str = "") -> No
     ctx.sni_callback = hand_over
 
 
-def client_context(opts: TLSOptions, block: str = "") -> ssl.SSLContext:
-    """For links this server dials (routes, gateways): our certificate as the client certificate, and the
-    peer's certificate checked against `ca_file` and the host dialled, unless `insecure`."""
+def client_context(opts: TLSOptions, block: str = "", cert_optional: bool = False) -> ssl.SSLContext:
+    """For links this server dials (routes, gateways, leafnode remotes): our certificate as the client
+    certificate (`cert_optional`: a leafnode remote may have none), and the peer's certificate checked
+    against `ca_file` and the host dialled, unless `insecure`."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    load_cert_files(ctx, opts, block)
+    load_cert_files(ctx, opts, block, client=cert_optional)
     if opts.insecure:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
