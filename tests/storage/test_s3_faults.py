@@ -19,6 +19,7 @@ from zonebus.storage.fs import ObjectExists
 from zonebus.storage.s3client import S3Objects
 from zonebus.testing.faultload import PHASES, FaultPublisher, check, read_back, run_phases
 from zonebus.testing.motos3 import MotoS3
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess
 
 PUBLISHERS = 8
@@ -79,3 +80,40 @@ def test_every_s3_failure_is_an_oserror(proxied: MotoS3, fault: str, kind: str) 
     proxied.proxy.clear_faults()
     if kind != "DELETE":
         assert objects.get(path) == b"x"
+
+
+@pytest.mark.timeout(90)
+async def test_message_get_never_shows_an_unacknowledged_message(tmp_path: Path, proxied: MotoS3) -> None:
+    """`STREAM.MSG.GET` answers from acknowledged messages only (`zonebus.stream.reads`): while a publish's upload
+    is held by S3, a get of its subject does not return it (it waits, then says 503), as nats-server answers from
+    applied entries. Showing it could show a value that a crash then loses (a KV campaign saw exactly that)."""
+    assert proxied.proxy is not None
+    url = f"s3://{proxied.bucket}/visible-{tmp_path.name}"
+    server = ServerProcess(impl="zonebus", config=server_config(tmp_path / "local", url), env=proxied.env(),
+                           workdir=tmp_path)
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=5)
+        await js.add_stream(name="VIS", subjects=["vis.>"])
+        first = await js.publish("vis.k", b"v1")
+        proxied.proxy.set_faults(kind="PUT", timeout=1.0, hold=20.0)  # uploads hang from here on
+        pending = asyncio.create_task(js.publish("vis.k", b"v2", timeout=30))
+
+        async def appended() -> bool:  # the server holds v2 (its last sequence moved), not acknowledged
+            info = await js.stream_info("VIS")
+            return info.state.last_seq > first.seq
+
+        await until(appended, "v2 appended", timeout=10, interval=0.05)
+        try:
+            msg = await nc.request("$JS.API.STREAM.MSG.GET.VIS", b'{"last_by_subj":"vis.k"}', timeout=8)
+            answer = msg.data
+        except nats.errors.TimeoutError:
+            answer = b"(no answer)"
+        assert b'"seq":2' not in answer, f"the get showed the message whose upload is held: {answer!r}"
+        assert not pending.done(), "v2 was acknowledged while its upload was held"
+        proxied.proxy.clear_faults()
+        pending.cancel()
+        await nc.close()
+    finally:
+        server.stop()

@@ -45,7 +45,7 @@ from zonebus.store.filestore import FileStore
 from zonebus.store.memstore import MemStore
 from zonebus.store.msgstore import MsgStore, now_ns
 from zonebus.store.shared import CommitOptions, SharedStorage, SharedStore
-from zonebus.stream import direct
+from zonebus.stream import direct, reads
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.hooks import TailHook, TapHook, VisibleHook
@@ -224,6 +224,8 @@ class JetStreamService:
             return
         if subject.startswith(direct.PREFIX):
             self._on_direct_get(subject, reply, payload)
+            return
+        if reply and reads.defer_msg_get(self, subject, reply, payload):
             return
         resp = self.api.handle(subject, payload)
         if resp is not None and reply:
