@@ -7,22 +7,12 @@ build yet (TLS on leaf links, credentials files, deny lists, compression, ...) a
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from zonebus.config.authorization import block_auth
 from zonebus.config.convert import BadValue, expected, get_map, get_port, get_str, show
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, str_field
 from zonebus.options import LEAF_PORT, RemoteLeafOptions, ServerOptions
-
-
-def leaf_url(url: str) -> tuple[str, int]:
-    """(host, port) of a remote's URL; nats-server's default leafnode port when it names none."""
-    parts = urlsplit(url if "://" in url else f"nats-leaf://{url}")
-    host = parts.hostname
-    if not host:
-        raise ValueError(f"error parsing url {url!r}: no host")
-    return host, parts.port or LEAF_PORT
+from zonebus.protocol.urls import leaf_url
 
 
 def _url(v: Value) -> str:
