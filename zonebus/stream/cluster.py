@@ -38,8 +38,8 @@ from zonebus.meta.state import Change, StreamRecord
 from zonebus.protocol.jserrors import JSError
 from zonebus.server.internal import InternalClient
 from zonebus.store.msgstore import now_ns
+from zonebus.store.sharedfence import Fenced
 from zonebus.store.sharedlayout import LayoutError
-from zonebus.store.sharedstore import Fenced
 from zonebus.stream import direct, stream_config
 from zonebus.stream.clusterlists import FORWARD, StreamLists, _error, _reply
 from zonebus.stream.hooks import ApiHook, MetaFormedHook
