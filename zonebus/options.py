@@ -63,7 +63,7 @@ class WebsocketOptions:
 @dataclass
 class CompressionOptions:
     """`cluster { compression }` / `gateway { compression }`: nats-server's mode names, normalised by
-    `zonebus.link.compression.normalize_mode` (`accept`: compress only when the peer asks, nats-server's
+    `zonebus.protocol.compression_modes.normalize_mode` (`accept`: compress only when the peer asks, nats-server's
     default for routes). `rtt_thresholds` (seconds) choose the level of `s2_auto` from the link's RTT."""
 
     mode: str = "accept"

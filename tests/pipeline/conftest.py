@@ -40,7 +40,7 @@ def hand_ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def run_cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    from zonebus.cli.cost import run_cost_cli
+    from zonebus.pipeline.cost_cli import run_cost_cli
 
     def run(*argv: str) -> tuple[int, str, str]:
         capsys.readouterr()

@@ -9,14 +9,6 @@ import pytest
 
 from zonebus.config import ConfigError, parse_config_text
 from zonebus.link.compression import (
-    ACCEPT,
-    NOT_SUPPORTED,
-    OFF,
-    S2_AUTO,
-    S2_BEST,
-    S2_BETTER,
-    S2_FAST,
-    S2_UNCOMPRESSED,
     LinkCompression,
     StreamDeflater,
     StreamInflater,
@@ -26,6 +18,16 @@ from zonebus.link.compression import (
     select_mode,
 )
 from zonebus.options import CompressionOptions
+from zonebus.protocol.compression_modes import (
+    ACCEPT,
+    NOT_SUPPORTED,
+    OFF,
+    S2_AUTO,
+    S2_BEST,
+    S2_BETTER,
+    S2_FAST,
+    S2_UNCOMPRESSED,
+)
 from zonebus.protocol.route_parser import INFO, RMSG, RouteParser
 
 pytestmark = pytest.mark.timeout(30)

@@ -192,7 +192,7 @@ def run_demo_cli(argv: list[str]) -> int:
         print(f"      queue deliveries {r.queue_delivered}/{r.published}, crossed zones {r.queue_cross_zone}, "
               f"audit got {r.audit_delivered}", flush=True)
         results.append(r)
-    from zonebus.cli.cost import run_cost_cli
+    from zonebus.pipeline.cost_cli import run_cost_cli
 
     summaries = {}
     for i, r in enumerate(results, 3):

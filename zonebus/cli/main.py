@@ -85,7 +85,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return run_demo_cli(rest)
     if cmd == "cost":
-        from zonebus.cli.cost import run_cost_cli
+        from zonebus.pipeline.cost_cli import run_cost_cli
 
         return run_cost_cli(rest)
     if cmd == "streams":

@@ -10,8 +10,8 @@ import json
 import re
 
 from zonebus.config.parser import SIZE_SUFFIXES, Value
-from zonebus.link.compression import OFF, S2_AUTO, S2_FAST, normalize_mode, normalize_thresholds
 from zonebus.options import CompressionOptions
+from zonebus.protocol.compression_modes import OFF, S2_AUTO, S2_FAST, normalize_mode, normalize_thresholds
 
 
 class BadValue(Exception):

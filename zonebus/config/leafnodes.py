@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from urllib.parse import urlsplit
 
 from zonebus.config.authorization import block_auth
 from zonebus.config.convert import (
@@ -27,16 +26,8 @@ from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, 
 from zonebus.config.tls import read_tls
 from zonebus.credentials import CredentialsError, check_seed, decode_user_nkey, read_creds
 from zonebus.options import LEAF_PORT, CompressionOptions, RemoteLeafOptions, ServerOptions, TLSOptions
+from zonebus.protocol.urls import leaf_url
 from zonebus.subjects.validate import is_valid_subject
-
-
-def leaf_url(url: str) -> tuple[str, int]:
-    """(host, port) of a remote's URL; nats-server's default leafnode port when it names none."""
-    parts = urlsplit(url if "://" in url else f"nats-leaf://{url}")
-    host = parts.hostname
-    if not host:
-        raise ValueError(f"error parsing url {url!r}: no host")
-    return host, parts.port or LEAF_PORT
 
 
 def _url(v: Value) -> str:

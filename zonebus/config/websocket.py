@@ -10,27 +10,13 @@ zonebus does not implement (cookies, the block's own authorization, custom heade
 from __future__ import annotations
 
 import json
-from urllib.parse import urlsplit
 
 from zonebus.config.convert import BadValue, get_duration, get_map, get_port, get_str_list, show
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, listen_field, setter, str_field
 from zonebus.config.tls import read_tls
 from zonebus.options import ServerOptions, WebsocketOptions
-
-
-def origin_parts(origin: str) -> tuple[str, str, str]:
-    """(scheme, host, port) of an origin URL, the port defaulting by scheme (443 for https, else 80) as
-    nats-server does; raises ValueError for a text that is not an absolute URL."""
-    parts = urlsplit(origin)
-    if not parts.scheme or not parts.netloc:
-        raise ValueError("invalid URI for request")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ValueError(f"invalid port after host in {origin}") from None
-    default = "443" if parts.scheme.lower() == "https" else "80"
-    return parts.scheme.lower(), (parts.hostname or "").lower(), str(port) if port is not None else default
+from zonebus.protocol.urls import origin_parts
 
 
 def _allowed_origins(v: Value) -> list[str]:

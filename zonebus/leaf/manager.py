@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from zonebus import SERVER_VERSION
-from zonebus.config.leafnodes import leaf_url
 from zonebus.credentials import read_creds, sign
 from zonebus.leaf.connection import LDS_PREFIX, LeafConnection
 from zonebus.link import Backoff
@@ -33,6 +32,7 @@ from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
+from zonebus.protocol.urls import leaf_url
 from zonebus.server.connection import ROUTE
 from zonebus.server.tls import client_context, server_context
 from zonebus.subjects.sublist import Subscription

@@ -7,6 +7,8 @@ level follows the link's RTT, `rtt_thresholds`: default 10 ms, 50 ms, 100 ms), `
 `s2_fast`), `false` (= `off`), or `{mode, rtt_thresholds}`. `select_mode` is nats-server's
 `selectCompressionMode`: a side keeps its own mode unless it is `accept`, which takes the peer's (`s2_auto`
 becomes `s2_fast`); `off` or no field on either side means no compression, a mode nobody knows closes the link.
+The mode names, their spellings in a config file and the threshold checks are in
+`zonebus.protocol.compression_modes`, a leaf the config reader shares.
 
 What a link does depends on the peer:
 - nats-server compresses with S2, and PyPI has no maintained S2 binding (cramjam has Snappy but not S2, and
@@ -41,16 +43,17 @@ from typing import Any
 import zstandard
 
 from zonebus.options import CompressionOptions
-
-NOT_SUPPORTED = "not supported"
-OFF = "off"
-ACCEPT = "accept"
-S2_AUTO = "s2_auto"
-S2_UNCOMPRESSED = "s2_uncompressed"
-S2_FAST = "s2_fast"
-S2_BETTER = "s2_better"
-S2_BEST = "s2_best"
-S2_MODES = (S2_AUTO, S2_UNCOMPRESSED, S2_FAST, S2_BETTER, S2_BEST)
+from zonebus.protocol.compression_modes import (
+    ACCEPT,
+    NOT_SUPPORTED,
+    OFF,
+    S2_AUTO,
+    S2_BEST,
+    S2_BETTER,
+    S2_FAST,
+    S2_MODES,
+    S2_UNCOMPRESSED,
+)
 
 NATS_FIELD = "compression"  # nats-server's route INFO field
 ZONEBUS_FIELD = "zonebus_compression"  # zonebus's own offer (the configured mode)
@@ -60,46 +63,6 @@ MARKER = b'INFO {"zonebus_compress":"zstd"}\r\n'
 # zstd level per (resolved) mode, and the name /routez shows for it
 ZSTD_LEVELS = {S2_UNCOMPRESSED: 1, S2_FAST: 1, S2_BETTER: 3, S2_BEST: 7}
 ZSTD_NAMES = {1: "zstd_fast", 3: "zstd_better", 7: "zstd_best"}
-
-_ALIASES = {
-    "not supported": NOT_SUPPORTED, "not_supported": NOT_SUPPORTED,
-    "disabled": OFF, "off": OFF, "false": OFF,
-    "accept": ACCEPT,
-    "auto": S2_AUTO, "s2_auto": S2_AUTO,
-    "fast": S2_FAST, "s2_fast": S2_FAST,
-    "better": S2_BETTER, "s2_better": S2_BETTER,
-    "best": S2_BEST, "s2_best": S2_BEST,
-}
-
-
-def normalize_mode(text: str, on_mode: str = S2_FAST) -> str:
-    """A configured mode in nats-server's canonical name (`on`/`enabled`/`true` -> `on_mode`); ValueError
-    for an unknown one, in nats-server's words."""
-    low = text.lower()
-    if low in ("on", "enabled", "true"):
-        low = on_mode
-    mode = _ALIASES.get(low)
-    if mode is None:
-        raise ValueError(f"unsupported compression mode {text!r}")
-    return mode
-
-
-def normalize_thresholds(values: list[float]) -> tuple[float, ...]:
-    """nats-server's checks of `rtt_thresholds` (seconds): negatives are 0, non-zero values ascending, 0s at
-    the end trimmed, between 1 and 4 values left."""
-    out: list[float] = []
-    for v in values:
-        v = max(v, 0.0)
-        if v and any(v < prev for prev in out):
-            raise ValueError(f"RTT threshold values {values} should be in ascending order")
-        out.append(v)
-    while out and out[-1] == 0:
-        out.pop()
-    if len(out) > 4:
-        raise ValueError(f"compression mode {S2_AUTO!r} should have no more than 4 RTT thresholds")
-    if not out:
-        raise ValueError(f"compression mode {S2_AUTO!r} requires at least one RTT threshold")
-    return tuple(out)
 
 
 def needs_compression(mode: str) -> bool:

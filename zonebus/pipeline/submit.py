@@ -27,7 +27,7 @@ def _fix_path() -> None:
 
 def main() -> int:
     _fix_path()
-    from zonebus.cli.cost import run_cost_cli
+    from zonebus.pipeline.cost_cli import run_cost_cli
 
     return run_cost_cli(sys.argv[1:])
 

@@ -34,7 +34,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from zonebus.config.websocket import origin_parts
+from zonebus.protocol.urls import origin_parts
 from zonebus.server.client import ClientConnection
 from zonebus.server.listening import ClientListener, open_listener
 

@@ -24,8 +24,9 @@ from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
-from zonebus.store.sharedfence import TailSource
-from zonebus.store.sharedstore import CommitOptions, Fenced, SharedStore
+from zonebus.store.sharedcommit import CommitOptions
+from zonebus.store.sharedfence import Fenced, TailSource
+from zonebus.store.sharedstore import SharedStore
 from zonebus.store.sharedview import SharedView
 
 log = logging.getLogger(__name__)

@@ -5,12 +5,14 @@ A writer takes a stream over with an epoch above every claim: it writes its clai
 one: stop), loads the whole chain, writes an empty batch create-only into the slot after the chain under the
 previous writer's epoch (so that writer can acknowledge nothing more: its own PUT of that slot fails), writes
 its seal and lists the claims again. Base moves list the claims once more before they delete anything
-(`_check_fence`). Runs in worker threads (or inline without an event loop).
+(`_check_fence`). Runs in worker threads (or inline without an event loop), but for `_fence`: the event loop's
+side, once an upload or a base move found the store fenced (`Fenced`), which fails every waiting publisher.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -22,6 +24,7 @@ from zonebus.store.msgstore import now_ns
 if TYPE_CHECKING:
     from zonebus.store.sharedstore import SharedStore
 
+log = logging.getLogger("zonebus.store.sharedstore")
 
 # (stream, the fenced writer's epoch, its first batch not in the chain, the new epoch, the fenced writer's name)
 # -> the records (no batch header) of that writer's batches from there on, as its replicas hold them (b"" when
@@ -125,3 +128,22 @@ class WriterFencing:
             if p is not None and p[0] < start:
                 self.objects.delete(f"{self.prefix}/base/{n}")
 
+    def _fence(self: SharedStore, reason: str) -> None:
+        """On the loop: the store learnt it is fenced; every waiting publisher and the tail's waiters are told."""
+        if self.fenced:
+            return
+        self.fenced = reason
+        log.error("shared store %s: fenced: %s", self.stream, reason)
+        if self._linger_handle is not None:
+            self._linger_handle.cancel()
+            self._linger_handle = None
+        for x in list(self._unreleased) + ([self._open] if self._open is not None else []):
+            waiters, x.waiters = x.waiters, []
+            for cb in waiters:
+                self._call(cb, f"stream fenced: {reason}")
+        self._tail_fail(f"stream fenced: {reason}")
+        if self.on_fenced is not None:
+            try:
+                self.on_fenced(reason)
+            except Exception:
+                log.exception("shared store %s: fence callback failed", self.stream)

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 from zonebus.store import sharedlayout as L
 
 if TYPE_CHECKING:
-    from zonebus.store.sharedstore import DurableCallback, SharedStore
+    from zonebus.store.sharedcommit import DurableCallback
+    from zonebus.store.sharedstore import SharedStore
 
 log = logging.getLogger(__name__)
 

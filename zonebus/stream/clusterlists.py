@@ -3,7 +3,8 @@
 `STREAM.NAMES` is answered from the meta group's records alone; `STREAM.LIST` asks each stream's leader for
 the infos of the streams it leads (one forwarded request per leader, `$JSC.<server hash>.LIST`, gathered for
 at most `GATHER_TIMEOUT` seconds) and names the streams whose leader did not answer under `missing`, as
-nats-server does. Also the reply helpers the cluster's API answers share.
+nats-server does. Also what the cluster's API modules share: the reply helpers, the forward prefix and the
+proposal timeout.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 FORWARD = "$JSC."  # API requests forwarded to another server of the cluster
 GATHER_TIMEOUT = 2.0
+PROPOSE_TIMEOUT = 4.0  # seconds a meta group proposal may take (nats-py waits 5 s for an API answer)
 
 
 def _reply(kind: str, body: dict[str, Any]) -> bytes:

@@ -1,4 +1,5 @@
-"""`zonebus cost report` and `zonebus cost simulate`: the PySpark cost jobs' command line.
+"""`zonebus cost report` and `zonebus cost simulate`: the PySpark cost jobs' command line, its arguments and exit
+statuses. Both entries run it: the `zonebus cost` command (`zonebus.cli.main`) and spark-submit's (`submit.py`).
 
 Exit status: 0 done, 1 bad input (ledger, prices, topology or workload file) or a Spark failure, 2 bad
 options (the message names the option), no usable Java, or Ctrl-C. Errors are one line on stderr, never a

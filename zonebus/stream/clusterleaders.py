@@ -1,0 +1,197 @@
+"""Stream leadership in a JetStream cluster (a mixin of `ClusteredJetStream`).
+
+When an applied meta change makes this server a stream's leader it takes the stream over on the shared store (a
+new writer epoch fences any older writer) with its consumers, and serves it; losing leadership releases it, a
+config change updates it, a delete deletes it (and its objects). Work for one stream runs in order (`_chain`),
+and only once this server's meta state caught up with a meta leader (a record replayed after a restart may name
+it the leader of a stream that moved meanwhile). A stream whose shared store holds a damaged object is not
+served (`_unservable`): requests about it get that error until it moves or is deleted. `led_stream` is what the
+zone router asks. Runs on the event loop; the takeover itself in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from typing import TYPE_CHECKING, Any
+
+from zonebus.meta.state import Change, StreamRecord
+from zonebus.store.msgstore import now_ns
+from zonebus.store.sharedfence import Fenced
+from zonebus.store.sharedlayout import LayoutError
+
+if TYPE_CHECKING:
+    from zonebus.stream.cluster import ClusteredJetStream
+
+log = logging.getLogger("zonebus.stream.cluster")
+
+CATCH_UP_POLL = 0.05  # seconds between looks at whether the meta state caught up
+TAKEOVER_ATTEMPTS = 3
+TAKEOVER_RETRY_MAX = 2.0  # seconds between takeover attempts while the shared store fails
+READY_TIMEOUT = 4.0
+
+
+def _created_ns(created: str) -> int:
+    try:
+        return int(dt.datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() * 1e9)
+    except (ValueError, AttributeError):
+        return now_ns()
+
+class StreamLeadership:
+    """Taking streams over, releasing, updating and deleting them as the meta group decides, mixed into
+    `ClusteredJetStream`."""
+
+    def _on_change(self: ClusteredJetStream, change: Change) -> None:
+        if change.kind != "stream":
+            return
+        name, before, after = change.key, change.before, change.after
+        if after is None:
+            if name in self.svc.streams or name in self._damaged:
+                self._chain(name, self._delete(name))
+        elif change.gained_leader(self.name):
+            self._chain(name, self._lead(after))
+        elif change.lost_leader(self.name):
+            self._chain(name, self._release(name))
+        elif after.leader == self.name and before is not None and before.config != after.config:
+            self._chain(name, self._update(after))
+
+    def _chain(self: ClusteredJetStream, name: str, coro: Any) -> None:
+        """Run leadership work for one stream after the work queued before it."""
+        prev = self._chains.get(name)
+
+        async def run() -> None:
+            if prev is not None:
+                try:
+                    await prev
+                except (asyncio.CancelledError, Exception):
+                    pass
+            try:
+                await coro
+            except Exception:
+                log.exception("JetStream: leadership work for stream %s failed", name)
+                self.server.log(f"JetStream: could not take stream {name} over (see the log)")
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._chains[name] = task
+
+    async def _caught_up(self: ClusteredJetStream) -> None:
+        """Wait until this server's meta state has caught up with a meta leader. A server restarted after a
+        kill -9 first replays its own Raft log, which may still name it the leader of a stream that moved while
+        it was down: taking the stream over on that stale record bumps the shared store's epoch under the real
+        leader's feet (and fences the real leader's takeover)."""
+        while self.meta is None or self.meta.leader is None or not self.meta.ready:
+            await asyncio.sleep(CATCH_UP_POLL)
+
+    def _still_mine(self: ClusteredJetStream, name: str) -> StreamRecord | None:
+        rec = self.meta.state.streams.get(name) if self.meta is not None else None
+        return rec if rec is not None and rec.leader == self.name else None
+
+    async def _lead(self: ClusteredJetStream, rec: StreamRecord) -> None:
+        await self._caught_up()
+        current = self._still_mine(rec.name)
+        if current is None:
+            return  # the record that named us was a replayed, stale one
+        rec = current
+        name, cfg = rec.name, rec.config
+        self._ready.setdefault(name, asyncio.Event()).clear()
+        self._damaged.pop(name, None)
+        if cfg.get("storage") == "memory":
+            self.svc.adopt_memory(cfg, _created_ns(rec.created))
+        else:
+            shared = self.svc.shared
+            if shared is None:
+                raise RuntimeError("file streams in a cluster need jetstream { shared_store }")
+            fenced = failed = 0
+            while True:
+                try:
+                    store, meta, consumers = await asyncio.to_thread(self._take_over, name, cfg,
+                                                                     _created_ns(rec.created))
+                    break
+                except LayoutError as exc:  # an object of the stream is damaged: acknowledged messages are gone
+                    self._unservable(name, str(exc))
+                    return
+                except Fenced:  # another writer claimed a higher epoch meanwhile (a stale one): claim above it
+                    fenced += 1
+                    if fenced == TAKEOVER_ATTEMPTS or self._still_mine(name) is None:
+                        raise
+                    await asyncio.sleep(CATCH_UP_POLL)
+                except OSError as exc:  # the store failed (503s, resets, timeouts): again while it is still ours
+                    if self._still_mine(name) is None:
+                        return
+                    if not failed:
+                        self.server.log(f"JetStream: taking stream {name} over failed ({exc}); retrying", "WRN")
+                    failed += 1
+                    await asyncio.sleep(min(0.1 * 2 ** min(failed, 5), TAKEOVER_RETRY_MAX))
+            if self._still_mine(name) is None:
+                store.close()  # lost the stream again while taking it over
+                return
+            stream = self.svc.adopt_shared(store, meta, consumers)
+            if stream.cfg != cfg:
+                self.svc.update_stream(stream, cfg)
+        self._ready[name].set()
+        self.server.log(f"JetStream: leading stream {name} (epoch {rec.epoch})")
+
+    def _unservable(self: ClusteredJetStream, name: str, why: str) -> None:
+        """Leading stream `name` is impossible: its shared store holds a damaged object. Requests about it are
+        answered with that error (not left to time out) until the stream moves or is deleted; serving what is
+        left would reuse acknowledged sequences, so an operator decides (repair the object, then step down)."""
+        self._damaged[name] = why
+        self.server.log(f"JetStream: stream {name} cannot be served: its shared store is damaged ({why})", "ERR")
+        self._ready[name].set()
+
+    def _take_over(self: ClusteredJetStream, name: str, cfg: dict[str, Any], created: int) -> tuple[Any, dict, dict]:
+        """Worker thread: become the stream's writer on the shared store (a new epoch fences older writers)."""
+        shared = self.svc.shared
+        assert shared is not None
+        headless: list[str] = []
+        if name in shared.list_streams(headless) or name in headless:
+            store = shared.takeover(name, writer=self.name)
+            meta = store.config()
+            if meta is None and name in headless:
+                # the log is there but its config document is gone: the meta group's copy repairs it (creating
+                # the stream anew would delete every acknowledged message)
+                meta = {"config": cfg, "created": created}
+                shared.write_config(name, store.epoch, cfg, created)
+                log.warning("JetStream: stream %s had lost its config document on the shared store; rewritten "
+                            "from the meta group's record", name)
+            if meta is not None:
+                return store, meta, store.consumers()
+            store.close()
+        store = shared.create_stream(name, cfg, created, writer=self.name)
+        return store, {"config": cfg, "created": created}, {}
+
+    async def _release(self: ClusteredJetStream, name: str) -> None:
+        self._ready.pop(name, None)
+        self._damaged.pop(name, None)
+        self.svc.release(name)
+        self.server.log(f"JetStream: no longer leading stream {name}")
+
+    async def _update(self: ClusteredJetStream, rec: StreamRecord) -> None:
+        stream = self.svc.streams.get(rec.name)
+        if stream is not None and stream.cfg != rec.config:
+            self.svc.update_stream(stream, rec.config)
+
+    async def _delete(self: ClusteredJetStream, name: str) -> None:
+        self._ready.pop(name, None)
+        damaged = self._damaged.pop(name, None) is not None  # (deleting is how an operator gives a stream up)
+        stream = self.svc.streams.get(name)
+        if stream is not None:
+            self.svc.delete_stream(stream)
+        if self.svc.shared is not None and (damaged or stream is not None and stream.cfg.get("storage") == "file"):
+            await asyncio.to_thread(self.svc.shared.delete_stream, name)
+
+    async def _wait_ready(self: ClusteredJetStream, name: str) -> bool:
+        event = self._ready.setdefault(name, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), READY_TIMEOUT)
+        except TimeoutError:
+            return False
+        return name in self.svc.streams
+
+    async def led_stream(self: ClusteredJetStream, name: str) -> Any:
+        """The stream `name` when this server leads it (once it serves it), else None (for the zone router)."""
+        rec = self.meta.state.streams.get(name) if self.meta is not None else None
+        if rec is None or rec.leader != self.name or not await self._wait_ready(name):
+            return None
+        return self.svc.streams.get(name)
