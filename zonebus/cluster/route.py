@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zonebus.link.connection import LinkConnection
-from zonebus.protocol.route_parser import RS_MINUS, RS_PLUS, msg_line
-from zonebus.server.connection import ACCOUNT, CLIENT, INTERNAL, LINKS, ROUTE
+from zonebus.protocol.route_parser import RS_MINUS, RS_PLUS
+from zonebus.server.connection import ACCOUNT, ROUTE
+from zonebus.server.fastpath import link_memo, relay_memo
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -92,44 +93,10 @@ class RouteConnection(LinkConnection):
         if acc is not None:  # an account this server does not have is ignored, as there
             self.remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, weight)
 
-    def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
-        """Local client deliveries of a plain RMSG (a message from a route is delivered here only), and one
-        RMSG per link of the other kind (the worker holding a server's routes passes it on to its other
-        workers, zonebus.workers, and the other way round: `Server.deliver_in_cluster`)."""
-        entries: list[tuple] = []
-        links: set[Any] = set()
-        for sub in self.server.sublist.match(subject).psubs:
-            conn = sub.conn
-            kind = conn.kind
-            if kind == CLIENT and not sub.max_msgs and (conn.perms is None or not conn.perms.deliver_deny):
-                entries.append((conn, b"MSG %b %b %d\r\n" % (subject, sub.sid, size), sub))
-            elif kind in (INTERNAL, CLIENT):
-                return None  # internal subscribers, auto-unsubscribing ones and deny patterns inside a wildcard
-                # subscription (checked per delivery, ClientConnection.deliver) take the full path
-            elif kind not in LINKS:
-                return None  # e.g. a leaf node (zonebus.leaf): its own message line, on the full path
-            elif kind != self.kind and conn not in links:
-                links.add(conn)
-                entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))
-        zr = self.server.zone_relay
-        if zr is not None and self.kind != ROUTE:  # (a route's message goes to no route: nothing to plan)
-            entries = zr.memo_entries(subject, size, ACCOUNT, entries)
-        return entries
-
-    def build_relay_memo(self, subject: bytes, size: int) -> list[tuple] | None:
-        """A plain relay frame (`ZMSG`, zonebus.cluster.relay): `build_memo`'s deliveries and one RMSG per route
-        of this server's zone that has interest and takes part in relaying."""
-        entries = self.build_memo(subject, size)
-        zr = self.server.zone_relay
-        if entries is None or zr is None:
-            return None
-        routes: set[Any] = set()
-        for sub in self.server.sublist.match(subject).psubs:
-            conn = sub.conn
-            if conn.kind == ROUTE and conn is not self and conn not in routes and zr.fans_out_to(conn):
-                routes.add(conn)
-                entries.append((conn, msg_line(ACCOUNT, subject, None, None, -1, size), conn.memo_sub))
-        return entries
+    # the fast path of plain RMSGs and relay frames (zonebus.server.fastpath): local client deliveries, one RMSG
+    # per link of the other kind (a worker's message to the routes and the other way round), the zone relay
+    build_memo = link_memo
+    build_relay_memo = relay_memo
 
     def unregister(self) -> None:
         self.manager.route_closed(self)

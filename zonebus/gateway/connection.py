@@ -101,7 +101,7 @@ class GatewayConnection(LinkConnection):
             self._delay_timer.cancel()
 
     def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
-        return self.manager.inbound_memo(subject, size)
+        return self.manager.inbound_memo(self, subject, size)
 
     def on_rtt(self) -> None:
         if self.outbound and self.established:

@@ -27,9 +27,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zonebus.gateway.interest import INTERNAL_PREFIX
-from zonebus.protocol.route_parser import msg_line
-from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, LINKS, WORKER
-from zonebus.subjects.sublist import EMPTY, MatchResult, Subscription
+from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, WORKER
+from zonebus.server.fastpath import Memo, entries
+from zonebus.subjects.sublist import EMPTY, MatchResult
 
 if TYPE_CHECKING:
     from zonebus.gateway.connection import GatewayConnection
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 GR_PREFIX = b"_GR_."
-_ROUTE_SLOT = Subscription(None, b">", None, b"")  # stands in for a subscription in route memo entries
 
 
 class GatewayRouting:
@@ -117,7 +116,7 @@ class GatewayRouting:
 
     def memo_entries(self, subject: bytes, size: int, memo: list) -> bool:
         """Add the gateway deliveries of a reply-less plain PUB to a client's memo (entries `(conn, line,
-        sub)`, as `Server._memoize` builds them); False: don't memoize.
+        sub)`, zonebus.server.fastpath); False: don't memoize.
 
         Valid until `routing_changed` bumps the sublist generation (interest, mode or connection change).
         """
@@ -134,27 +133,15 @@ class GatewayRouting:
                 memo.append((conn, line, conn.memo_sub))
         return True
 
-    def inbound_memo(self, subject: bytes, size: int) -> list | None:
-        """Deliveries of a plain, reply-less message from a gateway, as `(conn, line, sub)`: local client
-        subscribers and one RMSG per route with interest. None: it needs the full path (no plain subscriber
-        here, so maybe a no-interest answer; internal or auto-unsubscribing subscribers; reply subjects)."""
+    def inbound_memo(self, conn: GatewayConnection, subject: bytes, size: int) -> Memo | None:
+        """The memo (zonebus.server.fastpath) of a plain, reply-less message from the gateway `conn`: local
+        client subscribers and one RMSG per route with interest. None: it needs the full path (no plain
+        subscriber here, so maybe a no-interest answer; internal or auto-unsubscribing subscribers; `_GR_.`
+        replies)."""
         r = self.server.sublist.match(subject)
         if not r.psubs or subject.startswith(GR_PREFIX):
             return None
-        memo: list = []
-        routes: set[int] = set()
-        for sub in r.psubs:
-            conn = sub.conn
-            kind = conn.kind
-            if kind == CLIENT and not sub.max_msgs:
-                memo.append((conn, b"MSG %b %b %d\r\n" % (subject, sub.sid, size), sub))
-            elif kind in LINKS:
-                if conn.cid not in routes:
-                    routes.add(conn.cid)
-                    memo.append((conn, msg_line(b"$G", subject, None, None, -1, size), _ROUTE_SLOT))
-            else:
-                return None
-        return memo
+        return entries(conn, r.psubs, subject, size, ACCOUNT)
 
     # -- replies ---------------------------------------------------------------------------------------
     def _reply_home(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,

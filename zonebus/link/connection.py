@@ -5,8 +5,8 @@ What it owns, for every kind:
   Protocol Operation'` and a close, never a traceback), INFO is refused before authorization, and the
   identity a peer gives in its first INFO (server id, name, tags) is settled once for the connection;
 - framing of the inter-server protocol (`RouteParser`), one inbound dispatch loop, and the message fast
-  path: a plain RMSG whose control line repeats replays the delivery list built for it last time, while the
-  sublist generation holds;
+  path (`zonebus.server.fastpath`): a plain RMSG whose control line repeats replays the memo built for it
+  last time, while the sublist generation holds;
 - PING/PONG with RTT, and closing a link whose PING stays unanswered (`STALE_AFTER`, 0 = never);
 - a handshake deadline, counters (in the `Connection` base) and the logging of link errors;
 - channel frames (`LMSG <channel> <size>`), handed to the `LinkChannels` the owner attached;
@@ -54,7 +54,8 @@ from zonebus.protocol.route_parser import (
     msg_line,
 )
 from zonebus.server.accounts import ledger_key
-from zonebus.server.connection import ACCOUNT, Connection, deliver_run
+from zonebus.server.connection import ACCOUNT, Connection
+from zonebus.server.fastpath import MEMO_MAX, Memo, link_memo_miss, replay, replay_run
 from zonebus.server.listening import naming
 from zonebus.subjects.sublist import Subscription
 
@@ -109,7 +110,7 @@ def str_list(value: Any) -> list[str]:
 class LinkConnection(Connection, asyncio.Protocol):
     PING_EVERY = 2.0
     STALE_AFTER = 0.0  # a PING unanswered this long closes the link; 0 = never
-    MEMO_MAX = 256
+    MEMO_MAX = MEMO_MAX  # memos (lines) this kind keeps (zonebus.server.fastpath)
     INFO_BEFORE_CONNECT = False  # an accepted link may send an INFO (its compression offer) before its CONNECT
 
     def __init__(self, server: Server, channels: LinkChannels | None = None) -> None:
@@ -127,8 +128,8 @@ class LinkConnection(Connection, asyncio.Protocol):
         self._ping_sent = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self.closed_future: asyncio.Future = server.loop.create_future()
-        self._memos: dict[MsgHeader, tuple[int, list[tuple] | None]] = {}
-        # stands in for a subscription in a client's fast-path memo entries (conn, line, sub)
+        self._memos: dict[MsgHeader, tuple[int, Memo | None]] = {}  # the fast path's (zonebus.server.fastpath)
+        # stands in for a subscription in fast-path memo entries (conn, line, sub)
         self.memo_sub = Subscription(self, b">", None, b"")
         self.compression: LinkCompression | None = None  # set by `enable_compression` (routes, gateways)
         self._began = time.monotonic()
@@ -159,12 +160,12 @@ class LinkConnection(Connection, asyncio.Protocol):
     def on_interest(self, op: tuple) -> None:
         pass
 
-    def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
-        """Deliveries `(conn, line, sub)` of a plain, reply-less message arriving over this link, or None
+    def build_memo(self, subject: bytes, size: int) -> Memo | None:
+        """The memo (zonebus.server.fastpath) of a plain, reply-less message arriving over this link, or None
         when it needs the full path."""
         return None
 
-    def build_relay_memo(self, subject: bytes, size: int) -> list[tuple] | None:
+    def build_relay_memo(self, subject: bytes, size: int) -> Memo | None:
         """`build_memo` for a plain zone relay frame (`ZMSG`): the relay's deliveries, or None (full path)."""
         return None
 
@@ -263,7 +264,7 @@ class LinkConnection(Connection, asyncio.Protocol):
                 if hdr.reply is None and hdr.hdr_len < 0 and not hdr.queues and hdr.relay != QUEUES_ONLY:
                     memo = self._memos.get(hdr)
                     entries = memo[1] if memo is not None and memo[0] == server.sublist.generation \
-                        else self._memo_miss(hdr)
+                        else link_memo_miss(self, self._memos, hdr)
                     if entries is not None:
                         replay(server, entries, hdr.subject, hdr.size, payload)
                         run_hdr = hdr
@@ -334,19 +335,7 @@ class LinkConnection(Connection, asyncio.Protocol):
         if self.ledger_in is not None:
             for _ in range(k):
                 server.ledger_count(self.ledger_in, hdr.subject, hdr.size + len(hdr.subject) + 16)
-        entries = self._memos[hdr][1]
-        deliver_run(entries, hdr.size, run, server.mark_dirty)
-        for conn, line, _ in entries:
-            if conn.ledger_out is not None:
-                for _ in range(k):
-                    server.ledger_count(conn.ledger_out, hdr.subject, len(line) + hdr.size + 2)
-
-    def _memo_miss(self, hdr: MsgHeader) -> list[tuple] | None:
-        if len(self._memos) >= self.MEMO_MAX:
-            self._memos.clear()
-        entries = self.build_relay_memo(hdr.subject, hdr.size) if hdr.relay else self.build_memo(hdr.subject, hdr.size)
-        self._memos[hdr] = (self.server.sublist.generation, entries)
-        return entries
+        replay_run(server, self._memos[hdr][1], hdr.subject, hdr.size, run)
 
     # -- compression ---------------------------------------------------------------------------------
     def _negotiate(self, zc: LinkCompression, info: dict[str, Any]) -> bool:
@@ -526,23 +515,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def replay(server: Server, entries: list[tuple], subject: bytes, size: int, payload: bytes) -> None:
-    """Deliver one message along a remembered delivery list of `(conn, control line, sub)` entries (the
-    fast path of links; the client's own loop is inlined in client.py)."""
-    for conn, line, sub in entries:
-        out = conn.out
-        out.append(line)
-        out.append(payload)
-        sub.delivered += 1
-        conn.out_msgs += 1
-        conn.out_bytes += size
-        if conn.ledger_out is not None:
-            server.ledger_count(conn.ledger_out, subject, len(line) + size + 2)
-        if not conn.dirty:
-            conn.dirty = True
-            server.mark_dirty(conn)
 
 
 async def listen(server: Server, factory: Callable[[], asyncio.Protocol], host: str,

@@ -21,27 +21,27 @@ _NEED_ARGS = (b"PUB", b"HPUB", b"SUB", b"UNSUB")
 
 class PubHeader:
     """A parsed PUB/HPUB control line. Lines without a reply repeat, so the parser caches these per
-    connection by line bytes; `gen` and `memo` belong to the router, which may remember where messages
-    with this exact line go (valid while the sublist generation equals `gen`); `ledger_n` counts the
-    messages that took that shortcut since the ledger last settled them."""
+    connection by line bytes (`again`); a server's parser makes them with the fields of its fast path
+    (`header_type`: `zonebus.server.fastpath.PubLine`)."""
 
-    __slots__ = ("subject", "reply", "hdr_len", "size", "gen", "memo", "qmemo", "ledger_n", "again")
+    __slots__ = ("subject", "reply", "hdr_len", "size", "again")
 
     def __init__(self, subject: bytes, reply: bytes | None, hdr_len: int, size: int) -> None:
         self.subject = subject
         self.reply = reply
         self.hdr_len = hdr_len
         self.size = size
-        self.gen = -1  # -1: no message yet, -2: one (the next one builds `memo`), else the sublist generation
-        self.memo: list | None = None
-        self.qmemo: list | None = None  # queue groups (lists of memo entries), one member drawn per message
-        self.ledger_n = 0  # fast-path messages not yet counted in the ledger (see server/ledger_hooks.py)
         self.again: bytes | None = None  # set by the parser once the line is cached (frames.py)
 
 
 class ClientParser(FrameParser):
     PAYLOAD_OP = PUB
     OP_NAMES = (b"PUB", b"HPUB", b"SUB", b"UNSUB", b"PING", b"PONG", b"CONNECT", b"INFO", b"+OK", b"-ERR")
+
+    def __init__(self, max_control_line: int = 4096, max_payload: int = 1024 * 1024,
+                 header_type: type[PubHeader] = PubHeader) -> None:
+        super().__init__(max_control_line, max_payload)
+        self.header_type = header_type  # the class of the PubHeaders it makes
 
     def _header(self, line: bytes, ops: list[tuple]) -> PubHeader | None:
         op, rest = split_op(line)
@@ -52,7 +52,7 @@ class ClientParser(FrameParser):
             if len(args) not in (2, 3):
                 raise malformed()
             size = self._checked_size(args[-1])
-            return self._remember(line, PubHeader(args[0], args[1] if len(args) == 3 else None, -1, size))
+            return self._remember(line, self.header_type(args[0], args[1] if len(args) == 3 else None, -1, size))
         if op == b"HPUB":
             args = split_args(rest)
             if len(args) not in (3, 4):
@@ -62,7 +62,7 @@ class ClientParser(FrameParser):
             if hdr_len > size:
                 raise malformed()
             reply = args[1] if len(args) == 4 else None
-            return self._remember(line, PubHeader(args[0], reply, hdr_len if hdr_len > 0 else -1, size))
+            return self._remember(line, self.header_type(args[0], reply, hdr_len if hdr_len > 0 else -1, size))
         simple = _SIMPLE.get(op)
         if simple is not None:
             ops.append(simple)

@@ -24,13 +24,13 @@ from zonebus.protocol.client_parser import (
     SUB,
     UNSUB,
     ClientParser,
-    PubHeader,
     pub_wire_bytes,
 )
 from zonebus.protocol.errors import ProtocolError, malformed
 from zonebus.server import account_limits
 from zonebus.server.auth import ClientPermissions, pub_violation, sub_violation
-from zonebus.server.connection import CLIENT, Connection, deliver_run
+from zonebus.server.connection import CLIENT, Connection
+from zonebus.server.fastpath import PubLine, deliver_run
 from zonebus.server.mapped import publish_mapped
 from zonebus.subjects.sublist import Subscription
 from zonebus.subjects.validate import is_valid_publish_subject, is_valid_subject
@@ -116,7 +116,7 @@ class ClientConnection(Connection, asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         super().__init__(server)
         opts = server.opts
-        self.parser = ClientParser(opts.max_control_line, opts.max_payload)
+        self.parser = ClientParser(opts.max_control_line, opts.max_payload, PubLine)
         self.subs: dict[bytes, Subscription] = {}
         self.connected = False  # CONNECT received
         self.verbose = True  # nats-server's defaults for a client that has not said otherwise
@@ -136,7 +136,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.pings_out = 0
         self.rtt = 0.0  # seconds, measured by the server's PINGs (shown in /connz)
         self._ping_sent = 0.0  # perf_counter() of the unanswered PING (uvloop's clock ticks in ms)
-        self.ledger_hdrs: list[PubHeader] | None = None  # PUB lines counted on the fast path
+        self.ledger_hdrs: list[PubLine] | None = None  # PUB lines counted on the fast path
         self._timers: list[asyncio.TimerHandle] = []
         self.peercert: dict | None = None  # the client's certificate (tls verify_and_map), see server/tls.py
         self.info_sent = False  # the TLS listener wrote INFO in plain text before the handshake (server/tls.py)
@@ -191,7 +191,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         rnd = server.random.random
         # messages right behind one that took the fast path, with its very line (`run_hdr`): nothing they could
         # change in between, so they go the same way, delivered together by _deliver_run (before any other op)
-        run_hdr: PubHeader | None = None
+        run_hdr: PubLine | None = None
         run: list[bytes] = []
         for op in ops:
             code = op[0]
@@ -222,12 +222,13 @@ class ClientConnection(Connection, asyncio.Protocol):
                     continue
                 memo = hdr.memo
                 if memo is not None and hdr.gen == sublist.generation and not self.verbose:
-                    # fast path: same control line, same subscriptions as last time
+                    # fast path (zonebus.server.fastpath): same control line, same subscriptions as last time
                     if self.ledger_hdrs is not None:  # counted per line, settled by the ledger later
                         if not hdr.ledger_n:
                             self.ledger_hdrs.append(hdr)
                         hdr.ledger_n += 1
-                    # (the two loops below are written out rather than shared: this is the hottest path)
+                    # fastpath's replay of a client's message, written out here rather than called: this is the
+                    # hottest path (a call per message measured +4.5% instructions with alternating lines)
                     for conn, line, sub in memo:
                         out = conn.out
                         out.append(line)
@@ -239,7 +240,7 @@ class ClientConnection(Connection, asyncio.Protocol):
                             conn.dirty = True
                             mark_dirty(conn)
                     qmemo = hdr.qmemo
-                    if qmemo is not None:
+                    if qmemo is not None:  # one member drawn per queue group
                         for group in qmemo:
                             conn, line, sub = group[int(rnd() * len(group))]
                             out = conn.out
@@ -308,7 +309,7 @@ class ClientConnection(Connection, asyncio.Protocol):
             self._deliver_run(run_hdr, run)
         self.last_activity = time.time()
 
-    def _deliver_run(self, hdr: PubHeader, run: list[bytes]) -> None:
+    def _deliver_run(self, hdr: PubLine, run: list[bytes]) -> None:
         """The fast path of messages (`run`, payloads with CRLF) that followed one with the same line `hdr`:
         counted, then queued to the subscribers in `hdr.memo` at once."""
         k = len(run)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -204,33 +203,6 @@ class Connection:
         peer = transport.get_extra_info("peername")
         if peer:
             self.ip, self.remote_port = peer[0], peer[1]
-
-
-def deliver_run(entries: list[tuple], size: int, run: list[bytes], mark_dirty: Callable[[Connection], None]) -> None:
-    """Queue a run of payloads (`run`, each with its CRLF) along a remembered delivery list of `(conn, control
-    line, sub)` entries that holds for all of them (the fast paths of clients and links): each connection's
-    line interleaved with the payloads by one slice assignment. A connection with several entries gets them
-    message by message, in the order one message at a time gives. Counts what each sub and conn delivered."""
-    k = len(run)
-    if len(entries) > 1 and len({conn for conn, _, _ in entries}) < len(entries):
-        for data in run:
-            for conn, line, _ in entries:
-                conn.out.append(line)
-                conn.out.append(data)
-    else:
-        frames = [b""] * (2 * k)
-        frames[1::2] = run
-        for conn, line, _ in entries:
-            frames[::2] = [line] * k
-            conn.out.extend(frames)
-    total = k * size
-    for conn, _, sub in entries:
-        sub.delivered += k
-        conn.out_msgs += k
-        conn.out_bytes += total
-        if not conn.dirty:
-            conn.dirty = True
-            mark_dirty(conn)
 
 
 def link_allows(src: Connection, dest: Connection) -> bool:

@@ -45,7 +45,7 @@ by `tests/unit/test_seams.py`):
 
 A connection of an extension's kind (`kind` not CLIENT/INTERNAL) implements `forward(...)` (send a message
 as RMSG) and `unregister()` (called once when it closes); `memo_sub` stands in for a subscription in
-client fast-path entries.
+fast-path memo entries (`zonebus.server.fastpath`, where the memo format is).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The one routing point: where every published message goes, whatever connection kind it came from.
 
 `process_msg` matches the subject (cached), hands the message to each plain subscriber, picks one member per
-queue group, and forwards to routes/gateways that have interest; `_memoize` leaves the delivery list of a
-client's control line on it for the fast path (`zonebus.server.connection`). A base class of
+queue group, and forwards to routes/gateways that have interest; `fastpath.client_memo` leaves the delivery
+list of a client's control line on it for the fast path (`zonebus.server.fastpath`). A base class of
 `zonebus.server.server.Server`, whose attributes (sublist, accounts, hooks) it reads; it runs on the event
 loop thread, on the hot path.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
-from zonebus.protocol.client_parser import PubHeader
-from zonebus.protocol.route_parser import PLAIN, QUEUES_ONLY, RELAY, msg_line
+from zonebus.protocol.route_parser import PLAIN, QUEUES_ONLY, RELAY
 from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, LEAF, LINKS, ROUTE, Connection, link_allows
+from zonebus.server.fastpath import PubLine, client_memo, forget
 from zonebus.server.hooks import AccountForwarder, Forwarder, PublishInterceptor, QueuePicker, ZoneRelay
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
@@ -38,7 +38,7 @@ class MessageRouting:
     zone_relay: ZoneRelay | None
 
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                    queues: list[bytes] | None = None, memo_for: PubHeader | None = None,
+                    queues: list[bytes] | None = None, memo_for: PubLine | None = None,
                     account: Account | None = None, relayed: int = PLAIN) -> bool:
         """Deliver one message; `data` is the payload (header block included) plus CRLF.
 
@@ -59,12 +59,12 @@ class MessageRouting:
             if took is not None:
                 r, taken = took
                 if memo_for is not None:
-                    memo_for.memo = memo_for.qmemo = None
+                    forget(memo_for)
                     memo_for = None
                 if not r:
                     return taken
         if memo_for is not None:
-            self._memoize(src, memo_for, r)
+            client_memo(self, src, memo_for, r)
         fwd = self.forwarder  # e.g. gateways (a relay frame came over a route: gateways had their copy)
         if fwd is not None and src.kind != ROUTE and not relayed:
             r, took = fwd.take(src, subject, reply, hdr_len, data, queues, r)
@@ -86,7 +86,7 @@ class MessageRouting:
 
     def _process_in_account(self, src: Connection, acc: Account, subject: bytes, reply: bytes | None,
                             hdr_len: int, data: bytes, queues: list[bytes] | None,
-                            memo_for: PubHeader | None, relayed: int = PLAIN) -> bool:
+                            memo_for: PubLine | None, relayed: int = PLAIN) -> bool:
         """`process_msg` in an account other than `$G`: service imports first (for what clients publish),
         then the account's own subscribers in the cluster, and other clusters through the account forwarder
         (gateways). Durable queue groups and the zone router serve the global account only."""
@@ -103,7 +103,7 @@ class MessageRouting:
         if fwd is not None and src.kind != ROUTE and took is None and not relayed:
             r, delivered = fwd.take(src, subject, reply, hdr_len, data, queues, r, acc)
         elif memo_for is not None and fwd is None:
-            self._memoize(src, memo_for, r)
+            client_memo(self, src, memo_for, r)
         return self._finish(src, r, subject, reply, hdr_len, data, queues, acc, relayed, delivered)
 
     def deliver_in_cluster(self, src: Connection, r: MatchResult, subject: bytes, reply: bytes | None,
@@ -181,57 +181,6 @@ class MessageRouting:
             if mark == RELAY and conn not in routes:  # a relay without interest of its own
                 conn.forward(subject, reply, hdr_len, data, None, name, RELAY)
         return True
-
-    def _memoize(self, src: Connection, hdr: PubHeader, r: MatchResult) -> None:
-        """Remember the delivery list of a reply-less PUB line that reaches only plain client subs."""
-        if hdr.ledger_n and self.ledger is not None:
-            self.ledger.settle(src, hdr)
-        acc = src.account
-        hdr.gen = acc.sublist.generation
-        hdr.memo = hdr.qmemo = None
-        fwd = self.forwarder if acc is self.global_account else None
-        if hdr.reply is not None or hdr.hdr_len >= 0:
-            return
-        memo = self._memo_entries(src, hdr, r.psubs)
-        if memo is not None and self.zone_relay is not None:
-            memo = self.zone_relay.memo_entries(hdr.subject, hdr.size, acc.name, memo)
-        if memo is None or (fwd is not None and not fwd.memo_entries(hdr.subject, hdr.size, memo)):
-            return
-        if r.qsubs:
-            # queue groups: only on a lone server without a ledger (elsewhere the cluster policy, gateways
-            # and the decision counts need the full path); one member is drawn per message on the fast path
-            if self.queue_picker is not None or fwd is not None or self.ledger is not None:
-                return
-            qmemo = []
-            for group in r.qsubs:
-                entries = self._memo_entries(src, hdr, group)
-                if entries is None:
-                    return
-                if entries:
-                    qmemo.append(entries)
-            hdr.qmemo = qmemo
-        hdr.memo = memo
-
-    @staticmethod
-    def _memo_entries(src: Connection, hdr: PubHeader, subs: list[Subscription]) -> list[tuple] | None:
-        """(conn, line, sub) per client subscription (MSG) and per route with interest (RMSG), or None when
-        one of them needs the full path."""
-        entries = []
-        routes: set[Connection] = set()
-        for sub in subs:
-            conn = sub.conn
-            if conn.kind in LINKS and sub.queue is None:  # one RMSG per route (or worker) with interest
-                if conn not in routes:
-                    routes.add(conn)
-                    entries.append((conn, msg_line(src.account.name, hdr.subject, None, None, -1, hdr.size),
-                                    conn.memo_sub))
-                continue
-            if conn.kind != CLIENT or sub.max_msgs or (conn.perms is not None and conn.perms.deliver_deny):
-                return None
-            if conn is src and not src.echo:
-                continue
-            entries.append((conn, b"MSG %b %b %d\r\n" % (hdr.subject, sub.sid, hdr.size), sub))
-        return entries
 
     def _route_queues(self, src: Connection, groups: list[list[Subscription]], routes, subject: bytes,
                       reply: bytes | None, hdr_len: int, data: bytes, echo: bool, only=None):
