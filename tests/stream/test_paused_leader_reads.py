@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import urllib.request
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from nats.js.api import Placement
 
 from tests.stream.kit_cluster import api, start_cluster, wait_meta_leader
+from zonebus.testing.nemesis import send_signal, server_pids
 from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, stop_all
 
@@ -36,17 +36,6 @@ def _meta_leader(server: ServerProcess) -> str | None:
             urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/jsz", timeout=2) as r:
         return (json.loads(r.read()).get("meta_cluster") or {}).get("leader") or None
     return None
-
-
-def _pids(server: ServerProcess) -> list[int]:
-    pids = server.worker_pids() if server.worker_count() > 1 else []
-    return ([server.proc.pid] if server.proc is not None else []) + pids
-
-
-def _signal(pids: list[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
 
 
 async def test_resumed_leader_does_not_read_its_old_state(tmp_path: Path) -> None:
@@ -73,8 +62,8 @@ async def test_resumed_leader_does_not_read_its_old_state(tmp_path: Path) -> Non
         got = json.loads((await a.request("$JS.API.STREAM.MSG.GET.KVP", b'{"last_by_subj":"kvp.k"}', timeout=5)).data)
         assert got["message"]["seq"] == 1, got
 
-        paused = _pids(old)
-        _signal(paused, signal.SIGSTOP)
+        paused = server_pids(old)
+        send_signal(paused, signal.SIGSTOP)
 
         async def moved() -> str | None:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
@@ -108,7 +97,7 @@ async def test_resumed_leader_does_not_read_its_old_state(tmp_path: Path) -> Non
 
         reader = asyncio.create_task(reads())
         await asyncio.sleep(0.3)  # (the first request reaches the stopped server's socket buffer)
-        _signal(paused, signal.SIGCONT)
+        send_signal(paused, signal.SIGCONT)
         paused = []
         await reader
         seqs = [x["message"]["seq"] for x in answers if "message" in x]
@@ -122,5 +111,5 @@ async def test_resumed_leader_does_not_read_its_old_state(tmp_path: Path) -> Non
         for c in (a, b, nc):
             await c.close()
     finally:
-        _signal(paused, signal.SIGCONT)
+        send_signal(paused, signal.SIGCONT)
         stop_all(servers)

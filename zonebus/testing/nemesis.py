@@ -85,12 +85,12 @@ class Nemesis:
             await asyncio.sleep(seconds)
             await asyncio.to_thread(server.start, 60.0)
         elif kind == "pause":
-            pids = self._pids(self.servers[target])
-            _signal(pids, signal.SIGSTOP)
+            pids = server_pids(self.servers[target])
+            send_signal(pids, signal.SIGSTOP)
             try:
                 await asyncio.sleep(max(seconds, self.failover + 2.0))
             finally:
-                _signal(pids, signal.SIGCONT)
+                send_signal(pids, signal.SIGCONT)
         elif kind == "s3-slow":
             assert self.proxy is not None
             before = await asyncio.to_thread(self.proxy.latency)
@@ -117,10 +117,6 @@ class Nemesis:
         self.faults.append(f)
         return f
 
-    @staticmethod
-    def _pids(server: ServerProcess) -> list[int]:
-        pids = server.worker_pids() if server.worker_count() > 1 else []
-        return ([server.proc.pid] if server.proc is not None else []) + pids
 
     async def run(self, kinds: list[str], seconds: float, quiet: float = 3.0, fault_seconds: float = 5.0,
                   progress: Callable[[str], None] = lambda _m: None) -> list[Fault]:
@@ -135,7 +131,13 @@ class Nemesis:
         return self.faults
 
 
-def _signal(pids: list[int], sig: int) -> None:
+def server_pids(server: ServerProcess) -> list[int]:
+    """The server's process and its workers' (what a pause stops)."""
+    pids = server.worker_pids() if server.worker_count() > 1 else []
+    return ([server.proc.pid] if server.proc is not None else []) + pids
+
+
+def send_signal(pids: list[int], sig: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
