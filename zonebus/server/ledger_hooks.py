@@ -26,6 +26,7 @@ handover they are scaled by the link's wire bytes per protocol byte in that wind
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, LEAF, 
 if TYPE_CHECKING:
     from zonebus.server.server import Server
 
+log = logging.getLogger("zonebus.ledger")
 ACCOUNT_NAME = ACCOUNT.decode()
 DEFAULT_DIR = "zonebus-data"
 SERVER_LINKS = (ROUTE, GATEWAY, LEAF)  # both ends keep a ledger: a copy is counted where it was sent
@@ -197,7 +199,10 @@ class LedgerHooks:
             await asyncio.sleep(max(0.0, boundary - time.time()))
             window = self.window
             self.window = window_start_for(time.time(), interval)
-            self.handover(window)
+            try:
+                self.handover(window)
+            except Exception:  # one bad window must not stop the counting of every later one
+                log.exception("ledger: the handover of window %s failed", window)
 
     def handover(self, window: float) -> None:
         server = self.server
