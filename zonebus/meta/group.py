@@ -96,6 +96,7 @@ class MetaGroup:
         self._last_tick = 0.0  # monotonic time of the last tick (`lease`)
         self._resumed_at = 0.0  # ... of the first tick after the last stall
         self._stalled_for = 0.0  # how long that stall lasted
+        self._unsure = False  # a stall or a lost majority since this server last followed a meta leader (`lease`)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
 
@@ -178,23 +179,51 @@ class MetaGroup:
         """Whether the applied state can be trusted to say what this server leads, for a read it answers as the
         leader (`STREAM.MSG.GET`). The meta leader moves what a server led once it has not heard from it for
         `timing.failover`; a server that was stopped (SIGSTOP, a VM pause) or cut off meanwhile may still think
-        it leads, and would answer from an old state while another server takes newer writes. So: no stall is
-        under way (the ticker ran within `STALL`), a majority of the group (this server included) was heard
-        from within `timing.failover / 2`, counting only frames read at least `FRESH_GAP` after the last stall;
-        and after a stall longer than that half, `4 x timing.heartbeat` have passed since, for the meta
-        leader's decisions of the meantime to arrive and be applied. A group of one always holds it."""
+        it leads, and would answer from an old state while another server takes newer writes. So:
+        - no stall is under way (the ticker ran within `STALL`), and after a stall longer than `failover / 2`,
+          `4 x timing.heartbeat` have passed;
+        - a majority of the group (this server included) was heard from within `timing.failover / 2`, counting
+          only frames read at least `FRESH_GAP` after the last stall;
+        - this server leads the meta group, or it follows a meta leader it heard from as freshly and has applied
+          everything that leader said was committed (a server that was behind, after a stall or a partition,
+          may need many heartbeats to catch up: until then it may not know that its streams moved);
+        - with no meta leader known (an election), only a server that has not been unsure since it last
+          followed a leader (no stall, no lost majority).
+        A group of one always holds it."""
         members = len(self.membership.members)
         if members <= 1 or self._sync is None:
             return members <= 1
         now = time.monotonic()
-        half = self.timing.failover / 2
         if now - self._last_tick > STALL:
             return False
-        if self._resumed_at and self._stalled_for > half and now - self._resumed_at < 4 * self.timing.heartbeat:
+        if self._resumed_at and self._stalled_for > self.timing.failover / 2 \
+                and now - self._resumed_at < 4 * self.timing.heartbeat:
             return False
-        since = max(now - half, self._resumed_at + FRESH_GAP if self._resumed_at else 0.0)
+        if not self._majority_heard(now):
+            return False
+        if self.is_leader:
+            return True
+        if self._sync.leader_name() is not None:
+            return self._follows_fresh_leader(now)
+        return not self._unsure
+
+    def _fresh_since(self, now: float) -> float:
+        """Frames read after this (monotonic) time count as fresh contact."""
+        return max(now - self.timing.failover / 2, self._resumed_at + FRESH_GAP if self._resumed_at else 0.0)
+
+    def _majority_heard(self, now: float) -> bool:
+        since = self._fresh_since(now)
         heard = 1 + sum(1 for p in self.transport.peers.values() if p.last_seen is not None and p.last_seen > since)
-        return heard * 2 > members
+        return heard * 2 > len(self.membership.members)
+
+    def _follows_fresh_leader(self, now: float) -> bool:
+        """A meta leader is known, was heard from freshly, and everything it committed is applied here."""
+        assert self._sync is not None
+        leader = self._sync.leader_name()
+        peer = self.transport.peers.get(leader) if leader is not None else None
+        if peer is None or peer.last_seen is None or peer.last_seen <= self._fresh_since(now):
+            return False
+        return self._sync.applied_leaders_commit()
 
     async def wait_lease(self, timeout: float) -> bool:
         """Until `lease()` holds (True) or `timeout` seconds passed (False)."""
@@ -457,6 +486,7 @@ class MetaGroup:
             self._resumed_at, self._stalled_for = now, now - self._last_tick
             log.warning("meta: %s did not run for %.1f s; leader reads wait for the meta group (lease)",
                         self.name, self._stalled_for)
+            self._unsure = True
         self._last_tick = now
         if self._sync is None:
             return
@@ -466,8 +496,18 @@ class MetaGroup:
             self.transport.tick()
             self._sync.doTick(0)
             self._after_tick()
+            self._track_sureness(now)
         except Exception:  # the ticker must survive anything one tick does
             log.exception("meta: tick failed on %s", self.name)
+
+    def _track_sureness(self, now: float) -> None:
+        """`lease`'s memory: unsure from a lost majority (or a stall) until a meta leader was followed again."""
+        if len(self.membership.members) <= 1:
+            return
+        if not self._majority_heard(now):
+            self._unsure = True
+        elif self._unsure and (self.is_leader or self._follows_fresh_leader(now)):
+            self._unsure = False
 
     def _after_tick(self) -> None:
         leader = self.leader

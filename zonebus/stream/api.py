@@ -8,6 +8,7 @@ description}}` with nats-server's texts; no request can crash the service.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import secrets
 import string
@@ -36,6 +37,16 @@ _NAME_CHARS = string.ascii_letters + string.digits
 
 def _ephemeral_name() -> str:
     return "".join(secrets.choice(_NAME_CHARS) for _ in range(8))
+
+
+def reply_json(kind: str, body: dict[str, Any]) -> bytes:
+    """An API answer of type `kind` (`io.nats.jetstream.api.v1.<kind>`) with `body`, as the wire's JSON."""
+    return json.dumps({"type": PREFIX + kind, **body}, separators=(",", ":")).encode()
+
+
+def error_json(kind: str, err: JSError) -> bytes:
+    """An API error answer of type `kind`, as the wire's JSON."""
+    return reply_json(kind, {"error": err.to_dict()})
 
 
 class JSApi:

@@ -36,9 +36,10 @@ from zonebus.meta import MetaError, MetaGroup, MetaTiming, NoQuorum, RoutePeer, 
 from zonebus.protocol.jserrors import JSError
 from zonebus.server.internal import InternalClient
 from zonebus.stream import direct, stream_config
+from zonebus.stream.api import error_json, reply_json
 from zonebus.stream.clusterforward import API, ApiForwarding
 from zonebus.stream.clusterleaders import StreamLeadership
-from zonebus.stream.clusterlists import FORWARD, PROPOSE_TIMEOUT, StreamLists, _error, _reply
+from zonebus.stream.clusterlists import FORWARD, PROPOSE_TIMEOUT, StreamLists
 from zonebus.stream.clusterstepdown import CONSUMER_STEPDOWN, Stepdowns
 from zonebus.stream.hooks import ApiHook, MetaFormedHook
 from zonebus.stream.routed import RoutedDeliveries
@@ -197,7 +198,7 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
         if toks[:3] == CONSUMER_STEPDOWN:  # served by the stream's leader, which knows its consumers
             if len(toks) == 5:  # (nats-server answers no other shape)
                 if self.meta is None or self.meta.leader is None:
-                    self.svc.send(reply, _error("consumer_leader_stepdown_response", NoQuorum("no meta leader")))
+                    self.svc.send(reply, error_json("consumer_leader_stepdown_response", NoQuorum("no meta leader")))
                 else:
                     self.to_leader(toks[3], subject, reply, headers, payload, "consumer_leader_stepdown_response")
             return
@@ -211,7 +212,7 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
         meta = self.meta
         if meta is None or meta.leader is None or self.name not in meta.state.peers:  # not placeable yet
             if route is not None or toks[:3] == ["CONSUMER", "MSG", "NEXT"]:
-                self.svc.send(reply, _error(kind or "api_response", NoQuorum("no meta leader")))
+                self.svc.send(reply, error_json(kind or "api_response", NoQuorum("no meta leader")))
             return
         if toks == ["INFO"] or route is None and toks[:3] != ["CONSUMER", "MSG", "NEXT"]:
             self.svc._on_api(subject, reply, headers, payload)
@@ -261,7 +262,7 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
                 result = await self._propose({"op": "stream_create", "name": name, "config": cfg})
                 existed = bool(result.get("existed"))
         except (JSError, MetaError) as err:
-            self.svc.send(reply, _error(kind, err))
+            self.svc.send(reply, error_json(kind, err))
             return
         # the leader answers the client with the stream's info once it serves the stream
         self.to_leader(name, f"{API}STREAM.{op}.{name}", reply, headers, payload, kind, existed)
@@ -270,7 +271,7 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
         try:
             await self._propose({"op": "stream_delete", "name": name})
         except (JSError, MetaError) as err:
-            self.svc.send(reply, _error(kind, err))
+            self.svc.send(reply, error_json(kind, err))
             return
-        self.svc.send(reply, _reply(kind, {"success": True}))
+        self.svc.send(reply, reply_json(kind, {"success": True}))
 

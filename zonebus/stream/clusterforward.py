@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from zonebus.meta import NoQuorum, server_hash
 from zonebus.protocol.jserrors import JSError
-from zonebus.stream.clusterlists import FORWARD, _error
+from zonebus.stream.api import error_json
+from zonebus.stream.clusterlists import FORWARD
 from zonebus.stream.clusterstepdown import CONSUMER_STEPDOWN
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class ApiForwarding:
         rec = self.meta.state.streams.get(name) if self.meta is not None else None
         if rec is None:
             if kind:
-                self.svc.send(reply, _error(kind, JSError("stream_not_found")))
+                self.svc.send(reply, error_json(kind, JSError("stream_not_found")))
             return
         if rec.leader == self.name:
             self._spawn(self._serve_local(name, subject, reply, headers, payload, existed))
@@ -59,14 +60,14 @@ class ApiForwarding:
             if why and reply:
                 err = JSError("stream_store_failed", err=f"stream {name} is unavailable: its shared store is "
                                                          f"damaged ({why})")
-                self.svc.send(reply, _error(route[0] if route else "api_response", err))
+                self.svc.send(reply, error_json(route[0] if route else "api_response", err))
             return
         toks = subject.split(".")[2:]
         if toks[:3] == ["STREAM", "MSG", "GET"] and self.meta is not None and not self.meta.lease():
             # a read answered as the leader, only while the meta group's view of who leads can be trusted: back
             # from a pause, this server may still think it leads a stream that moved (`MetaGroup.lease`)
             if not await self.meta.wait_lease(2 * self.meta.timing.failover):
-                self.svc.send(reply, _error("stream_msg_get_response", NoQuorum("no meta group majority")))
+                self.svc.send(reply, error_json("stream_msg_get_response", NoQuorum("no meta group majority")))
                 return
             rec = self.meta.state.streams.get(name)
             if rec is None or rec.leader != self.name:

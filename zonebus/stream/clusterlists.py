@@ -3,8 +3,8 @@
 `STREAM.NAMES` is answered from the meta group's records alone; `STREAM.LIST` asks each stream's leader for
 the infos of the streams it leads (one forwarded request per leader, `$JSC.<server hash>.LIST`, gathered for
 at most `GATHER_TIMEOUT` seconds) and names the streams whose leader did not answer under `missing`, as
-nats-server does. Also what the cluster's API modules share: the reply helpers, the forward prefix and the
-proposal timeout.
+nats-server does. Also what the cluster's API modules share: the forward prefix and the proposal timeout (the
+reply helpers are `api.reply_json` and `api.error_json`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.meta import server_hash
 from zonebus.protocol.jserrors import JSError
 from zonebus.stream import api as jsapi
+from zonebus.stream.api import error_json, reply_json
 from zonebus.subjects.patterns import overlaps
 
 if TYPE_CHECKING:
@@ -23,14 +24,6 @@ if TYPE_CHECKING:
 FORWARD = "$JSC."  # API requests forwarded to another server of the cluster
 GATHER_TIMEOUT = 2.0
 PROPOSE_TIMEOUT = 4.0  # seconds a meta group proposal may take (nats-py waits 5 s for an API answer)
-
-
-def _reply(kind: str, body: dict[str, Any]) -> bytes:
-    return json.dumps({"type": jsapi.PREFIX + kind, **body}, separators=(",", ":")).encode()
-
-
-def _error(kind: str, err: JSError) -> bytes:
-    return _reply(kind, {"error": err.to_dict()})
 
 
 class StreamLists:
@@ -48,9 +41,9 @@ class StreamLists:
         try:
             names, off = self._matching(payload)
         except JSError as err:
-            return _error(kind, err)
+            return error_json(kind, err)
         page = names[off : off + jsapi.NAMES_LIMIT]
-        return _reply(kind, {"total": len(names), "offset": off, "limit": jsapi.NAMES_LIMIT, "streams": page})
+        return reply_json(kind, {"total": len(names), "offset": off, "limit": jsapi.NAMES_LIMIT, "streams": page})
 
     def _local_infos(self: ClusteredJetStream, payload: bytes) -> list[dict[str, Any]]:
         names = set(json.loads(payload or b"[]"))
@@ -60,7 +53,7 @@ class StreamLists:
         try:
             names, off = self._matching(payload)
         except JSError as err:
-            self.svc.send(reply, _error(kind, err))
+            self.svc.send(reply, error_json(kind, err))
             return
         page = names[off : off + jsapi.LIST_LIMIT]
         streams = self.meta.state.streams if self.meta is not None else {}
@@ -82,4 +75,4 @@ class StreamLists:
         body: dict[str, Any] = {"total": len(names), "offset": off, "limit": jsapi.LIST_LIMIT, "streams": infos}
         if missing:
             body["missing"] = missing
-        self.svc.send(reply, _reply(kind, body))
+        self.svc.send(reply, reply_json(kind, body))

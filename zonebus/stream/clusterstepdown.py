@@ -16,7 +16,8 @@ from zonebus.meta import MetaError, NoQuorum
 from zonebus.meta.assign import matches
 from zonebus.meta.state import StreamRecord
 from zonebus.protocol.jserrors import JSError
-from zonebus.stream.clusterlists import PROPOSE_TIMEOUT, _error, _reply
+from zonebus.stream.api import error_json, reply_json
+from zonebus.stream.clusterlists import PROPOSE_TIMEOUT
 
 if TYPE_CHECKING:
     from zonebus.stream.cluster import ClusteredJetStream
@@ -53,9 +54,9 @@ class Stepdowns:
         try:
             await self._propose({"op": "stream_stepdown", "name": name})
         except (JSError, MetaError) as err:
-            self.svc.send(reply, _error(kind, err))
+            self.svc.send(reply, error_json(kind, err))
             return
-        self.svc.send(reply, _reply(kind, {"success": True}))
+        self.svc.send(reply, reply_json(kind, {"success": True}))
 
     async def _consumer_stepdown(self: ClusteredJetStream, name: str, consumer: str, payload: bytes,
                                  reply: str) -> None:
@@ -70,7 +71,7 @@ class Stepdowns:
             if cons is None:
                 raise JSError("consumer_not_found")
             if not rec.standbys or cons.cfg.get("num_replicas") == 1:
-                self.svc.send(reply, _reply(kind, {"success": True}))  # no group to hand over to: nothing moves
+                self.svc.send(reply, reply_json(kind, {"success": True}))  # no group to hand over to: nothing moves
                 return
             target = self._stepdown_target(rec, _stepdown_placement(payload))
             if target is not None:
@@ -79,9 +80,9 @@ class Stepdowns:
                 await self._propose({"op": "stream_move", "name": name, "from_epoch": rec.epoch, "leader": target,
                                      "standbys": standbys, "honoured": honoured})
         except (JSError, MetaError) as err:
-            self.svc.send(reply, _error(kind, err))
+            self.svc.send(reply, error_json(kind, err))
             return
-        self.svc.send(reply, _reply(kind, {"success": True}))
+        self.svc.send(reply, reply_json(kind, {"success": True}))
 
     def _stepdown_target(self: ClusteredJetStream, rec: StreamRecord, placement: dict[str, Any] | None) -> str | None:
         """The standby a stepdown hands `rec` to (nats-server's rules for a preferred placement); None when no
@@ -114,6 +115,6 @@ class Stepdowns:
                 raise NoQuorum("meta group not formed")
             await self.meta.stepdown(PROPOSE_TIMEOUT)
         except (JSError, MetaError) as err:
-            self.svc.send(reply, _error(kind, err))
+            self.svc.send(reply, error_json(kind, err))
             return
-        self.svc.send(reply, _reply(kind, {"success": True}))
+        self.svc.send(reply, reply_json(kind, {"success": True}))

@@ -15,7 +15,7 @@ import json
 from typing import TYPE_CHECKING
 
 from zonebus.protocol.jserrors import JSError
-from zonebus.stream.api import PREFIX
+from zonebus.stream.api import error_json
 
 if TYPE_CHECKING:
     from zonebus.stream.service import JetStreamService
@@ -49,9 +49,7 @@ async def answer_when_visible(svc: JetStreamService, stream: Stream, subject: st
     deadline = loop.time() + VISIBLE_WAIT
     while stream.store.visible_seq() < target and not stream.closed:
         if loop.time() >= deadline:
-            err = JSError("cluster_not_avail")
-            body = {"type": PREFIX + "stream_msg_get_response", "error": err.to_dict()}
-            svc.send(reply, json.dumps(body, separators=(",", ":")).encode())
+            svc.send(reply, error_json("stream_msg_get_response", JSError("cluster_not_avail")))
             return
         await asyncio.sleep(POLL)
     resp = svc.api.handle(subject, payload)
