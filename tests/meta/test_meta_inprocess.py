@@ -111,3 +111,52 @@ async def test_a_lone_server_leads_itself_and_replays_its_journal_on_restart(tmp
     with pytest.raises(MembershipError):
         MetaGroup(server_name="solo", cluster_name="c1", membership=Membership.of(["solo", "other"]),
                   store_dir=tmp_path, send_bytes=lambda _peer, _payload: False).start()
+
+
+@pytest.mark.timeout(60)
+async def test_a_server_catching_up_holds_no_lease_until_it_applied_the_leaders_commits(tmp_path: Path) -> None:
+    """A follower cut off while the meta group committed ~1 MB of changes hears a majority as soon as it is back,
+    but needs several heartbeats to catch up (the leader sends its log in 256 KiB batches): until it applied all
+    that the leader committed, `lease` is False (it could still believe it leads streams that moved meanwhile)."""
+    links = Links()
+    membership = Membership.of(NAMES)
+    for name in NAMES:
+        links.groups[name] = MetaGroup(server_name=name, cluster_name="c1", membership=membership,
+                                       store_dir=tmp_path / name, send_bytes=links.sender(name),
+                                       tags=[f"az:{name}"], timing=MetaTiming(failover=4.0))
+    for name in NAMES:
+        for other in NAMES:
+            if other != name:
+                links.groups[name].peer_up(other)
+    for group in links.groups.values():
+        group.start()
+    try:
+        leader_name = await until(lambda: {g.leader for g in links.groups.values()} == {links.groups["a"].leader}
+                                  and links.groups["a"].leader, "a leader", timeout=10, interval=0.02)
+        leader = links.groups[leader_name]
+        behind = links.groups[next(n for n in NAMES if n != leader_name)]
+        await until(behind.lease, "the follower's lease before the cut", timeout=10, interval=0.02)
+        links.isolate(behind.name)
+        await until(lambda: not behind.lease(), "the cut-off follower losing its lease", timeout=10, interval=0.02)
+        n = 240
+        for i in range(n):
+            await leader.propose({"op": "stream_create", "name": f"S{i}",
+                                  "config": {"num_replicas": 1, "description": f"{i:05d}" * 800}})
+        links.cut.discard(behind.name)
+        for other in NAMES:
+            if other != behind.name:
+                links.groups[other].peer_up(behind.name)
+                behind.peer_up(other)
+        early: list[int] = []  # streams the follower had applied whenever it held the lease while catching up
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while len(behind.state.streams) < n and loop.time() < deadline:
+            if behind.lease():
+                early.append(len(behind.state.streams))
+            await asyncio.sleep(0.002)
+        assert len(behind.state.streams) == n, f"the follower did not catch up: {len(behind.state.streams)} of {n}"
+        assert not early, f"lease held while {min(early)} of {n} changes were applied ({len(early)} looks)"
+        await until(behind.lease, "the lease once caught up", timeout=10, interval=0.02)
+    finally:
+        for group in links.groups.values():
+            await group.stop()

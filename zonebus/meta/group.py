@@ -217,13 +217,14 @@ class MetaGroup:
         return heard * 2 > len(self.membership.members)
 
     def _follows_fresh_leader(self, now: float) -> bool:
-        """A meta leader is known, was heard from freshly, and everything it committed is applied here."""
+        """A meta leader is known, its last append_entries here is fresh, and everything that one said was
+        committed is applied here."""
         assert self._sync is not None
         leader = self._sync.leader_name()
         peer = self.transport.peers.get(leader) if leader is not None else None
-        if peer is None or peer.last_seen is None or peer.last_seen <= self._fresh_since(now):
+        if peer is None or peer.append_at is None or peer.append_at <= self._fresh_since(now):
             return False
-        return self._sync.applied_leaders_commit()
+        return self._sync.raftLastApplied >= peer.append_commit
 
     async def wait_lease(self, timeout: float) -> bool:
         """Until `lease()` holds (True) or `timeout` seconds passed (False)."""

@@ -147,9 +147,3 @@ class MetaSyncObj(SyncObj):
 
     def is_leader(self) -> bool:
         return self._isLeader()
-
-    def applied_leaders_commit(self) -> bool:
-        """Everything the meta leader said was committed (in its last append_entries here) is applied here;
-        False before any leader spoke. (`getStatus` is pysyncobj's public view of that commit index.)"""
-        commit = self.getStatus().get("leader_commit_idx")
-        return commit is not None and self.raftLastApplied >= commit

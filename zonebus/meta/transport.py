@@ -43,6 +43,8 @@ class _Peer:
     last_ping: float = 0.0
     mismatch: str = ""  # the fingerprint of the peer's differing member list
     dropped: int = 0  # frames refused since the link came up
+    append_at: float | None = None  # when its last append_entries came (what a leader sends every heartbeat)
+    append_commit: int = 0  # the commit index that append_entries carried
 
 
 class LinkTransport(Transport):
@@ -110,6 +112,8 @@ class LinkTransport(Transport):
             if reason is not None:
                 self._drop(name, peer, reason)
             else:
+                if message.get("type") == "append_entries":
+                    peer.append_at, peer.append_commit = peer.last_seen, int(message.get("commit_index") or 0)
                 self._onMessageReceived(self.nodes[name], message)
         elif kind in ("req", "resp"):
             if self._on_app_frame is not None:
