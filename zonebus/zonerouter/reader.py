@@ -213,7 +213,7 @@ class Reader:
         try:
             if self.send(leader, rf.Sync(sid, stream).encode()):
                 synced: rf.Synced = await asyncio.wait_for(fut, SYNC_TIMEOUT)
-                if synced.status == rf.SNAP_OK and await snap.caught_up(synced.batch, synced.offset):
+                if synced.status == rf.SNAP_OK and await snap.caught_up(synced.batch, synced.offset, synced.epoch):
                     resp = await snap.msg_get(subject, payload)
         except Exception as exc:  # (a timeout among them) the leader answers
             log.info("zone router: message get on %s goes to the leader: %r", stream, exc)

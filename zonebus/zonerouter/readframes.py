@@ -22,7 +22,8 @@ Cross zones (proxy <-> leader), all small:
 - 12 sync (proxy -> leader): sync id u64, stream: which batch must a read see (a `STREAM.MSG.GET`);
 - 13 synced (leader -> proxy): sync id u64, status u8 (0 ok, 1 not led here), batch u64 (the stream's newest
   batch: the view must have applied every batch up to it to show every change the leader made so far), then
-  (optional) offset u32: of that batch, the bytes a replicated tail must hold.
+  (optional) offset u32 and writer epoch u64: of that batch, the bytes a replicated tail must hold, written by
+  that writer (after a failover the new writer's tail has other bytes at the same offsets).
 
 Inside one zone:
 - 11 API hand-off (a server -> its zone's proxy): a client's pull request or ack, as subject, reply,
@@ -192,16 +193,18 @@ class Synced:
     status: int
     batch: int = 0
     offset: int = 0  # a replicated tail: the bytes of `batch` the view must hold (0: all of it)
+    epoch: int = 0  # ... written by this writer (byte offsets of two writers' tails do not compare; 0: unknown)
 
     def encode(self) -> bytes:
-        tail = _U32.pack(self.offset) if self.offset else b""
+        tail = _U32.pack(self.offset) + _U64.pack(self.epoch) if self.offset else b""
         return _head(SYNCED) + _SYNCED.pack(self.sid, self.status, self.batch) + tail
 
     @classmethod
     def decode(cls, frame: bytes) -> Synced:
         r = _Reader(frame)
         sid, status, batch = r.take(_SYNCED)
-        return cls(sid, status, batch, r.take(_U32)[0] if r.left() else 0)
+        offset = r.take(_U32)[0] if r.left() else 0
+        return cls(sid, status, batch, offset, r.take(_U64)[0] if r.left() else 0)
 
 
 @dataclass(frozen=True)

@@ -374,7 +374,7 @@ class ReadServer:
             answer = rf.Synced(sync.sid, rf.SNAP_NOT_LEADER)
         elif store.tiered:  # a replicated tail: the view must hold the records written so far
             b, off = store.tail_position()
-            answer = rf.Synced(sync.sid, rf.SNAP_OK, b if off else b - 1, off)
+            answer = rf.Synced(sync.sid, rf.SNAP_OK, b if off else b - 1, off, store.epoch)
         else:  # the newest batch (maybe still open): it holds the last change made here (a publish, a delete)
             answer = rf.Synced(sync.sid, rf.SNAP_OK, max(store.durable_batch, max(store.batch_first, default=0)))
         self.stats["syncs"] += 1

@@ -252,23 +252,29 @@ class Snapshot:
                 await asyncio.wait_for(self._changed.wait(), max(deadline - time.monotonic(), 0.001))
         return await self._in_thread(self._read, seqs)
 
-    def _has(self, batch: int, offset: int) -> bool:
-        return self.next_batch > batch or (offset > 0 and self.next_batch == batch and self.part[1] >= offset)
+    def has(self, batch: int, offset: int = 0, epoch: int = 0) -> bool:
+        """The view holds every batch before `batch` and all of it (`offset` 0), or that many bytes of its
+        replicated tail as written by the writer of `epoch` (0: any writer; a new writer's tail after a
+        failover has other bytes at the same offsets: an older writer's part does not count)."""
+        if self.next_batch > batch:
+            return True
+        return (offset > 0 and self.next_batch == batch and self.part[1] >= offset
+                and (not epoch or self.part[0] == epoch))
 
-    async def caught_up(self, batch: int, offset: int = 0) -> bool:
-        """Wait until the view applied every batch up to `batch` (or, `offset` > 0, that many bytes of it from the
-        replicated tail; the poll brings them; after `WAIT`, a listing); False when it still has not."""
+    async def caught_up(self, batch: int, offset: int = 0, epoch: int = 0) -> bool:
+        """Wait until the view `has` that position (the poll brings it; after `WAIT`, a listing); False when it
+        still has not."""
         self.used = time.monotonic()
         if not self.loaded.is_set():
             await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
         deadline = time.monotonic() + WAIT
-        while not self._has(batch, offset) and time.monotonic() < deadline:
+        while not self.has(batch, offset, epoch) and time.monotonic() < deadline:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), max(deadline - time.monotonic(), 0.001))
-        if not self._has(batch, offset):
+        if not self.has(batch, offset, epoch):
             await self._in_thread(self._refresh)
-        return self._has(batch, offset)
+        return self.has(batch, offset, epoch)
 
     def _refresh(self) -> None:
         self.view.refresh()
