@@ -13,6 +13,8 @@ them through the core's hooks (`zonebus.server.hooks`); the core never imports a
 - gateways (`gateway {}`): the forwarder (messages to other clusters), an interest watcher, `/gatewayz`,
   the `gateway` section of `/varz`; told about the cluster for gossip and replies;
 - leaf nodes (`leafnodes {}`): an interest and account watcher, `/leafz`, the `leaf` section of `/varz`;
+  wired (and so started) before the cluster, as nats-server starts its leafnode listener before routing: the
+  first route INFO carries the leafnode URL; joined to the cluster for the peers' leafnode URLs;
 - JetStream (`jetstream {}`): an internal client of the server, `jetstream: true` in INFO; in a cluster the
   clustered layer (`zonebus.stream.cluster`: meta group on the routes' channels, streams on shared storage);
 - durable queue groups (`queue_groups {}`): in a cluster always (peers may push deliveries here), on a lone
@@ -105,15 +107,15 @@ class Node:
         self.queues: QueueService | None = None
         self.queues_wired: Callable[[QueueService], None] | None = None  # e.g. a worker joins it to its mesh
         self.zone_router: ZoneRouter | None = None
+        if opts.leafnodes.port or opts.leafnodes.remotes:  # (first: its listener's URL goes in route INFO)
+            self._wire_leafnodes()
+        server.pages["/leafz"] = self._leafz
         if opts.cluster.port or opts.cluster.routes:
             self._wire_cluster()
         server.pages["/routez"] = self._routez
         if opts.gateway.name or opts.gateway.port or opts.gateway.gateways:
             self._wire_gateway()
         server.pages["/gatewayz"] = self._gatewayz
-        if opts.leafnodes.port or opts.leafnodes.remotes:
-            self._wire_leafnodes()
-        server.pages["/leafz"] = self._leafz
         if self.cluster is not None:
             self._wire_routed_deliveries()
         if opts.jetstream.enabled and self.cluster is not None:
@@ -147,6 +149,8 @@ class Node:
         server.connect_urls = cluster.client_connect_urls
         server.varz_sections["cluster"] = lambda: varz_cluster(cluster)
         server.reload_hooks.append(cluster.reloaded)
+        if self.leaf is not None:  # the peers' leafnode URLs for this server's leaf nodes, and its own for them
+            self.leaf.join_cluster(cluster)
 
     def _wire_gateway(self) -> None:
         from zonebus.gateway.manager import GatewayManager

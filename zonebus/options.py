@@ -131,6 +131,10 @@ class LeafNodeOptions:
     tls: TLSOptions | None = None  # tls {}: accepted leaf nodes do TLS after this side's INFO
     compression: CompressionOptions = field(default_factory=lambda: CompressionOptions(mode="s2_auto"))
     reconnect_interval: float = 1.0  # seconds between two dials of a remote (nats-server's default)
+    advertise: str = ""  # host[:port] told to leaf nodes (INFO `leafnode_urls`) and routes instead of the listener's
+    no_advertise: bool = False  # routes are not told this server's leafnode URL (their leaf nodes do not learn it)
+    min_version: str = ""  # accepted leaf nodes must report this version or later in their CONNECT
+    write_deadline: float = 0.0  # seconds a blocked write to a leaf connection may take; 0: the top-level one
 
 
 @dataclass
@@ -289,7 +293,7 @@ class AccountLimits:
     max_connections: int = -1
     max_subscriptions: int = -1
     max_payload: int = -1
-    max_leafnodes: int = -1  # accepted; zonebus has no leaf node connections
+    max_leafnodes: int = -1  # accepted; not enforced (leaf connections are not counted per account)
 
     @property
     def any(self) -> bool:

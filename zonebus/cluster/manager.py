@@ -8,8 +8,10 @@ Two routes to one peer (both sides dialled at once) are resolved the same way on
 dialled by the server with the smaller server_id.
 
 It is an extension of the server core (`zonebus.server.hooks`): it watches local interest, picks queue
-members (`pick_queue_member`), gives clients the cluster's `connect_urls`, and offers the routes' channels
-(`channels`, `zonebus.link.channels`) to other extensions. Monitoring lives in `monitoring.py`.
+members (`pick_queue_member`), gives clients the cluster's `connect_urls` and the leaf layer the peers'
+leafnode URLs (`peer_leafnode_urls`, `on_leafnode_urls`), carries other extensions' fields in its route INFO
+(`set_info_extra`), and offers the routes' channels (`channels`, `zonebus.link.channels`) to other
+extensions. Monitoring lives in `monitoring.py`.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class ClusterManager:
         self.on_gateway_gossip: Callable[[Any], None] | None = None  # set by the gateway layer when there is one
         self.channels = LinkChannels()
         self.info_extras: dict[str, Any] = {}  # fields other extensions add to this server's route INFO
+        # the leaf layer's: told when the peers' leafnode URLs (`peer_leafnode_urls`) may have changed
+        self.on_leafnode_urls: Callable[[], None] | None = None
         # configured route URL -> (server name found there, whether it runs JetStream); ours for a self-seed
         self.configured_peers: dict[str, tuple[str, bool]] = {}
         self.zone_local_urls = False  # zone router: clients get only the client URLs of this server's zone
@@ -212,6 +216,7 @@ class ClusterManager:
         self._gossip()
         self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)
+        self._leafnode_url(conn, info)
         self.channels.link_up(conn)
 
     def route_info_update(self, conn: RouteConnection, info: dict[str, Any]) -> None:
@@ -221,6 +226,30 @@ class ClusterManager:
         self.relay.route_live(conn, info)
         self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)
+        self._leafnode_url(conn, info)
+
+    def _leafnode_url(self, conn: RouteConnection, info: dict[str, Any]) -> None:
+        """The peer's leafnode URL from its own INFO (nats-server sends it in the first one; an INFO that
+        tells about another server, or has none, changes nothing); the leaf layer is told of a change."""
+        urls = info.get("leafnode_urls")
+        if not isinstance(urls, list) or len(urls) != 1 or str(info.get("server_id") or "") != conn.remote_id:
+            return
+        url = str(urls[0])
+        if url != conn.remote_leafnode_url:
+            conn.remote_leafnode_url = url
+            if self.on_leafnode_urls is not None and self.peers.get(conn.remote_id) is conn:
+                self.on_leafnode_urls()
+
+    def peer_leafnode_urls(self) -> list[str]:
+        """The leafnode URLs the peers advertise (nats-server's hub tells its leaf nodes these and its own)."""
+        return [c.remote_leafnode_url for c in self.peers.values() if c.remote_leafnode_url and not c.closed]
+
+    def set_info_extra(self, key: str, value: Any) -> None:
+        """Another extension's field of this server's route INFO, told to the peers up now (gossip) and sent
+        to every later one."""
+        if self.info_extras.get(key) != value:
+            self.info_extras[key] = value
+            self._gossip()
 
     def _learn_peers(self, conn: RouteConnection, peers: Any) -> None:
         for p in peers if isinstance(peers, list) else ():
@@ -271,6 +300,8 @@ class ClusterManager:
             self.server.log(f"route closed: {conn.describe()}")
             if conn.remote_client_url:
                 self.server.client_urls_changed()
+            if conn.remote_leafnode_url and self.on_leafnode_urls is not None:
+                self.on_leafnode_urls()
         if self.server.ledger is not None:
             self.server.ledger.connection_closed(conn)
 

@@ -2,8 +2,9 @@
 
 Handshake: the dialling side sends `CONNECT {json}` (credentials) and `INFO {json}`; the accepting side
 sends `INFO {json}` (once the dialler's CONNECT passed authorization, when the cluster block sets
-credentials). INFO carries server_id, server_name, cluster, tags, route_url, client_url and the peers the
-sender knows (gossip). Then each side sends `RS+`/`RS-` for its local interest and `RMSG`/`HMSG` for
+credentials). INFO carries server_id, server_name, cluster, tags, route_url, client_url, the sender's
+leafnode URL (`leafnode_urls`, one entry, unless `leafnodes { no_advertise }`) and the peers the sender knows
+(gossip). Then each side sends `RS+`/`RS-` for its local interest and `RMSG`/`HMSG` for
 messages; a message that arrives over a route is delivered to local subscribers only. Framing, PING/RTT and
 the repeated-line fast path are the link layer's (`zonebus.link`); this module adds what is route-specific.
 Owned by the event loop thread; the ClusterManager decides what to do with a route once its INFO arrives.
@@ -39,6 +40,7 @@ class RouteConnection(LinkConnection):
         self.remote_route_url = ""
         self.remote_client_url = ""
         self.remote_cluster = ""
+        self.remote_leafnode_url = ""  # the peer's leafnode URL, from its INFO `leafnode_urls` (one entry)
         self.tag_match = False
         # an accepted route must send a valid CONNECT first when the cluster block sets credentials
         self.authorized = solicited or not manager.opts.user

@@ -1,8 +1,9 @@
 """The `leafnodes {}` block (also spelt `leaf`): the leaf node listener and the remotes (hubs) to dial.
 
 Read onto `LeafNodeOptions` (zonebus.leaf builds the connections). nats-server's keys that zonebus does not
-build yet (an advertised address, interest isolation, WebSocket remotes, ...) are refused by name through
-`zonebus.config.unsupported` (blocks `leafnodes` and `leafnode_remote`), never ignored.
+build yet (interest isolation, WebSocket remotes, ...) are refused by name through `zonebus.config.unsupported`
+(blocks `leafnodes` and `leafnode_remote`), never ignored. Checked here where nats-server checks at start: an
+`advertise` that is no `host[:port]`, a `min_version` that is no semantic version of 2.8.0 or later.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from zonebus.config.authorization import block_auth
 from zonebus.config.convert import (
     BadValue,
     expected,
+    get_bool,
     get_compression,
     get_duration,
     get_map,
@@ -26,8 +28,11 @@ from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, 
 from zonebus.config.tls import read_tls
 from zonebus.credentials import CredentialsError, check_seed, decode_user_nkey, read_creds
 from zonebus.options import LEAF_PORT, CompressionOptions, RemoteLeafOptions, ServerOptions, TLSOptions
-from zonebus.protocol.urls import leaf_url
+from zonebus.protocol.urls import advertised_address, leaf_url
+from zonebus.protocol.versions import version_components
 from zonebus.subjects.validate import is_valid_subject
+
+MIN_LEAF_VERSION = (2, 8, 0)  # the lowest `min_version` nats-server takes
 
 
 def _url(v: Value) -> str:
@@ -175,7 +180,36 @@ _LEAFNODES_HANDLERS: dict[str, Handler] = {
     "reconnect_interval": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
     "reconnect_delay": lambda o, v, e: setattr(o.leafnodes, "reconnect_interval", _reconnect(v)),
     "compression": lambda o, v, e: setattr(o.leafnodes, "compression", _compression(v)),
+    "advertise": lambda o, v, e: setattr(o.leafnodes, "advertise", _advertise(v)),
+    "leafnode_advertise": lambda o, v, e: setattr(o.leafnodes, "advertise", _advertise(v)),
+    "no_advertise": lambda o, v, e: setattr(o.leafnodes, "no_advertise", get_bool(v)),
+    "min_version": lambda o, v, e: setattr(o.leafnodes, "min_version", _min_version(v)),
+    "minimum_version": lambda o, v, e: setattr(o.leafnodes, "min_version", _min_version(v)),
+    "write_deadline": lambda o, v, e: setattr(o.leafnodes, "write_deadline", get_duration(v)),
 }
+
+
+def _advertise(v: Value) -> str:
+    """`advertise: host[:port]`: checked here (nats-server stops at start on a bad one); the port, when it
+    names none, is the listener's, known at start."""
+    text = get_str(v)
+    try:
+        advertised_address(text, LEAF_PORT)
+    except ValueError as exc:
+        raise BadValue(f"Error setting leafnode INFO with LeafNode.Advertise value of {text}, err={exc}", v) from None
+    return text
+
+
+def _min_version(v: Value) -> str:
+    """nats-server's checkLeafMinVersionConfig: a semantic version, 2.8.0 or later."""
+    text = get_str(v)
+    try:
+        ok = version_components(text) >= MIN_LEAF_VERSION
+    except ValueError as exc:
+        raise BadValue(f"invalid leafnode's minimum version: {exc}", v) from None
+    if not ok:
+        raise BadValue("the minimum version should be at least 2.8.0", v)
+    return text
 
 
 def _compression(v: Value) -> CompressionOptions:

@@ -38,11 +38,8 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "ping_interval": "a WebSocket-only ping interval",
     },
     "leafnodes": {
-        "advertise": "an advertised leafnode address",
-        "no_advertise": "an advertised leafnode address",
-        "min_version": "a minimum version for leaf nodes",
         "isolate_leafnode_interest": "leafnode interest isolation",
-        "write_deadline": "a leafnode write deadline",
+        "isolate": "leafnode interest isolation",
     },
     "leafnode_remote": {
         "hub": "a remote that is the hub of this server",

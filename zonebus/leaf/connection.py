@@ -1,8 +1,8 @@
 """A leaf node connection: one link between a hub and a leaf, in nats-server's leaf protocol.
 
-Handshake: the hub (the accepting side) sends `INFO {json}` at once (`client_id` and `leafnode_urls` tell a
-nats-server leaf it reached a leafnode port; a `nonce`; `compression: off` for nats-server and zonebus's own
-offer); the leaf (the dialling side, `spoke`) answers with `CONNECT {json}` (its server id and name,
+Handshake: the hub (the accepting side) sends `INFO {json}` at once (`client_id` with `leafnode_urls` or
+`info_on_connect` tell a leaf it reached a leafnode port; a `nonce`; `compression: off` for nats-server and
+zonebus's own offer); the leaf (the dialling side, `spoke`) answers with `CONNECT {json}` (its server id and name,
 `user`/`pass` from the remote's URL, `nkey`/`jwt` and `sig` when it has keys, `deny_pub`, `remote_account`).
 On the way, as nats-server:
 - TLS (`leafnodes { tls }`, a remote's `tls`): the hub's INFO goes in the clear, then the leaf starts the
@@ -11,10 +11,14 @@ On the way, as nats-server:
   (`zonebus.link.compression`), before the CONNECT (`INFO_BEFORE_CONNECT`); never under TLS;
 - deny lists (`zonebus.leaf.permissions`): a remote's own, or the `deny_pub` of an accepted leaf's CONNECT.
 Once the CONNECT passed the listener's authorization (its user, its nkey, else the server's users as for
-clients; `-ERR 'Authorization Violation'` and a close otherwise), each side sends `LS+` for the interest of the
-connection's account (with its loop-detection subject `$LDS.<id>`), and messages flow both ways as
-`LMSG`/`HMSG` (`zonebus.protocol.leaf_parser`). Framing, PING/RTT and the counters are the link layer's; the
-`LeafManager` decides what a connection means. Owned by the event loop thread.
+clients; `-ERR 'Authorization Violation'` and a close otherwise) and its `version` reached `leafnodes {
+min_version }` (else an INFO with `connect_info`, nats-server's `-ERR 'connection rejected since minimum
+version required is "<v>"'` and a close; a leaf told so waits 5 s before it dials again), each side sends
+`LS+` for the interest of the connection's account (with its loop-detection subject `$LDS.<id>`), and
+messages flow both ways as `LMSG`/`HMSG` (`zonebus.protocol.leaf_parser`). Framing, PING/RTT and the
+counters are the link layer's; the `LeafManager` decides what a connection means. A leaf connection's
+writes have `leafnodes { write_deadline }` when set (else the server's write deadline). Owned by the event
+loop thread.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
     from zonebus.server.accounts import Account
 
 LDS_PREFIX = b"$LDS."
+MIN_VERSION_REJECTED = "connection rejected since minimum version required is"  # nats-server's -ERR, then the version
 
 
 class LeafConnection(LinkConnection):
@@ -70,6 +75,9 @@ class LeafConnection(LinkConnection):
         self.authorized = solicited or not (manager.opts.user or manager.opts.nkey or manager.server.opts.auth_required)
         self.nonce = ""  # the hub's INFO nonce (what a leaf signs with its nkey)
         self.loop_detected = False
+        self.below_min_version = False  # the hub refused this side's version (`leafnodes { min_version }`)
+        if manager.opts.write_deadline > 0:  # leafnodes { write_deadline }: leaf links only, both directions
+            self.write_deadline = manager.opts.write_deadline
         self.error = ""  # the last -ERR the peer sent
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}
         self.told: InterestCounts | None = None  # what this side told the peer (the manager keeps it)
@@ -153,7 +161,8 @@ class LeafConnection(LinkConnection):
         self.nonce = str(info.get("nonce") or "")
         if ZONEBUS_FIELD in info and not self._offered and self.compression is not None:
             self.before_marker()  # (a zonebus hub: it settles its side of the compression from this offer)
-        if not info.get("client_id") or "leafnode_urls" not in info:  # a client or route port, as nats-server
+        if not info.get("client_id") or ("leafnode_urls" not in info and not info.get("info_on_connect")):
+            # a client or route port, as nats-server (a hub with `no_advertise` and no peers lists no URL)
             self.log_error(f"leafnode {self.describe()}: attempted to connect to wrong port")
             self.close()
             return False
@@ -195,6 +204,8 @@ class LeafConnection(LinkConnection):
             return False
         if not super().on_connect(fields):
             return False
+        if not self.manager.version_allowed(self, str(fields.get("version") or "")):
+            return False
         self.remote_id = str(fields.get("server_id") or "")
         self.remote_name = str(fields.get("name") or "") or self.remote_id
         self.remote_tags = [str(t) for t in fields.get("tags") or [] if isinstance(t, str)]
@@ -209,6 +220,8 @@ class LeafConnection(LinkConnection):
         self.error = text.strip("'")
         if "Loop detected" in text:
             self.loop_detected = True
+        elif MIN_VERSION_REJECTED in text:
+            self.below_min_version = True
         self.manager.log_error(f"leafnode {self.describe()} error: {text}")
 
     def log_error(self, msg: str) -> None:

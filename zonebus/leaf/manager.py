@@ -11,7 +11,18 @@
   this server's to offer). Counted per connection (`zonebus.link.interest.InterestCounts`).
 - Loops: each account has a loop-detection subject `$LDS.<id>` this server sends on every connection; one
   that comes back closes the link with nats-server's error.
-Registered by `zonebus.node`; owned by the event loop thread.
+- URLs told to leaf nodes (INFO `leafnode_urls`, what a nats-server leaf dials next): the listener's
+  `host:port`, or `advertise` (its port defaulting to the listener's), and, in a cluster, the leafnode URL of
+  every peer (each route's INFO carries its server's). `no_advertise` leaves this server's URL out of both,
+  as nats-server 2.15 (2.12 still listed it in its own INFO); with no URL at all the field is left out, and
+  the INFO's `info_on_connect` tells a nats-server leaf that it did reach a leafnode port. A change goes to
+  the accepted leaf nodes as an INFO.
+- After an accepted leaf's CONNECT: an INFO with `connect_info` (and `remote_account`), which a nats-server
+  leaf told `info_on_connect` waits for before it finishes its side of the handshake.
+- `min_version`: an accepted leaf whose CONNECT `version` is older is refused (`version_allowed`); a remote
+  refused so waits `MIN_VERSION_DELAY` before it dials again.
+Registered by `zonebus.node` (before the cluster, so that the first route INFO carries the leafnode URL, as
+in nats-server); owned by the event loop thread.
 """
 
 from __future__ import annotations
@@ -26,23 +37,26 @@ from urllib.parse import unquote, urlsplit
 
 from zonebus import SERVER_VERSION
 from zonebus.credentials import read_creds, sign
-from zonebus.leaf.connection import LDS_PREFIX, LeafConnection
+from zonebus.leaf.connection import LDS_PREFIX, MIN_VERSION_REJECTED, LeafConnection
 from zonebus.link import Backoff
 from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
-from zonebus.protocol.urls import leaf_url
+from zonebus.protocol.urls import advertised_address, leaf_url
+from zonebus.protocol.versions import version_at_least, version_components
 from zonebus.server.connection import ROUTE
 from zonebus.server.tls import client_context, server_context
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
+    from zonebus.cluster.manager import ClusterManager
     from zonebus.options import RemoteLeafOptions, TLSOptions
     from zonebus.server.accounts import Account
     from zonebus.server.server import Server
 
 LOOP_DELAY = 30.0  # seconds a remote waits after a loop was detected (nats-server's)
+MIN_VERSION_DELAY = 5.0  # seconds a remote waits after the hub refused its version (nats-server's)
 
 
 class LeafConfigError(OSError):
@@ -54,6 +68,10 @@ class LeafManager:
         self.server = server
         self.opts = server.opts.leafnodes
         self.url = ""  # host:port of the listener
+        self.advertised = ""  # host:port told to leaf nodes and routes: `advertise`, else the listener's
+        self.cluster: ClusterManager | None = None  # set by `join_cluster`
+        self.min_version: tuple[int, int, int] | None = None  # leafnodes { min_version }, parsed at start
+        self._told_urls: list[str] = []  # the leafnode_urls accepted leaf nodes were told last
         self.connections: dict[int, LeafConnection] = {}  # live ones, by cid
         self._listener: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task] = []
@@ -66,12 +84,28 @@ class LeafManager:
         self._running = True
         opts = self.opts
         server = self.server
+        if opts.min_version:
+            try:
+                self.min_version = version_components(opts.min_version)
+            except ValueError as exc:
+                raise LeafConfigError(f"invalid leafnode's minimum version: {exc}") from None
         if opts.port:
             self._listener, self.url = await listen(
                 server, lambda: LeafConnection(self, False, server.global_account), opts.host, max(opts.port, 0),
                 what="leafnodes")
             warn_open_port(server, "leafnodes", opts.host, bool(opts.user or opts.nkey), opts.tls)
             server.log(f"Listening for leafnode connections on {self.url}")
+            self.advertised = self.url
+            if opts.advertise:
+                try:
+                    self.advertised = advertised_address(opts.advertise, int(self.url.rpartition(":")[2]))
+                except ValueError as exc:
+                    raise LeafConfigError(f"Error setting leafnode INFO with LeafNode.Advertise value of "
+                                          f"{opts.advertise}, err={exc}") from None
+                server.log(f"Advertise address for leafnode is set to {self.advertised}")
+            self._told_urls = self.leafnode_urls()
+            if self.cluster is not None and not opts.no_advertise:
+                self.cluster.set_info_extra("leafnode_urls", [self.advertised])
         for remote in opts.remotes:
             if remote.disabled:  # (configured, never dialled: nats-server's `disabled`)
                 server.log(f"leafnode remote {remote.urls[0]} is disabled")
@@ -94,24 +128,57 @@ class LeafManager:
         for conn in list(self.connections.values()):
             conn.close()
 
+    # -- the cluster and the URLs told to leaf nodes ------------------------------------------------------
+    def join_cluster(self, cluster: ClusterManager) -> None:
+        """This server has routes: its leafnode URL goes to the peers (`start`), theirs to its leaf nodes."""
+        self.cluster = cluster
+        cluster.on_leafnode_urls = self.cluster_urls_changed
+
+    def leafnode_urls(self) -> list[str]:
+        """INFO `leafnode_urls`: this server's advertised URL (not with `no_advertise`), then those its route
+        peers advertise."""
+        urls = [self.advertised] if self.advertised and not self.opts.no_advertise else []
+        if self.cluster is not None:
+            urls += [u for u in self.cluster.peer_leafnode_urls() if u not in urls]
+        return urls
+
+    def cluster_urls_changed(self) -> None:
+        """A route peer's leafnode URL came or went: the accepted leaf nodes get an INFO with the new list
+        (as nats-server's sendAsyncLeafNodeInfo; a dialled link's peer is a hub, told nothing)."""
+        urls = self.leafnode_urls()
+        if urls == self._told_urls or not self.url:
+            return
+        self._told_urls = urls
+        info = self._base_info()
+        for conn in self.connections.values():
+            if not conn.spoke and not conn.closed:
+                conn.send_json(b"INFO", info)
+
     # -- the handshake ---------------------------------------------------------------------------------
-    def info_fields(self, conn: LeafConnection) -> dict[str, Any]:
-        """The hub's INFO (nats-server's fields a leaf reads; `compression: off` for a nats-server leaf, and
-        zonebus's own offer)."""
+    def _base_info(self) -> dict[str, Any]:
+        """The hub's INFO without what is one connection's (nats-server's leafNodeInfo)."""
         server = self.server
-        host, _, port = self.url.rpartition(":")
-        conn.nonce = secrets.token_urlsafe(11)
+        host, _, port = self.advertised.rpartition(":")
         info: dict[str, Any] = {
             "server_id": server.server_id, "server_name": server.name, "version": SERVER_VERSION, "proto": 1,
-            "host": host, "port": int(port or 0), "headers": True, "max_payload": server.opts.max_payload,
-            "client_id": conn.cid, "nonce": conn.nonce, "leafnode_urls": [self.url],
-            "tags": server.opts.server_tags,
+            "host": host.strip("[]"), "port": int(port or 0), "headers": True,
+            "max_payload": server.opts.max_payload, "info_on_connect": True, "tags": server.opts.server_tags,
         }
+        if self._told_urls:
+            info["leafnode_urls"] = self._told_urls
         if self.opts.user or self.opts.nkey or server.opts.auth_required:
             info["auth_required"] = True
         if self.opts.tls is not None:
             info["tls_required"] = True
             info["tls_verify"] = self.opts.tls.verify
+        return info
+
+    def info_fields(self, conn: LeafConnection) -> dict[str, Any]:
+        """The hub's INFO (nats-server's fields a leaf reads; `compression: off` for a nats-server leaf, and
+        zonebus's own offer)."""
+        conn.nonce = secrets.token_urlsafe(11)
+        info = self._base_info()
+        info["client_id"], info["nonce"] = conn.cid, conn.nonce
         if conn.compression is not None:  # `off` for nats-server (no S2 here), the mode for a zonebus leaf
             info.update(offer_fields(conn.compression.opts, nats_field=True))
         return info
@@ -151,8 +218,30 @@ class LeafManager:
             fields["deny_pub"] = list(conn.remote.deny_imports)  # the hub sends nothing on these
         return fields
 
+    def version_allowed(self, conn: LeafConnection, version: str) -> bool:
+        """`leafnodes { min_version }`: an accepted leaf whose CONNECT reports an older version (or none that
+        parses) gets an INFO (`connect_info`, so that a recent nats-server leaf takes the refusal cleanly),
+        nats-server's `-ERR 'connection rejected since minimum version required is "<v>"'` and a close."""
+        minimum = self.min_version
+        if minimum is None or version_at_least(version, minimum):
+            return True
+        self._send_connect_info(conn)
+        text = f'{MIN_VERSION_REJECTED} "{self.opts.min_version}"'
+        self.log_error(f"leafnode connection from {conn.ip}:{conn.remote_port}: {text} (it reports "
+                       f"{version or 'no version'})")
+        return conn.reject(text)
+
+    def _send_connect_info(self, conn: LeafConnection) -> None:
+        """nats-server's answer to an accepted leaf's CONNECT: the INFO again, with `connect_info`."""
+        info = self._base_info()
+        info.update(client_id=conn.cid, remote_account=conn.bound.display, connect_info=True)
+        conn.send_json(b"INFO", info)
+
     def go_live(self, conn: LeafConnection) -> bool:
-        """The handshake is done: messages may flow, each side tells the other its interest."""
+        """The handshake is done: messages may flow, each side tells the other its interest (a hub first
+        answers the CONNECT with its `connect_info` INFO)."""
+        if not conn.spoke:
+            self._send_connect_info(conn)
         conn.established = True
         conn.msgs_in = True
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
@@ -252,6 +341,11 @@ class LeafManager:
             await conn.closed_future
             if conn.loop_detected:
                 await asyncio.sleep(LOOP_DELAY)
+                continue
+            if conn.below_min_version:
+                self.log_error(f"Leafnode connection dropped due to minimum version requirement. Delaying attempt "
+                               f"to reconnect for {MIN_VERSION_DELAY:.0f}s")
+                await asyncio.sleep(MIN_VERSION_DELAY)
                 continue
             if conn.established:
                 connected = True

@@ -1,8 +1,9 @@
 """URLs as nats-server reads them, for both the config reader and the runtime: a leafnode remote's URL (its
-host and port, nats-server's leafnode port when it names none) and a WebSocket client's `Origin` (scheme,
-host and port, the port defaulting by scheme). No I/O. The config reader checks the configured values with
-them (`zonebus.config.leafnodes`, `zonebus.config.websocket`); the leaf manager dials with the first, the
-WebSocket listener checks a client's origin with the second.
+host and port, nats-server's leafnode port when it names none), an advertised `host:port` (`leafnodes {
+advertise }`, the listener's port when it names none) and a WebSocket client's `Origin` (scheme, host and
+port, the port defaulting by scheme). No I/O. The config reader checks the configured values with them
+(`zonebus.config.leafnodes`, `zonebus.config.websocket`); the leaf manager dials with the first and tells
+leaf nodes the second, the WebSocket listener checks a client's origin with the third.
 """
 
 from __future__ import annotations
@@ -19,6 +20,35 @@ def leaf_url(url: str) -> tuple[str, int]:
     if not host:
         raise ValueError(f"error parsing url {url!r}: no host")
     return host, parts.port or LEAF_PORT
+
+
+def advertised_address(text: str, default_port: int) -> str:
+    """The `host:port` an `advertise` value stands for, as nats-server's parseHostPort reads it: Go's
+    SplitHostPort (`host:port`, `[v6]:port`), a text without a port taking `default_port`, as does port 0 or
+    -1; an IPv6 host comes back in brackets (Go's JoinHostPort). ValueError for anything else."""
+    text = text.strip()
+    if not text:
+        raise ValueError("no hostport specified")
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ValueError(f"address {text}: missing ']' in address")
+        host, rest = text[1:end], text[end + 1:]
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"address {text}: unexpected characters after ']'")
+        port_text = rest[1:] if rest else str(default_port)
+    elif text.count(":") > 1:
+        raise ValueError(f"address {text}: too many colons in address")
+    else:
+        host, _, port_text = text.partition(":") if ":" in text else (text, "", str(default_port))
+    port_text = port_text.strip()
+    if not port_text.lstrip("-").isdigit() or not -1 <= int(port_text) <= 65535:
+        raise ValueError(f"invalid port {port_text!r}")
+    port = int(port_text)
+    if port in (0, -1):
+        port = default_port
+    host = host.strip()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def origin_parts(origin: str) -> tuple[str, str, str]:

@@ -14,7 +14,8 @@ At a client's login (its CONNECT, once the user is known and with it the account
 
 A client that takes asynchronous INFO (`protocol: 1`) then gets an INFO with its own `max_payload`,
 `connect_info: true` and `remote_account`, after its first PONG, as nats-server sends it. -1 (the default)
-is no limit. `max_leafnodes` is accepted and has nothing to limit: zonebus has no leaf node connections.
+is no limit. `max_leafnodes` is accepted and limits nothing: zonebus does not count an account's leaf node
+connections against it (nats-server does).
 
 Connections are counted across the cluster (zonebus.server.account_conns). Differences from nats-server
 (docs/configuration.md): a server with `workers` > 1 counts them per worker, and a reload applies changed

@@ -2,8 +2,9 @@
 
 Writes are appended to `out` and the connection is marked dirty; the server flushes every dirty connection
 once per event-loop turn (one `transport.write` per connection per turn). A connection whose unsent bytes
-exceed `max_pending`, or whose writes stay blocked past `write_deadline`, is a slow consumer: it is closed
-here, in one place, and counted.
+exceed `max_pending`, or whose writes stay blocked past `write_deadline` (the server's, or the connection's
+own: `leafnodes { write_deadline }` for leaf connections), is a slow consumer: it is closed here, in one
+place, and counted (by connection kind too, for `/varz` `slow_consumer_stats`).
 
 Fast producers are stalled rather than letting a busy receiver's buffer run into `max_pending`: when a
 receiver's transport buffer passes its high-water mark (a quarter of max_pending) the publishers of that
@@ -36,6 +37,9 @@ STALL_GAP = 0.002  # seconds it reads between two slices while the receiver stil
 class Connection:
     kind = CLIENT
     spoke = False  # a leaf connection this server dialled (its peer is the hub): see `link_allows`
+    # seconds a blocked write may take on this connection; None: the server's `write_deadline`. A class
+    # default (clients carry no slot for it); links that have their own (leaf connections) set it per instance
+    write_deadline: float | None = None
     # per-connection state without a __dict__ (5,000 idle clients, bench/scale.py); subclasses that declare
     # no __slots__ of their own (links, internal clients) keep a __dict__ for their extra fields
     __slots__ = ("server", "cid", "transport", "out", "dirty", "closed", "paused_since", "stalled_by", "_stalling",
@@ -107,7 +111,9 @@ class Connection:
             self.slow_consumer()
 
     def slow_consumer(self) -> None:
-        self.server.slow_consumers += 1
+        server = self.server
+        server.slow_consumers += 1
+        server.slow_consumer_kinds[self.kind] = server.slow_consumer_kinds.get(self.kind, 0) + 1
         self.server.log(f"{self.kind} {self.cid} slow consumer: closing (pending {self._buffered()} bytes)")
         self.close(abort=True)
 
@@ -119,7 +125,9 @@ class Connection:
     def pause_writing(self) -> None:
         self.paused_since = time.monotonic()
         server = self.server
-        deadline = server.opts.write_deadline
+        deadline = self.write_deadline
+        if deadline is None:
+            deadline = server.opts.write_deadline
         if deadline > 0:
             server.loop.call_later(deadline, self._check_write_deadline, self.paused_since)
         for producer in server.turn_producers:

@@ -180,11 +180,9 @@ def client_totals(server: Server) -> dict[str, int]:
 
 
 def slow_consumer_stats(server: Server) -> dict[str, int]:
-    """nats-server's `slow_consumer_stats`, from the core's count by connection kind (`slow_consumer_kinds`)
-    when it keeps one; else its one total, under `clients`."""
-    kinds = getattr(server, "slow_consumer_kinds", None)
-    if kinds is None:
-        return {"clients": server.slow_consumers, "routes": 0, "gateways": 0, "leafs": 0}
+    """nats-server's `slow_consumer_stats`, from the core's count by connection kind (`slow_consumer_kinds`;
+    the links between a server's own workers are none of nats-server's kinds)."""
+    kinds = server.slow_consumer_kinds
     return {"clients": kinds.get(CLIENT, 0), "routes": kinds.get(ROUTE, 0), "gateways": kinds.get(GATEWAY, 0),
             "leafs": kinds.get(LEAF, 0)}
 
