@@ -13,6 +13,7 @@ import socket
 import nats
 import pytest
 
+from tests.leaf import kit
 from zonebus.localservers import free_port
 from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, check_config_both, start_parallel, stop_all
@@ -41,8 +42,7 @@ async def _until_marker(sub, marker: bytes) -> list:
 @pytest.mark.parametrize("hub_impl, leaf_impl", PAIRS)
 def test_remote_deny_lists(hub_impl: str, leaf_impl: str) -> None:
     port = free_port()
-    hub = ServerProcess(hub_impl, http_port=free_port(), config=(
-        f'server_name: hub\nleafnodes {{ listen: "127.0.0.1:{port}" }}\n'))
+    hub = kit.hub(hub_impl, port)
     leaf = ServerProcess(leaf_impl, http_port=free_port(), config=(
         "server_name: spoke\n"
         f'leafnodes {{ remotes: [{{ url: "nats-leaf://127.0.0.1:{port}", deny_exports: ["secret.>"],\n'
@@ -97,8 +97,7 @@ def test_hub_honours_a_leafs_deny_pub(impl: str) -> None:
     """A raw leaf whose CONNECT says `deny_pub: ["private.>"]`: the hub sends it `open.w` but not
     `private.w` (its interest `*.w` covers both), and its `LS+ private.q` is refused and closes the link."""
     port = free_port()
-    hub = ServerProcess(impl, http_port=free_port(), config=(
-        f'server_name: hub\nleafnodes {{ listen: "127.0.0.1:{port}" }}\n'))
+    hub = kit.hub(impl, port)
     hub.start()
     try:
         asyncio.run(_raw_leaf(hub, port))

@@ -24,6 +24,7 @@ from pathlib import Path
 import nats
 import pytest
 
+from tests.leaf import kit
 from zonebus.localservers import free_port
 from zonebus.protocol.urls import advertised_address
 from zonebus.protocol.versions import version_at_least
@@ -93,9 +94,7 @@ def test_write_deadline_cuts_a_stuck_leaf_not_a_stuck_client(impl: str) -> None:
     """A leaf and a client subscribe to one subject and stop reading; the publisher goes on. The leaf's
     1 s deadline cuts the leaf (a slow consumer under `leafs`); the client, on the top-level 30 s, stays."""
     port = free_port()
-    hub = ServerProcess(impl, http_port=free_port(), config=(
-        'server_name: hub\nwrite_deadline: "30s"\n'
-        f'leafnodes {{ listen: "127.0.0.1:{port}", write_deadline: "1s" }}\n'))
+    hub = kit.hub(impl, port, 'write_deadline: "1s"', top='write_deadline: "30s"\n')
     hub.start()
     leaf = RawLeaf(port, subjects=("slow",), stuck=True)
     client = socket.socket()
@@ -143,8 +142,7 @@ async def _flood_until_leaf_cut(hub: ServerProcess) -> dict[str, int]:
                                              ("leaf.example", "leaf.example:{port}")])
 def test_advertise_is_what_the_hub_tells_leaf_nodes(impl: str, advertise: str, told: str) -> None:
     port = free_port()
-    hub = ServerProcess(impl, http_port=free_port(), config=(
-        f'server_name: hub\nleafnodes {{ listen: "127.0.0.1:{port}", advertise: "{advertise}" }}\n'))
+    hub = kit.hub(impl, port, f'advertise: "{advertise}"')
     hub.start()
     try:
         raw = RawLeaf(port, connect=False)
@@ -170,10 +168,8 @@ def test_bad_advertise_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("hub_impl, leaf_impl", PAIRS)
 def test_no_advertise_hub_alone_lists_no_url(hub_impl: str, leaf_impl: str) -> None:
     port = free_port()
-    hub = ServerProcess(hub_impl, http_port=free_port(), config=(
-        f'server_name: hub\nleafnodes {{ listen: "127.0.0.1:{port}", no_advertise: true }}\n'))
-    leaf = ServerProcess(leaf_impl, http_port=free_port(), config=(
-        f'server_name: spoke\nleafnodes {{ remotes: [{{ url: "nats-leaf://127.0.0.1:{port}" }}] }}\n'))
+    hub = kit.hub(hub_impl, port, "no_advertise: true")
+    leaf = kit.spoke(leaf_impl, port)
     hub.start()
     try:
         raw = RawLeaf(port, connect=False)
@@ -223,8 +219,7 @@ def test_cluster_leafnode_urls_leave_out_no_advertise(a_impl: str, b_impl: str) 
                                               ("2.10.0-RC.1", True)])
 def test_min_version_against_a_raw_leaf(impl: str, version: str, allowed: bool) -> None:
     port = free_port()
-    hub = ServerProcess(impl, http_port=free_port(), config=(
-        f'server_name: hub\nleafnodes {{ listen: "127.0.0.1:{port}", min_version: "2.8.0" }}\n'))
+    hub = kit.hub(impl, port, 'min_version: "2.8.0"')
     hub.start()
     raw = RawLeaf(port, version=version)
     try:
@@ -249,9 +244,8 @@ def test_min_version_against_leaf_servers(hub_impl: str, leaf_impl: str) -> None
     """Two hubs, one wanting 9.0.0 (above every server here), one 2.8.0; the leaf dials both: the first
     refuses it (the leaf logs the refusal and that it waits), the second takes it."""
     p_new, p_old = free_port(), free_port()
-    hubs = [ServerProcess(hub_impl, http_port=free_port(), config=(
-        f'server_name: hub{i}\nleafnodes {{ listen: "127.0.0.1:{p}", min_version: "{v}" }}\n'))
-        for i, p, v in ((1, p_new, "9.0.0"), (2, p_old, "2.8.0"))]
+    hubs = [kit.hub(hub_impl, p, f'min_version: "{v}"', name=f"hub{i}")
+            for i, p, v in ((1, p_new, "9.0.0"), (2, p_old, "2.8.0"))]
     leaf = ServerProcess(leaf_impl, http_port=free_port(), config=(
         "server_name: spoke\nleafnodes { remotes: [\n"
         f'  {{ url: "nats-leaf://127.0.0.1:{p_new}" }},\n  {{ url: "nats-leaf://127.0.0.1:{p_old}" }} ] }}\n'))

@@ -18,6 +18,7 @@ import nats
 import nkeys
 import pytest
 
+from tests.leaf import kit
 from zonebus.credentials import sign
 from zonebus.localservers import free_port
 from zonebus.testing.polling import wait_until
@@ -56,10 +57,8 @@ async def _both_ways(hub_url: str, leaf_url: str, **hub_kw: object) -> None:
 @pytest.mark.parametrize("hub_impl, leaf_impl", PAIRS)
 def test_remote_nkey(hub_impl: str, leaf_impl: str) -> None:
     port = free_port()
-    hub = ServerProcess(hub_impl, http_port=free_port(), config=(
-        f'server_name: hub\nleafnodes {{ listen: "127.0.0.1:{port}", authorization {{ nkey: {PUB} }} }}\n'))
-    leaf = ServerProcess(leaf_impl, http_port=free_port(), config=(
-        f'server_name: spoke\nleafnodes {{ remotes: [{{ url: "nats-leaf://127.0.0.1:{port}", nkey: {SEED} }}] }}\n'))
+    hub = kit.hub(hub_impl, port, f"authorization {{ nkey: {PUB} }}")
+    leaf = kit.spoke(leaf_impl, port, f"nkey: {SEED}")
     start_parallel([hub, leaf])
     try:
         wait_until(lambda: hub.http_get("/leafz")["leafnodes"] == 1, "the leaf logged in with its nkey")
@@ -151,11 +150,8 @@ def _operator_setup(d: Path) -> tuple[str, str, str]:
 def test_remote_credentials_file(leaf_impl: str, tmp_path: Path) -> None:
     operator, leaf_creds, client_creds = _operator_setup(tmp_path)
     port = free_port()
-    hub = ServerProcess("nats", http_port=free_port(), config=(
-        f'server_name: hub\n{operator}leafnodes {{ listen: "127.0.0.1:{port}" }}\n'))
-    leaf = ServerProcess(leaf_impl, http_port=free_port(), config=(
-        f'server_name: spoke\nleafnodes {{ remotes: [{{ url: "nats-leaf://127.0.0.1:{port}", '
-        f'credentials: "{leaf_creds}" }}] }}\n'))
+    hub = kit.hub("nats", port, top=operator)
+    leaf = kit.spoke(leaf_impl, port, f'credentials: "{leaf_creds}"')
     start_parallel([hub, leaf])
     try:
         wait_until(lambda: hub.http_get("/leafz")["leafnodes"] == 1, "the leaf logged in with its credentials")
@@ -174,8 +170,7 @@ def test_top_level_nkey_user_logs_a_leaf_in(hub_impl: str, leaf_impl: str) -> No
         "server_name: hub\n"
         f"accounts {{ A {{ users: [ {{ nkey: {PUB} }}, {{ user: c, password: cpw }} ] }} }}\n"
         f'leafnodes {{ listen: "127.0.0.1:{port}" }}\n'))
-    leaf = ServerProcess(leaf_impl, http_port=free_port(), config=(
-        f'server_name: spoke\nleafnodes {{ remotes: [{{ url: "nats-leaf://127.0.0.1:{port}", nkey: {SEED} }}] }}\n'))
+    leaf = kit.spoke(leaf_impl, port, f"nkey: {SEED}")
     start_parallel([hub, leaf])
     try:
         link = wait_until(lambda: (leafs := hub.http_get("/leafz")["leafs"]) and leafs[0], "the leaf logged in")

@@ -32,6 +32,29 @@ class Links:
 
         return send
 
+    def start_groups(self, tmp_path: Path, failover: float, seen: dict[str, list[Change]] | None = None) -> None:
+        """Three groups `NAMES`, their links reported up before they start (they must still count), started."""
+        membership = Membership.of(NAMES)
+        for name in NAMES:
+            group = MetaGroup(server_name=name, cluster_name="c1", membership=membership, store_dir=tmp_path / name,
+                              send_bytes=self.sender(name), tags=[f"az:{name}"], timing=MetaTiming(failover=failover))
+            if seen is not None:
+                group.on_change(seen[name].append)
+            self.groups[name] = group
+        for name in NAMES:
+            for other in NAMES:
+                if other != name:
+                    self.groups[name].peer_up(other)
+        for group in self.groups.values():
+            group.start()
+
+    def heal(self, name: str) -> None:
+        self.cut.discard(name)
+        for other in self.groups:
+            if other != name:
+                self.groups[other].peer_up(name)
+                self.groups[name].peer_up(other)
+
     def isolate(self, name: str) -> None:
         self.cut.add(name)
         for other in self.groups:
@@ -43,20 +66,8 @@ class Links:
 @pytest.mark.timeout(30)
 async def test_link_layer_contract_in_one_loop(tmp_path: Path) -> None:
     links = Links()
-    membership = Membership.of(NAMES)
     seen: dict[str, list[Change]] = {n: [] for n in NAMES}
-    for name in NAMES:
-        group = MetaGroup(server_name=name, cluster_name="c1", membership=membership, store_dir=tmp_path / name,
-                          send_bytes=links.sender(name), tags=[f"az:{name}"], timing=MetaTiming(failover=1.0))
-        group.on_change(seen[name].append)
-        links.groups[name] = group
-    # The link layer may report links before the group starts: they must still count.
-    for name in NAMES:
-        for other in NAMES:
-            if other != name:
-                links.groups[name].peer_up(other)
-    for group in links.groups.values():
-        group.start()
+    links.start_groups(tmp_path, 1.0, seen)
     try:
         leader = await until(lambda: {g.leader for g in links.groups.values()} == {links.groups["a"].leader}
                              and links.groups["a"].leader, "a leader", timeout=10, interval=0.02)
@@ -119,17 +130,7 @@ async def test_a_server_catching_up_holds_no_lease_until_it_applied_the_leaders_
     but needs several heartbeats to catch up (the leader sends its log in 256 KiB batches): until it applied all
     that the leader committed, `lease` is False (it could still believe it leads streams that moved meanwhile)."""
     links = Links()
-    membership = Membership.of(NAMES)
-    for name in NAMES:
-        links.groups[name] = MetaGroup(server_name=name, cluster_name="c1", membership=membership,
-                                       store_dir=tmp_path / name, send_bytes=links.sender(name),
-                                       tags=[f"az:{name}"], timing=MetaTiming(failover=4.0))
-    for name in NAMES:
-        for other in NAMES:
-            if other != name:
-                links.groups[name].peer_up(other)
-    for group in links.groups.values():
-        group.start()
+    links.start_groups(tmp_path, 4.0)
     try:
         leader_name = await until(lambda: {g.leader for g in links.groups.values()} == {links.groups["a"].leader}
                                   and links.groups["a"].leader, "a leader", timeout=10, interval=0.02)
@@ -142,11 +143,7 @@ async def test_a_server_catching_up_holds_no_lease_until_it_applied_the_leaders_
         for i in range(n):
             await leader.propose({"op": "stream_create", "name": f"S{i}",
                                   "config": {"num_replicas": 1, "description": f"{i:05d}" * 800}})
-        links.cut.discard(behind.name)
-        for other in NAMES:
-            if other != behind.name:
-                links.groups[other].peer_up(behind.name)
-                behind.peer_up(other)
+        links.heal(behind.name)
         early: list[int] = []  # streams the follower had applied whenever it held the lease while catching up
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 20
