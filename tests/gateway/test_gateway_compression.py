@@ -67,7 +67,7 @@ async def test_gateways_compress_between_zonebus_clusters() -> None:
         assert inbound["compression"] == "zstd_best"
         assert inbound["compression_bytes"]["raw_in"] > 200 * 400
         msgs, nbytes = await in_thread(wait_until, lambda: (r := ledger_out(ledger, "gw.json"))[0] == 200 and r,
-                                       "200 gateway messages in A's ledger", 15,
+                                       "200 gateway messages in A's ledger", 30,
                                        show=lambda: ledger_out(ledger, "gw.json"))
         assert nbytes < 0.5 * sum(map(len, sent)), (nbytes, sum(map(len, sent)))
     finally:
