@@ -2,8 +2,9 @@
 the zone router on the S3 stand-in (S3-like latency), the bucket R1 in z2, one client per zone; the nemesis kills
 servers and breaks storage one fault at a time. Every key's history must be linearizable
 (`zonebus.testing.linearizable`). Pauses are left out here: a pause-only campaign still found one read of a key
-as absent (the README's "Faults" section; issue 27); `bench/chaos.py` runs them. The campaign is the bench's own script in its own process, `--minutes` from
-`ZONEBUS_CHAOS_MINUTES` (1 by default: CI's time; `bench/chaos.py --minutes 30` is the long run)."""
+as absent (the README's "Faults" section; issue 27); `bench/chaos.py` runs them. The campaign is the bench's own
+script in its own process, `--minutes` from `ZONEBUS_CHAOS_MINUTES` (1 by default: CI's time;
+`bench/chaos.py --minutes 30` is the long run)."""
 
 from __future__ import annotations
 
