@@ -113,6 +113,8 @@ class RemoteLeafOptions:
     disabled: bool = False  # configured but never dialled
     nkey: str = ""  # a user nkey seed (`SU...`): the CONNECT carries its public key and its signature of the nonce
     credentials: str = ""  # a .creds file: the CONNECT carries its user JWT and its seed's signature of the nonce
+    isolate: bool = False  # isolate_leafnode_interest (isolate): the hub is not told the other leafs' interest
+    request_isolation: bool = False  # the CONNECT asks the hub not to tell this link its other leafs' interest
     # compression {}: nats-server's default for leaf nodes is s2_auto (zstd between zonebus servers)
     compression: CompressionOptions = field(default_factory=lambda: CompressionOptions(mode="s2_auto"))
 
@@ -135,6 +137,7 @@ class LeafNodeOptions:
     no_advertise: bool = False  # routes are not told this server's leafnode URL (their leaf nodes do not learn it)
     min_version: str = ""  # accepted leaf nodes must report this version or later in their CONNECT
     write_deadline: float = 0.0  # seconds a blocked write to a leaf connection may take; 0: the top-level one
+    isolate_leafnode_interest: bool = False  # (isolate) no leaf connection is told the interest of another
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """The `leafnodes {}` block (also spelt `leaf`): the leaf node listener and the remotes (hubs) to dial.
 
 Read onto `LeafNodeOptions` (zonebus.leaf builds the connections). nats-server's keys that zonebus does not
-build yet (interest isolation, WebSocket remotes, ...) are refused by name through `zonebus.config.unsupported`
-(blocks `leafnodes` and `leafnode_remote`), never ignored. Checked here where nats-server checks at start: an
-`advertise` that is no `host[:port]`, a `min_version` that is no semantic version of 2.8.0 or later.
+build yet (WebSocket remotes, a remote that is the hub, ...) are refused by name through
+`zonebus.config.unsupported` (blocks `leafnodes` and `leafnode_remote`), never ignored. Checked here where
+nats-server checks at start: an `advertise` that is no `host[:port]`, a `min_version` that is no semantic
+version of 2.8.0 or later. Interest isolation (nats-server 2.12): `isolate_leafnode_interest` (`isolate`) in
+the block or in a remote, a remote's `request_isolation` (booleans; see `zonebus.leaf.manager`).
 """
 
 from __future__ import annotations
@@ -118,6 +120,9 @@ _LEAFNODE_REMOTE_HANDLERS: dict[str, Handler] = {
     "credentials": _credentials,
     "creds": _credentials,
     "compression": lambda r, v, e: setattr(r, "compression", _compression(v)),
+    "isolate_leafnode_interest": bool_field("isolate"),
+    "isolate": bool_field("isolate"),
+    "request_isolation": bool_field("request_isolation"),
 }
 
 
@@ -186,6 +191,8 @@ _LEAFNODES_HANDLERS: dict[str, Handler] = {
     "min_version": lambda o, v, e: setattr(o.leafnodes, "min_version", _min_version(v)),
     "minimum_version": lambda o, v, e: setattr(o.leafnodes, "min_version", _min_version(v)),
     "write_deadline": lambda o, v, e: setattr(o.leafnodes, "write_deadline", get_duration(v)),
+    "isolate_leafnode_interest": lambda o, v, e: setattr(o.leafnodes, "isolate_leafnode_interest", get_bool(v)),
+    "isolate": lambda o, v, e: setattr(o.leafnodes, "isolate_leafnode_interest", get_bool(v)),
 }
 
 

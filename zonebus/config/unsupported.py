@@ -37,10 +37,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "headers": "custom WebSocket handshake headers",
         "ping_interval": "a WebSocket-only ping interval",
     },
-    "leafnodes": {
-        "isolate_leafnode_interest": "leafnode interest isolation",
-        "isolate": "leafnode interest isolation",
-    },
     "leafnode_remote": {
         "hub": "a remote that is the hub of this server",
         "ws_compression": "leaf node connections over WebSocket",

@@ -3,7 +3,8 @@
 Handshake: the hub (the accepting side) sends `INFO {json}` at once (`client_id` with `leafnode_urls` or
 `info_on_connect` tell a leaf it reached a leafnode port; a `nonce`; `compression: off` for nats-server and
 zonebus's own offer); the leaf (the dialling side, `spoke`) answers with `CONNECT {json}` (its server id and name,
-`user`/`pass` from the remote's URL, `nkey`/`jwt` and `sig` when it has keys, `deny_pub`, `remote_account`).
+`user`/`pass` from the remote's URL, `nkey`/`jwt` and `sig` when it has keys, `deny_pub`, `remote_account`,
+`isolate` for a remote's `request_isolation`).
 On the way, as nats-server:
 - TLS (`leafnodes { tls }`, a remote's `tls`): the hub's INFO goes in the clear, then the leaf starts the
   handshake (`loop.start_tls` on both sides; nothing is written meanwhile) and the CONNECT goes over TLS;
@@ -66,6 +67,9 @@ class LeafConnection(LinkConnection):
                 self.admit = self.perms.can_receive
         self.manager = manager
         self.spoke = solicited  # this server dialled: the peer is its hub
+        # interest isolation: the peer is not told the interest of this server's other leaf connections
+        # (leafnodes { isolate_leafnode_interest }, the remote's own, or the `isolate` of an accepted leaf's CONNECT)
+        self.isolated = manager.opts.isolate_leafnode_interest or (remote is not None and remote.isolate)
         self.url = url
         self.bound = account
         self.account = account
@@ -214,6 +218,8 @@ class LeafConnection(LinkConnection):
             if self.perms is None:
                 self.perms = LeafPermissions()
             self.perms.merge_pub_deny([str(s) for s in deny_pub if isinstance(s, str)])
+        if fields.get("isolate") is True:  # the leaf's request_isolation
+            self.isolated = True
         return self.manager.go_live(self)
 
     def on_error(self, text: str) -> None:

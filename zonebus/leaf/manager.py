@@ -9,6 +9,13 @@
   interest of its account, but never its own subscriptions, and a connection to a hub is not told what came
   over routes (the route one-hop rule: a hub's message reaches no route here, so a route's interest is not
   this server's to offer). Counted per connection (`zonebus.link.interest.InterestCounts`).
+- Interest isolation (nats-server 2.12): an isolated connection is not told the interest that came over this
+  server's other leaf connections (a client's, a route's, a gateway's still goes to it), their `$LDS.` subjects
+  too; its own peer's interest still goes to the others. Every connection of a server with `leafnodes {
+  isolate_leafnode_interest }` is isolated, a remote's connection with its own `isolate_leafnode_interest`,
+  and an accepted one whose CONNECT says `isolate` (a leaf's remote `request_isolation`, sent here likewise).
+  Shown as `/leafz` `is_isolated`. Per server: a leaf's interest that came over a route is a route's here
+  (nats-server 2.15 marks it on its routes, `LS+` with an origin, and isolates it too).
 - Loops: each account has a loop-detection subject `$LDS.<id>` this server sends on every connection; one
   that comes back closes the link with nats-server's error.
 - URLs told to leaf nodes (INFO `leafnode_urls`, what a nats-server leaf dials next): the listener's
@@ -45,7 +52,7 @@ from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
 from zonebus.protocol.urls import advertised_address, leaf_url
 from zonebus.protocol.versions import version_at_least, version_components
-from zonebus.server.connection import ROUTE
+from zonebus.server.connection import LEAF, ROUTE
 from zonebus.server.tls import client_context, server_context
 from zonebus.subjects.sublist import Subscription
 
@@ -216,6 +223,8 @@ class LeafManager:
             fields["nkey"], fields["sig"] = sign(remote.nkey, conn.nonce)
         if conn.remote is not None and conn.remote.deny_imports:
             fields["deny_pub"] = list(conn.remote.deny_imports)  # the hub sends nothing on these
+        if conn.remote is not None and conn.remote.request_isolation:
+            fields["isolate"] = True  # the hub tells this link no other leaf's interest
         return fields
 
     def version_allowed(self, conn: LeafConnection, version: str) -> bool:
@@ -305,6 +314,8 @@ class LeafManager:
         if other is conn:
             return False
         if conn.spoke and other.kind == ROUTE:
+            return False
+        if conn.isolated and other.kind == LEAF:  # (interest isolation: none of another leaf connection's)
             return False
         return conn.perms is None or conn.perms.can_receive(sub.subject)  # (deny_imports: no interest offered)
 

@@ -24,6 +24,7 @@ def connection_info(conn: LeafConnection, subs: bool) -> dict[str, Any]:
         "id": conn.cid,
         "name": conn.remote_name,
         "is_spoke": conn.spoke,
+        **({"is_isolated": True} if conn.isolated else {}),  # (nats-server leaves it out when false)
         "account": conn.bound.display,
         "ip": conn.ip,
         "port": conn.remote_port,
