@@ -66,14 +66,11 @@ async def test_gateways_compress_between_zonebus_clusters() -> None:
         inbound = (await in_thread(gatewayz, b1, False))["inbound_gateways"]["A"][0]["connection"]
         assert inbound["compression"] == "zstd_best"
         assert inbound["compression_bytes"]["raw_in"] > 200 * 400
-        try:
-            msgs, nbytes = await in_thread(wait_until, lambda: (r := ledger_out(ledger, "gw.json"))[0] == 200 and r,
-                                           "200 gateway messages in A's ledger", 30,
-                                           show=lambda: ledger_out(ledger, "gw.json"))
-        except TimeoutError as exc:
-            # Known, not understood: in 2 of 3 full-suite runs on record (never alone, 28 runs, 8 under load) A's
-            # ledger counted only part of the messages its gateway sent (106 of 200 once). Reported, not hidden.
-            pytest.xfail(f"the ledger undercounted the gateway's messages: {exc}")
+        # (a publisher that moved to the worker holding the gateways was not counted there: 106 of 200 once,
+        # tests/workers/test_workers_migrate.py)
+        msgs, nbytes = await in_thread(wait_until, lambda: (r := ledger_out(ledger, "gw.json"))[0] == 200 and r,
+                                       "200 gateway messages in A's ledger", 30,
+                                       show=lambda: ledger_out(ledger, "gw.json"))
         assert nbytes < 0.5 * sum(map(len, sent)), (nbytes, sum(map(len, sent)))
     finally:
         sc.stop()

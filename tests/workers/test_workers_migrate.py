@@ -1,6 +1,7 @@
 """A slow publisher follows its subscriber too: on a server of two workers, a client that publishes a few
 hundred messages a second, all to a subscriber on the other worker, is handed over to that worker once it has
-published `MIN_MSGS` (zonebus.workers.migrate); every message arrives once and in order, before and after."""
+published `MIN_MSGS` (zonebus.workers.migrate); every message arrives once and in order, before and after, and
+the traffic ledger counts every one."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import asyncio
 import time
 
 import nats
+import pyarrow.parquet as pq
 import pytest
 
+from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port
 from zonebus.workers.migrate import MIN_MSGS
 
@@ -48,4 +51,56 @@ async def test_a_slow_publisher_moves_to_its_subscriber() -> None:
     finally:
         for nc in clients:
             await nc.close()
+        server.stop()
+
+
+async def test_a_moved_publishers_messages_stay_in_the_ledger(tmp_path) -> None:  # noqa: ANN001
+    """The traffic ledger counts every message of a client that moved: in on the publisher and out on the
+    subscriber, before and after the move (the adopting worker had no ledger state for it, and counted nothing
+    of what it published there: a gateway test's ledger once held 106 of 200 messages)."""
+    server = ServerProcess("zonebus", f'ledger {{ dir: "{tmp_path}", interval: 1s }}\n', http_port=free_port(),
+                           workers=2).start(timeout=30)
+    clients = []
+    try:
+        clients = [await nats.connect(server.url, connect_timeout=3, allow_reconnect=False) for _ in range(2)]
+        sub_nc, pub_nc = clients
+        sub = await sub_nc.subscribe("counted")
+        await sub_nc.flush()
+        await sub_nc.flush()
+
+        def moved() -> int:
+            return sum(w["clients_moved_out"] for w in server.http_get("/varz")["workers"])
+
+        sent = 0
+        deadline = time.monotonic() + 30
+        while (sent < MIN_MSGS or not moved()) and time.monotonic() < deadline:
+            await pub_nc.publish("counted", b"%d" % sent)
+            sent += 1
+            await asyncio.sleep(0.004)  # pacing (not a synchronisation): the worker looks at its publishers
+        assert moved() == 1, f"not moved after {sent} messages"
+        for _ in range(300):
+            await pub_nc.publish("counted", b"%d" % sent)
+            sent += 1
+        await pub_nc.flush()
+        got = [int((await sub.next_msg(timeout=5)).data) for _ in range(sent)]
+        assert got == list(range(sent))
+    finally:
+        for nc in clients:
+            await nc.close()
+    try:
+        def counted() -> tuple[int, int]:
+            ins = outs = 0
+            for path in sorted((tmp_path / "ledger" / "traffic").rglob("*.parquet")):
+                if not path.name.startswith("."):
+                    for row in pq.read_table(path).to_pylist():
+                        if row["link_kind"] == "client" and row["subject_prefix"] == "counted":
+                            if row["direction"] == "in":
+                                ins += row["msgs"]
+                            else:
+                                outs += row["msgs"]
+            return ins, outs
+
+        assert await asyncio.to_thread(wait_until, lambda: counted() == (sent, sent),
+                                       f"{sent} messages in and out in the ledger", 20, show=counted)
+    finally:
         server.stop()

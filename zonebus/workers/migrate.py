@@ -56,6 +56,8 @@ class _Adopted(ClientConnection):
         super().connection_made(transport)
         if not self.fresh:
             self.server.total_connections -= 1  # the same client: counted once, where it first came
+            if self.server.ledger is not None:  # its traffic from now on is this worker's to count
+                self.server.ledger.client_connected(self)
         data, self.leftover = self.leftover, b""
         if data and not self.closed:
             self.data_received(data)
