@@ -11,12 +11,33 @@ import time
 import nats
 import pyarrow.parquet as pq
 import pytest
+from nats.aio.client import Client
 
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port
 from zonebus.workers.migrate import MIN_MSGS
 
 pytestmark = pytest.mark.timeout(60)
+
+
+async def publish_past_the_move(server: ServerProcess, pub_nc: Client, subject: str, after: int) -> int:
+    """Publish numbered messages, paced, until the publisher moved to the other worker, then `after` more at
+    once; returns how many it sent."""
+    def moved() -> int:
+        return sum(w["clients_moved_out"] for w in server.http_get("/varz")["workers"])
+
+    sent = 0
+    deadline = time.monotonic() + 30
+    while (sent < MIN_MSGS or not moved()) and time.monotonic() < deadline:
+        await pub_nc.publish(subject, b"%d" % sent)
+        sent += 1
+        await asyncio.sleep(0.004)  # pacing: about 250 messages a second (not a synchronisation)
+    assert moved() == 1, f"not moved after {sent} messages"
+    for _ in range(after):  # and after the move
+        await pub_nc.publish(subject, b"%d" % sent)
+        sent += 1
+    await pub_nc.flush()
+    return sent
 
 
 async def test_a_slow_publisher_moves_to_its_subscriber() -> None:
@@ -31,20 +52,7 @@ async def test_a_slow_publisher_moves_to_its_subscriber() -> None:
         await sub_nc.flush()
         await sub_nc.flush()
 
-        def moved() -> int:
-            return sum(w["clients_moved_out"] for w in server.http_get("/varz")["workers"])
-
-        sent = 0
-        deadline = time.monotonic() + 30
-        while (sent < MIN_MSGS or not moved()) and time.monotonic() < deadline:
-            await pub_nc.publish("slow", b"%d" % sent)
-            sent += 1
-            await asyncio.sleep(0.004)  # pacing: about 250 messages a second (not a synchronisation)
-        assert moved() == 1, f"not moved after {sent} messages"
-        for _ in range(20):  # and after the move
-            await pub_nc.publish("slow", b"%d" % sent)
-            sent += 1
-        await pub_nc.flush()
+        sent = await publish_past_the_move(server, pub_nc, "slow", 20)
         got = [int((await sub.next_msg(timeout=5)).data) for _ in range(sent)]
         assert got == list(range(sent))
         assert pub_nc.is_connected and server.http_get("/varz")["connections"] == 2
@@ -68,20 +76,7 @@ async def test_a_moved_publishers_messages_stay_in_the_ledger(tmp_path) -> None:
         await sub_nc.flush()
         await sub_nc.flush()
 
-        def moved() -> int:
-            return sum(w["clients_moved_out"] for w in server.http_get("/varz")["workers"])
-
-        sent = 0
-        deadline = time.monotonic() + 30
-        while (sent < MIN_MSGS or not moved()) and time.monotonic() < deadline:
-            await pub_nc.publish("counted", b"%d" % sent)
-            sent += 1
-            await asyncio.sleep(0.004)  # pacing (not a synchronisation): the worker looks at its publishers
-        assert moved() == 1, f"not moved after {sent} messages"
-        for _ in range(300):
-            await pub_nc.publish("counted", b"%d" % sent)
-            sent += 1
-        await pub_nc.flush()
+        sent = await publish_past_the_move(server, pub_nc, "counted", 300)
         got = [int((await sub.next_msg(timeout=5)).data) for _ in range(sent)]
         assert got == list(range(sent))
     finally:
