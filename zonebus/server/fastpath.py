@@ -73,8 +73,11 @@ class PubLine(PubHeader):
         self.ledger_n = 0  # fast-path messages not yet counted in the ledger (see server/ledger_hooks.py)
 
 
-def forget(hdr: PubLine) -> None:
-    """The line's next messages take the full path (until a later one remembers it again)."""
+def forget(server: MessageRouting, src: Connection, hdr: PubLine) -> None:
+    """The line's next messages take the full path (until a later one remembers it again). Its fast-path
+    messages not counted yet are settled first, along the memo they were replayed on."""
+    if hdr.ledger_n and server.ledger is not None:
+        server.ledger.settle(src, hdr)
     hdr.memo = hdr.qmemo = None
 
 
@@ -112,11 +115,9 @@ def client_memo(server: MessageRouting, src: Connection, hdr: PubLine, r: MatchR
     when they can be replayed: plain client subscribers, routes and workers, and what the forwarder (gateways)
     and the zone relay add; queue groups only on a lone server without a ledger (elsewhere the cluster
     policy, gateways and the decision counts need the full path). Settles the line's ledger count first."""
-    if hdr.ledger_n and server.ledger is not None:
-        server.ledger.settle(src, hdr)
+    forget(server, src, hdr)
     acc = src.account
     hdr.gen = acc.sublist.generation
-    hdr.memo = hdr.qmemo = None
     fwd = server.forwarder if acc is server.global_account else None
     if hdr.reply is not None or hdr.hdr_len >= 0:
         return

@@ -59,9 +59,7 @@ class MessageRouting:
             if took is not None:
                 r, taken = took
                 if memo_for is not None:
-                    if memo_for.ledger_n and self.ledger is not None:  # counted along the memo it replayed
-                        self.ledger.settle(src, memo_for)
-                    forget(memo_for)
+                    forget(self, src, memo_for)
                     memo_for = None
                 if not r:
                     return taken
