@@ -112,7 +112,6 @@ class Connection:
 
     def slow_consumer(self) -> None:
         server = self.server
-        server.slow_consumers += 1
         server.slow_consumer_kinds[self.kind] = server.slow_consumer_kinds.get(self.kind, 0) + 1
         self.server.log(f"{self.kind} {self.cid} slow consumer: closing (pending {self._buffered()} bytes)")
         self.close(abort=True)

@@ -232,7 +232,7 @@ def varz(server: Server) -> dict[str, Any]:
         "out_bytes": totals["out_bytes"],
         "out_client_msgs": clients["out_client_msgs"],
         "out_client_bytes": clients["out_client_bytes"],
-        "slow_consumers": server.slow_consumers,
+        "slow_consumers": sum(server.slow_consumer_kinds.values()),
         "stale_connections": server.stale_connections,
         "subscriptions": server.sublist.count,
         "config_load_time": rfc3339(server.start_time),

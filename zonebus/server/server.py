@@ -69,8 +69,7 @@ class Server(ClientLogins, MessageRouting):
         self._flush_scheduled = False
         self.start_time = time.time()
         self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0  # totals of closed connections
-        self.slow_consumers = 0
-        self.slow_consumer_kinds: dict[str, int] = {}  # the same by connection kind (`/varz`)
+        self.slow_consumer_kinds: dict[str, int] = {}  # slow consumers closed, by connection kind (`/varz`)
         self.stale_connections = 0
         self.total_connections = 0
         self._servers: list[ClientListener] = []
