@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from zonebus.link.connection import LinkConnection
-from zonebus.protocol.route_parser import RS_MINUS, RS_PLUS
+from zonebus.protocol.route_parser import PLAIN, QUEUES_ONLY, RS_MINUS, RS_PLUS
 from zonebus.server.connection import ACCOUNT, ROUTE
 from zonebus.server.fastpath import link_memo, relay_memo
 from zonebus.subjects.sublist import Subscription
@@ -105,6 +105,18 @@ class RouteConnection(LinkConnection):
 
     def describe(self) -> str:
         return f"{self.remote_name or self.remote_id or self.url} ({self.ip}:{self.remote_port})"
+
+    def forward(self, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
+                queues: list[bytes] | None, account: bytes = ACCOUNT, relay: int = PLAIN) -> None:
+        """A queue-only frame (QMSG) goes only to a peer that takes relay frames (a zonebus one with the zone
+        relay on, or another worker); any other peer gets a plain RMSG naming the groups, unless it has plain
+        interest in the subject: its plain subscribers had their copy already (so none is sent)."""
+        if relay == QUEUES_ONLY and self.kind == ROUTE and not self.zone_relay:
+            acc = self.server.accounts.get(account)
+            if acc is None or any(s.conn is self for s in acc.sublist.match(subject).psubs):
+                return
+            relay = PLAIN
+        super().forward(subject, reply, hdr_len, data, queues, account, relay)
 
     # -- interest ------------------------------------------------------------------------------------
     def remote_interest(self, subs: dict, key: tuple, acc: Account, subject: bytes, queue: bytes | None,

@@ -14,6 +14,7 @@ through the attributes below. The core calls them; it never imports them.
 | `forwarder` | `Forwarder` or None | every message not from a route: takes its part (gateways), the core the rest |
 | `account_forwarder` | `AccountForwarder` or None | the same for a message of another account (gateways) |
 | `queue_picker` | `QueuePicker` or None | a queue group needs a member (the cluster's routing policy) |
+| `queue_fallback` | `QueueFallback` or None | a link named a queue group with no member here left to serve it (***) |
 | `connect_urls` | `() -> list[str]` or None | a client's INFO is built (`connect_urls` for failover) |
 | `client_urls_changed()` | method | an extension tells the core that `connect_urls` changed |
 | `url_watchers` | list of `() -> None` | `client_urls_changed()` told this process's clients |
@@ -31,7 +32,9 @@ through the attributes below. The core calls them; it never imports them.
 (*) zonebus.workers: refused over a `max_connections` counted across the worker processes, or handed to
 another process (the hook then marked the connection closed). (**) zonebus.workers: once the other worker
 processes have confirmed this one's interest; the gate sends it with `conn.send_pong()` (a client's first
-PONG lets the async INFO held back until then follow it).
+PONG lets the async INFO held back until then follow it). (***) zonebus.workers: the member that stands for the
+other worker's members, when that worker picked this one on interest that changed since (the message goes
+back there as a queue-only frame instead of being dropped; one that came as such is not passed on again).
 
 What extensions call on the Server (public methods; no extension uses a private name of the core, checked
 by `tests/unit/test_seams.py`):
@@ -128,6 +131,7 @@ class ZoneRelay(Protocol):
 
 
 QueuePicker = Callable[["Connection", list["Subscription"], bytes, int], "Subscription | None"]
+QueueFallback = Callable[["Connection", list["Subscription"]], "Subscription | None"]  # (src, the whole group)
 PageBuilder = Callable[[Mapping[str, str]], "dict[str, Any] | Awaitable[dict[str, Any]]"]  # awaited when awaitable
 
 

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 from zonebus.protocol.route_parser import PLAIN, QUEUES_ONLY, RELAY
 from zonebus.server.connection import CLIENT, GATEWAY, INTERNAL, LEAF, LINKS, ROUTE, Connection, link_allows
 from zonebus.server.fastpath import PubLine, client_memo, forget
-from zonebus.server.hooks import AccountForwarder, Forwarder, PublishInterceptor, QueuePicker, ZoneRelay
+from zonebus.server.hooks import (
+    AccountForwarder,
+    Forwarder,
+    PublishInterceptor,
+    QueueFallback,
+    QueuePicker,
+    ZoneRelay,
+)
 from zonebus.subjects.sublist import MatchResult, Sublist, Subscription
 
 if TYPE_CHECKING:
@@ -34,6 +41,7 @@ class MessageRouting:
     forwarder: Forwarder | None
     account_forwarder: AccountForwarder | None
     queue_picker: QueuePicker | None
+    queue_fallback: QueueFallback | None
     publish_interceptor: PublishInterceptor | None
     zone_relay: ZoneRelay | None
 
@@ -147,7 +155,8 @@ class MessageRouting:
         plan = zr.plan(subject, list(routes)) if routes and zr is not None and src_kind != ROUTE else None
         if r.qsubs:
             if from_link:
-                routes, d = self._serve_named_queues(src, r.qsubs, routes, queues, subject, reply, hdr_len, data)
+                routes, d = self._serve_named_queues(src, r.qsubs, routes, queues, subject, reply, hdr_len, data,
+                                                     acc, relayed)
                 delivered |= d
             else:
                 only = (queues or ()) if src.kind == GATEWAY else None
@@ -212,9 +221,11 @@ class MessageRouting:
 
     def _serve_named_queues(self, src: Connection, groups: list[list[Subscription]], routes,
                             queues: list[bytes] | None, subject: bytes, reply: bytes | None, hdr_len: int,
-                            data: bytes):
+                            data: bytes, acc: Account | None = None, relayed: int = PLAIN):
         """A link named the queue groups this server is to serve: one member of each, among the local ones
-        and those behind links of another kind than the sender's (see `deliver_in_cluster`)."""
+        and those behind links of another kind than the sender's (see `deliver_in_cluster`). A group with
+        none of those left goes where `queue_fallback` says, as a queue-only frame, unless it came in one
+        (so it is passed on once at most); else it is dropped."""
         delivered = False
         if not queues:
             return routes, delivered
@@ -225,6 +236,12 @@ class MessageRouting:
             members = _leafs_last(src, [s for s in group if s.conn.kind != src_kind
                                         or (src_kind == LEAF and link_allows(src, s.conn))])
             if not members:
+                fallback = self.queue_fallback if relayed != QUEUES_ONLY else None
+                back = fallback(src, group) if fallback is not None else None
+                if back is not None:
+                    name = self.global_account.name if acc is None else acc.name
+                    back.conn.forward(subject, reply, hdr_len, data, [back.queue], name, QUEUES_ONLY)
+                    delivered = True
                 continue
             if self.queue_picker is not None and any(s.conn.kind in LINKS for s in members):
                 sub = self.queue_picker(src, members, subject, len(data) - 2)

@@ -462,6 +462,15 @@ class LocalMesh:
             return weighted_choice(here, self.server.random, _members_here)
         return weighted_choice(group, self.server.random)
 
+    def unserved_queue(self, src: Any, group: list[Subscription]) -> Subscription | None:
+        """Another worker named a queue group of which this worker has no member left: it picked on interest
+        that changed since (a member left here, and the news had not reached it yet). The message goes back to
+        it (a queue-only frame, which is never sent back again), to be served among its own members and the
+        routes'. None: no member there either (dropped, as in nats-server)."""
+        if src.kind != WORKER:
+            return None
+        return next((s for s in group if s.conn is src), None)
+
     # -- PONGs held until the peers have this worker's interest ------------------------------------------
     def pong_gate(self, conn: ClientConnection) -> bool:
         """A client PINGed: True when its PONG is held (sent later by the mesh), False to send it now."""

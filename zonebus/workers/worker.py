@@ -65,6 +65,7 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     server.account_watchers.append(mesh)
     server.local_watchers.append(mesh)  # e.g. a clustered JetStream's API: answered by the worker that runs it
     server.pong_gate = mesh.pong_gate
+    server.queue_fallback = mesh.unserved_queue  # a message picked for a member that just left goes back
     if node.cluster is None:  # else the cluster's policy picks, a worker's members being this server's
         server.queue_picker = mesh.pick_queue_member
     if node.cluster is not None or node.gateway is not None or node.leaf is not None:
