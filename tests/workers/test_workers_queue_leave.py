@@ -20,7 +20,15 @@ import pytest
 from nats.aio.client import Client
 
 from zonebus.testing.polling import until
-from zonebus.testing.processes import ServerProcess, free_port
+from zonebus.testing.processes import (
+    ServerProcess,
+    cluster_config,
+    free_port,
+    start_parallel,
+    stop_all,
+    wait_for_mesh,
+    wait_for_route_interest,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -94,58 +102,97 @@ async def _client_on(url: str, worker: int, tries: int = 40) -> Client:
     raise AssertionError(f"no client landed on worker {worker} in {tries} tries")
 
 
+async def _leave_rounds(port: int, first: RawConn, pub: RawConn, stays: Counter[int], raws: list[RawConn]) -> None:
+    """`ROUNDS` leaving members on `first`'s worker, one after the other (`first` is the first): each gets
+    `LEAVE_AFTER` messages from `pub`, then leaves while a burst is on its way. Asserts that every message
+    reached exactly one member (the leaving ones or those counted in `stays`). `raws`: for closing."""
+    sent = 0
+    raw = first
+
+    def received() -> int:
+        return sum(stays.values()) + sum(len(r.got) for r in raws)
+
+    for round_ in range(ROUNDS):
+        if round_:  # a new leaving member on that worker for each round (the old one closed)
+            raw = await _raw_on(port, first.worker, round_ + 1)
+            raws.append(raw)
+        while len(raw.got) < LEAVE_AFTER:  # until it was picked often enough
+            await pub.publish(range(sent, sent + 50))
+            sent += 50
+            await asyncio.sleep(0.002)  # pacing (the reader counts meanwhile)
+            assert sent < 100_000, f"round {round_}: the leaving member got {len(raw.got)} messages"
+        await pub.publish(range(sent, sent + BURST))  # on its way while the UNSUB is processed
+        sent += BURST
+        await raw.write(b"UNSUB %d\r\n" % (round_ + 1))
+        try:  # the round's messages are all in before its member's socket closes
+            await until(lambda n=sent: received() >= n, f"round {round_}: every message at a member", 10)
+        except TimeoutError:
+            pass  # counted below
+        await raw.close()  # (so that the next one lands on that worker: new clients go to the least loaded)
+
+    got = Counter(n for r in raws for n in r.got) + stays
+    lost = [n for n in range(sent) if not got[n]]
+    dups = [n for n, k in got.items() if k > 1]
+    assert not lost, f"{len(lost)} of {sent} messages lost, e.g. {lost[:10]}"
+    assert not dups, f"{len(dups)} messages delivered twice, e.g. {dups[:10]}"
+
+
+def _counter(stays: Counter[int]):  # noqa: ANN202
+    async def stayed(msg) -> None:  # noqa: ANN001
+        stays[int(msg.data)] += 1
+    return stayed
+
+
 async def test_messages_picked_for_a_member_that_just_left_reach_one_that_stays() -> None:
     server = ServerProcess("zonebus", "", http_port=free_port(), workers=2).start(timeout=30)
-    raws: list[RawConn] = []  # the leaving members, and the publisher last
+    raws: list[RawConn] = []
     stay_nc: Client | None = None
     try:
         stays: Counter[int] = Counter()
-        raw = RawConn()
-        raws.append(raw)
-        await raw.open(server.port, 1)
-        here = 1 - raw.worker  # the publisher and the member that stays: on the other worker
+        first = RawConn()
+        raws.append(first)
+        await first.open(server.port, 1)
+        here = 1 - first.worker  # the publisher and the member that stays: on the other worker
         stay_nc = await _client_on(server.url, here)
-
-        async def stayed(msg) -> None:  # noqa: ANN001
-            stays[int(msg.data)] += 1
-
-        await stay_nc.subscribe(SUBJECT.decode(), queue="q", cb=stayed)
+        await stay_nc.subscribe(SUBJECT.decode(), queue="q", cb=_counter(stays))
         await stay_nc.flush()
         pub = await _raw_on(server.port, here, None)
         raws.append(pub)
-        sent = 0
-        members = len(raws)
-
-        def received() -> int:
-            return sum(stays.values()) + sum(len(r.got) for r in raws)
-
-        for round_ in range(ROUNDS):
-            if round_:  # a new leaving member on the raw side's worker for each round (the old one closed)
-                raw = await _raw_on(server.port, 1 - here, round_ + 1)
-                raws.insert(members, raw)
-                members += 1
-            while len(raw.got) < LEAVE_AFTER:  # until it was picked often enough
-                await pub.publish(range(sent, sent + 50))
-                sent += 50
-                await asyncio.sleep(0.002)  # pacing (the reader counts meanwhile)
-                assert sent < 100_000, f"round {round_}: the leaving member got {len(raw.got)} messages"
-            await pub.publish(range(sent, sent + BURST))  # on its way while the UNSUB is processed
-            sent += BURST
-            await raw.write(b"UNSUB %d\r\n" % (round_ + 1))
-            try:  # the round's messages are all in before its member's socket closes
-                await until(lambda n=sent: received() >= n, f"round {round_}: every message at a member", 10)
-            except TimeoutError:
-                pass  # counted below
-            await raw.close()  # (so that the next one lands on that worker: new clients go to the least loaded)
-
-        got = Counter(n for r in raws for n in r.got) + stays
-        lost = [n for n in range(sent) if not got[n]]
-        dups = [n for n, k in got.items() if k > 1]
-        assert not lost, f"{len(lost)} of {sent} messages lost, e.g. {lost[:10]}"
-        assert not dups, f"{len(dups)} messages delivered twice, e.g. {dups[:10]}"
+        await _leave_rounds(server.port, first, pub, stays, raws)
     finally:
         for r in raws:
             await r.close()
         if stay_nc is not None:
             await stay_nc.close()
         server.stop()
+
+
+async def test_in_a_cluster_with_nats_server_they_reach_its_member() -> None:
+    """The same with the member that stays on a nats-server routed to the zonebus server: the messages go
+    back to worker 0 (which holds the route) and on to nats-server as plain RMSGs naming the group (it takes
+    no queue-only frames: sent one, it would close the route)."""
+    zb_port, ns_port = free_port(), free_port()
+    zb = ServerProcess("zonebus", cluster_config("zb", zb_port, [ns_port]), http_port=free_port(), workers=2)
+    ns = ServerProcess("nats", cluster_config("ns", ns_port, [zb_port]), http_port=free_port())
+    start_parallel([zb, ns])
+    raws: list[RawConn] = []
+    stay_nc: Client | None = None
+    try:
+        await asyncio.to_thread(wait_for_mesh, [zb, ns])
+        stays: Counter[int] = Counter()
+        stay_nc = await nats.connect(ns.url, connect_timeout=3, allow_reconnect=False)
+        await stay_nc.subscribe(SUBJECT.decode(), queue="q", cb=_counter(stays))
+        await stay_nc.flush()
+        await asyncio.to_thread(wait_for_route_interest, zb, SUBJECT.decode(), "q")
+        first = await _raw_on(zb.port, 1, 1)  # the leaving members on worker 1
+        raws.append(first)
+        pub = await _raw_on(zb.port, 0, None)  # the publisher on worker 0, which holds the route
+        raws.append(pub)
+        await _leave_rounds(zb.port, first, pub, stays, raws)
+        assert ns.http_get("/routez")["num_routes"] == 1, "the route to zonebus stayed up"
+    finally:
+        for r in raws:
+            await r.close()
+        if stay_nc is not None:
+            await stay_nc.close()
+        stop_all([zb, ns])
