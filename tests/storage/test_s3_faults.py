@@ -10,17 +10,22 @@ again) are allowed and printed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import time
 from pathlib import Path
 
 import nats
 import pytest
 
+from tests.stream.kit_cluster import start_cluster, wait_meta_leader
 from zonebus.storage.fs import ObjectExists
 from zonebus.storage.s3client import S3Objects
 from zonebus.testing.faultload import PHASES, FaultPublisher, check, read_back, run_phases
+from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3
 from zonebus.testing.polling import until
-from zonebus.testing.processes import ServerProcess
+from zonebus.testing.processes import ServerProcess, stop_all
 
 PUBLISHERS = 8
 
@@ -111,9 +116,54 @@ async def test_message_get_never_shows_an_unacknowledged_message(tmp_path: Path,
         except nats.errors.TimeoutError:
             answer = b"(no answer)"
         assert b'"seq":2' not in answer, f"the get showed the message whose upload is held: {answer!r}"
+        assert b'"code":503' in answer, f"not answered 503 after waiting: {answer!r}"
         assert not pending.done(), "v2 was acknowledged while its upload was held"
         proxied.proxy.clear_faults()
         pending.cancel()
         await nc.close()
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_message_get_waiting_while_its_stream_moves_is_not_answered_not_found(tmp_path: Path,
+                                                                                      proxied: MotoS3) -> None:
+    """A get waiting for an upload (above) on a stream that then leaves its server (a stepdown here; a newer
+    leader fencing the store in a pause campaign) is answered 503, like a get that waited too long: not "stream
+    not found" (404) for a stream that exists, which a KV client reads as "no such key" (a pause campaign read
+    a key as absent that way while it held a value)."""
+    assert proxied.proxy is not None
+    url = f"s3://{proxied.bucket}/moving-{tmp_path.name}"
+    servers = start_cluster(tmp_path, failover="1s", shared=url, env=proxied.env())
+    try:
+        await wait_meta_leader(servers)
+        nc = await nats.connect(servers=[x.url for x in servers], max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.1)
+        js = nc.jetstream(timeout=5)
+        await create_stream_retrying(nc, {"name": "MOV", "subjects": ["mov.>"], "num_replicas": 1},
+                                     time.monotonic() + 20, "stream MOV")
+        first = await js.publish("mov.k", b"v1")
+        # the next upload of the stream's log hangs 3 s, then its connection drops (the client sends it again)
+        log = f"moving-{tmp_path.name}/streams/MOV/log/"
+        proxied.proxy.set_faults(kind="PUT", timeout=1.0, hold=3.0, limit=1, prefix=log)
+        pending = asyncio.create_task(js.publish("mov.k", b"v2", timeout=30))
+
+        async def appended() -> bool:  # the leader holds v2 (its last sequence moved), not acknowledged
+            info = await js.stream_info("MOV")
+            return info.state.last_seq > first.seq
+
+        await until(appended, "v2 appended", timeout=10, interval=0.05)
+        get = asyncio.create_task(nc.request("$JS.API.STREAM.MSG.GET.MOV", b'{"last_by_subj":"mov.k"}', timeout=20))
+        await asyncio.sleep(0.2)  # (the get reaches the leader and waits there; not a synchronisation)
+        assert not get.done(), f"the get was answered before the stream moved: {get.result().data!r}"
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):  # (answered once the store closed)
+            await nc.request("$JS.API.STREAM.LEADER.STEPDOWN.MOV", b"", timeout=20)
+        answer = json.loads((await get).data)
+        assert answer.get("error", {}).get("err_code") != 10059, f"answered 'stream not found': {answer}"
+        assert answer.get("error", {}).get("code") == 503, answer
+        proxied.proxy.clear_faults()
+        pending.cancel()
+        await nc.close()
+    finally:
+        proxied.proxy.clear_faults()
+        stop_all(servers)

@@ -5,7 +5,8 @@ appends first and acknowledges later (once fsynced, uploaded, or held by a repli
 `visible_seq`); a get answered from what is merely appended could show a message that a crash then loses, which
 a KV campaign (`bench/chaos.py --workloads kv`) showed as a value read once and gone after a failover. So a get
 that comes while the stream holds messages not acknowledged yet is answered once they are, and after
-`VISIBLE_WAIT` seconds without that, with 503 (10008) instead.
+`VISIBLE_WAIT` seconds without that, with 503 (10008) instead; so is one whose stream left this server
+meanwhile (never "stream not found" for a stream that exists).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING
 
-from zonebus.protocol.jserrors import JSError
+from zonebus.meta import MetaError  # (503 10008: JetStream system temporarily unavailable)
 from zonebus.stream.api import error_json
 
 if TYPE_CHECKING:
@@ -49,9 +50,15 @@ async def answer_when_visible(svc: JetStreamService, stream: Stream, subject: st
     deadline = loop.time() + VISIBLE_WAIT
     while stream.store.visible_seq() < target and not stream.closed:
         if loop.time() >= deadline:
-            svc.send(reply, error_json("stream_msg_get_response", JSError("cluster_not_avail")))
+            svc.send(reply, error_json("stream_msg_get_response", MetaError("cluster_not_avail")))
             return
         await asyncio.sleep(POLL)
+    if stream.closed and not stream.deleted:
+        # the stream left this server while the get waited (a newer leader fenced its store, or it stepped
+        # down): 503, as for a get that waited too long; answered from here, the API would say "stream not
+        # found" (404), which a KV client reads as "no such key" (a pause campaign saw exactly that)
+        svc.send(reply, error_json("stream_msg_get_response", MetaError("cluster_not_avail")))
+        return
     resp = svc.api.handle(subject, payload)
     if resp is not None:
         svc.send(reply, json.dumps(resp, separators=(",", ":")).encode())

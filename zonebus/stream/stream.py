@@ -81,6 +81,7 @@ class Stream:
         self.sourced_by: list[SourceLink] = []  # links of the streams sourcing this one
         self.sources: list[SourceLink] = []
         self.closed = False
+        self.deleted = False  # closed for good (deleted), not only released to another server
         self._ack_head = b'{"stream":' + json.dumps(self.name).encode() + b',"seq":'  # PubAck: head, seq, "}"
         self._reply = getattr(service.client, "reply", None)  # InternalClient's short reply path
         if store.on_visible is None:  # a store that acknowledges once durable announces its messages then
@@ -553,7 +554,7 @@ class Stream:
         self.store.close()
 
     def destroy(self) -> None:
-        self.closed = True
+        self.closed = self.deleted = True
         self._stop_timers()
         for c in list(self.consumers.values()):
             c.stop(deleted=True)

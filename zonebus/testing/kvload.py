@@ -28,6 +28,7 @@ import nats.js.errors
 from zonebus.testing.linearizable import CAS, FAIL, INF, INFO, OK, PUT, READ, Op, Verdict, by_key, check
 
 WRONG_LAST_SEQUENCE = 10071
+NO_MESSAGE = 10037  # JetStream's "no message found": the one 404 that means the key is absent
 
 
 def bucket_stream(bucket: str, replicas: int, placement: list[str] | None = None) -> dict:
@@ -100,7 +101,12 @@ class KVClient:
     async def _read(self, kv, process: str, key: str, start: float) -> Op:
         try:
             entry = await kv.get(key)
-        except nats.js.errors.KeyNotFoundError:
+        except nats.js.errors.KeyNotFoundError as exc:
+            cause = exc.__context__  # nats-py turns any 404 of STREAM.MSG.GET into KeyNotFound
+            code = getattr(cause, "err_code", None)
+            if code not in (None, NO_MESSAGE):  # e.g. "stream not found": a wrong answer, kept as read
+                why = f"read 404 {code} {getattr(cause, 'description', '')}"
+                self.outcomes[why] = self.outcomes.get(why, 0) + 1
             return Op(process, READ, start, time.monotonic(), OK, None, revision=None)
         except (nats.errors.Error, TimeoutError):
             return Op(process, READ, start, time.monotonic(), FAIL)
