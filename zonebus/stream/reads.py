@@ -15,7 +15,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING
 
-from zonebus.meta import MetaError  # (503 10008: JetStream system temporarily unavailable)
+from zonebus.meta import MetaError
 from zonebus.stream.api import error_json
 
 if TYPE_CHECKING:
@@ -50,15 +50,20 @@ async def answer_when_visible(svc: JetStreamService, stream: Stream, subject: st
     deadline = loop.time() + VISIBLE_WAIT
     while stream.store.visible_seq() < target and not stream.closed:
         if loop.time() >= deadline:
-            svc.send(reply, error_json("stream_msg_get_response", MetaError("cluster_not_avail")))
+            _unavailable(svc, reply)
             return
         await asyncio.sleep(POLL)
     if stream.closed and not stream.deleted:
         # the stream left this server while the get waited (a newer leader fenced its store, or it stepped
         # down): 503, as for a get that waited too long; answered from here, the API would say "stream not
         # found" (404), which a KV client reads as "no such key" (a pause campaign saw exactly that)
-        svc.send(reply, error_json("stream_msg_get_response", MetaError("cluster_not_avail")))
+        _unavailable(svc, reply)
         return
     resp = svc.api.handle(subject, payload)
     if resp is not None:
         svc.send(reply, json.dumps(resp, separators=(",", ":")).encode())
+
+
+def _unavailable(svc: JetStreamService, reply: str) -> None:
+    """503 (10008): JetStream system temporarily unavailable."""
+    svc.send(reply, error_json("stream_msg_get_response", MetaError("cluster_not_avail")))
