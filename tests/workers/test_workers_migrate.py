@@ -40,25 +40,35 @@ async def publish_past_the_move(server: ServerProcess, pub_nc: Client, subject: 
     return sent
 
 
-async def test_a_slow_publisher_moves_to_its_subscriber() -> None:
-    server = ServerProcess("zonebus", "", http_port=free_port(), workers=2).start(timeout=30)
+async def move_a_publisher(server: ServerProcess, subject: str, after: int) -> int:
+    """A subscriber and a publisher on the two workers of `server`; the publisher publishes past its move
+    (`publish_past_the_move`); every message arrives once and in order, and both clients are still connected.
+    Returns how many were sent."""
     clients = []
     try:
         # new clients go to the worker with the fewest, so the second lands on the other worker
         clients = [await nats.connect(server.url, connect_timeout=3, allow_reconnect=False) for _ in range(2)]
         sub_nc, pub_nc = clients
         assert int(sub_nc.client_id) >> 32 != int(pub_nc.client_id) >> 32  # worker i: ids above i * 2^32
-        sub = await sub_nc.subscribe("slow")
+        sub = await sub_nc.subscribe(subject)
         await sub_nc.flush()
         await sub_nc.flush()
 
-        sent = await publish_past_the_move(server, pub_nc, "slow", 20)
+        sent = await publish_past_the_move(server, pub_nc, subject, after)
         got = [int((await sub.next_msg(timeout=5)).data) for _ in range(sent)]
         assert got == list(range(sent))
         assert pub_nc.is_connected and server.http_get("/varz")["connections"] == 2
+        return sent
     finally:
         for nc in clients:
             await nc.close()
+
+
+async def test_a_slow_publisher_moves_to_its_subscriber() -> None:
+    server = ServerProcess("zonebus", "", http_port=free_port(), workers=2).start(timeout=30)
+    try:
+        await move_a_publisher(server, "slow", 20)
+    finally:
         server.stop()
 
 
@@ -68,21 +78,8 @@ async def test_a_moved_publishers_messages_stay_in_the_ledger(tmp_path) -> None:
     of what it published there: a gateway test's ledger once held 106 of 200 messages)."""
     server = ServerProcess("zonebus", f'ledger {{ dir: "{tmp_path}", interval: 1s }}\n', http_port=free_port(),
                            workers=2).start(timeout=30)
-    clients = []
     try:
-        clients = [await nats.connect(server.url, connect_timeout=3, allow_reconnect=False) for _ in range(2)]
-        sub_nc, pub_nc = clients
-        sub = await sub_nc.subscribe("counted")
-        await sub_nc.flush()
-        await sub_nc.flush()
-
-        sent = await publish_past_the_move(server, pub_nc, "counted", 300)
-        got = [int((await sub.next_msg(timeout=5)).data) for _ in range(sent)]
-        assert got == list(range(sent))
-    finally:
-        for nc in clients:
-            await nc.close()
-    try:
+        sent = await move_a_publisher(server, "counted", 300)
         def counted() -> tuple[int, int]:
             ins = outs = 0
             for path in sorted((tmp_path / "ledger" / "traffic").rglob("*.parquet")):
