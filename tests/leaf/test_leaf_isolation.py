@@ -69,6 +69,17 @@ def _from(msgs: list, origin: bytes) -> list[str]:
     return [m.subject for m in msgs if m.data.startswith(origin)]
 
 
+async def _one_then_marker(nc, subject: str, origin: bytes, marker_sub, watched, told: bool) -> None:  # noqa: ANN001
+    """`nc` publishes `subject`, then the marker `<its first token>.mark` (payloads `<origin>one`,
+    `<origin>mark`): `marker_sub` gets the marker; `watched` gets `subject` exactly when `told`, then the marker."""
+    mark = subject.split(".")[0] + ".mark"
+    await nc.publish(subject, origin + b"one")
+    await nc.publish(mark, origin + b"mark")
+    await nc.flush()
+    assert (await marker_sub.next_msg(timeout=10)).data == origin + b"mark"
+    assert _from(await _until_marker(watched, origin + b"mark"), origin) == [subject] * told + [mark]
+
+
 async def _east_west(hub: ServerProcess, a: ServerProcess, b: ServerProcess, a_told_b: bool,
                      b_told_a: bool) -> None:
     """Leafs `a` and `b` of `hub`. `a_told_b`: the hub tells `a` the interest of `b` (and so `a` sends `b`'s
@@ -209,17 +220,9 @@ async def _through_the_middle(top: ServerProcess, middle: ServerProcess, leaf: S
         assert ("up.>" in _told(top, "middle")) == top_told, _told(top, "middle")
         assert ("down.>" in _told(leaf, "middle")) == leaf_told, _told(leaf, "middle")
         # the top's publishes: the middle's subscriber gets them, the leaf's only for what the top knows
-        await nt.publish("up.x", b"t:one")
-        await nt.publish("up.mark", b"t:mark")
-        await nt.flush()
-        assert (await on_mid.next_msg(timeout=10)).data == b"t:mark"
-        assert _from(await _until_marker(on_leaf, b"t:mark"), b"t:") == ["up.x"] * top_told + ["up.mark"]
+        await _one_then_marker(nt, "up.x", b"t:", on_mid, on_leaf, top_told)
         # and the other way
-        await nl.publish("down.x", b"l:one")
-        await nl.publish("down.mark", b"l:mark")
-        await nl.flush()
-        assert (await on_mid.next_msg(timeout=10)).data == b"l:mark"
-        assert _from(await _until_marker(on_top, b"l:mark"), b"l:") == ["down.x"] * leaf_told + ["down.mark"]
+        await _one_then_marker(nl, "down.x", b"l:", on_mid, on_top, leaf_told)
     finally:
         await nt.close()
         await nm.close()
@@ -259,11 +262,7 @@ async def _across(h1: ServerProcess, a: ServerProcess, b: ServerProcess, told: b
         await settled(n1)
         await until(lambda: "across.mark" in _told(b, "h2"), "h1's client's interest at b", timeout=30)
         assert ("across.>" in _told(b, "h2")) == told, _told(b, "h2")
-        await nb.publish("across.b", b"b:one")
-        await nb.publish("across.mark", b"b:mark")
-        await nb.flush()
-        assert (await on_h1.next_msg(timeout=10)).data == b"b:mark"
-        assert _from(await _until_marker(on_a, b"b:mark"), b"b:") == ["across.b"] * told + ["across.mark"]
+        await _one_then_marker(nb, "across.b", b"b:", on_h1, on_a, told)
     finally:
         await n1.close()
         await na.close()
