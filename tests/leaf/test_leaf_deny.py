@@ -7,8 +7,6 @@ those subjects is sent to it, and its interest in one of them is a permissions v
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 
 import nats
 import pytest
@@ -107,43 +105,22 @@ def test_hub_honours_a_leafs_deny_pub(impl: str) -> None:
 
 async def _raw_leaf(hub: ServerProcess, port: int) -> None:
     nh = await nats.connect(hub.url, allow_reconnect=False, connect_timeout=3)
-    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    raw = kit.RawLeaf(port, subjects=("*.w",), name="raw", deny_pub=["private.>"])
     try:
-        f = s.makefile("rb")
-        assert f.readline().startswith(b"INFO ")
-        connect = {"server_id": "NRAWLEAF", "name": "raw", "headers": True, "deny_pub": ["private.>"]}
-        s.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nLS+ *.w\r\nPING\r\n")
         await until(lambda: "*.w" in _subs(hub), "the raw leaf's interest")
         await nh.publish("private.w", b"no")
         await nh.publish("open.w", b"yes")
         await nh.flush()
-        line = await asyncio.to_thread(_next_msg_line, f, s)
-        assert line.split()[1] == b"open.w", line
-        s.sendall(b"LS+ private.q\r\n")
-        rest = await asyncio.to_thread(_read_all, f)
+        msgs = await until(lambda: [x for x in raw.lines if x.startswith((b"LMSG", b"HMSG"))],
+                           "a message at the raw leaf", show=lambda: raw.lines)
+        assert msgs[0].split()[1] == b"open.w", msgs[0]
+        raw.subscribe("private.q")
+        await until(lambda: raw.eof, "the hub closed the raw leaf", show=lambda: raw.lines)
+        rest = b"".join(raw.lines)
         assert b"-ERR 'Permissions Violation for Subscription to \"private.q\"'" in rest, rest
     finally:
-        s.close()
+        raw.close()
         await nh.close()
-
-
-def _next_msg_line(f, s: socket.socket) -> bytes:
-    while True:
-        line = f.readline()
-        assert line, "closed"
-        if line.startswith(b"PING"):
-            s.sendall(b"PONG\r\n")
-        elif line.startswith((b"LMSG", b"HMSG")):
-            return line
-
-
-def _read_all(f) -> bytes:
-    out = b""
-    while True:
-        line = f.readline()
-        if not line:
-            return out
-        out += line
 
 
 @pytest.mark.parametrize("conf, words", [

@@ -18,7 +18,6 @@ import asyncio
 import json
 import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import nats
@@ -45,48 +44,6 @@ PAIRS = [("zonebus", "zonebus"), ("nats", "zonebus"), ("zonebus", "nats"), ("nat
 REJECTED = "connection rejected since minimum version required is"
 
 
-class RawLeaf:
-    """A leaf connection by hand: reads the hub's INFO, sends a CONNECT (with `version`) and `LS+` lines; then
-    either reads on (`lines`, the INFO objects in `infos`, PINGs answered) or, `stuck`, never reads again
-    (a receive buffer of 4 KB, so that the hub's writes back up)."""
-
-    def __init__(self, port: int, version: str = "2.12.0", subjects: tuple[str, ...] = (), stuck: bool = False,
-                 connect: bool = True) -> None:
-        self.sock = socket.socket()
-        if stuck:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        self.sock.settimeout(10)
-        self.sock.connect(("127.0.0.1", port))
-        self._file = self.sock.makefile("rb")
-        first = self._file.readline()
-        assert first.startswith(b"INFO "), first
-        self.info = json.loads(first[5:])
-        self.infos: list[dict] = []  # INFOs after the first
-        self.lines: list[bytes] = []
-        self.eof = False
-        if connect:
-            fields = {"server_id": "NRAWLEAF", "name": "rawleaf", "headers": True, "version": version}
-            out = b"CONNECT " + json.dumps(fields).encode() + b"\r\n"
-            out += b"".join(b"LS+ " + s.encode() + b"\r\n" for s in subjects)
-            self.sock.sendall(out)
-        if not stuck:
-            threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        try:
-            for line in self._file:
-                self.lines.append(line)
-                if line.startswith(b"INFO "):
-                    self.infos.append(json.loads(line[5:]))
-                elif line == b"PING\r\n":
-                    self.sock.sendall(b"PONG\r\n")
-        except OSError:
-            pass
-        self.eof = True
-
-    def close(self) -> None:
-        self.sock.close()
-
 
 # -- write_deadline ----------------------------------------------------------------------------------------
 @pytest.mark.timeout(120)
@@ -96,7 +53,7 @@ def test_write_deadline_cuts_a_stuck_leaf_not_a_stuck_client(impl: str) -> None:
     port = free_port()
     hub = kit.hub(impl, port, 'write_deadline: "1s"', top='write_deadline: "30s"\n')
     hub.start()
-    leaf = RawLeaf(port, subjects=("slow",), stuck=True)
+    leaf = kit.RawLeaf(port, subjects=("slow",), stuck=True)
     client = socket.socket()
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     try:
@@ -145,7 +102,7 @@ def test_advertise_is_what_the_hub_tells_leaf_nodes(impl: str, advertise: str, t
     hub = kit.hub(impl, port, f'advertise: "{advertise}"')
     hub.start()
     try:
-        raw = RawLeaf(port, connect=False)
+        raw = kit.RawLeaf(port, connect=False)
         raw.close()
         url = told.format(port=port)
         host, _, told_port = url.rpartition(":")
@@ -172,7 +129,7 @@ def test_no_advertise_hub_alone_lists_no_url(hub_impl: str, leaf_impl: str) -> N
     leaf = kit.spoke(leaf_impl, port)
     hub.start()
     try:
-        raw = RawLeaf(port, connect=False)
+        raw = kit.RawLeaf(port, connect=False)
         raw.close()
         assert "leafnode_urls" not in raw.info and raw.info["info_on_connect"] is True, raw.info
         leaf.start()
@@ -194,7 +151,7 @@ def test_cluster_leafnode_urls_leave_out_no_advertise(a_impl: str, b_impl: str) 
     a = ServerProcess(a_impl, http_port=free_port(), config=cluster_config(
         "a", ra, [rb], extra=f'leafnodes {{ listen: "127.0.0.1:{pa}", advertise: "{a_url}" }}'))
     b.start()
-    leaf_b = RawLeaf(pb)
+    leaf_b = kit.RawLeaf(pb)
     try:
         assert "leafnode_urls" not in leaf_b.info, leaf_b.info
         wait_until(lambda: b.http_get("/leafz")["leafnodes"] == 1, "B's leaf registered")
@@ -202,7 +159,7 @@ def test_cluster_leafnode_urls_leave_out_no_advertise(a_impl: str, b_impl: str) 
         wait_until(lambda: leaf_b.infos and leaf_b.infos[-1].get("leafnode_urls") == [a_url],
                    "B's leaf told A's URL", show=lambda: leaf_b.infos)
         wait_until(lambda: a.http_get("/routez")["num_routes"] >= 1, "A's route to B")
-        leaf_a = RawLeaf(pa, connect=False)
+        leaf_a = kit.RawLeaf(pa, connect=False)
         leaf_a.close()
         assert leaf_a.info["leafnode_urls"] == [a_url], leaf_a.info
         a.stop()
@@ -221,7 +178,7 @@ def test_min_version_against_a_raw_leaf(impl: str, version: str, allowed: bool) 
     port = free_port()
     hub = kit.hub(impl, port, 'min_version: "2.8.0"')
     hub.start()
-    raw = RawLeaf(port, version=version)
+    raw = kit.RawLeaf(port, version=version)
     try:
         if allowed:
             wait_until(lambda: hub.http_get("/leafz")["leafnodes"] == 1, "the leaf registered")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import Callable
 
 import nats
@@ -270,38 +269,6 @@ async def _across(h1: ServerProcess, a: ServerProcess, b: ServerProcess, told: b
 
 
 # -- the hub's side, raw -------------------------------------------------------------------------------------
-class RawLeaf:
-    """A leaf connection by hand: its CONNECT (with `isolate` when asked), the `LS+` subjects the hub sent."""
-
-    def __init__(self, port: int, name: str, isolate: bool) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.file = self.sock.makefile("rb")
-        assert self.file.readline().startswith(b"INFO ")
-        connect: dict = {"server_id": f"NRAW{name.upper()}", "name": name, "headers": True}
-        if isolate:
-            connect["isolate"] = True
-        self.sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
-
-    def subscribe(self, subject: str) -> None:
-        self.sock.sendall(b"LS+ %b\r\n" % subject.encode())
-
-    def told_until(self, last: str) -> list[str]:
-        """The subjects of the hub's `LS+` lines up to `last` (answering its PINGs)."""
-        told = []
-        while True:
-            line = self.file.readline()
-            assert line, f"closed; told {told}"
-            if line.startswith(b"PING"):
-                self.sock.sendall(b"PONG\r\n")
-            elif line.startswith(b"LS+ "):
-                told.append(line.split()[1].decode())
-                if told[-1] == last:
-                    return told
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_hub_honours_a_leafs_isolate(impl: str) -> None:
     """Raw leafs: `x` asks for isolation in its CONNECT, `y` does not. The hub tells `y` what `x` wants, and
     `x` nothing of `y` (not even `y`'s `$LDS.` subject), but both its own client's interest."""
@@ -315,7 +282,7 @@ def test_hub_honours_a_leafs_isolate(impl: str) -> None:
 
 
 async def _raw_leafs(hub: ServerProcess, port: int) -> None:
-    x, y = RawLeaf(port, "x", isolate=True), RawLeaf(port, "y", isolate=False)
+    x, y = kit.RawLeaf(port, name="x", isolate=True), kit.RawLeaf(port, name="y")
     nh = await nats.connect(hub.url, allow_reconnect=False, connect_timeout=3)
     try:
         x.subscribe("$LDS.rawx")
@@ -326,8 +293,8 @@ async def _raw_leafs(hub: ServerProcess, port: int) -> None:
         assert _isolated(hub) == {"x": True, "y": False}
         await nh.subscribe("h.sub")  # (after both leafs' interest: told behind what each leaf is told of it)
         await settled(nh)
-        told_x = await asyncio.to_thread(x.told_until, "h.sub")
-        told_y = await asyncio.to_thread(y.told_until, "h.sub")
+        await until(lambda: "h.sub" in x.told() and "h.sub" in y.told(), "the hub's client's interest at x and y")
+        told_x, told_y = x.told(), y.told()
         assert "y.sub" not in told_x and "$LDS.rawy" not in told_x, told_x
         assert "x.sub" in told_y and "$LDS.rawx" in told_y, told_y
         assert sum(s.startswith("$LDS.") for s in told_x) == 1, told_x  # (the hub's own)
