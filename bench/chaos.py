@@ -50,7 +50,8 @@ from zonebus.testing.faultload import FaultPublisher, read_back  # noqa: E402
 from zonebus.testing.jsapi import api  # noqa: E402
 from zonebus.testing.kvload import KVCheck, KVClient, bucket_stream, check_history  # noqa: E402
 from zonebus.testing.motos3 import MotoS3, proxied_s3  # noqa: E402
-from zonebus.testing.nemesis import Fault, Nemesis, QueueCheck, queue_check  # noqa: E402
+from zonebus.testing.nemesis import POWER_LOSS, Fault, Nemesis, QueueCheck, queue_check  # noqa: E402
+from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable  # noqa: E402
 from zonebus.testing.zonecluster import ZoneCluster, stream_led_in  # noqa: E402
 
 BUCKET = "zonebus-chaos"
@@ -61,30 +62,53 @@ WORKLOADS = ("queue", "kv")
 LEADER = "s2"
 FAILOVER = 3.0  # zonebus's default failover_timeout
 SETUPS = ("zonebus", "nats", "nats-always")
-ALL_FAULTS = "kill,pause,s3-503,s3-reset,s3-timeout,s3-slow"
+ALL_FAULTS = "kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow"
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def start(setup: str, stack: ExitStack, tmp: Path) -> tuple[ZoneCluster, MotoS3 | None]:
+def power_mounts(stack: ExitStack, tmp: Path, n: int, faults: list[str]) -> dict[int, PowerLossMount]:
+    """With the `powerloss` fault: a power-loss file system per server (its store goes there), else none."""
+    if POWER_LOSS not in faults:
+        return {}
+    mounts: dict[int, PowerLossMount] = {}
+    try:
+        for i in range(n):
+            mounts[i] = PowerLossMount(tmp / f"pl{i + 1}").start()
+            stack.callback(mounts[i].stop)
+    except PowerLossUnavailable as exc:
+        log(f"no power loss in this campaign: {exc}")
+        for m in mounts.values():
+            m.stop()
+        return {}
+    return mounts
+
+
+def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str]
+          ) -> tuple[ZoneCluster, MotoS3 | None, dict[str, PowerLossMount]]:
     s3 = None
+    mounts = power_mounts(stack, tmp, 3, faults)
+
+    def store(i: int, t: Path) -> Path:  # on the server's power-loss file system when there is one
+        return mounts[i].mountpoint if i in mounts else t
+
     if setup == "zonebus":
         s3 = stack.enter_context(proxied_s3(BUCKET, latency=True, process=True))
         ep, region = s3.endpoint, s3.region
         cluster = ZoneCluster(setup, "zonebus", lambda i, t: (
-            f'jetstream {{ store_dir: "{t}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", zone_router: true, '
-            f's3 {{ endpoint: "{ep}", region: "{region}" }} }}'), env=s3.env(endpoint=False))
+            f'jetstream {{ store_dir: "{store(i, t)}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
+            f'zone_router: true, s3 {{ endpoint: "{ep}", region: "{region}" }} }}'), env=s3.env(endpoint=False))
     else:
         sync = ', sync_interval: "always"' if setup == "nats-always" else ""
-        cluster = ZoneCluster(setup, "nats", lambda i, t: f'jetstream {{ store_dir: "{t}/n{i + 1}"{sync} }}',
+        cluster = ZoneCluster(setup, "nats", lambda i, t: f'jetstream {{ store_dir: "{store(i, t)}/n{i + 1}"{sync} }}',
                               cluster_extra="compression: s2_best")
     stack.callback(cluster.stop)
     cluster.start(tmp)
     if setup == "zonebus":
         cluster.wait_router_mapping()
-    return cluster, s3
+    return cluster, s3, {cluster.names[i]: m for i, m in mounts.items()}
 
 
 def workdir(stack: ExitStack, label: str, args: argparse.Namespace) -> Path:
@@ -96,8 +120,9 @@ def workdir(stack: ExitStack, label: str, args: argparse.Namespace) -> Path:
     return Path(td)
 
 
-async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 | None, stream: str,
-                       writers: list, args: argparse.Namespace) -> list[Fault]:
+async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 | None,
+                       mounts: dict[str, PowerLossMount], stream: str, writers: list,
+                       args: argparse.Namespace) -> list[Fault]:
     """Run `writers` (each with `run(stop)`) while the nemesis injects faults (the stream's leader is its
     favourite target); returns the faults."""
     servers = dict(zip(cluster.names, cluster.servers, strict=True))
@@ -107,7 +132,7 @@ async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 
     async def leader() -> str:
         return (await api(watch, f"$JS.API.STREAM.INFO.{stream}", timeout=2.0))["cluster"]["leader"]
 
-    nemesis = Nemesis(servers, writers, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed)
+    nemesis = Nemesis(servers, writers, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed, mounts)
     stop = asyncio.Event()
     tasks = [asyncio.create_task(w.run(stop)) for w in writers]
     try:
@@ -121,7 +146,7 @@ async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 
 
 async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, list[Fault]]:
     with ExitStack() as stack:
-        cluster, s3 = start(setup, stack, workdir(stack, setup, args))
+        cluster, s3, mounts = start(setup, stack, workdir(stack, setup, args), args.faults.split(","))
         cfg: dict = {"name": STREAM, "subjects": ["chaos.>"], "storage": "file"}
         cfg |= {"num_replicas": 1, "placement": {"tags": ["az:z2"]}} if setup == "zonebus" else {"num_replicas": 3}
         led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
@@ -129,7 +154,7 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
         pubs = [FaultPublisher([s.url], f"w{k + 1}", f"chaos.w{k + 1}", zone=f"z{k + 1}")
                 for k, s in enumerate(cluster.servers)]
         t0 = time.monotonic()
-        faults = await under_faults(setup, setup, cluster, s3, STREAM, pubs, args)
+        faults = await under_faults(setup, setup, cluster, s3, mounts, STREAM, pubs, args)
         reads = {}
         for k, s in enumerate(cluster.servers):  # every zone reads through its own server
             nc = await nats.connect(s.url, name=f"reader?az=z{k + 1}")
@@ -148,13 +173,13 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
 async def kv_campaign(setup: str, args: argparse.Namespace) -> tuple[KVCheck, list[Fault]]:
     """The KV workload under the same faults; its history checked for linearizability."""
     with ExitStack() as stack:
-        cluster, s3 = start(setup, stack, workdir(stack, f"{setup} kv", args))
+        cluster, s3, mounts = start(setup, stack, workdir(stack, f"{setup} kv", args), args.faults.split(","))
         cfg = bucket_stream(BUCKET_KV, 1, ["az:z2"]) if setup == "zonebus" else bucket_stream(BUCKET_KV, 3)
         led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
         log(f"{setup} kv: bucket {BUCKET_KV} led by {led}")
         clients = [KVClient([s.url], f"c{k + 1}", BUCKET_KV, KEYS, zone=f"z{k + 1}", seed=args.seed)
                    for k, s in enumerate(cluster.servers)]
-        faults = await under_faults(setup, f"{setup} kv", cluster, s3, f"KV_{BUCKET_KV}", clients, args)
+        faults = await under_faults(setup, f"{setup} kv", cluster, s3, mounts, f"KV_{BUCKET_KV}", clients, args)
         t = time.monotonic()
         kv = await asyncio.to_thread(check_history, clients)
         log(f"{setup} kv: {kv.line()} (checked in {time.monotonic() - t:.1f} s)")

@@ -67,3 +67,27 @@ def test_power_loss_drops_what_was_not_fsynced(tmp_path: Path) -> None:
     finally:
         fs.stop()
     assert not os.path.ismount(mnt)
+
+
+def test_file_locks_work_on_the_mount(tmp_path: Path) -> None:
+    """nats-server locks its store directory: POSIX and BSD locks on the mount are taken and released (by the
+    kernel: the file system leaves locking to it), and the file system stays up to serve the next request."""
+    import fcntl
+
+    try:
+        fs = PowerLossMount(tmp_path).start()
+    except PowerLossUnavailable as exc:
+        pytest.skip(f"power loss simulation unavailable: {exc}")
+    try:
+        path = fs.mountpoint / "lock"
+        for _ in range(200):  # (a file system that reported each lock as an error filled its log pipe and hung)
+            with open(path, "a+b") as f:
+                fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(f, fcntl.LOCK_UN)
+                fcntl.flock(f, fcntl.LOCK_UN)
+        (fs.mountpoint / "after").write_bytes(b"ok")
+        assert (fs.mountpoint / "after").read_bytes() == b"ok"
+        assert "Uncaught exception" not in fs.log_path.read_text(errors="replace")
+    finally:
+        fs.stop()

@@ -7,7 +7,10 @@ how long publishing was unavailable and how long it took to recover:
 - `pause`: SIGSTOP the server and its workers for longer than the failover timeout, then SIGCONT;
 - `s3-503`, `s3-reset`, `s3-timeout`: failing storage (the S3 stand-in answers 503 SlowDown, resets the
   connection mid-request, or holds requests past the client's timeout) on a share of every kind of request;
-- `s3-slow`: slow storage (seconds per request).
+- `s3-slow`: slow storage (seconds per request);
+- `powerloss`: SIGKILL the server and drop every write to its store that was not fsynced (its store directory
+  is on a `zonebus.testing.powerloss.PowerLossMount`, given per server as `mounts`), mount what survived again
+  and restart the server on it: a machine losing power, as Jepsen simulates it with LazyFS.
 
 The checker is Jepsen's queue checker over `faultload.FaultPublisher` histories: lost = acknowledged and not
 read, unexpected = read and never attempted; lost values are split per writer into prefix, middle and postfix
@@ -28,10 +31,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zonebus.testing.faultload import FaultPublisher, Report, Writer, all_acked_since, check
+from zonebus.testing.powerloss import PowerLossMount
 from zonebus.testing.processes import ServerProcess
 from zonebus.testing.s3proxy import S3Proxy
 
 PROCESS_FAULTS = ("kill", "pause")
+POWER_LOSS = "powerloss"
 STORAGE_FAULTS = {
     "s3-503": {"slowdown": 0.5},
     "s3-reset": {"reset": 0.3},
@@ -48,6 +53,7 @@ class Fault:
     healed: float = 0.0
     recovered: float = 0.0  # every publisher acknowledged again (0: not within the wait)
     unavailable: float = 0.0  # the longest stretch without any PubAck, from the fault to recovery
+    dropped: dict[str, int] = field(default_factory=dict)  # powerloss: what the file system dropped
 
     @property
     def recovery(self) -> float:
@@ -56,15 +62,18 @@ class Fault:
 
 class Nemesis:
     def __init__(self, servers: dict[str, ServerProcess], pubs: Sequence[Writer], proxy: S3Proxy | None,
-                 failover: float, leader: Callable[[], Any] | None = None, seed: int = 1) -> None:
+                 failover: float, leader: Callable[[], Any] | None = None, seed: int = 1,
+                 mounts: dict[str, PowerLossMount] | None = None) -> None:
         self.servers, self.pubs, self.proxy, self.failover = servers, pubs, proxy, failover
+        self.mounts = mounts or {}  # server -> the power-loss file system its store is on (`powerloss`)
         self.leader = leader  # async () -> the stream leader's name (the favourite target), or None
         self.rng = random.Random(seed)
         self.faults: list[Fault] = []
 
     def kinds(self, wanted: list[str]) -> list[str]:
         out = [k for k in wanted if k in PROCESS_FAULTS or (self.proxy is not None and
-                                                            (k in STORAGE_FAULTS or k == "s3-slow"))]
+                                                            (k in STORAGE_FAULTS or k == "s3-slow"))
+               or (k == POWER_LOSS and set(self.mounts) >= set(self.servers))]
         return out
 
     async def _target(self) -> str:
@@ -82,6 +91,13 @@ class Nemesis:
         if kind == "kill":
             server = self.servers[target]
             await asyncio.to_thread(server.kill)
+            await asyncio.sleep(seconds)
+            await asyncio.to_thread(server.start, 60.0)
+        elif kind == POWER_LOSS:
+            server, mount = self.servers[target], self.mounts[target]
+            await asyncio.to_thread(server.kill)
+            f.dropped = await asyncio.to_thread(mount.power_loss)
+            await asyncio.to_thread(mount.start)
             await asyncio.sleep(seconds)
             await asyncio.to_thread(server.start, 60.0)
         elif kind == "pause":
@@ -127,7 +143,8 @@ class Nemesis:
             await asyncio.sleep(quiet)
             f = await self.inject(self.rng.choice(kinds), fault_seconds)
             progress(f"{f.kind} {f.target}: healed after {f.healed - f.started:.1f} s, publishing back "
-                     f"{f.recovery:.1f} s later, longest stretch without a PubAck {f.unavailable:.1f} s")
+                     f"{f.recovery:.1f} s later, longest stretch without a PubAck {f.unavailable:.1f} s"
+                     + (f"; the file system dropped {f.dropped}" if f.dropped else ""))
         return self.faults
 
 

@@ -105,7 +105,7 @@ class PowerLossFS(_Base):
         self.root = os.path.realpath(backing)
         self.trash = trash
         os.makedirs(trash, exist_ok=True)
-        self.lock = threading.Lock()
+        self.mutex = threading.Lock()
         self.handles: dict[int, tuple[int, bool]] = {}  # fh (backing fd) -> (inode, opened O_APPEND)
         self.pending: dict[int, PendingData] = {}  # inode -> changes not fsynced
         self.undo: list[Undo] = []
@@ -134,7 +134,7 @@ class PowerLossFS(_Base):
 
     # -- attributes and directories ------------------------------------------------------------------
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        with self.lock:
+        with self.mutex:
             self._check()
             try:
                 st = os.lstat(self._full(path))
@@ -149,7 +149,7 @@ class PowerLossFS(_Base):
             return attrs
 
     def readdir(self, path: str, fh: int) -> list[str]:
-        with self.lock:
+        with self.mutex:
             self._check()
             return [".", "..", *os.listdir(self._full(path))]
 
@@ -171,14 +171,14 @@ class PowerLossFS(_Base):
         return 0
 
     def mkdir(self, path: str, mode: int) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             os.mkdir(self._full(path), mode)
             self.undo.append(Undo(posixpath.dirname(path), "mkdir", path))
             return 0
 
     def rmdir(self, path: str) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             full = self._full(path)
             if os.listdir(full):
@@ -187,7 +187,7 @@ class PowerLossFS(_Base):
             return 0
 
     def unlink(self, path: str) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             full = self._full(path)
             if not os.path.lexists(full):
@@ -196,7 +196,7 @@ class PowerLossFS(_Base):
             return 0
 
     def rename(self, old: str, new: str) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             full_new = self._full(new)
             trashed = self._to_trash(full_new) if os.path.lexists(full_new) else ""
@@ -205,7 +205,7 @@ class PowerLossFS(_Base):
             return 0
 
     def fsyncdir(self, path: str, datasync: int, fh: int) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             keep = []
             for u in self.undo:
@@ -225,7 +225,7 @@ class PowerLossFS(_Base):
         return fd
 
     def create(self, path: str, mode: int, flags: int = os.O_WRONLY) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             full = self._full(path)
             existed = os.path.lexists(full)
@@ -235,12 +235,12 @@ class PowerLossFS(_Base):
             return self._opened(fd, flags)
 
     def open(self, path: str, flags: int) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             return self._opened(os.open(self._full(path), os.O_RDWR), flags)
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        with self.lock:
+        with self.mutex:
             self._check()
             ino, _append = self.handles[fh]
             p = self.pending.get(ino)
@@ -249,7 +249,7 @@ class PowerLossFS(_Base):
             return p.overlay(os.pread(fh, size, offset), offset, size)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             ino, append = self.handles[fh]
             p = self._pending_of(ino, fh)
@@ -257,7 +257,7 @@ class PowerLossFS(_Base):
             return len(data)
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             if fh is not None and fh in self.handles:
                 self._pending_of(self.handles[fh][0], fh).truncate(length)
@@ -270,7 +270,7 @@ class PowerLossFS(_Base):
             return 0
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
-        with self.lock:
+        with self.mutex:
             self._check()
             ino, _append = self.handles[fh]
             p = self.pending.pop(ino, None)
@@ -284,7 +284,7 @@ class PowerLossFS(_Base):
             return 0
 
     def release(self, path: str, fh: int) -> int:
-        with self.lock:
+        with self.mutex:
             if self.handles.pop(fh, None) is not None:
                 os.close(fh)
             return 0
@@ -292,7 +292,7 @@ class PowerLossFS(_Base):
     # -- the power loss ------------------------------------------------------------------------------
     def power_loss(self) -> dict[str, int]:
         """Drop every change not fsynced; from now on every operation fails (EIO)."""
-        with self.lock:
+        with self.mutex:
             self.dead = True
             dropped = {"files": len(self.pending), "bytes": sum(p.nbytes() for p in self.pending.values()),
                        "entries": len(self.undo)}
@@ -376,6 +376,7 @@ class PowerLossMount:
     def __init__(self, root: Path) -> None:
         self.backing = root / "backing"
         self.mountpoint = root / "mnt"
+        self.log_path = root / "fs.log"  # the file system process's stderr
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 15.0) -> PowerLossMount:
@@ -385,14 +386,17 @@ class PowerLossMount:
             raise PowerLossUnavailable(f"mfusepy cannot load libfuse ({IMPORT_ERROR}): apt-get install fuse3")
         self.backing.mkdir(parents=True, exist_ok=True)
         self.mountpoint.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([sys.executable, "-m", "zonebus.testing.powerloss", str(self.backing),
-                                      str(self.mountpoint)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+        # its stderr goes to a file: a pipe nobody reads would fill up with the library's error reports and
+        # stop the file system in the middle of a request (and the processes using it, unkillable)
+        with open(self.log_path, "ab") as err_log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "zonebus.testing.powerloss", str(self.backing),
+                                          str(self.mountpoint)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err_log, text=True)
         proc = self.proc
 
         def mounted() -> bool:
             if proc.poll() is not None:
-                err = proc.stderr.read() if proc.stderr else ""
+                err = self.log_path.read_text(errors="replace")
                 raise PowerLossUnavailable(f"FUSE could not mount: {err.strip()[-400:]}")
             return os.path.ismount(self.mountpoint)
 
@@ -433,7 +437,7 @@ class PowerLossMount:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
         self.proc = None
