@@ -50,7 +50,7 @@ from zonebus.testing.faultload import FaultPublisher, read_back  # noqa: E402
 from zonebus.testing.jsapi import api  # noqa: E402
 from zonebus.testing.kvload import KVCheck, KVClient, bucket_stream, check_history  # noqa: E402
 from zonebus.testing.motos3 import MotoS3, proxied_s3  # noqa: E402
-from zonebus.testing.nemesis import POWER_LOSS, Fault, Nemesis, QueueCheck, queue_check  # noqa: E402
+from zonebus.testing.nemesis import POWER_LOSS, POWER_LOSS_ALL, Fault, Nemesis, QueueCheck, queue_check  # noqa: E402
 from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable  # noqa: E402
 from zonebus.testing.zonecluster import ZoneCluster, stream_led_in  # noqa: E402
 
@@ -62,7 +62,7 @@ WORKLOADS = ("queue", "kv")
 LEADER = "s2"
 FAILOVER = 3.0  # zonebus's default failover_timeout
 SETUPS = ("zonebus", "nats", "nats-always")
-ALL_FAULTS = "kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow"
+ALL_FAULTS = "kill,pause,powerloss,powerloss-all,s3-503,s3-reset,s3-timeout,s3-slow"
 
 
 def log(msg: str) -> None:
@@ -71,7 +71,7 @@ def log(msg: str) -> None:
 
 def power_mounts(stack: ExitStack, tmp: Path, n: int, faults: list[str]) -> dict[int, PowerLossMount]:
     """With the `powerloss` fault: a power-loss file system per server (its store goes there), else none."""
-    if POWER_LOSS not in faults:
+    if POWER_LOSS not in faults and POWER_LOSS_ALL not in faults:
         return {}
     mounts: dict[int, PowerLossMount] = {}
     try:
@@ -86,7 +86,7 @@ def power_mounts(stack: ExitStack, tmp: Path, n: int, faults: list[str]) -> dict
     return mounts
 
 
-def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str]
+def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str], ack: str = "replicas"
           ) -> tuple[ZoneCluster, MotoS3 | None, dict[str, PowerLossMount]]:
     s3 = None
     mounts = power_mounts(stack, tmp, 3, faults)
@@ -99,7 +99,8 @@ def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str]
         ep, region = s3.endpoint, s3.region
         cluster = ZoneCluster(setup, "zonebus", lambda i, t: (
             f'jetstream {{ store_dir: "{store(i, t)}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
-            f'zone_router: true, s3 {{ endpoint: "{ep}", region: "{region}" }} }}'), env=s3.env(endpoint=False))
+            f'zone_router: true, zone_router_ack: {ack}, s3 {{ endpoint: "{ep}", region: "{region}" }} }}'),
+            env=s3.env(endpoint=False))
     else:
         sync = ', sync_interval: "always"' if setup == "nats-always" else ""
         cluster = ZoneCluster(setup, "nats", lambda i, t: f'jetstream {{ store_dir: "{store(i, t)}/n{i + 1}"{sync} }}',
@@ -146,7 +147,8 @@ async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 
 
 async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, list[Fault]]:
     with ExitStack() as stack:
-        cluster, s3, mounts = start(setup, stack, workdir(stack, setup, args), args.faults.split(","))
+        cluster, s3, mounts = start(setup, stack, workdir(stack, setup, args), args.faults.split(","),
+                                     args.zone_router_ack)
         cfg: dict = {"name": STREAM, "subjects": ["chaos.>"], "storage": "file"}
         cfg |= {"num_replicas": 1, "placement": {"tags": ["az:z2"]}} if setup == "zonebus" else {"num_replicas": 3}
         led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
@@ -173,7 +175,8 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
 async def kv_campaign(setup: str, args: argparse.Namespace) -> tuple[KVCheck, list[Fault]]:
     """The KV workload under the same faults; its history checked for linearizability."""
     with ExitStack() as stack:
-        cluster, s3, mounts = start(setup, stack, workdir(stack, f"{setup} kv", args), args.faults.split(","))
+        cluster, s3, mounts = start(setup, stack, workdir(stack, f"{setup} kv", args),
+                                     args.faults.split(","), args.zone_router_ack)
         cfg = bucket_stream(BUCKET_KV, 1, ["az:z2"]) if setup == "zonebus" else bucket_stream(BUCKET_KV, 3)
         led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
         log(f"{setup} kv: bucket {BUCKET_KV} led by {led}")
@@ -288,6 +291,8 @@ def main() -> None:
     ap.add_argument("--faults", default=ALL_FAULTS, help=f"comma-separated, of {ALL_FAULTS}")
     ap.add_argument("--fault-seconds", type=float, default=5.0, help="how long each fault lasts")
     ap.add_argument("--quiet", type=float, default=3.0, help="seconds between a recovery and the next fault")
+    ap.add_argument("--zone-router-ack", choices=("replicas", "storage"), default="replicas",
+                    help="zonebus's `zone_router_ack` (the default: replicas)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", action="store_true", help="keep the servers' directories and logs (printed)")
     args = ap.parse_args()

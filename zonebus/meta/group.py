@@ -491,15 +491,21 @@ class MetaGroup:
         self._last_tick = now
         if self._sync is None:
             return
+        durable = False
+        self.transport.hold()  # Raft's frames leave once what they say is on disk (zonebus.meta.durability)
         try:
             while self._inbox:
                 self.transport.deliver(*self._inbox.popleft())
             self.transport.tick()
             self._sync.doTick(0)
+            self._sync.barrier.sync()
+            durable = True
             self._after_tick()
             self._track_sureness(now)
         except Exception:  # the ticker must survive anything one tick does
             log.exception("meta: tick failed on %s", self.name)
+        finally:
+            self.transport.release(send=durable)
 
     def _track_sureness(self, now: float) -> None:
         """`lease`'s memory: unsure from a lost majority (or a stall) until a meta leader was followed again."""

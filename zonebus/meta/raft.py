@@ -7,8 +7,9 @@
 Persistence, under `<store_dir>/meta/`: `raft.journal` (pysyncobj's mmap'ed log, plus `raft.journal.meta`
 with term/vote/commit index), and `raft.snapshot`, written by `_write_snapshot` as JSON (state + the two log
 entries pysyncobj needs to resume) instead of pysyncobj's default gzip+pickle, also when a leader sends it
-to a lagging follower. The journal is written through mmap without fsync: it survives a process crash
-(kill -9), not a machine crash; the snapshot file is fsynced.
+to a lagging follower. pysyncobj writes the journal through mmap and fsyncs nothing; `barrier`
+(`zonebus.meta.durability.JournalBarrier`) fsyncs what changed before the group's Raft frames leave, so the
+log and the vote survive a power loss, as Raft requires.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.node import Node
 
+from zonebus.meta.durability import JournalBarrier
 from zonebus.meta.state import Applied, MetaState, apply_op
 from zonebus.meta.transport import LinkTransport
 
@@ -81,6 +83,7 @@ class MetaSyncObj(SyncObj):
         directory = Path(store_dir) / "meta"
         directory.mkdir(parents=True, exist_ok=True)
         self.snapshot_path = directory / SNAPSHOT_FILE
+        self.barrier = JournalBarrier(directory, JOURNAL_FILE, SNAPSHOT_FILE)
         conf = SyncObjConf(
             autoTick=False,
             appendEntriesUseBatch=False,  # send a proposal at once instead of on the next heartbeat

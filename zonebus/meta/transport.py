@@ -67,6 +67,7 @@ class LinkTransport(Transport):
         self._strangers: set[str] = set()
         self.frames_in = 0
         self.frames_out = 0
+        self._held: list[tuple[str, bytes]] | None = None  # Raft frames waiting for the durability barrier
 
     # ---- called by the link layer (through MetaGroup) ----------------------------------------------------
 
@@ -144,7 +145,22 @@ class LinkTransport(Transport):
         except CodecError as exc:
             log.error("meta: cannot encode a raft message for %s: %s", node.id, exc)
             return False
+        if self._held is not None:
+            self._held.append((node.id, frame))
+            return True
         return self._send(node.id, frame)
+
+    def hold(self) -> None:
+        """Keep Raft's frames until `release` (what they say must reach the disk first: `durability`)."""
+        if self._held is None:
+            self._held = []
+
+    def release(self, send: bool = True) -> None:
+        """Send the frames held since `hold` (or drop them: Raft sends again on a later tick)."""
+        held, self._held = self._held, None
+        if send and held:
+            for name, frame in held:
+                self._send(name, frame)
 
     def send_app(self, name: str, kind: str, **body: Any) -> bool:
         """Send a forwarded-proposal frame ("req" or "resp") to an agreed peer."""

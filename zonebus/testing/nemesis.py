@@ -10,7 +10,9 @@ how long publishing was unavailable and how long it took to recover:
 - `s3-slow`: slow storage (seconds per request);
 - `powerloss`: SIGKILL the server and drop every write to its store that was not fsynced (its store directory
   is on a `zonebus.testing.powerloss.PowerLossMount`, given per server as `mounts`), mount what survived again
-  and restart the server on it: a machine losing power, as Jepsen simulates it with LazyFS.
+  and restart the server on it: a machine losing power, as Jepsen simulates it with LazyFS;
+- `powerloss-all`: the same on every server at once (a data centre losing power): only what was fsynced
+  anywhere survives.
 
 The checker is Jepsen's queue checker over `faultload.FaultPublisher` histories: lost = acknowledged and not
 read, unexpected = read and never attempted; lost values are split per writer into prefix, middle and postfix
@@ -37,6 +39,7 @@ from zonebus.testing.s3proxy import S3Proxy
 
 PROCESS_FAULTS = ("kill", "pause")
 POWER_LOSS = "powerloss"
+POWER_LOSS_ALL = "powerloss-all"
 STORAGE_FAULTS = {
     "s3-503": {"slowdown": 0.5},
     "s3-reset": {"reset": 0.3},
@@ -73,7 +76,7 @@ class Nemesis:
     def kinds(self, wanted: list[str]) -> list[str]:
         out = [k for k in wanted if k in PROCESS_FAULTS or (self.proxy is not None and
                                                             (k in STORAGE_FAULTS or k == "s3-slow"))
-               or (k == POWER_LOSS and set(self.mounts) >= set(self.servers))]
+               or (k in (POWER_LOSS, POWER_LOSS_ALL) and set(self.mounts) >= set(self.servers))]
         return out
 
     async def _target(self) -> str:
@@ -86,20 +89,23 @@ class Nemesis:
 
     # -- one fault -----------------------------------------------------------------------------------
     async def inject(self, kind: str, seconds: float, recover_within: float = 60.0) -> Fault:
-        target = "storage" if kind.startswith("s3") else await self._target()
+        target = "storage" if kind.startswith("s3") else "all" if kind == POWER_LOSS_ALL else await self._target()
         f = Fault(kind, target, time.monotonic())
         if kind == "kill":
             server = self.servers[target]
             await asyncio.to_thread(server.kill)
             await asyncio.sleep(seconds)
             await asyncio.to_thread(server.start, 60.0)
-        elif kind == POWER_LOSS:
-            server, mount = self.servers[target], self.mounts[target]
-            await asyncio.to_thread(server.kill)
-            f.dropped = await asyncio.to_thread(mount.power_loss)
-            await asyncio.to_thread(mount.start)
+        elif kind in (POWER_LOSS, POWER_LOSS_ALL):
+            names = sorted(self.servers) if kind == POWER_LOSS_ALL else [target]
+            for name in names:
+                await asyncio.to_thread(self.servers[name].kill)
+            for name in names:
+                for what, n in (await asyncio.to_thread(self.mounts[name].power_loss)).items():
+                    f.dropped[what] = f.dropped.get(what, 0) + n
+                await asyncio.to_thread(self.mounts[name].start)
             await asyncio.sleep(seconds)
-            await asyncio.to_thread(server.start, 60.0)
+            await asyncio.gather(*(asyncio.to_thread(self.servers[name].start, 60.0) for name in names))
         elif kind == "pause":
             pids = server_pids(self.servers[target])
             send_signal(pids, signal.SIGSTOP)
