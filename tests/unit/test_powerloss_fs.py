@@ -91,3 +91,29 @@ def test_file_locks_work_on_the_mount(tmp_path: Path) -> None:
         assert "Uncaught exception" not in fs.log_path.read_text(errors="replace")
     finally:
         fs.stop()
+
+
+def test_hard_links_follow_their_directory_fsync(tmp_path: Path) -> None:
+    """A hard link (how a create-only put lands) is a directory entry: kept once its directory is fsynced,
+    gone after a power loss otherwise; a link onto an existing name fails."""
+    try:
+        fs = PowerLossMount(tmp_path).start()
+    except PowerLossUnavailable as exc:
+        pytest.skip(f"power loss simulation unavailable: {exc}")
+    mnt = fs.mountpoint
+    try:
+        (mnt / "src").write_bytes(b"data")
+        _fsync(mnt / "src")
+        _fsync(mnt)
+        os.link(mnt / "src", mnt / "kept")
+        _fsync(mnt)
+        os.link(mnt / "src", mnt / "lost")
+        with pytest.raises(FileExistsError):
+            os.link(mnt / "src", mnt / "kept")
+        assert (mnt / "lost").read_bytes() == b"data"
+        fs.power_loss()
+        fs.start()
+        assert sorted(os.listdir(mnt)) == ["kept", "src"]
+        assert (mnt / "kept").read_bytes() == b"data"
+    finally:
+        fs.stop()

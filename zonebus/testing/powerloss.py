@@ -195,6 +195,14 @@ class PowerLossFS(_Base):
             self.undo.append(Undo(posixpath.dirname(path), "unlink", path, trashed=self._to_trash(full)))
             return 0
 
+    def link(self, target: str, source: str) -> int:
+        """A hard link `target` to `source` (create-only puts: `link` fails when `target` exists)."""
+        with self.mutex:
+            self._check()
+            os.link(self._full(source), self._full(target))
+            self.undo.append(Undo(posixpath.dirname(target), "create", target))
+            return 0
+
     def rename(self, old: str, new: str) -> int:
         with self.mutex:
             self._check()
