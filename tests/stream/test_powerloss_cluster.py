@@ -4,9 +4,9 @@ Three zonebus servers (default settings, default workers), each store on its own
 (`zonebus.testing.powerloss`), and the shared store (`file://`, what a cluster's file streams live on: an NFS
 or EFS directory) on a fourth, which loses power too. Publishers await the PubAcks of unique values on an R3
 file stream; once 200 are acknowledged, every server is killed (SIGKILL) and every file system drops what was
-not fsynced. Restarted on what survived, the meta group must still know the stream (its Raft log and vote are fsynced before any Raft
-message leaves: `zonebus.meta.durability`; before that, this ended in "stream not found"), and the stream must
-hold every acknowledged value once.
+not fsynced. Restarted on what survived, the meta group must still know the stream (its Raft log and vote
+are fsynced before any Raft message leaves: `zonebus.meta.durability`; before that, this ended in "stream not
+found"), and the stream must hold every acknowledged value once.
 """
 
 from __future__ import annotations
