@@ -54,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nats  # noqa: E402
+import nats.js.errors  # noqa: E402
 
 from zonebus.testing.faultload import FaultPublisher, read_back  # noqa: E402
 from zonebus.testing.jsapi import api  # noqa: E402
@@ -172,6 +173,9 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
             nc = await nats.connect(s.url, name=f"reader?az=z{k + 1}")
             try:
                 reads[f"z{k + 1}"] = await read_back(nc, STREAM, durable=f"readback_z{k + 1}", timeout=60)
+            except nats.js.errors.NotFoundError:  # the stream itself is gone: everything acked is lost
+                log(f"{setup}: z{k + 1} reads no stream {STREAM}: stream not found")
+                reads[f"z{k + 1}"] = []
             finally:
                 await nc.close()
         q = queue_check(pubs, reads)
