@@ -55,7 +55,7 @@ SETUPS = [
     ("zonebus, prefer + relay", "zonebus", "prefer_matching_tags: true", True),
     ("zonebus, prefer + relay + s2_best", "zonebus", "prefer_matching_tags: true\n  compression: s2_best", True),
 ]
-NATS_BEST, ZONEBUS_BEST = SETUPS[1][0], SETUPS[4][0]
+NATS_BEST, ZONEBUS_PLAIN, ZONEBUS_BEST = SETUPS[1][0], SETUPS[3][0], SETUPS[4][0]
 BURST, GAP = 20, 0.01
 STREAM = {"name": "ORDERS", "subjects": ["orders.>"], "num_replicas": 3, "storage": "file"}
 
@@ -296,7 +296,7 @@ def print_tables(core: list[dict], js: list[dict]) -> None:
     if core:
         print("| setup | x-zone B / payload B | server CPU s/GB | lat p50 / p99 ms | req p50 / p99 ms | lost |")
         print("|---|---:|---:|---:|---:|---:|")
-        for r in core:
+        for r in core:  # in the order they ran (with --rounds, each setup once per round)
             lost = "0" if r["lost"] == (0, 0) else f"{r['lost'][0]} fan, {r['lost'][1]} queue"
             print(f"| {r['label']} | {r['per_byte']:.3f} | {r['cpu_gb']:.0f} | {r['lat'][0]} / {r['lat'][1]} | "
                   f"{r['req'][0]} / {r['req'][1]} | {lost} |")
@@ -307,12 +307,18 @@ def print_tables(core: list[dict], js: list[dict]) -> None:
         for r in js:
             print(f"| {r['label']} | {r['per_byte']:.3f} | {r['cpu_gb']:.0f} | {r['ack'][0]} / {r['ack'][1]} | "
                   f"{r['e2e'][0]} / {r['e2e'][1]} | {r['lost']} |")
-    for part, results in (("core", core), ("JetStream", js)):
-        by = {r["label"]: r for r in results}
-        best, ours = by.get(NATS_BEST), by.get(ZONEBUS_BEST)
-        if best and ours:
-            print(f"\n{part}: zonebus (relay + s2_best) / nats-server s2_best, cross-zone bytes: "
-                  f"{ours['per_byte'] / best['per_byte']:.2f}x (target <= 0.3x)")
+    print()
+    for part, results, lat in (("core", core, "lat"), ("JetStream", js, "e2e")):
+        by = {(r["round"], r["label"]): r for r in results}
+        for rnd in sorted({r["round"] for r in results}):
+            best, ours, plain = (by.get((rnd, x)) for x in (NATS_BEST, ZONEBUS_BEST, ZONEBUS_PLAIN))
+            if best and ours:
+                print(f"{part}, run {rnd + 1}: zonebus (relay + s2_best) / nats-server s2_best, cross-zone bytes: "
+                      f"{ours['per_byte'] / best['per_byte']:.2f}x (target <= 0.3x)", end="")
+                if plain and ours[lat][1] != "-" and plain[lat][1] != "-":
+                    print(f"; {lat} p99 / zonebus relay without compression: "
+                          f"{float(ours[lat][1]) / float(plain[lat][1]):.2f}x", end="")
+                print()
     for r in core + js:
         if r["gossip"]:
             print(f"note: {r['label']}: {r['gossip']} bytes went over links dialled through a nats-server's advertised"
@@ -340,10 +346,10 @@ async def main() -> None:
                     continue
                 if "core" in parts:
                     log(f"{label} ...")
-                    core.append(await run_setup(label, impl, extra, args, Path(tmp) / f"c{rnd}-{k}"))
+                    core.append(await run_setup(label, impl, extra, args, Path(tmp) / f"c{rnd}-{k}") | {"round": rnd})
                 if "js" in parts and with_js:
                     log(f"{label}, JetStream ...")
-                    js.append(await run_js_setup(label, impl, extra, args, Path(tmp) / f"j{rnd}-{k}"))
+                    js.append(await run_js_setup(label, impl, extra, args, Path(tmp) / f"j{rnd}-{k}") | {"round": rnd})
     print_tables(core, js)
 
 
