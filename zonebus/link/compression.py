@@ -39,11 +39,12 @@ Inside a zone nothing is compressed: a route between two zonebus servers whose I
 (`az:<zone>`, the ledger's `zone_tag_prefix`) negotiates no compression whatever the mode (both ends decide
 alike from the same two tags; `/routez` shows `off (same zone)`). Those bytes are not billed, and on issue #25's
 mixed workload (`bench/crosszone_mix.py`, 3 zones x 2 servers, the zone relay passing each message on inside
-its zone) they were most of the compressing: level 7 on every route cost ~440 CPU s/GB against ~200 without
-compression and raised latency p99 from ~20 to ~60 ms; compressing only between zones brings both most of the
-way back at the same cross-zone bytes (README "One copy per remote zone" has the runs). Levels 1 and 3 between
-zones were tried as well: 0.206 and 0.212 cross-zone bytes per payload byte against 0.182 at level 7, too close
-to the 0.3x-of-nats-server-`s2_best` budget (0.21) for the CPU they save, so `s2_best` stays level 7.
+its zone) they were over half of what was compressed. Interleaved runs on the shared 2-core machine (load
+average 15-25): compressing every route cost 324-465 server CPU s/GB (4 runs) against 199-292 without
+compression, latency p99 1.5-4.3x; compressing only between zones 254-434 (10 runs, median 337 against 245),
+p99 0.4-30x (median 1.8x: the machine's stalls dominate p99), at the same 0.182 cross-zone bytes per payload
+byte. Levels 3 and 5 between zones (0.206 and 0.204 B/B, 0.29x of nats-server `s2_best`, at the edge of the
+0.3x budget) showed no better p99 in those runs, so `s2_best` stays level 7.
 
 A trained dictionary (`zstandard.train_dictionary` on 2,000 earlier events of the same generator, 16 or 64 KiB)
 does not pay on a link's long-lived stream, whose window already holds the recent messages: ratio over 5,000
