@@ -281,3 +281,50 @@ async def test_compression_over_tls_routes_with_credentials(tmp_path: Path) -> N
             assert "Traceback" not in s.log()
     finally:
         stop_all(servers)
+
+
+async def test_routes_inside_a_zone_are_not_compressed(tmp_path: Path) -> None:
+    """Two zones of two zonebus servers, all `compression: s2_best`: the routes inside a zone say
+    `off (same zone)` on both ends and carry plain protocol (no zstd bytes counted), those between zones
+    `zstd_best`; a fan-out from s1 reaches all four servers' subscribers in order (one of z2's servers through
+    the other, z2's relay, over the uncompressed route s3-s4)."""
+    zc = ZoneCluster("in-zone", "zonebus", lambda i, tmp: "", zones=2, per_zone=2,
+                     cluster_extra="compression: s2_best")
+    zc.start(tmp_path)
+    try:
+        wait_for_mesh(zc.servers, time.monotonic() + 30)
+        zone = {"s1": "z1", "s2": "z1", "s3": "z2", "s4": "z2"}
+        for name, server in zip(zc.names, zc.servers, strict=True):
+            want = {peer: "off (same zone)" if zone[peer] == zone[name] else "zstd_best"
+                    for peer in zc.names if peer != name}
+            await until(lambda s=server, w=want: asyncio.to_thread(lambda: route_modes(s) == w),
+                        f"{name}'s route modes", show=lambda s=server: route_modes(s))
+        ncs = [await nats.connect(s.url) for s in zc.servers]
+        payloads = [json_event(random.Random(3), i) for i in range(200)]
+        got: dict[str, list[bytes]] = {name: [] for name in zc.names}
+        try:
+            for name, nc in zip(zc.names, ncs, strict=True):
+                await nc.subscribe("events.json", cb=collect(got[name]))
+                await nc.flush()
+
+            async def probed() -> bool:
+                await ncs[0].publish("events.json", PROBE)
+                await ncs[0].flush()
+                return all(PROBE in v for v in got.values())
+            await until(probed, "a probe on every server")
+            for v in got.values():
+                v.clear()
+            for p in payloads:
+                await ncs[0].publish("events.json", p)
+            await ncs[0].flush()
+            await until(lambda: all(len([x for x in v if x != PROBE]) == len(payloads) for v in got.values()),
+                        "every message on every server", show=lambda: {k: len(v) for k, v in got.items()})
+            assert all([x for x in v if x != PROBE] == payloads for v in got.values())
+        finally:
+            for nc in ncs:
+                await nc.close()
+        routes = {r["remote_name"]: r for r in zc.servers[2].http_get("/routez")["routes"]}
+        assert routes["s4"]["compression_bytes"]["raw_in"] == 0 and routes["s4"]["compression_bytes"]["raw_out"] == 0
+        assert routes["s1"]["compression_bytes"]["raw_in"] > 0  # the cross-zone route did compress
+    finally:
+        zc.stop()

@@ -127,6 +127,26 @@ def test_link_negotiation_with_nats_server_and_zonebus_peers() -> None:
     assert auto.name == "zstd_fast" and auto.deflater is not None and auto.deflater.level == 1
 
 
+def test_a_zonebus_peer_of_the_same_zone_is_not_compressed() -> None:
+    """Both sides of a route between two zonebus servers of one zone decide alike not to compress (bytes
+    inside a zone are not billed); another zone, no zone on this side, or an s2_auto link still compress."""
+    offer = {"compression": OFF, "zonebus_compression": S2_BEST}
+    same = LinkCompression(CompressionOptions(S2_BEST), nats_field=True, own_zone="z1")
+    assert not same.negotiate(offer, rtt=0.001, peer_zone="z1")
+    assert (same.mode, same.name, same.same_zone) == (OFF, "off (same zone)", True)
+    auto = LinkCompression(CompressionOptions(S2_AUTO), nats_field=True, own_zone="z1")
+    assert not auto.negotiate({"zonebus_compression": S2_AUTO}, rtt=0.2, peer_zone="z1")
+    assert not auto.auto
+    other = LinkCompression(CompressionOptions(S2_BEST), nats_field=True, own_zone="z1")
+    assert other.negotiate(offer, rtt=0.001, peer_zone="z2")
+    assert (other.name, other.same_zone) == ("zstd_best", False)
+    untagged = LinkCompression(CompressionOptions(S2_BEST), nats_field=True)
+    assert untagged.negotiate(offer, rtt=0.001, peer_zone="")
+    off = LinkCompression(CompressionOptions(OFF), nats_field=True, own_zone="z1")
+    assert not off.negotiate(offer, rtt=0.001, peer_zone="z1")
+    assert (off.name, off.same_zone) == (OFF, False)  # not compressing anyway: shown as nats-server would
+
+
 def test_stream_survives_batches_and_level_changes() -> None:
     out, back = StreamDeflater(1), StreamInflater()
     batches = [b"RMSG $G orders.new 20\r\n{\"id\": %08d, \"x\": 1}\r\n" % i for i in range(50)]

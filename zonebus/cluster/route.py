@@ -51,7 +51,8 @@ class RouteConnection(LinkConnection):
         self.zone_relay = False  # relay frames go both ways (zonebus.cluster.relay), settled when it goes live
         self.relay_seed = 0  # the peer's rendezvous seed (its server_id's CRC)
         if self.kind == ROUTE:  # not the links between a server's own workers (zonebus.workers)
-            self.enable_compression(manager.opts.compression, nats_field=True)
+            self.enable_compression(manager.opts.compression, nats_field=True,
+                                    own_zone=manager.server.zone_of_tags(manager.tags))
 
     # -- link hooks ----------------------------------------------------------------------------------
     def greet(self) -> None:

@@ -34,6 +34,25 @@ message against 8.5 uncompressed), 0.201 at 3 (29 us), 0.178 at 7 (64 us); level
 for 1% of ratio, and nats-server's S2 gets 0.299 (s2_fast) and 0.243 (s2_best, 99 us). Below the first RTT
 threshold nats-server sends S2 frames uncompressed (`s2_uncompressed`); zonebus uses level 1 there too, since
 bytes between zones are billed whatever the RTT.
+
+Inside a zone nothing is compressed: a route between two zonebus servers whose INFO tags name the same zone
+(`az:<zone>`, the ledger's `zone_tag_prefix`) negotiates no compression whatever the mode (both ends decide
+alike from the same two tags; `/routez` shows `off (same zone)`). Those bytes are not billed, and on issue #25's
+mixed workload (`bench/crosszone_mix.py`, 3 zones x 2 servers, the zone relay passing each message on inside
+its zone) they were over half of what was compressed. Interleaved runs on the shared 2-core machine (load
+average 15-25): compressing every route cost 324-465 server CPU s/GB (4 runs) against 199-292 without
+compression, latency p99 1.5-4.3x; compressing only between zones 254-434 (10 runs, median 337 against 245),
+p99 0.4-30x (median 1.8x: the machine's stalls dominate p99), at the same 0.182 cross-zone bytes per payload
+byte. Levels 3 and 5 between zones (0.206 and 0.204 B/B, 0.29x of nats-server `s2_best`, at the edge of the
+0.3x budget) showed no better p99 in those runs, so `s2_best` stays level 7.
+
+A trained dictionary (`zstandard.train_dictionary` on 2,000 earlier events of the same generator, 16 or 64 KiB)
+does not pay on a link's long-lived stream, whose window already holds the recent messages: ratio over 5,000
+~750 B events flushed one per block / ten per block, level 7: 0.222 / 0.178 without, 0.231 / 0.194 with (worse);
+level 3: 0.275 / 0.199 without, 0.227 / 0.199 with (better only for one-message blocks, and still behind level
+7 without); over the first 100 messages of a stream, level 7: 0.238 / 0.182 without, 0.221 / 0.190 with. Both
+ends would also need the same dictionary per account and subject prefix, retrained and shipped as traffic
+changes, so it is not built.
 """
 
 from __future__ import annotations
@@ -163,9 +182,11 @@ class LinkCompression:
     """One link's compression: the negotiated mode, the codecs once switched, and the bytes before and after
     (wire = on the socket, raw = the protocol the parser and the writer see)."""
 
-    def __init__(self, opts: CompressionOptions, nats_field: bool) -> None:
+    def __init__(self, opts: CompressionOptions, nats_field: bool, own_zone: str = "") -> None:
         self.opts = opts
         self.nats_field = nats_field  # routes: nats-server's field counts for a peer without ours
+        self.own_zone = own_zone  # routes: this server's zone ("" = none: no in-zone rule)
+        self.same_zone = False  # negotiated a compressing mode with a zonebus peer of our zone: sent as is
         self.mode = ""  # the negotiated mode, nats-server's names ("" = not negotiated yet)
         self.peer_mode = ""  # what the peer offered
         self.auto = False  # s2_auto: the level follows the RTT
@@ -178,12 +199,16 @@ class LinkCompression:
     def negotiated(self) -> bool:
         return bool(self.mode)
 
-    def negotiate(self, info: dict[str, Any], rtt: float) -> bool:
+    def negotiate(self, info: dict[str, Any], rtt: float, peer_zone: str = "") -> bool:
         """Settle the mode from the peer's first INFO; True when this link compresses (the caller then sends
-        `MARKER` and switches its writer). ValueError for a mode nobody knows."""
+        `MARKER` and switches its writer). A zonebus peer in this server's own zone (`peer_zone`, from its
+        INFO tags) is not compressed whatever the mode: bytes inside a zone are not billed, and both sides
+        decide alike from the same two zones. ValueError for a mode nobody knows."""
         theirs = info.get(ZONEBUS_FIELD)
+        self.same_zone = False
         if isinstance(theirs, str):
             ours = self.opts.mode
+            self.same_zone = bool(self.own_zone) and peer_zone == self.own_zone
         else:  # nats-server, or a zonebus without compression: only nats-server's field, and ours is "off"
             theirs = info.get(NATS_FIELD) if self.nats_field else ""
             theirs = theirs if isinstance(theirs, str) else ""
@@ -196,6 +221,10 @@ class LinkCompression:
         else:
             self.auto = False
         self.mode = mode
+        if self.same_zone and needs_compression(mode):
+            self.mode, self.auto = OFF, False
+            return False
+        self.same_zone = False
         return needs_compression(mode)
 
     def start_deflate(self) -> None:
@@ -226,6 +255,8 @@ class LinkCompression:
     def name(self) -> str:
         """The mode as monitoring shows it: nats-server's name when nothing is compressed, else zonebus's
         zstd level (`zstd_fast`, `zstd_better`, `zstd_best`)."""
+        if self.same_zone:
+            return "off (same zone)"
         if not needs_compression(self.mode):
             return self.mode or NOT_SUPPORTED
         return ZSTD_NAMES[ZSTD_LEVELS[self.mode]]

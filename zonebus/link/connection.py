@@ -134,10 +134,11 @@ class LinkConnection(Connection, asyncio.Protocol):
         self.compression: LinkCompression | None = None  # set by `enable_compression` (routes, gateways)
         self._began = time.monotonic()
 
-    def enable_compression(self, opts: CompressionOptions, nats_field: bool) -> None:
+    def enable_compression(self, opts: CompressionOptions, nats_field: bool, own_zone: str = "") -> None:
         """This link negotiates compression on the peer's first INFO (`nats_field`: nats-server's INFO
-        field counts for a peer that sends no zonebus offer, as on routes)."""
-        self.compression = LinkCompression(opts, nats_field)
+        field counts for a peer that sends no zonebus offer, as on routes; `own_zone`: this server's zone,
+        routes only: a zonebus peer whose INFO tags name the same zone gets no compression)."""
+        self.compression = LinkCompression(opts, nats_field, own_zone)
         self.parser.stop_after = INFO  # until the peer's switch marker, or the mode says none will come
 
     # -- hooks for the kinds -------------------------------------------------------------------------
@@ -342,7 +343,8 @@ class LinkConnection(Connection, asyncio.Protocol):
         """The peer's first INFO: settle the mode; when it compresses, send the marker (uncompressed, written
         at once) and compress everything queued after it."""
         try:
-            compress = zc.negotiate(info, time.monotonic() - self._began)
+            peer_zone = self.server.zone_of_tags(str_list(info.get("tags"))) if zc.own_zone else ""
+            compress = zc.negotiate(info, time.monotonic() - self._began, peer_zone)
         except ValueError as exc:
             self.log_error(f"{self.kind} {self.describe()}: {exc}, closing")
             return self.reject(str(exc))
