@@ -353,6 +353,8 @@ class ServerOptions:
     logtime: bool = True
     pid_file: str = ""
     log_file: str = ""  # `log_file`/`logfile` key, `-l/--log` flag
+    log_size_limit: int = 0  # `logfile_size_limit`: rotate the log file past this size (zonebus.server.logrotation)
+    log_max_files: int = 0  # `logfile_max_num`: keep at most this many log files (0: all)
     # nats-server's small keys (docs/configuration.md): syslog (zonebus.server.syslogging), the match cache
     # (zonebus.subjects.sublist), headers, and how often route/gateway dial errors are logged
     # (zonebus.link.reports)

@@ -18,9 +18,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "trusted_keys": "operator JWT (decentralised) authentication",
         "trusted": "operator JWT (decentralised) authentication",
         "ocsp": "OCSP stapling",
-        "logfile_size_limit": "log file rotation",
-        "log_size_limit": "log file rotation",
-        "logfile_max_num": "log file rotation",
     },
     "cluster": {
         "accounts": "dedicated per-account routes",
