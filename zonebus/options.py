@@ -308,6 +308,7 @@ class AccountOptions:
     """One entry of `accounts { NAME: {...} }` (zonebus.server.accounts)."""
 
     name: str = ""
+    nkey: str = ""  # `nkey`: the account's public nkey (`A...`); checked, kept, not shown (as nats-server)
     users: list[UserOptions] = field(default_factory=list)
     exports: list[ExportOptions] = field(default_factory=list)
     imports: list[ImportOptions] = field(default_factory=list)

@@ -41,9 +41,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "jetstream_cluster_migrate": "JetStream over leaf nodes",
         "local_is_primary": "JetStream over leaf nodes",
     },
-    "account": {
-        "nkey": "account nkeys",
-    },
     "jetstream": {
         "domain": "JetStream domains",
         "encryption": "JetStream encryption at rest",
