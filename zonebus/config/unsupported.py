@@ -24,15 +24,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     },
     "websocket": {
         "advertise": "an advertised WebSocket address (WebSocket URLs in cluster gossip)",
-        "no_auth_user": "WebSocket-only authorization",
-        "authorization": "WebSocket-only authorization",
-        "authentication": "WebSocket-only authorization",
-        "jwt_cookie": "WebSocket credentials from cookies",
-        "user_cookie": "WebSocket credentials from cookies",
-        "pass_cookie": "WebSocket credentials from cookies",
-        "token_cookie": "WebSocket credentials from cookies",
-        "headers": "custom WebSocket handshake headers",
-        "ping_interval": "a WebSocket-only ping interval",
     },
     "leafnode_remote": {
         "hub": "a remote that is the hub of this server",

@@ -255,8 +255,14 @@ def websocket_varz(wso: WebsocketOptions, port: int) -> dict[str, Any]:
     if not wso.port:
         return {}
     out: dict[str, Any] = {"host": wso.host, "port": port}
+    if wso.advertise:
+        out["advertise"] = wso.advertise
+    if wso.no_auth_user:
+        out["no_auth_user"] = wso.no_auth_user
     if wso.handshake_timeout:
         out["handshake_timeout"] = int(wso.handshake_timeout * 1e9)
+    if wso.auth_timeout:
+        out["auth_timeout"] = wso.auth_timeout
     if wso.no_tls:
         out["no_tls"] = True
     if wso.same_origin:

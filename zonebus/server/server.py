@@ -39,7 +39,7 @@ from zonebus.server.hooks import (
 )
 from zonebus.server.identity import new_server_id
 from zonebus.server.listening import ClientListener, open_clients
-from zonebus.server.logins import ClientLogins
+from zonebus.server.logins import ClientLogins, websocket_authenticator
 from zonebus.server.routing import MessageRouting
 from zonebus.subjects.sublist import Sublist, Subscription
 
@@ -106,6 +106,7 @@ class Server(ClientLogins, MessageRouting):
         self.admission: Callable[[ClientConnection], bool] | None = None  # zonebus.workers: False = not here
         self.random = random.Random()
         self.authenticator = Authenticator(opts)
+        self.websocket_authenticator = websocket_authenticator(opts)
         self.zone = self.zone_of_tags(opts.server_tags)
         self.zone_known = bool(self.zone)
         # top-level tls {}: the context clients upgrade with after the plain INFO (None: no TLS, or TLS done by
