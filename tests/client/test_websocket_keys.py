@@ -10,17 +10,30 @@ What nats-server 2.15 does (server/websocket.go, auth.go, client.go), and zonebu
 - `authorization { user, password, token, timeout }` and `no_auth_user` in the block replace the top level's
   for WebSocket clients (auth required for them even when the top level has none; TCP clients unchanged);
   a block user or token with top-level users is refused, a block `no_auth_user` must be one of the users;
-- `ping_interval`: WebSocket clients are pinged that often (TCP clients keep the top level's).
+- `ping_interval`: WebSocket clients are pinged that often (TCP clients keep the top level's);
+- `advertise`: in a cluster, a WebSocket client's INFO `connect_urls` (and /varz `ws_connect_urls`) are this
+  server's advertised WebSocket URL and then its peers' (an advertise without a port takes the listener's);
+  a bad one stops the start (`unable to get websocket connect URLs: ...`).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import aiohttp
 import nats
 import pytest
 
-from zonebus.testing.polling import until
-from zonebus.testing.processes import IMPLEMENTATIONS, ServerProcess, free_port
+from zonebus.testing.polling import until, wait_until
+from zonebus.testing.processes import (
+    IMPLEMENTATIONS,
+    ServerProcess,
+    cluster_config,
+    free_port,
+    start_parallel,
+    stop_all,
+    wait_for_mesh,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -166,6 +179,30 @@ async def test_websocket_ping_interval(impl: str, server_factory) -> None:
         await until(three_pings, "three PINGs at the WebSocket ping interval", timeout=30)
 
 
+def test_advertise_in_a_cluster(impl: str) -> None:
+    route_ports, ws_ports = [free_port(), free_port()], [free_port(), free_port()]
+    advertised = ["ws1.example:8001", "ws2.example"]
+    servers = [ServerProcess(impl, cluster_config(f"s{i}", route_ports[i], [route_ports[1 - i]]) +
+                             ws_block(ws_ports[i], f'advertise: "{advertised[i]}"'), http_port=free_port())
+               for i in (0, 1)]
+    start_parallel(servers)
+    try:
+        wait_for_mesh(servers)
+        urls = ["ws1.example:8001", f"ws2.example:{ws_ports[1]}"]
+
+        def ws_info_urls(port: int) -> list[str] | None:
+            return asyncio.run(login(port))[1].get("connect_urls")
+
+        wait_until(lambda: ws_info_urls(ws_ports[0]) == urls, f"{impl}'s WebSocket INFO connect_urls {urls}",
+                   timeout=15, show=lambda: ws_info_urls(ws_ports[0]))
+        assert ws_info_urls(ws_ports[1]) == urls[::-1]
+        varz = servers[0].http_get("/varz")
+        assert varz["websocket"].get("advertise") == "ws1.example:8001"
+        assert varz.get("ws_connect_urls") == urls, varz.get("ws_connect_urls")
+    finally:
+        stop_all(servers)
+
+
 @pytest.mark.parametrize("top, keys, words", [
     ("authorization { users: [{user: a, password: a}] }", "authorization { user: w, password: w }",
      "websocket authentication username not compatible with presence of users/nkeys"),
@@ -177,10 +214,11 @@ async def test_websocket_ping_interval(impl: str, server_factory) -> None:
     ("", "jwt_cookie: jwt",
      'trusted operators or trusted keys configuration is required for JWT authentication via cookie "jwt"'),
     ("", "headers: {Connection: close}", 'websocket: invalid header "Connection" not allowed'),
+    ("", 'advertise: "a:b:c"', "nable to get websocket connect URLs: address a:b:c: too many colons in address"),
     ("", "headers: {Sec-WebSocket-Protocol: x}",
      'websocket: invalid header "Sec-WebSocket-Protocol", "Sec-WebSocket-" prefix not allowed'),
 ], ids=["user with users", "token with users", "unknown no_auth_user", "no_auth_user without users",
-        "jwt_cookie", "reserved header", "Sec-WebSocket header"])
+        "jwt_cookie", "reserved header", "bad advertise", "Sec-WebSocket header"])
 def test_refused_with_nats_server_words(top: str, keys: str, words: str) -> None:
     for impl in IMPLEMENTATIONS:
         server = ServerProcess(impl=impl, config=top + "\n" + ws_block(free_port(), keys), workers=1)

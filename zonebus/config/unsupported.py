@@ -22,9 +22,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
     "cluster": {
         "accounts": "dedicated per-account routes",
     },
-    "websocket": {
-        "advertise": "an advertised WebSocket address (WebSocket URLs in cluster gossip)",
-    },
     "leafnode_remote": {
         "hub": "a remote that is the hub of this server",
         "ws_compression": "leaf node connections over WebSocket",

@@ -28,7 +28,7 @@ from zonebus.config.readers import (
 )
 from zonebus.config.tls import read_tls
 from zonebus.options import ServerOptions, WebsocketOptions
-from zonebus.protocol.urls import origin_parts
+from zonebus.protocol.urls import advertised_address, origin_parts
 
 
 def _allowed_origins(v: Value) -> list[str]:
@@ -54,6 +54,15 @@ def _tls(ws: WebsocketOptions, v: Value, errors: Errors) -> None:
         if getattr(tls, key):
             errors.add(v, f"websocket tls: {key} is not supported for WebSocket clients in zonebus")
     ws.tls = tls
+
+
+def _advertise(v: Value) -> str:
+    text = get_str(v)
+    try:
+        advertised_address(text, 1)
+    except ValueError as exc:
+        raise BadValue(f"unable to get websocket connect URLs: {exc}", v) from None
+    return text
 
 
 def _auth_timeout(v: Value) -> float:
@@ -106,6 +115,7 @@ _WEBSOCKET_HANDLERS: dict[str, Handler] = {
     "origins": setter("allowed_origins", _allowed_origins),
     "origin": setter("allowed_origins", _allowed_origins),
     "handshake_timeout": setter("handshake_timeout", _handshake_timeout),
+    "advertise": setter("advertise", _advertise),
     "no_auth_user": str_field("no_auth_user"),
     "authorization": _authorization,
     "authentication": _authorization,

@@ -13,7 +13,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from zonebus import SERVER_VERSION
-from zonebus.options import ServerOptions
+from zonebus.options import ServerOptions, advertised_host
+from zonebus.protocol.urls import advertised_address
 from zonebus.server import account_limits
 from zonebus.server.auth import Authenticator, ClientPermissions
 
@@ -33,6 +34,7 @@ class ClientLogins:
     websocket_authenticator: Authenticator | None  # the websocket {} block's own login (auth override)
     clients: dict[int, ClientConnection]
     connect_urls: Callable[[], list[str]] | None
+    ws_connect_urls: Callable[[], list[str]] | None
     url_watchers: list[Callable[[], None]]
     info_extras: dict[str, Any]
     client_tls_context: Any
@@ -49,6 +51,10 @@ class ClientLogins:
             conn.nonce = info["nonce"] = self.authenticator.new_nonce()
         if self.connect_urls is not None and conn.transport_type == "nats":  # (they are not WebSocket URLs)
             urls = self.connect_urls()
+            if urls:
+                info["connect_urls"] = urls
+        elif conn.transport_type == "websocket":
+            urls = self.websocket_connect_urls()
             if urls:
                 info["connect_urls"] = urls
         info.update(account_limits.info_fields(conn))
@@ -68,6 +74,27 @@ class ClientLogins:
             info["tls_required"] = info["tls_available"] = True
             if wso.tls.verify:
                 info["tls_verify"] = True
+
+    def websocket_url(self) -> str:
+        """The `host:port` this server tells WebSocket clients and its routes for its WebSocket listener:
+        `websocket { advertise }` (its port defaulting to the listener's, as nats-server), else the
+        listener's host (a wildcard one as loopback) and port; "" without a listener."""
+        wso = self.opts.websocket
+        port = getattr(self.websocket_listener, "port", 0) or max(wso.port, 0)
+        if not port:
+            return ""
+        if wso.advertise:
+            return advertised_address(wso.advertise, port)
+        return f"{advertised_host(wso.host)}:{port}"
+
+    def websocket_connect_urls(self) -> list[str]:
+        """A WebSocket client's INFO `connect_urls` (and /varz `ws_connect_urls`), as nats-server's: this
+        server's WebSocket URL and then its peers', once a peer told one; else none."""
+        peers = self.ws_connect_urls() if self.ws_connect_urls is not None else []
+        if not peers:
+            return []
+        own = self.websocket_url()
+        return [own, *(u for u in peers if u != own)] if own else list(peers)
 
     def client_urls_changed(self) -> None:
         """The cluster's client URLs changed: tell the clients that take asynchronous INFO, as nats-server

@@ -245,6 +245,9 @@ def varz(server: Server) -> dict[str, Any]:
         out["tls_verify"] = opts.tls.verify or opts.tls.verify_and_map
         out["tls_timeout"] = go_float(opts.tls.timeout)
     out["websocket"] = websocket_varz(opts.websocket, getattr(server.websocket_listener, "port", 0))
+    ws_urls = server.websocket_connect_urls()
+    if ws_urls:
+        out["ws_connect_urls"] = ws_urls
     for name, section in server.varz_sections.items():
         out[name] = section()
     return out

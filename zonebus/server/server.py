@@ -94,6 +94,7 @@ class Server(ClientLogins, MessageRouting):
         self.account_forwarder: AccountForwarder | None = None  # the forwarder of the other accounts' messages
         self.queue_picker: QueuePicker | None = None
         self.connect_urls: Callable[[], list[str]] | None = None
+        self.ws_connect_urls: Callable[[], list[str]] | None = None  # the peers' WebSocket URLs (hooks.py)
         self.info_extras: dict[str, Any] = {}
         self.varz_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self.pages: dict[str, PageBuilder] = {}
