@@ -6,7 +6,7 @@ absolute URL; both are refused here too, with the block's position.
 
 The block's own login (`authorization {user, password, token, timeout}`, `no_auth_user`), the credential
 cookies, `headers` and `ping_interval` are checked as nats-server's `validateWebsocketOptions` checks them,
-once the whole file is read (`check_websocket`, which needs the users of `authorization {}` and `accounts {}`),
+once the whole file is read (`websocket_problems`, which needs the users of `authorization {}` and `accounts {}`),
 and only with a listener (port not 0), as there.
 """
 
