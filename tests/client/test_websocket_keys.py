@@ -12,7 +12,8 @@ What nats-server 2.15 does (server/websocket.go, auth.go, client.go), and zonebu
   a block user or token with top-level users is refused, a block `no_auth_user` must be one of the users;
 - `ping_interval`: WebSocket clients are pinged that often (TCP clients keep the top level's);
 - `advertise`: in a cluster, a WebSocket client's INFO `connect_urls` (and /varz `ws_connect_urls`) are this
-  server's advertised WebSocket URL and then its peers' (an advertise without a port takes the listener's);
+  server's advertised WebSocket URL and then its peers' (an advertise without a port takes the listener's),
+  still this server's once the peer left;
   a bad one stops the start (`unable to get websocket connect URLs: ...`).
 """
 
@@ -199,6 +200,9 @@ def test_advertise_in_a_cluster(impl: str) -> None:
         varz = servers[0].http_get("/varz")
         assert varz["websocket"].get("advertise") == "ws1.example:8001"
         assert varz.get("ws_connect_urls") == urls, varz.get("ws_connect_urls")
+        servers[1].stop()  # the peer leaves: its URL goes, this server's stays
+        wait_until(lambda: ws_info_urls(ws_ports[0]) == urls[:1], f"{impl}'s connect_urls without the peer",
+                   timeout=15, show=lambda: ws_info_urls(ws_ports[0]))
     finally:
         stop_all(servers)
 

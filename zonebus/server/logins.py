@@ -35,6 +35,7 @@ class ClientLogins:
     clients: dict[int, ClientConnection]
     connect_urls: Callable[[], list[str]] | None
     ws_connect_urls: Callable[[], list[str]] | None
+    ws_urls_told: bool  # a peer's WebSocket URL was known once: from then on the list has at least this server's
     url_watchers: list[Callable[[], None]]
     info_extras: dict[str, Any]
     client_tls_context: Any
@@ -89,9 +90,12 @@ class ClientLogins:
 
     def websocket_connect_urls(self) -> list[str]:
         """A WebSocket client's INFO `connect_urls` (and /varz `ws_connect_urls`), as nats-server's: this
-        server's WebSocket URL and then its peers', once a peer told one; else none."""
+        server's WebSocket URL and then its peers', once a peer told one (and still this server's after the
+        peers left); before that none."""
         peers = self.ws_connect_urls() if self.ws_connect_urls is not None else []
-        if not peers:
+        if peers:
+            self.ws_urls_told = True
+        elif not self.ws_urls_told:
             return []
         own = self.websocket_url()
         return [own, *(u for u in peers if u != own)] if own else list(peers)

@@ -95,6 +95,7 @@ class Server(ClientLogins, MessageRouting):
         self.queue_picker: QueuePicker | None = None
         self.connect_urls: Callable[[], list[str]] | None = None
         self.ws_connect_urls: Callable[[], list[str]] | None = None  # the peers' WebSocket URLs (hooks.py)
+        self.ws_urls_told = False
         self.info_extras: dict[str, Any] = {}
         self.varz_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self.pages: dict[str, PageBuilder] = {}
