@@ -88,13 +88,28 @@ def error_reason(exc: BaseException) -> str:
 def decode_user_nkey(key: str) -> VerifyKey | None:
     """The Ed25519 verify key of a public user nkey (`U...`), or None when `key` is not one."""
     import nkeys
+
+    return decode_public_nkey(key, nkeys.PREFIX_BYTE_USER)
+
+
+def is_account_nkey(key: str) -> bool:
+    """Whether `key` is a public account nkey (`A...`, its checksum right): nats-server's
+    `IsValidPublicAccountKey`."""
+    import nkeys
+
+    return decode_public_nkey(key, nkeys.PREFIX_BYTE_ACCOUNT) is not None
+
+
+def decode_public_nkey(key: str, prefix: int) -> VerifyKey | None:
+    """The Ed25519 verify key of a public nkey of the kind `prefix` (an nkeys PREFIX_BYTE_...), or None."""
+    import nkeys
     from nacl.signing import VerifyKey
 
     try:
         raw = base64.b32decode(key.encode() + b"=" * (-len(key) % 8))
     except (binascii.Error, ValueError):
         return None
-    if len(raw) != 35 or raw[0] != nkeys.PREFIX_BYTE_USER:
+    if len(raw) != 35 or raw[0] != prefix:
         return None
     if nkeys.crc16(bytearray(raw[:-2])) != int.from_bytes(raw[-2:], "little"):
         return None

@@ -147,6 +147,7 @@ class Node:
         if cluster.relay.enabled:
             server.zone_relay = cluster.relay
         server.connect_urls = cluster.client_connect_urls
+        server.ws_connect_urls = cluster.ws_connect_urls
         server.varz_sections["cluster"] = lambda: varz_cluster(cluster)
         server.reload_hooks.append(cluster.reloaded)
         if self.leaf is not None:  # the peers' leafnode URLs for this server's leaf nodes, and its own for them

@@ -58,6 +58,24 @@ class WebsocketOptions:
     same_origin: bool = False  # an Origin header must name this very host and port
     allowed_origins: list[str] = field(default_factory=list)  # an Origin header must be one of these
     handshake_timeout: float = 0.0  # seconds for the HTTP upgrade; 0: none, or the tls block's timeout with TLS
+    advertise: str = ""  # the `host:port` WebSocket clients are told to use (INFO `connect_urls`)
+    # the block's own login (nats-server's "auth override" for WebSocket clients, zonebus.server.websocket)
+    no_auth_user: str = ""
+    auth_user: str = ""
+    auth_password: str = ""
+    auth_token: str = ""
+    auth_timeout: float = 0.0  # seconds; 0: the top level's
+    jwt_cookie: str = ""  # cookies of the HTTP upgrade that stand for the CONNECT's credentials
+    user_cookie: str = ""
+    pass_cookie: str = ""
+    token_cookie: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # extra headers of the 101 response
+    ping_interval: float = 0.0  # seconds; 0: the top level's
+
+    @property
+    def auth_override(self) -> bool:
+        """The block's own login replaces the top level's for WebSocket clients (nats-server's rule)."""
+        return bool(self.auth_user or self.auth_token or self.no_auth_user)
 
 
 @dataclass
@@ -308,6 +326,7 @@ class AccountOptions:
     """One entry of `accounts { NAME: {...} }` (zonebus.server.accounts)."""
 
     name: str = ""
+    nkey: str = ""  # `nkey`: the account's public nkey (`A...`); checked, kept, not shown (as nats-server)
     users: list[UserOptions] = field(default_factory=list)
     exports: list[ExportOptions] = field(default_factory=list)
     imports: list[ImportOptions] = field(default_factory=list)
@@ -353,6 +372,8 @@ class ServerOptions:
     logtime: bool = True
     pid_file: str = ""
     log_file: str = ""  # `log_file`/`logfile` key, `-l/--log` flag
+    log_size_limit: int = 0  # `logfile_size_limit`: rotate the log file past this size (zonebus.server.logrotation)
+    log_max_files: int = 0  # `logfile_max_num`: keep at most this many log files (0: all)
     # nats-server's small keys (docs/configuration.md): syslog (zonebus.server.syslogging), the match cache
     # (zonebus.subjects.sublist), headers, and how often route/gateway dial errors are logged
     # (zonebus.link.reports)

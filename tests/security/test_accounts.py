@@ -223,7 +223,7 @@ async def _across(url0: str, url1: str) -> None:
      'subject: "x"}}] } }', "does not export"),
     ('accounts { A: { users: [{user: u, password: p}] }, B: { users: [{user: u, password: q}] } }',
      "duplicate user"),
-    ('accounts { A: { nkey: "AAAA" } }', 'unsupported field "nkey"'),
+    ('accounts { A: { nkey: "AAAA" } }', 'Not a valid public nkey for an account: "AAAA"'),
 ])
 def test_bad_account_configs_refused(tmp_path, conf: str, words: str) -> None:
     path = tmp_path / "server.conf"

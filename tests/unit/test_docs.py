@@ -60,7 +60,7 @@ def test_unsupported_keys_are_in_the_readme_table() -> None:
      'unsupported field "hub": zonebus does not have nats-server\'s a remote that is the hub'),
     ("cluster { name: c, accounts: [A] }", 'unsupported field "accounts"'),
     ("jetstream { domain: hub }", 'unsupported field "domain"'),
-    ("websocket { port: -1, no_tls: true, jwt_cookie: jwt }", 'unsupported field "jwt_cookie": zonebus does not have'),
+    ('ocsp { mode: always }', 'unsupported field "ocsp": zonebus does not have'),
     ("leafnodez { port: 7422 }", 'unknown field "leafnodez"'),
 ])
 def test_unsupported_key_refused_at_start_with_its_own_words(tmp_path: Path, conf: str, words: str) -> None:

@@ -68,10 +68,13 @@ def run_server_cli(argv: list[str], run: Callable[[ServerOptions], Awaitable[Non
     if test_only:
         print(f"zonebus server: configuration file {opts.config_file or '(none)'} test is successful")
         return 0
+    from zonebus.server.logrotation import start_log_rotation
     from zonebus.server.syslogging import SyslogError, open_log_file, start_syslog
 
     try:
         open_log_file(opts)  # (workers inherit it through the supervisor's exec)
+        if opts.workers <= 1:
+            start_log_rotation(opts)  # (the supervisor starts it for its workers)
         start_syslog(opts, check_only=opts.workers > 1)  # (no syslog configured: nothing)
     except SyslogError as exc:
         print(f"zonebus server: {exc}", file=sys.stderr)

@@ -146,6 +146,7 @@ class ClusterManager:
             "tags": self.tags,
             "route_url": "" if self.opts.no_advertise else self.route_url,
             "client_url": f"{advertised_host(sopts.host)}:{sopts.port}",
+            **({"ws_connect_url": ws_url} if (ws_url := server.websocket_url()) else {}),
             "peers": peers,
             "headers": True,
             "version": SERVER_VERSION,
@@ -203,7 +204,7 @@ class ClusterManager:
         if self.server.ledger is not None:
             self.server.ledger.route_connected(conn)
         self.server.log(f"route established with {conn.describe()} tags={conn.remote_tags}")
-        if conn.remote_client_url:
+        if conn.remote_client_url or conn.remote_ws_url:
             self.server.client_urls_changed()
         for subject, n in self.plain_refs.items():
             if n > 0:
@@ -298,7 +299,7 @@ class ClusterManager:
         if self.peers.get(conn.remote_id) is conn:
             del self.peers[conn.remote_id]
             self.server.log(f"route closed: {conn.describe()}")
-            if conn.remote_client_url:
+            if conn.remote_client_url or conn.remote_ws_url:
                 self.server.client_urls_changed()
             if conn.remote_leafnode_url and self.on_leafnode_urls is not None:
                 self.on_leafnode_urls()
@@ -431,6 +432,13 @@ class ClusterManager:
         if self.zone_local_urls:  # a route's zone is set from its tags when it goes live
             peers = [c for c in peers if c.zone == self.server.zone]
         return [c.remote_client_url for c in peers if c.remote_client_url]
+
+    def ws_connect_urls(self) -> list[str]:
+        """The peers' WebSocket URLs (their `websocket { advertise }`), chosen as `client_connect_urls`."""
+        peers = self.peers.values()
+        if self.zone_local_urls:
+            peers = [c for c in peers if c.zone == self.server.zone]
+        return [c.remote_ws_url for c in peers if c.remote_ws_url]
 
 
 _LOCAL = (CLIENT, INTERNAL, WORKER, LEAF)  # this server's interest: its own, its other worker processes', its

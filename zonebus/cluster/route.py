@@ -39,6 +39,7 @@ class RouteConnection(LinkConnection):
         self.configured = configured
         self.remote_route_url = ""
         self.remote_client_url = ""
+        self.remote_ws_url = ""  # the peer's WebSocket URL (`websocket { advertise }`), from its INFO
         self.remote_cluster = ""
         self.remote_leafnode_url = ""  # the peer's leafnode URL, from its INFO `leafnode_urls` (one entry)
         self.tag_match = False
@@ -77,6 +78,7 @@ class RouteConnection(LinkConnection):
         self.remote_route_url = str(info.get("route_url") or "")
         self.remote_cluster = str(info.get("cluster") or "")
         self.remote_client_url = str(info.get("client_url") or "")
+        self.remote_ws_url = str(info.get("ws_connect_url") or "")
         if first:
             return self.manager.route_identified(self, info)
         self.manager.route_info_update(self, info)

@@ -33,6 +33,7 @@ from zonebus.config.convert import (
 from zonebus.config.mappings import read_mappings
 from zonebus.config.parser import Value
 from zonebus.config.readers import MAX_PAYLOAD_LIMIT, Errors, Handler, apply_handlers
+from zonebus.credentials import is_account_nkey
 from zonebus.options import AccountJetStream, AccountOptions, ExportOptions, ImportOptions, ServerOptions
 from zonebus.subjects.patterns import is_subset
 from zonebus.subjects.validate import is_valid_subject
@@ -210,7 +211,16 @@ def _limits(acc: AccountOptions, v: Value, errors: Errors) -> None:
             errors.add(exc.at or val, f"{key}: {exc}")
 
 
+def _account_nkey(acc: AccountOptions, v: Value, errors: Errors) -> None:
+    key = v.value if v.kind == "string" else None
+    if key is None or not is_account_nkey(key):
+        shown = json.dumps(key) if key is not None else show(v)
+        raise BadValue(f"Not a valid public nkey for an account: {shown}", v)
+    acc.nkey = key
+
+
 _ACCOUNT_HANDLERS = {
+    "nkey": _account_nkey,
     "limits": _limits,
     "mappings": lambda a, v, e: setattr(a, "mappings", read_mappings(v, e)),
     "jetstream": _jetstream,

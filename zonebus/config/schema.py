@@ -37,7 +37,7 @@ from zonebus.config.readers import (
     str_field,
 )
 from zonebus.config.tls import tls_block
-from zonebus.config.websocket import read_websocket
+from zonebus.config.websocket import read_websocket, websocket_problems
 from zonebus.options import ServerOptions
 
 MAX_WORKERS = 256  # `workers`: processes of one server (zonebus.workers)
@@ -106,6 +106,10 @@ _TOP_HANDLERS: dict[str, Handler] = {
     "pidfile": str_field("pid_file"),
     "log_file": str_field("log_file"),
     "logfile": str_field("log_file"),
+    "logfile_size_limit": int_field("log_size_limit"),
+    "log_size_limit": int_field("log_size_limit"),
+    "logfile_max_num": int_field("log_max_files"),
+    "log_max_num": int_field("log_max_files"),
     "syslog": bool_field("syslog"),
     "remote_syslog": str_field("remote_syslog"),
     "disable_sublist_cache": bool_field("disable_sublist_cache"),
@@ -138,6 +142,10 @@ def apply_config(tree: dict[str, Value], opts: ServerOptions | None = None) -> S
         msg = (f'no_auth_user: "{opts.no_auth_user}" not present as user or nkey in authorization block '
                "or account configuration")
         errors.append(f"{where.where}: {msg}" if where is not None else msg)
+    if not errors:
+        where = next((v for k, v in tree.items() if k.lower() == "websocket"), None)
+        for problem in websocket_problems(opts):
+            errors.append(f"{where.where}: {problem}" if where is not None else problem)
     if opts.https_port and opts.tls is None and not errors:
         where = next((v for k, v in tree.items() if k.lower() in ("https", "https_port")), None)
         msg = "https: monitoring over https needs a top-level tls block (the certificate it serves)"

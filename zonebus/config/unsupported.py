@@ -18,24 +18,9 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "trusted_keys": "operator JWT (decentralised) authentication",
         "trusted": "operator JWT (decentralised) authentication",
         "ocsp": "OCSP stapling",
-        "logfile_size_limit": "log file rotation",
-        "log_size_limit": "log file rotation",
-        "logfile_max_num": "log file rotation",
     },
     "cluster": {
         "accounts": "dedicated per-account routes",
-    },
-    "websocket": {
-        "advertise": "an advertised WebSocket address (WebSocket URLs in cluster gossip)",
-        "no_auth_user": "WebSocket-only authorization",
-        "authorization": "WebSocket-only authorization",
-        "authentication": "WebSocket-only authorization",
-        "jwt_cookie": "WebSocket credentials from cookies",
-        "user_cookie": "WebSocket credentials from cookies",
-        "pass_cookie": "WebSocket credentials from cookies",
-        "token_cookie": "WebSocket credentials from cookies",
-        "headers": "custom WebSocket handshake headers",
-        "ping_interval": "a WebSocket-only ping interval",
     },
     "leafnode_remote": {
         "hub": "a remote that is the hub of this server",
@@ -43,9 +28,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "ws_no_masking": "leaf node connections over WebSocket",
         "jetstream_cluster_migrate": "JetStream over leaf nodes",
         "local_is_primary": "JetStream over leaf nodes",
-    },
-    "account": {
-        "nkey": "account nkeys",
     },
     "jetstream": {
         "domain": "JetStream domains",

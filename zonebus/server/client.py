@@ -161,10 +161,11 @@ class ClientConnection(Connection, asyncio.Protocol):
         if server.tls_map:  # over TLS, the handshake is done by now (zonebus.server.tls)
             self.peercert = transport.get_extra_info("peercert")
         loop = server.loop
-        if server.opts.auth_required:
-            self._timers.append(loop.call_later(server.opts.auth_timeout, self._auth_timeout))
-        if server.opts.ping_interval > 0:  # the first PING after 2 s measures the RTT, as nats-server's
-            first = min(FIRST_PING, server.opts.ping_interval)
+        if self.login_required():
+            self._timers.append(loop.call_later(self.login_timeout(), self._auth_timeout))
+        interval = self.ping_interval()
+        if interval > 0:  # the first PING after 2 s measures the RTT, as nats-server's
+            first = min(FIRST_PING, interval)
             self._timers.append(loop.call_later(first, self._ping_timer))
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -279,7 +280,7 @@ class ClientConnection(Connection, asyncio.Protocol):
                     return
                 sublist = self.account.sublist  # the login may have put it in another account
                 mappings = self.account.mappings
-            elif not self.connected and server.opts.auth_required:
+            elif not self.connected and self.login_required():
                 self.send(errors.err(errors.AUTH_VIOLATION))
                 self.close()
                 return
@@ -337,11 +338,26 @@ class ClientConnection(Connection, asyncio.Protocol):
         else:
             self.info_due = True
 
+    # -- what a WebSocket client changes (zonebus.server.websocket.WebSocketClient) --------------------
+    def login_required(self) -> bool:
+        """Whether this client must log in (CONNECT with credentials)."""
+        return self.server.opts.auth_required
+
+    def login_timeout(self) -> float:
+        return self.server.opts.auth_timeout
+
+    def ping_interval(self) -> float:
+        return self.server.opts.ping_interval
+
+    def connect_fields(self, fields: dict) -> dict:
+        """The CONNECT's fields as the login sees them."""
+        return fields
+
     # -- ops ---------------------------------------------------------------------------------------
     def _connect(self, raw: bytes) -> bool:
         server = self.server
         try:
-            opts = parse_connect(raw)
+            opts = self.connect_fields(parse_connect(raw))
         except BadConnect as exc:
             server.auth_log(self, str(exc))
             self.protocol_error(ProtocolError(exc.err, close=True) if exc.err else malformed())
@@ -357,7 +373,8 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.lang = str(opts.get("lang", "") or "")
         self.version = str(opts.get("version", "") or "")
         self.user = str(opts.get("user", "") or "")
-        if server.opts.auth_required and not server.check_auth(self, opts):
+        login_required = self.login_required()
+        if login_required and not server.check_auth(self, opts):
             self.send(errors.err(errors.AUTH_VIOLATION))
             self.close()
             return False
@@ -370,7 +387,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         if not self.connected:
             self.connected = True
             server.client_connected(self)
-        for t in self._timers[:1] if server.opts.auth_required else ():
+        for t in self._timers[:1] if login_required else ():
             t.cancel()
         if self.verbose:
             self.send(_OK)
@@ -473,7 +490,7 @@ class ClientConnection(Connection, asyncio.Protocol):
         self.pings_out += 1
         self._ping_sent = time.perf_counter()
         self.send(_PING)
-        self._timers.append(self.server.loop.call_later(opts.ping_interval, self._ping_timer))
+        self._timers.append(self.server.loop.call_later(self.ping_interval(), self._ping_timer))
         if len(self._timers) > 8:
             self._timers = [t for t in self._timers if not t.cancelled()][-4:]
 

@@ -16,7 +16,8 @@ through the attributes below. The core calls them; it never imports them.
 | `queue_picker` | `QueuePicker` or None | a queue group needs a member (the cluster's routing policy) |
 | `queue_fallback` | `QueueFallback` or None | a link named a queue group with no member here left to serve it (***) |
 | `connect_urls` | `() -> list[str]` or None | a client's INFO is built (`connect_urls` for failover) |
-| `client_urls_changed()` | method | an extension tells the core that `connect_urls` changed |
+| `ws_connect_urls` | `() -> list[str]` or None | a WebSocket client's INFO is built (the peers' WebSocket URLs) |
+| `client_urls_changed()` | method | an extension tells the core that `connect_urls` or `ws_connect_urls` changed |
 | `url_watchers` | list of `() -> None` | `client_urls_changed()` told this process's clients |
 | `links` | `{cid: Connection}` | extensions register their server-to-server connections (stats, ledger) |
 | `info_extras` | dict | fields extensions add to the client INFO (e.g. `jetstream: true`) |

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from zonebus import SERVER_VERSION
-from zonebus.options import ServerOptions
+from zonebus.options import ServerOptions, advertised_host
+from zonebus.protocol.urls import advertised_address
 from zonebus.server import account_limits
 from zonebus.server.auth import Authenticator, ClientPermissions
 
@@ -29,8 +31,11 @@ class ClientLogins:
     name: str
     accounts: Accounts
     authenticator: Authenticator
+    websocket_authenticator: Authenticator | None  # the websocket {} block's own login (auth override)
     clients: dict[int, ClientConnection]
     connect_urls: Callable[[], list[str]] | None
+    ws_connect_urls: Callable[[], list[str]] | None
+    ws_urls_told: bool  # a peer's WebSocket URL was known once: from then on the list has at least this server's
     url_watchers: list[Callable[[], None]]
     info_extras: dict[str, Any]
     client_tls_context: Any
@@ -49,6 +54,10 @@ class ClientLogins:
             urls = self.connect_urls()
             if urls:
                 info["connect_urls"] = urls
+        elif conn.transport_type == "websocket":
+            urls = self.websocket_connect_urls()
+            if urls:
+                info["connect_urls"] = urls
         info.update(account_limits.info_fields(conn))
         return b"INFO " + _json(info) + b"\r\n"
 
@@ -60,10 +69,36 @@ class ClientLogins:
         info["port"] = getattr(self.websocket_listener, "port", wso.port)
         info.pop("tls_required", None)
         info.pop("tls_verify", None)
+        if wso.auth_override:
+            info["auth_required"] = True
         if wso.tls is not None:
             info["tls_required"] = info["tls_available"] = True
             if wso.tls.verify:
                 info["tls_verify"] = True
+
+    def websocket_url(self) -> str:
+        """The `host:port` this server tells WebSocket clients and its routes for its WebSocket listener:
+        `websocket { advertise }` (its port defaulting to the listener's, as nats-server), else the
+        listener's host (a wildcard one as loopback) and port; "" without a listener."""
+        wso = self.opts.websocket
+        port = getattr(self.websocket_listener, "port", 0) or max(wso.port, 0)
+        if not port:
+            return ""
+        if wso.advertise:
+            return advertised_address(wso.advertise, port)
+        return f"{advertised_host(wso.host)}:{port}"
+
+    def websocket_connect_urls(self) -> list[str]:
+        """A WebSocket client's INFO `connect_urls` (and /varz `ws_connect_urls`), as nats-server's: this
+        server's WebSocket URL and then its peers', once a peer told one (and still this server's after the
+        peers left); before that none."""
+        peers = self.ws_connect_urls() if self.ws_connect_urls is not None else []
+        if peers:
+            self.ws_urls_told = True
+        elif not self.ws_urls_told:
+            return []
+        own = self.websocket_url()
+        return [own, *(u for u in peers if u != own)] if own else list(peers)
 
     def client_urls_changed(self) -> None:
         """The cluster's client URLs changed: tell the clients that take asynchronous INFO, as nats-server
@@ -98,9 +133,16 @@ class ClientLogins:
         info.update(self.info_extras)
         return info
 
+    def authenticator_for(self, conn: ClientConnection) -> Authenticator:
+        """The websocket {} block's own login for its clients when it has one (nats-server's auth override:
+        its user, password, token or no_auth_user replace the top level's), else the server's."""
+        if self.websocket_authenticator is not None and conn.transport_type == "websocket":
+            return self.websocket_authenticator
+        return self.authenticator
+
     def check_auth(self, conn: ClientConnection, connect: dict[str, Any]) -> bool:
         """Log `conn` in with its CONNECT fields: sets its user and permissions, or logs the refusal."""
-        login, why = self.authenticator.authenticate(connect, conn.nonce, conn.peercert)
+        login, why = self.authenticator_for(conn).authenticate(connect, conn.nonce, conn.peercert)
         if login is None:
             self.auth_log(conn, "authentication error" + why)
             return False
@@ -141,14 +183,15 @@ class ClientLogins:
         opts.users, opts.default_permissions = new.users, new.default_permissions
         opts.no_auth_user, opts.auth_timeout = new.no_auth_user, new.auth_timeout
         self.authenticator = Authenticator(opts)
+        self.websocket_authenticator = websocket_authenticator(opts)
         self._info_base = self._build_info()
         for conn in list(self.clients.values()):
             if not conn.connected or conn.closed:
                 continue
-            if not opts.auth_required:
+            if not conn.login_required():
                 conn.perms, conn.auth_user = None, ""
                 continue
-            login, _ = self.authenticator.authenticate(conn.connect_opts, conn.nonce, conn.peercert)
+            login, _ = self.authenticator_for(conn).authenticate(conn.connect_opts, conn.nonce, conn.peercert)
             if login is None:
                 self.auth_log(conn, "authorization removed on reload")  # closed without -ERR, as nats-server
                 conn.close()
@@ -169,6 +212,17 @@ class ClientLogins:
                     self.remove_subscription(sub)
         for acc in self.accounts.by_name.values():
             acc.sublist.touch()  # cached fast-path deliveries were built under the old permissions
+
+
+def websocket_authenticator(opts: ServerOptions) -> Authenticator | None:
+    """The login of WebSocket clients when the websocket {} block overrides the top level's (its user,
+    password, token and no_auth_user instead of the top level's; the users of `authorization {}` and the
+    accounts stay), else None."""
+    wso = opts.websocket
+    if not wso.auth_override:
+        return None
+    return Authenticator(replace(opts, auth_user=wso.auth_user, auth_password=wso.auth_password,
+                                 auth_token=wso.auth_token, no_auth_user=wso.no_auth_user))
 
 
 def _json(obj: Any) -> bytes:

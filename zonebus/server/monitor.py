@@ -245,6 +245,9 @@ def varz(server: Server) -> dict[str, Any]:
         out["tls_verify"] = opts.tls.verify or opts.tls.verify_and_map
         out["tls_timeout"] = go_float(opts.tls.timeout)
     out["websocket"] = websocket_varz(opts.websocket, getattr(server.websocket_listener, "port", 0))
+    ws_urls = server.websocket_connect_urls()
+    if ws_urls:
+        out["ws_connect_urls"] = ws_urls
     for name, section in server.varz_sections.items():
         out[name] = section()
     return out
@@ -255,8 +258,14 @@ def websocket_varz(wso: WebsocketOptions, port: int) -> dict[str, Any]:
     if not wso.port:
         return {}
     out: dict[str, Any] = {"host": wso.host, "port": port}
+    if wso.advertise:
+        out["advertise"] = wso.advertise
+    if wso.no_auth_user:
+        out["no_auth_user"] = wso.no_auth_user
     if wso.handshake_timeout:
         out["handshake_timeout"] = int(wso.handshake_timeout * 1e9)
+    if wso.auth_timeout:
+        out["auth_timeout"] = wso.auth_timeout
     if wso.no_tls:
         out["no_tls"] = True
     if wso.same_origin:

@@ -39,7 +39,7 @@ from zonebus.server.hooks import (
 )
 from zonebus.server.identity import new_server_id
 from zonebus.server.listening import ClientListener, open_clients
-from zonebus.server.logins import ClientLogins
+from zonebus.server.logins import ClientLogins, websocket_authenticator
 from zonebus.server.routing import MessageRouting
 from zonebus.subjects.sublist import Sublist, Subscription
 
@@ -94,6 +94,8 @@ class Server(ClientLogins, MessageRouting):
         self.account_forwarder: AccountForwarder | None = None  # the forwarder of the other accounts' messages
         self.queue_picker: QueuePicker | None = None
         self.connect_urls: Callable[[], list[str]] | None = None
+        self.ws_connect_urls: Callable[[], list[str]] | None = None  # the peers' WebSocket URLs (hooks.py)
+        self.ws_urls_told = False
         self.info_extras: dict[str, Any] = {}
         self.varz_sections: dict[str, Callable[[], dict[str, Any]]] = {}
         self.pages: dict[str, PageBuilder] = {}
@@ -106,6 +108,7 @@ class Server(ClientLogins, MessageRouting):
         self.admission: Callable[[ClientConnection], bool] | None = None  # zonebus.workers: False = not here
         self.random = random.Random()
         self.authenticator = Authenticator(opts)
+        self.websocket_authenticator = websocket_authenticator(opts)
         self.zone = self.zone_of_tags(opts.server_tags)
         self.zone_known = bool(self.zone)
         # top-level tls {}: the context clients upgrade with after the plain INFO (None: no TLS, or TLS done by

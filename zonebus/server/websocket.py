@@ -14,6 +14,10 @@ socket. Each accepted connection is a `WebSocketSession` (the socket's asyncio p
    writes (once per loop turn) goes out as one binary frame, compressed when the client asked and
    `compression` is on; the payload of every text, binary or continuation frame the client sends is fed to
    its parser as if it had come from a TCP socket.
+3. the block's own keys, as nats-server: `headers` are added to the 101 response; `user_cookie`,
+   `pass_cookie` and `token_cookie` name cookies of the upgrade request that fill the CONNECT's empty
+   credential fields (`cookie_fields`); its login (`authorization {}`, `no_auth_user`: the server's
+   `authenticator_for`), auth timeout and `ping_interval` apply to its clients (`WebSocketClient`).
 
 Listeners bind with SO_REUSEPORT when the server is one of several workers, as the client port does
 (zonebus.server.listening): every worker accepts WebSocket clients; they stay on the worker that accepted them
@@ -47,10 +51,34 @@ NORMAL_CLOSURE = 1000
 
 
 class WebSocketClient(ClientConnection):
-    """A client connected over WebSocket: `/connz` type "websocket"; it never moves to another worker."""
+    """A client connected over WebSocket: `/connz` type "websocket"; it never moves to another worker. The
+    websocket {} block's own login, auth timeout and ping interval apply to it, and the credential cookies
+    of its upgrade request stand for the CONNECT fields it leaves empty, as in nats-server."""
 
-    __slots__ = ()
+    __slots__ = ("cookie_fields",)
     transport_type = "websocket"
+
+    def __init__(self, server: Server, cookie_fields: dict[str, str] | None = None) -> None:
+        super().__init__(server)
+        self.cookie_fields = cookie_fields or {}  # CONNECT field -> the value of its cookie
+
+    def login_required(self) -> bool:
+        opts = self.server.opts
+        return opts.auth_required or opts.websocket.auth_override
+
+    def login_timeout(self) -> float:
+        opts = self.server.opts
+        return opts.websocket.auth_timeout or opts.auth_timeout
+
+    def ping_interval(self) -> float:
+        opts = self.server.opts
+        return opts.websocket.ping_interval or opts.ping_interval
+
+    def connect_fields(self, fields: dict) -> dict:
+        for name, value in self.cookie_fields.items():
+            if not fields.get(name):
+                fields[name] = value
+        return fields
 
 
 class FramedTransport(asyncio.Transport):
@@ -195,12 +223,16 @@ class WebSocketSession(asyncio.Protocol):
             self.ws.send_response(http_error(status))
             return
         response = self.ws.accept(request)
+        wso = self.server.opts.websocket
+        if response.status_code == 101:
+            for name, value in wso.headers.items():
+                response.headers[name] = value
         self.ws.send_response(response)
         if response.status_code != 101:
             self.server.log(f"{self.peer} - websocket handshake error: {self.ws.handshake_exc}", "ERR")
             return
         self.send_pending()  # the 101 before the INFO
-        self.client = WebSocketClient(self.server)
+        self.client = WebSocketClient(self.server, cookie_fields(request.headers, wso))
         self.client.connection_made(FramedTransport(self))
 
     def _handshake_timeout(self) -> None:
@@ -208,6 +240,40 @@ class WebSocketSession(asyncio.Protocol):
         if self.client is None and not self.raw.is_closing():
             self.server.log(f"{self.peer} - websocket handshake error: timeout", "ERR")
             self.raw.close()
+
+
+# the cookie options and the CONNECT field each one fills (`jwt_cookie` needs operator JWTs: refused at start)
+_COOKIE_FIELDS = (("user_cookie", "user"), ("pass_cookie", "pass"), ("token_cookie", "auth_token"))
+
+
+def request_cookies(headers: Headers) -> dict[str, str]:
+    """The cookies of a request's `Cookie` headers as Go's `Request.Cookies` reads them: `name=value` pairs
+    separated by `;`, a value's surrounding double quotes removed, pairs with a bad name or value skipped;
+    a later pair of the same name wins (nats-server keeps the last)."""
+    cookies: dict[str, str] = {}
+    for line in headers.get_all("Cookie"):
+        for part in line.split(";"):
+            name, eq, value = part.strip().partition("=")
+            if not name or not eq or not all(c.isascii() and c.isprintable() and c not in _SEPARATORS for c in name):
+                continue
+            if len(value) > 1 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            if not all(0x20 <= ord(c) < 0x7F and c not in '";\\' for c in value):
+                continue
+            cookies[name] = value
+    return cookies
+
+
+_SEPARATORS = frozenset('()<>@,;:\\"/[]?={} \t')
+
+
+def cookie_fields(headers: Headers, wso: WebsocketOptions) -> dict[str, str]:
+    """The CONNECT fields the configured cookies of this upgrade request stand for."""
+    names = [(getattr(wso, option), name) for option, name in _COOKIE_FIELDS if getattr(wso, option)]
+    if not names:
+        return {}
+    cookies = request_cookies(headers)
+    return {field_name: cookies[cookie] for cookie, field_name in names if cookie in cookies}
 
 
 def reloadable(old: WebsocketOptions, new: WebsocketOptions) -> bool:

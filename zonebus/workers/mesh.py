@@ -211,6 +211,7 @@ class LocalMesh:
         self._leafq_told: set[tuple[bytes, bytes, bytes]] = set()
         self.prefer_local = server.opts.cluster.prefer_matching_tags  # queue picks: this server's members first
         self.urls: list[str] = []  # the cluster's client URLs, as the relaying worker told them
+        self.ws_urls: list[str] = []  # the cluster peers' WebSocket URLs, the same way
         self.channels.register(REMOTE, self._on_remote)
         self.channels.register(LEAFQ, self._on_leafq)
         self.channels.register(URLS, self._on_urls)
@@ -334,7 +335,7 @@ class LocalMesh:
             if queue is not None and self.relay:
                 self._tell_remote(conn, account, subject, queue)
         if self.relay:
-            conn.send_frame(_URLS, json.dumps(self.server.connect_urls() if self.server.connect_urls else []).encode())
+            conn.send_frame(_URLS, self._urls_payload())
         self.channels.link_up(conn)
         self._ask(conn)
         if self.ready:
@@ -424,18 +425,28 @@ class LocalMesh:
     # -- the cluster's client URLs (the clients' INFO `connect_urls`) --------------------------------------
     def urls_changed(self) -> None:
         """The relaying worker's cluster changed its client URLs: tell the other workers."""
-        urls = self.server.connect_urls() if self.server.connect_urls else []
+        payload = self._urls_payload()
         for link in self.links.values():
             if not link.closed:
-                link.send_frame(_URLS, json.dumps(urls).encode())
+                link.send_frame(_URLS, payload)
+
+    def _urls_payload(self) -> bytes:
+        """`{"client": [the cluster's client URLs], "ws": [the peers' WebSocket URLs]}`."""
+        server = self.server
+        return json.dumps({"client": server.connect_urls() if server.connect_urls else [],
+                           "ws": server.ws_connect_urls() if server.ws_connect_urls else []}).encode()
 
     def _on_urls(self, peer: str, payload: bytes) -> None:
         try:
-            urls = json.loads(payload)
+            told = json.loads(payload)
         except ValueError:
             return
-        if isinstance(urls, list) and urls != self.urls:
-            self.urls = [str(u) for u in urls]
+        if not isinstance(told, dict):
+            return
+        urls = [str(u) for u in told.get("client") or []]
+        ws_urls = [str(u) for u in told.get("ws") or []]
+        if (urls, ws_urls) != (self.urls, self.ws_urls):
+            self.urls, self.ws_urls = urls, ws_urls
             self.server.client_urls_changed()
 
     def remote_subscriptions(self) -> int:

@@ -130,13 +130,17 @@ class Supervisor:
 
     def _syslog(self) -> None:
         """`syslog`/`remote_syslog`: this process's log and its workers' (they inherit its stderr) go there
-        (checked by `zonebus server` before it started this supervisor)."""
+        (checked by `zonebus server` before it started this supervisor); a rotated `log_file` goes through
+        this process's rotation thread (zonebus.server.logrotation)."""
         import pickle
 
+        from zonebus.server.logrotation import start_log_rotation
         from zonebus.server.syslogging import start_syslog
 
         with open(Path(self.dir) / OPTIONS_FILE, "rb") as f:
-            start_syslog(pickle.load(f))
+            opts = pickle.load(f)
+        start_syslog(opts)
+        start_log_rotation(opts)
 
     def run(self) -> int:
         os.set_inheritable(self.reserved, False)

@@ -72,6 +72,7 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
         _relay(server, node, mesh)
     else:
         server.connect_urls = lambda: mesh.urls
+        server.ws_connect_urls = lambda: mesh.ws_urls
     if node.queues is not None:  # durable queue groups: worker 0 is their primary (or the way to it)
         node.queues.attach_workers(mesh.channels, spec.index, spec.count)
     node.queues_wired = lambda queues: queues.attach_workers(mesh.channels, spec.index, spec.count)  # (SIGHUP)
