@@ -81,6 +81,8 @@ class JetStreamExtension:
         self.service = self.services.get("") or next(iter(self.services.values()))
         start_not_enabled(server, set(self.services))
         server.info_extras["jetstream"] = True
+        if js.domain:
+            server.info_extras["domain"] = js.domain
         server.log(f"JetStream enabled, store {js.store_dir}"
                    + (f", accounts {sorted(self.services)}" if "" not in self.services else ""))
 

@@ -181,6 +181,7 @@ class JetStreamOptions:
 
     enabled: bool = False
     store_dir: str = ""
+    domain: str = ""  # `domain`: the API also answers under `$JS.<domain>.API.` (zonebus.stream.domain)
     max_memory_store: int = -1
     max_file_store: int = -1
     # `sync_interval: always` (the default, unlike nats-server): a PubAck of a file stream or a durable queue group

@@ -8,6 +8,7 @@ from zonebus.config.convert import BadValue, expected, get_duration, get_map, ge
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, int_field, setter, str_field
 from zonebus.options import JetStreamOptions, ServerOptions
+from zonebus.stream.domain import domain_error
 
 
 def _sync_interval(js: JetStreamOptions, v: Value, errors: Errors) -> None:
@@ -61,6 +62,14 @@ def _positive_size(attr: str) -> Handler:
     return setter(attr, read)
 
 
+def _domain(js: JetStreamOptions, v: Value, errors: Errors) -> None:
+    name = get_str(v)
+    why = domain_error(name)
+    if why is not None:
+        raise BadValue(why, v)
+    js.domain = name
+
+
 def _router_linger(v: Value) -> float:
     seconds = get_duration(v)
     if not 0 <= seconds <= 0.001:
@@ -99,6 +108,7 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "enable": bool_field("enabled"),
     "store_dir": str_field("store_dir"),
     "storedir": str_field("store_dir"),
+    "domain": _domain,
     "max_memory_store": setter("max_memory_store", get_storage_size),
     "max_mem_store": setter("max_memory_store", get_storage_size),
     "max_mem": setter("max_memory_store", get_storage_size),

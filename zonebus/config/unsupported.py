@@ -30,7 +30,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "local_is_primary": "JetStream over leaf nodes",
     },
     "jetstream": {
-        "domain": "JetStream domains",
         "encryption": "JetStream encryption at rest",
         "cipher": "JetStream encryption at rest",
         "key": "JetStream encryption at rest",

@@ -83,6 +83,7 @@ class LeafConnection(LinkConnection):
         if manager.opts.write_deadline > 0:  # leafnodes { write_deadline }: leaf links only, both directions
             self.write_deadline = manager.opts.write_deadline
         self.error = ""  # the last -ERR the peer sent
+        self.remote_domain = ""  # the peer's JetStream domain (its INFO or CONNECT `domain`)
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}
         self.told: InterestCounts | None = None  # what this side told the peer (the manager keeps it)
         self.upgrading = False  # the TLS handshake is under way
@@ -163,6 +164,7 @@ class LeafConnection(LinkConnection):
         if not self.spoke or not first:
             return True  # (a hub's later INFOs: connect_info, leafnode_urls updates)
         self.nonce = str(info.get("nonce") or "")
+        self.remote_domain = str(info.get("domain") or "")
         if ZONEBUS_FIELD in info and not self._offered and self.compression is not None:
             self.before_marker()  # (a zonebus hub: it settles its side of the compression from this offer)
         if not info.get("client_id") or ("leafnode_urls" not in info and not info.get("info_on_connect")):
@@ -213,6 +215,7 @@ class LeafConnection(LinkConnection):
         self.remote_id = str(fields.get("server_id") or "")
         self.remote_name = str(fields.get("name") or "") or self.remote_id
         self.remote_tags = [str(t) for t in fields.get("tags") or [] if isinstance(t, str)]
+        self.remote_domain = str(fields.get("domain") or "")
         deny_pub = fields.get("deny_pub")
         if isinstance(deny_pub, list) and deny_pub:  # the leaf's deny_imports: not to be sent to it
             if self.perms is None:
@@ -291,6 +294,14 @@ class LeafConnection(LinkConnection):
         self.manager.log_error(f"leafnode {self.describe()}: Subscription Violation on \"{text}\" - Check other "
                                f"side configuration")
         self.reject(f'Permissions Violation for Subscription to "{text}"')
+
+    def deny_more(self, pub_deny: list[str], sub_deny: list[str]) -> None:
+        """Add to the link's deny lists (JetStream domains, `zonebus.stream.domain`) before interest flows."""
+        if self.perms is None:
+            self.perms = LeafPermissions()
+        self.perms.merge_pub_deny(pub_deny)
+        self.perms.merge_sub_deny(sub_deny)
+        self.admit = self.perms.can_receive
 
     def drop_remote_interest(self) -> None:
         for sub in self.remote_subs.values():

@@ -54,6 +54,7 @@ from zonebus.protocol.urls import advertised_address, leaf_url
 from zonebus.protocol.versions import version_at_least, version_components
 from zonebus.server.connection import LEAF, ROUTE
 from zonebus.server.tls import client_context, server_context
+from zonebus.stream.domain import leaf_deny
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -173,6 +174,8 @@ class LeafManager:
         }
         if self._told_urls:
             info["leafnode_urls"] = self._told_urls
+        if self._js_domain():
+            info["domain"] = self._js_domain()
         if self.opts.user or self.opts.nkey or server.opts.auth_required:
             info["auth_required"] = True
         if self.opts.tls is not None:
@@ -221,6 +224,8 @@ class LeafManager:
             fields["jwt"], fields["sig"] = jwt, sign(seed, conn.nonce)[1]
         elif remote is not None and remote.nkey:
             fields["nkey"], fields["sig"] = sign(remote.nkey, conn.nonce)
+        if self._js_domain():
+            fields["domain"] = self._js_domain()  # (the hub's JetStream domain rules: zonebus.stream.domain)
         if conn.remote is not None and conn.remote.deny_imports:
             fields["deny_pub"] = list(conn.remote.deny_imports)  # the hub sends nothing on these
         if conn.remote is not None and conn.remote.request_isolation:
@@ -258,6 +263,12 @@ class LeafManager:
         if self.server.ledger is not None:  # counted like routes, with the remote server's zone
             self.server.ledger.route_connected(conn)
         self.connections[conn.cid] = conn
+        js = self.server.opts.jetstream
+        pub_deny, sub_deny = leaf_deny(self._js_domain(), js.enabled, conn.remote_domain)
+        if pub_deny or sub_deny:  # (JetStream domains: each side's JetStream stays its own)
+            conn.deny_more(pub_deny, sub_deny)
+            self.server.log(f"leafnode {conn.describe()}: JetStream using domains: local {self._js_domain()!r}, "
+                            f"remote {conn.remote_domain!r}")
         told = conn.told = InterestCounts()
         name = conn.bound.name
         conn.send_interest(self.lds_subject(conn.bound), None, 1)
@@ -271,6 +282,11 @@ class LeafManager:
                         f"account {conn.bound.display})")
         conn.start_pinging()
         return True
+
+    def _js_domain(self) -> str:
+        """This server's JetStream domain ("" without JetStream or without a domain)."""
+        js = self.server.opts.jetstream
+        return js.domain if js.enabled else ""
 
     def lds_subject(self, account: Account) -> bytes:
         subject = self._lds.get(account.name)

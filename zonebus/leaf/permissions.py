@@ -43,6 +43,10 @@ class LeafPermissions:
             self.pub_deny += tuple(added)
             self._pub_ok.clear()
 
+    def merge_sub_deny(self, subjects: list[str]) -> None:
+        """More subjects this side takes neither interest nor messages on (JetStream domains)."""
+        self.sub_deny += tuple(s for s in subjects if s not in self.sub_deny)
+
     def can_send(self, subject: bytes) -> bool:
         """May a message on `subject` go over the link (the publish deny)?"""
         ok = self._pub_ok.get(subject)

@@ -137,7 +137,7 @@ class JSApi:
         # (only) account as unlimited and enforces the server's limits on create and publish; an account's
         # own `jetstream {max_mem, ...}` are reported (and enforced)
         acc = svc.account_limits
-        return {
+        info: dict[str, Any] = {
             "memory": mem,
             "storage": disk,
             "reserved_memory": limits.reserved(svc.streams.values(), "memory"),
@@ -156,6 +156,9 @@ class JSApi:
             },
             "api": {"level": 1, "total": self.total, "errors": self.errors},
         }
+        if svc.opts.domain:
+            info["domain"] = svc.opts.domain
+        return info
 
     # -- streams -------------------------------------------------------------------------------------
     def _stream_config(self, payload: bytes, name: str, others: dict[str, dict[str, Any]] | None = None,

@@ -93,6 +93,8 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
             self.opts.store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
         await self.svc.start()
         self.server.info_extras["jetstream"] = True
+        if self.opts.domain:
+            self.server.info_extras["domain"] = self.opts.domain
         self.client.subscribe(API + ">", self._on_client_api, local=True)
         self.client.subscribe(f"{FORWARD}{self.hash}.>", self._on_forwarded)
         self._spawn(self._form_meta())

@@ -84,6 +84,8 @@ class JetStreamMonitor:
             "store_dir": os.path.join(opts.store_dir, "jetstream"),
             "sync_interval": int(opts.sync_interval * 1e9),
         }
+        if opts.domain:
+            out["domain"] = opts.domain
         if opts.sync_always:
             out["sync_always"] = True
         out["strict"] = True

@@ -82,7 +82,9 @@ class Stream:
         self.sources: list[SourceLink] = []
         self.closed = False
         self.deleted = False  # closed for good (deleted), not only released to another server
-        self._ack_head = b'{"stream":' + json.dumps(self.name).encode() + b',"seq":'  # PubAck: head, seq, "}"
+        domain = getattr(service.opts, "domain", "")  # (nats-server's PubAck names the JetStream domain)
+        self._ack_head = (b'{"stream":' + json.dumps(self.name).encode()  # PubAck: head, seq, "}"
+                          + (b',"domain":' + json.dumps(domain).encode() if domain else b"") + b',"seq":')
         self._reply = getattr(service.client, "reply", None)  # InternalClient's short reply path
         if store.on_visible is None:  # a store that acknowledges once durable announces its messages then
             store.on_visible = self.on_visible
@@ -179,7 +181,7 @@ class Stream:
                 self._expire_dedupe()
                 dup = self._dedupe.get(msg_id)
                 if dup is not None:
-                    resp = f'{{"stream":{json.dumps(self.name)},"seq":{dup[0]},"duplicate": true}}'.encode()
+                    resp = self._ack_head + b'%d,"duplicate": true}' % dup[0]
                     return resp, dup[0]
             err = self._check_expected(subject, h)
             if err is not None:

@@ -1,0 +1,99 @@
+"""JetStream domains (`jetstream { domain: <name> }`): the `$JS.<domain>.API.` prefix and its leaf-node rules.
+
+As nats-server (server/jetstream_api.go `generateJSMappingTable`, server/jetstream.go, server/leafnode.go
+`addLeafNodeConnection`):
+- A server whose JetStream has a domain answers the API under `$JS.<domain>.API.` as under `$JS.API.`: each
+  JetStream account maps `$JS.<d>.API.INFO`, `.STREAM.>`, `.CONSUMER.>`, `.DIRECT.>`, `.META.>`, `.SERVER.>`,
+  `.ACCOUNT.>` to the same subjects under `$JS.API.`, and `$JS.<d>.API.$KV.>` / `.$OBJ.>` to `$KV.>` / `$OBJ.>`.
+  Here the JetStream account's internal client subscribes `$JS.<d>.API.>` and publishes what matches the table
+  again on the mapped subject, reply and headers kept (a subject outside the table is dropped: nats-server maps
+  nothing else, so nobody would hear it). A standalone server's subscription is a plain one, so leaf nodes hear
+  of it (nats-server's leaf offers the mapping sources likewise); a clustered server's is local, as its
+  `$JS.API.>` is (each server answers its own clients).
+- Leaf nodes: when this server or the peer has a domain, the link keeps each side's JetStream to itself:
+  `$JS.API.>`, `$KV.>` and `$OBJ.>` are denied both ways (no interest offered or taken, no message sent), and
+  a server with JetStream and a domain sends nothing on `$JS.<its domain>.API.>` to the peer (a guard against
+  a hub and a leaf with one domain). `$JS.<other domain>.API.>` crosses: the peer offers interest in its own.
+  nats-server denies the same subjects also when neither side has a domain; zonebus leaves such a link as it
+  was (no domain, no change).
+- The domain shows in `$JS.API.INFO` (`domain`), `/jsz` and `/varz` (`config.domain`), the client INFO
+  (`domain`) and the leaf INFO and CONNECT (`domain`, what each side reads as the peer's).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zonebus.server.internal import InternalClient
+
+# the mapped suffixes under `$JS.<domain>.API.`: (suffix, is a prefix, destination)
+_TABLE: tuple[tuple[str, bool, str], ...] = (
+    ("INFO", False, "$JS.API.INFO"),
+    ("STREAM.", True, "$JS.API.STREAM."),
+    ("CONSUMER.", True, "$JS.API.CONSUMER."),
+    ("DIRECT.", True, "$JS.API.DIRECT."),
+    ("META.", True, "$JS.API.META."),
+    ("SERVER.", True, "$JS.API.SERVER."),
+    ("ACCOUNT.", True, "$JS.API.ACCOUNT."),
+    ("$KV.", True, "$KV."),
+    ("$OBJ.", True, "$OBJ."),
+)
+
+# nats-server's denyAllClientJs: what a leaf link with a domain on either side keeps from crossing, both ways
+LEAF_JS_DENY: tuple[str, ...] = ("$JS.API.>", "$KV.>", "$OBJ.>")
+
+
+def domain_error(domain: str) -> str | None:
+    """nats-server's refusal of a domain name (validateJetStreamOptions), or None for a good one."""
+    if any(c in domain for c in ".*>"):
+        return "invalid domain name: may not contain ., * or >"
+    if not domain or any(c.isspace() for c in domain):
+        return f'invalid domain name: derived "$JS.{domain}.API.>" is not a valid subject'
+    return None
+
+
+def api_prefix(domain: str) -> str:
+    return f"$JS.{domain}.API."
+
+
+def map_domain_subject(domain: str, subject: str) -> str | None:
+    """`$JS.<domain>.API.<rest>` -> the subject nats-server's mapping table gives it, or None (not mapped)."""
+    prefix = api_prefix(domain)
+    if not subject.startswith(prefix):
+        return None
+    rest = subject[len(prefix):]
+    for suffix, is_prefix, dest in _TABLE:
+        if is_prefix:
+            if rest.startswith(suffix) and len(rest) > len(suffix):
+                return dest + rest[len(suffix):]
+        elif rest == suffix:
+            return dest
+    return None
+
+
+def leaf_deny(local_domain: str, local_jetstream: bool, remote_domain: str) -> tuple[list[str], list[str]]:
+    """The (publish deny, subscribe deny) a leaf link gets from the JetStream domains of its two sides."""
+    if not local_domain and not remote_domain:
+        return [], []
+    pub = list(LEAF_JS_DENY)
+    if local_domain and local_jetstream:
+        pub.append(api_prefix(local_domain) + ">")
+    return pub, list(LEAF_JS_DENY)
+
+
+class DomainAPI:
+    """One JetStream account's `$JS.<domain>.API.>` subscription, republishing on the mapped subject."""
+
+    def __init__(self, client: InternalClient, domain: str) -> None:
+        self.client = client
+        self.domain = domain
+
+    def subscribe(self, local: bool = False) -> int:
+        """Subscribe `$JS.<domain>.API.>`; returns the subscription's id (the caller unsubscribes it)."""
+        return self.client.subscribe(api_prefix(self.domain) + ">", self._on_request, local=local)
+
+    def _on_request(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        mapped = map_domain_subject(self.domain, subject)
+        if mapped is not None:
+            self.client.publish(mapped, payload, reply, headers)
