@@ -13,15 +13,16 @@ import subprocess
 import nats
 import pytest
 
+from tests.stream.kit_cluster import cluster_servers, wait_meta_leader
 from zonebus.localservers import free_port
-from zonebus.testing.processes import ServerProcess, check_config, nats_server_binary
+from zonebus.testing.processes import ServerProcess, check_config, nats_server_binary, start_parallel, stop_all
 
 pytestmark = pytest.mark.timeout(90)
 
 
 def _server(impl: str, tmp_path, domain: str = "hub") -> ServerProcess:
     store = tmp_path / impl
-    return ServerProcess(impl, http_port=free_port(), workers=1,
+    return ServerProcess(impl, http_port=free_port(), workers=2,
                          config=f'server_name: s1\njetstream {{ store_dir: "{store}", domain: {domain} }}\n')
 
 
@@ -79,3 +80,35 @@ def test_bad_domain_refused_by_both(tmp_path, domain: str) -> None:
     assert ns.returncode != 0 and zb.returncode != 0
     assert "invalid domain name: may not contain ., * or >" in ns.stdout + ns.stderr
     assert "invalid domain name: may not contain ., * or >" in zb.stdout + zb.stderr
+
+
+async def test_clustered_domain_answers_once_per_request(tmp_path) -> None:
+    """A zonebus cluster with a domain: `$JS.<domain>.API.` is answered (by one server of the cluster, which
+    may not be the client's: the answers of two requests come in either order); a stream made by domain on one
+    server is written and read by domain from another."""
+    servers = cluster_servers(tmp_path)
+    for s in servers:
+        s.config = s.config.replace('failover_timeout: "2s"', 'failover_timeout: "2s", domain: hub')
+    start_parallel(servers)
+    try:
+        await wait_meta_leader(servers)
+        n1 = await nats.connect(servers[0].url, allow_reconnect=False, connect_timeout=3)
+        n2 = await nats.connect(servers[1].url, allow_reconnect=False, connect_timeout=3)
+        try:
+            inbox = n1.new_inbox()
+            sub = await n1.subscribe(inbox)
+            await n1.publish("$JS.hub.API.INFO", b"", reply=inbox)
+            await n1.publish("$JS.hub.API.STREAM.NAMES", b"", reply=inbox)
+            docs = [json.loads((await sub.next_msg(timeout=5)).data) for _ in range(2)]
+            assert sorted((d["type"].rsplit(".", 1)[-1], d.get("domain")) for d in docs) == [
+                ("account_info_response", "hub"), ("stream_names_response", None)]
+            await n1.jetstream(domain="hub").add_stream(name="C", subjects=["c.>"])
+            js2 = n2.jetstream(domain="hub")
+            ack = await js2.publish("c.1", b"x")
+            assert (ack.stream, ack.seq, ack.domain) == ("C", 1, "hub")
+            assert (await js2.get_msg("C", 1)).data == b"x"
+        finally:
+            await n1.close()
+            await n2.close()
+    finally:
+        stop_all(servers)

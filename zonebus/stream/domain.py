@@ -7,9 +7,11 @@ As nats-server (server/jetstream_api.go `generateJSMappingTable`, server/jetstre
   `.ACCOUNT.>` to the same subjects under `$JS.API.`, and `$JS.<d>.API.$KV.>` / `.$OBJ.>` to `$KV.>` / `$OBJ.>`.
   Here the JetStream account's internal client subscribes `$JS.<d>.API.>` and publishes what matches the table
   again on the mapped subject, reply and headers kept (a subject outside the table is dropped: nats-server maps
-  nothing else, so nobody would hear it). A standalone server's subscription is a plain one, so leaf nodes hear
-  of it (nats-server's leaf offers the mapping sources likewise); a clustered server's is local, as its
-  `$JS.API.>` is (each server answers its own clients).
+  nothing else, so nobody would hear it). The subscription is a plain one, so leaf nodes hear of it
+  (nats-server's leaf offers the mapping sources likewise); a clustered server's joins a queue group, so that
+  one server of the cluster takes a request (any of them answers the API, as each does its own clients'
+  `$JS.API.` requests: the one that took it republishes it to its own JetStream, which forwards to a stream's
+  leader as it does for `$JS.API.`).
 - Leaf nodes: when this server or the peer has a domain, the link keeps each side's JetStream to itself:
   `$JS.API.>`, `$KV.>` and `$OBJ.>` are denied both ways (no interest offered or taken, no message sent), and
   a server with JetStream and a domain sends nothing on `$JS.<its domain>.API.>` to the peer (a guard against
@@ -39,6 +41,9 @@ _TABLE: tuple[tuple[str, bool, str], ...] = (
     ("$KV.", True, "$KV."),
     ("$OBJ.", True, "$OBJ."),
 )
+
+# the queue group of a clustered server's `$JS.<domain>.API.>` subscription
+DOMAIN_QUEUE = "$JSDOMAIN"
 
 # nats-server's denyAllClientJs: what a leaf link with a domain on either side keeps from crossing, both ways
 LEAF_JS_DENY: tuple[str, ...] = ("$JS.API.>", "$KV.>", "$OBJ.>")
@@ -89,9 +94,11 @@ class DomainAPI:
         self.client = client
         self.domain = domain
 
-    def subscribe(self, local: bool = False) -> int:
-        """Subscribe `$JS.<domain>.API.>`; returns the subscription's id (the caller unsubscribes it)."""
-        return self.client.subscribe(api_prefix(self.domain) + ">", self._on_request, local=local)
+    def subscribe(self, clustered: bool = False) -> int:
+        """Subscribe `$JS.<domain>.API.>`; returns the subscription's id (the caller unsubscribes it). A
+        clustered server's joins the queue group `DOMAIN_QUEUE`, so that one server of the cluster answers."""
+        queue = DOMAIN_QUEUE if clustered else None
+        return self.client.subscribe(api_prefix(self.domain) + ">", self._on_request, queue=queue)
 
     def _on_request(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
         mapped = map_domain_subject(self.domain, subject)

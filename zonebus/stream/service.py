@@ -136,8 +136,8 @@ class JetStreamService:
             self._sids.append(c.subscribe("$JS.API.>", self._on_api))
             self._sids.append(c.subscribe("$JS.ACK.>", self._on_ack))
             self._sids.append(c.subscribe("$JS.FC.>", self._on_fc))
-        if self.opts.domain:  # `$JS.<domain>.API.>` (a clustered server's answers its own clients only)
-            self._sids.append(DomainAPI(c, self.opts.domain).subscribe(local=self.clustered))
+        if self.opts.domain:  # `$JS.<domain>.API.>` (zonebus.stream.domain)
+            self._sids.append(DomainAPI(c, self.opts.domain).subscribe(clustered=self.clustered))
         for stream in self.streams.values():
             self._subscribe_stream(stream)
             for cons in stream.consumers.values():

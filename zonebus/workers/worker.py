@@ -87,6 +87,8 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
         routed = RoutedDeliveries(InternalClient(server, "$JSD"), mesh.channels)  # deliveries keep their subject
         if not first:
             server.info_extras["jetstream"] = True
+            if server.opts.jetstream.domain:  # (the JetStream domain, as worker 0's INFO says)
+                server.info_extras["domain"] = server.opts.jetstream.domain
     counts = SharedCounts(server, spec.directory, spec.index, spec.count)  # one max_connections
     counts.start()
     if zoned:
