@@ -139,8 +139,8 @@ def test_jsz_clustered_hooks() -> None:
                     "cluster": {"leader": "s1"}}
 
     api = types.SimpleNamespace(total=1, errors=0, account_info=lambda payload: {"api": {"level": 1}})
-    opts = types.SimpleNamespace(max_memory_store=-1, max_file_store=1000, store_dir="/tmp", sync_interval=120.0,
-                                 sync_always=False)
+    opts = types.SimpleNamespace(max_memory_store=-1, max_file_store=1000, store_dir="/tmp", domain="",
+                                 sync_interval=120.0, sync_always=False)
     svc = types.SimpleNamespace(streams={"S": Stream()}, api=api, opts=opts, started=True)
     meta = {"name": "c1", "leader": "s2", "peer": "abc", "cluster_size": 3, "replicas": []}
     mon = JetStreamMonitor(_server(), lambda: svc, meta_cluster=lambda: meta,  # type: ignore[arg-type]
