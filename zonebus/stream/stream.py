@@ -82,7 +82,7 @@ class Stream:
         self.sources: list[SourceLink] = []
         self.closed = False
         self.deleted = False  # closed for good (deleted), not only released to another server
-        domain = getattr(service.opts, "domain", "")  # (nats-server's PubAck names the JetStream domain)
+        domain = service.opts.domain  # (nats-server's PubAck names the JetStream domain)
         self._ack_head = (b'{"stream":' + json.dumps(self.name).encode()  # PubAck: head, seq, "}"
                           + (b',"domain":' + json.dumps(domain).encode() if domain else b"") + b',"seq":')
         self._reply = getattr(service.client, "reply", None)  # InternalClient's short reply path

@@ -90,6 +90,7 @@ class Proxy:
         self.done: list[tuple[int, int]] = []  # (epoch, offset) of batches the leader is done with: to trim
         self.tasks: set[asyncio.Task] = set()
         self.sent = sent  # kept for the replicated tail's references (`tailrefs`); None: no tail here
+        self.domain = ""  # the JetStream domain, named in PubAcks as the leader's own do (zonebus.stream.domain)
         self.here = ""  # this server's name: batches for its own streams go to `local`, not over a link
         self.local: Callable[[LinkRecord, bytes, bool], None] | None = None  # (record, batch, stored)
         self.stats = {"msgs": 0, "bytes": 0, "batches": 0, "inline_batches": 0, "acked": 0, "errors": 0,
@@ -232,7 +233,8 @@ class Proxy:
                 self.stats["errors"] += 1
             else:
                 dup = ',"duplicate": true' if kind == "dup" else ""
-                body = f'{{"stream":{json.dumps(stream)},"seq":{value}{dup}}}'.encode()
+                domain = f',"domain":{json.dumps(self.domain)}' if self.domain else ""
+                body = f'{{"stream":{json.dumps(stream)}{domain},"seq":{value}{dup}}}'.encode()
                 self.stats["acked"] += 1
             if reply:
                 self.send_reply(reply, body)

@@ -114,6 +114,7 @@ class ZoneRouter:
             self.paths.further_zones = max(len(self.view.zones) - 2, 0)
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
                            self.opts.zone_router_batch, self.paths, SentBatches() if self.tiered else None)
+        self.proxy.domain = self.opts.domain
         self.serving.inline_limit = self.paths.inline_limit()
         self.serving.compress = self.paths.compress_object
         self.leader = LeaderSide(self.channel, self.js.led_stream, self._answer, self._fenced,
