@@ -16,6 +16,9 @@
   and an accepted one whose CONNECT says `isolate` (a leaf's remote `request_isolation`, sent here likewise).
   Shown as `/leafz` `is_isolated`. Per server: a leaf's interest that came over a route is a route's here
   (nats-server 2.15 marks it on its routes, `LS+` with an origin, and isolates it too).
+- JetStream domains (`zonebus.stream.domain`): each side tells its domain (INFO / CONNECT `domain`); when either
+  has one, the link denies `$JS.API.>`, `$KV.>`, `$OBJ.>` both ways (and this server's own `$JS.<domain>.API.>`
+  outgoing), set in `go_live` before any interest is told, as nats-server's addLeafNodeConnection.
 - Loops: each account has a loop-detection subject `$LDS.<id>` this server sends on every connection; one
   that comes back closes the link with nats-server's error.
 - URLs told to leaf nodes (INFO `leafnode_urls`, what a nats-server leaf dials next): the listener's
