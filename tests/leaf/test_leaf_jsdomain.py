@@ -134,9 +134,10 @@ async def _scenario(hub: ServerProcess, leaf: ServerProcess,
         await nl.close()
 
 
-@pytest.mark.parametrize("hub_impl,leaf_impl", PAIRS)
-async def test_domains_over_leaf(hub_impl: str, leaf_impl: str, tmp_path: Path) -> None:
-    servers = start_parallel(_servers(hub_impl, leaf_impl, tmp_path))
+@pytest.mark.parametrize("hub_impl,leaf_impl,workers", [(h, s, 1) for h, s in PAIRS] + [("zonebus", "zonebus", 2)])
+async def test_domains_over_leaf(hub_impl: str, leaf_impl: str, workers: int, tmp_path: Path) -> None:
+    """Every mix of implementations (one worker process each), and zonebus with two worker processes."""
+    servers = start_parallel(_servers(hub_impl, leaf_impl, tmp_path, workers))
     try:
         hub, leaf = servers
         wait_until(lambda: len(hub.http_get("/leafz").get("leafs") or []) == 1, "the leaf connected")
