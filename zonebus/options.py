@@ -106,6 +106,7 @@ class RouteOptions:
     compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
     zone_relay: bool | None = None  # zonebus.cluster.relay; None: on when server_tags name a zone
     pool_size: int = 3  # nats-server's route pool size, in /varz; zonebus dials one route per peer whatever it is
+    accounts: list[str] = field(default_factory=list)  # nats-server's pinned accounts: one shared route here too
 
 
 @dataclass

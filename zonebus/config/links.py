@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from zonebus.config.authorization import block_auth
-from zonebus.config.convert import BadValue, expected, get_compression, get_map, get_port, get_str, is_url, show
+from zonebus.config.convert import (
+    BadValue,
+    expected,
+    get_compression,
+    get_map,
+    get_port,
+    get_str,
+    get_str_list,
+    is_url,
+    show,
+)
 from zonebus.config.parser import Value
 from zonebus.config.readers import (
     Errors,
@@ -48,12 +58,15 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "tls": tls_block("cluster tls: "),
     "compression": setter("compression", get_compression),
     "pool_size": int_field("pool_size"),
+    "accounts": setter("accounts", get_str_list),
     "zone_relay": bool_field("zone_relay"),
 }
 
 
 def read_cluster(opts: ServerOptions, v: Value, errors: Errors) -> None:
     apply_handlers(get_map(v), _CLUSTER_HANDLERS, opts.cluster, errors, "cluster")
+    if opts.cluster.accounts and opts.cluster.pool_size < 0:  # nats-server's check, word for word
+        errors.add(get_map(v).get("pool_size", v), "pool_size cannot be negative if pinned accounts are specified")
 
 
 def _remote_gateway(item: Value, errors: Errors) -> RemoteGatewayOptions | None:
