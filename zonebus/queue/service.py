@@ -184,6 +184,18 @@ class QueueService:
         meta = self._meta()
         return meta is not None and meta.leader is not None and meta.ready
 
+    def may_write(self, group: str) -> bool:
+        """Whether this server, running `group`, may write its log now: it is still the primary the meta state
+        names and holds the meta lease (`MetaGroup.lease`). A primary stopped (SIGSTOP, a VM pause) past the
+        failover timeout has been replaced, and its successor writes the same log when it is on a shared
+        store; until the meta change reaches it, what it handles after it resumes (its clients' publishes
+        and its members' acks, waiting in its sockets) must not touch the log: two writers corrupted it (the
+        chaos campaign's losses). Such publishes wait (`pending`) and acks are dropped (redelivered later)."""
+        if self.meta_source is None or self.worker > 0:
+            return True
+        meta = self._meta()
+        return meta is not None and self.primary_of(group) == self.server.name and meta.lease()
+
     def _sync(self) -> None:
         """Lead the groups this server is primary of, release the others, resend to moved primaries."""
         me = self.server.name
@@ -208,7 +220,7 @@ class QueueService:
         except OSError as exc:
             self.server.log(f"queue group {name}: cannot open its log: {exc}", "ERR")
             return
-        d = Dispatcher(self.server, spec, log, self.hash, self._send_remote)
+        d = Dispatcher(self.server, spec, log, self.hash, self._send_remote, lambda: self.may_write(name))
         self.dispatchers[name] = d
         self._ack_sids[name] = self.client.subscribe(f"$JS.ACK.{stream_name(name)}.{self.hash}.>", self._on_ack)
         d.start()
@@ -274,6 +286,11 @@ class QueueService:
 
     def _store_here(self, p: _Pending) -> None:
         d = self.dispatchers[p.group]
+        if not self.may_write(p.group):  # stored by the tick once the fence opens, or sent to the next primary
+            self._next_id += 1
+            self.pending[self._next_id] = p
+            p.sent = time.monotonic()
+            return
         hdrs = p.data[: p.hdr_len] if p.hdr_len >= 0 else None
         seq = d.append(p.subject.decode(errors="replace"), hdrs, p.data[max(p.hdr_len, 0) : -2],
                        p.origin or self.server.name, p.zone)
@@ -370,6 +387,8 @@ class QueueService:
         d = self.dispatchers.get(group)
         hdr_len = int(head["h"])
         origin, zone = str(head.get("o", peer)), str(head.get("z", ""))
+        if d is not None and not self.may_write(group):
+            return  # fenced (see may_write): the origin sends it again
         if d is None:
             if mesh and self.worker == 0 and group in self.specs:  # on to the primary, confirmed back
                 p = _Pending(group, str(head["s"]).encode(), None, hdr_len, body + b"\r\n", origin, zone,

@@ -59,7 +59,8 @@ class GroupMember:
 
     async def stop(self) -> None:
         if self.nc is not None:
-            await self.nc.close()
+            with contextlib.suppress(Exception):  # (a connection its server reset meanwhile)
+                await self.nc.close()
 
 
 class PullMember(GroupMember):
