@@ -30,7 +30,7 @@ async def test_a_former_primarys_undelivered_messages_reach_members_after_its_re
         assert group_info(old)["pending"] == 20
         old.kill()
         new = await until(lambda: primary_of(others), "a new primary", timeout=20)
-        old.start(30)
+        old.start(60)
         await until(lambda: group_info(old)["primary"] == new.info["server_name"],
                     "the restarted server knows the new primary", timeout=20)
         got: list[bytes] = []
