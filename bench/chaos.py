@@ -1,12 +1,17 @@
-"""Jepsen-style fault campaigns: a clustered stream under kills, pauses and broken storage, zonebus next to
-nats-server R3, with Jepsen's queue checker (`zonebus.testing.nemesis`).
+"""Jepsen-style fault campaigns: a clustered stream, KV compare-and-set and a durable queue group under kills,
+pauses and broken storage, zonebus next to nats-server R3, with Jepsen's queue checker (`zonebus.testing.nemesis`).
 
 Topology (as `bench/whole_bill.py`): three zones, one server per zone, routes through byte-counting proxies.
-- zonebus: the zone router on the S3 stand-in (moto behind `zonebus.testing.s3proxy`, S3-like latency), the
+Setups (`--only`):
+- `zonebus`: the zone router on the S3 stand-in (moto behind `zonebus.testing.s3proxy`, S3-like latency), the
   stream R1 placed in z2 (its replicated tail: acknowledged once another zone holds a message); the server's
   default settings otherwise.
-- nats-server: the stream R3 on local file storage, with its default `sync_interval` (2 min) and, as a second
-  setup, `sync_interval: always`.
+- `zonebus-r3`: no zone router, zonebus's default settings (`jetstream { store_dir }` only): the stream R3 on
+  local file storage, as a nats-server user would configure it. No S3 store, so no storage faults.
+- `zonebus-file`: as `zonebus-r3` plus a `file://` shared store (the durable queue group's log lives there, so
+  a new primary continues where the old one stopped); no storage faults either.
+- `nats`, `nats-always`: nats-server, the stream R3 on local file storage, with its default `sync_interval`
+  (2 min) and `sync_interval: always`.
 Workload: one writer per zone, connected to its own zone's server, publishing unique values `<writer>:<n>` and
 awaiting each PubAck (a timeout or an error counts as a failed publish, an unknown outcome). The nemesis injects
 one fault at a time (`--faults`: kill, pause, s3-503, s3-reset, s3-timeout, s3-slow; storage faults only where
@@ -21,8 +26,19 @@ R1 in z2 with the zone router, R3 on nats-server), checked per key for lineariza
 (`zonebus.testing.linearizable`, a WGL search for one register); a write with an unknown outcome may or may not
 have happened.
 
-Run: `python bench/chaos.py --minutes 2 [--only zonebus|nats|nats-always] [--workloads queue,kv] [--faults ...]
-[--seed 1]`.
+A third workload (`--workloads dq`, `zonebus.testing.dqload`): a durable queue group. On zonebus,
+`queue_groups { chaos: { subjects: ["chaos.>"], ack: explicit, ack_wait: "5s" } }` on the three servers (clustered
+JetStream: the meta group names the primary and moves it on failure; the nemesis's favourite target is the
+primary); on nats-server, its equivalent: a WorkQueue stream R3 with one durable pull consumer (ack explicit,
+ack_wait 5 s) that every member fetches from. One writer per zone as in the queue workload (unique values,
+each PubAck awaited), two members per zone, each connected to its zone's server, acking every message it
+processes. After the faults, the campaign polls until every acked message was processed (at most
+`DRAIN_TIMEOUT`), waits two ack_waits more for late redeliveries, then checks: lost = acked and never processed,
+unexpected = processed and never attempted (both fail the run), duplicates (allowed: at least once after a
+failover) and per-writer order (not promised by a queue group: reported only).
+
+Run: `python bench/chaos.py --minutes 2 [--only zonebus|zonebus-r3|zonebus-file|nats|nats-always]
+[--workloads queue,kv,dq] [--faults ...] [--seed 1]`.
 Progress goes to stderr, the table to stdout.
 """
 
@@ -375,7 +391,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=2.0, help="length of each campaign")
     ap.add_argument("--only", choices=SETUPS, default=None)
-    ap.add_argument("--workloads", default="queue,kv", help="comma-separated, of queue,kv,dq")
+    ap.add_argument("--workloads", default="queue,kv,dq", help="comma-separated, of queue,kv,dq")
     ap.add_argument("--faults", default=ALL_FAULTS, help=f"comma-separated, of {ALL_FAULTS}")
     ap.add_argument("--fault-seconds", type=float, default=5.0, help="how long each fault lasts")
     ap.add_argument("--quiet", type=float, default=3.0, help="seconds between a recovery and the next fault")
