@@ -127,6 +127,8 @@ class QueueService:
             self._task.cancel()
         for name in list(self.dispatchers):
             self._release(name)
+        for name in list(self.handoffs):
+            self._end_handoff(name)
 
     def _sync_always(self) -> bool:
         js = self.server.opts.jetstream
