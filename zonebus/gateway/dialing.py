@@ -122,7 +122,8 @@ class GatewayDialing:
             if isinstance(zone, str) and zone and remote.zones.get(key) != zone:
                 remote.zones[key] = zone
                 changed = True
-        if changed:
+        if changed or remote.move_failures:  # (news from the remote cluster: a server may be back, try now)
+            remote.move_after = 0.0
             self.consider_move(remote)
 
     def consider_move(self, remote: RemoteGateway) -> None:

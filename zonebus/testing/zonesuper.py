@@ -141,13 +141,13 @@ class ZoneSupercluster:
     def outbound_zones(self) -> dict[str, dict[str, str | None]]:
         """server -> {remote cluster: zone of the server its outbound connection goes to ("" unknown; None:
         no connection)}, from /gatewayz."""
-        out: dict[str, dict[str, str | None]] = {}
-        for cname, c in self.clusters.items():
-            for name, s in zip(c.names, c.servers, strict=True):
-                gz = s.http_get("/gatewayz").get("outbound_gateways") or {}
-                out[name] = {r: ((gz[r].get("connection") or {}).get("zone", "") if r in gz else None)
-                             for r in self.clusters if r != cname}
-        return out
+        return {name: self.outbound_zone(name) for c in self.clusters.values() for name in c.names}
+
+    def outbound_zone(self, name: str) -> dict[str, str | None]:
+        """`outbound_zones()` of one server."""
+        gz = self.server(name).http_get("/gatewayz").get("outbound_gateways") or {}
+        return {r: ((gz[r].get("connection") or {}).get("zone", "") if r in gz else None)
+                for r in self.clusters if r != name[0].upper()}
 
     def wait_gateways(self, same_zone: bool, timeout: float = 60) -> dict[str, dict[str, str | None]]:
         """Until every server has its outbound connections (with `same_zone`: each to a server of its own
