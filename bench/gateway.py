@@ -213,20 +213,27 @@ def supercluster_main(fan: int, repeat: int, only: str) -> int:
     for label, impl, cluster_extra, gateway_extra in SUPER_SETUPS:
         if only not in ("all", impl):
             continue
-        sc = ZoneSupercluster(label, impl, [("A", 1), ("B", 2)], cluster_extra=cluster_extra,
-                              gateway_extra=gateway_extra)
-        sc.start(Path(tempfile.mkdtemp(prefix="gwbench-")), timeout=180)
+        for attempt in range(3):  # (a port picked free may be taken by another process before a server binds it)
+            sc = ZoneSupercluster(label, impl, [("A", 1), ("B", 2)], cluster_extra=cluster_extra,
+                                  gateway_extra=gateway_extra)
+            try:
+                sc.start(Path(tempfile.mkdtemp(prefix="gwbench-")), timeout=180)
+                break
+            except RuntimeError as exc:
+                print(f"  {label}: start failed ({str(exc).splitlines()[-1]}), attempt {attempt + 1}", file=sys.stderr)
+        else:
+            continue
         try:
             zones = sc.wait_gateways(same_zone=False, timeout=90)
             if impl == "zonebus" and "zone_relay: false" not in cluster_extra:
                 zones = sc.wait_gateways(same_zone=True, timeout=90)
             fans, queues, gw = [], [], []
-            for _ in range(repeat):
-                run = asyncio.run(fan_out(sc, msgs=fan))
+            for k in range(repeat):  # (new documents each run, the same in every setup)
+                run = asyncio.run(fan_out(sc, msgs=fan, seed=100 + 2 * k))
                 bad = run.plain_exactly_once()
                 fans.append(run.per_payload())
                 gw.append(run.gateway_cross / run.payload_bytes)
-                q = asyncio.run(fan_out(sc, msgs=fan, plain=False, queue=True))
+                q = asyncio.run(fan_out(sc, msgs=fan, plain=False, queue=True, seed=101 + 2 * k))
                 qbad = len(q.queue) != fan or set(q.queue.values()) != {1}
                 queues.append(q.per_payload())
                 print(f"  {label}: fan-out {fans[-1]:.3f} (gateways {gw[-1]:.3f}), queue {queues[-1]:.3f}"
