@@ -181,6 +181,12 @@ class GatewayDialing:
                 remote.successor = None  # (the dial loop has a newer connection already)
             conn.close()
             return
+        if remote.zone_of(conn) != self.server.zone:  # (the URL's zone was stale: the server there says otherwise)
+            if conn.zone:
+                remote.zones[host_port(conn.url)] = conn.zone
+            remote.successor = conn  # (so that its closing counts as a failed move, with its backoff)
+            conn.close()
+            return
         remote.successor = None
         remote.move_failures = 0
         self.register_outbound(conn)
