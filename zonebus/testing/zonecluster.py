@@ -8,6 +8,9 @@ server i's `jetstream {}` block), each route through a `zonebus.testing.byteprox
 included); with `per_zone=2` servers s1, s2 are in z1, s3, s4 in z2 and so on, `impls` gives each server's
 implementation (a mixed cluster), and `bytes_into(zone)` counts what entered a zone's servers from others.
 For nats-server the gossiped route URLs point at proxies too (`advertise`), so that no route bypasses them.
+`prefix`, `cluster`, `proxy` and `js` let several of them form a supercluster (`zonebus.testing.zonesuper`):
+server names (`a1`..), the cluster name, a proxy shared with the others (then `cross_zone()` counts only this
+cluster's routes), and nats-server without `-js`.
 `stream_led_in(...)` creates a stream and moves its leader to a given server (stepdowns, for replicated
 nats-server streams); `wait_router_mapping()` waits until every zonebus server's zone router sees all zones.
 """
