@@ -174,6 +174,7 @@ class GatewayOptions:
     auth_timeout: float = AUTH_TIMEOUT  # gateway { authorization { timeout } }
     tls: TLSOptions | None = None  # gateway { tls {} }: gateways over TLS
     compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
+    advertise: str = ""  # host[:port] told to other clusters and this cluster's peers instead of the listener's
 
 
 @dataclass

@@ -28,6 +28,7 @@ from zonebus.config.readers import (
 )
 from zonebus.config.tls import tls_block
 from zonebus.options import GatewayOptions, RemoteGatewayOptions, ServerOptions
+from zonebus.protocol.urls import advertised_address
 
 
 def _url(v: Value) -> str:
@@ -98,6 +99,17 @@ def _gateways(gw: GatewayOptions, v: Value, errors: Errors) -> None:
             gw.gateways.append(remote)
 
 
+def _gateway_advertise(gw: GatewayOptions, v: Value, errors: Errors) -> None:
+    """`gateway { advertise: host[:port] }`: the gateway URL this server gives out (a port-less one takes the
+    listener's, known at start); checked here, as nats-server stops at start on a bad one."""
+    text = get_str(v)
+    try:
+        advertised_address(text, 1)
+    except ValueError as exc:
+        raise BadValue(f"gateway advertise {text!r}: {exc}", v) from None
+    gw.advertise = text
+
+
 _GATEWAY_HANDLERS: dict[str, Handler] = {
     "name": name_field("name", "gateway"),
     "listen": listen_field("host", "port"),
@@ -111,6 +123,7 @@ _GATEWAY_HANDLERS: dict[str, Handler] = {
     "interest_only_threshold": int_field("interest_only_threshold", 0),
     "tls": tls_block("gateway tls: "),
     "compression": setter("compression", get_compression),
+    "advertise": _gateway_advertise,
 }
 
 
