@@ -1,11 +1,11 @@
 """A short fault campaign of the durable queue group workload (issue #27), as `bench/chaos.py --workloads dq`
 runs it: three zonebus servers (one per zone, clustered JetStream, the group's log on a `file://` shared store)
 with `queue_groups { chaos: { ack: explicit } }`, one writer per zone awaiting each PubAck, two members per zone
-acking what they process; the nemesis kills (restart on the same directory) and pauses servers past the
-failover timeout and cuts their power (kill -9 and every unsynced write dropped), the group's primary its favourite
-target. After healing, every acknowledged message must be
-processed by some member and nothing processed that was never sent (duplicates are allowed: at least once).
-`--minutes` from `ZONEBUS_CHAOS_MINUTES` (1 by default: CI's time)."""
+acking what they process; the nemesis kills servers (restart on the same directory), pauses them past the
+failover timeout and cuts their power (kill -9, every unsynced write dropped), the group's primary its
+favourite target. After healing, every acknowledged message must be processed by some member and nothing
+processed that was never sent (duplicates are allowed: at least once). `--minutes` from
+`ZONEBUS_CHAOS_MINUTES` (1 by default: CI's time)."""
 
 from __future__ import annotations
 
