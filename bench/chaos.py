@@ -1,12 +1,19 @@
-"""Jepsen-style fault campaigns: a clustered stream under kills, pauses and broken storage, zonebus next to
-nats-server R3, with Jepsen's queue checker (`zonebus.testing.nemesis`).
+"""Jepsen-style fault campaigns: a clustered stream, KV compare-and-set and a durable queue group under kills,
+pauses and broken storage, zonebus next to nats-server R3, with Jepsen's queue checker (`zonebus.testing.nemesis`).
 
 Topology (as `bench/whole_bill.py`): three zones, one server per zone, routes through byte-counting proxies.
-- zonebus: the zone router on the S3 stand-in (moto behind `zonebus.testing.s3proxy`, S3-like latency), the
+Setups (`--only`):
+- `zonebus`: the zone router on the S3 stand-in (moto behind `zonebus.testing.s3proxy`, S3-like latency), the
   stream R1 placed in z2 (its replicated tail: acknowledged once another zone holds a message); the server's
   default settings otherwise.
-- nats-server: the stream R3 on local file storage, with its default `sync_interval` (2 min) and, as a second
-  setup, `sync_interval: always`.
+- `zonebus-r3`: no zone router, zonebus's default settings (`jetstream { store_dir }` only). zonebus refuses
+  file streams in a cluster without a shared store (10052, see README), so the R3 file stream a nats-server
+  user would configure cannot run here: only the dq workload does (each primary's group log on its own disk).
+- `zonebus-file`: as `zonebus-r3` plus a `file://` shared store: the stream R3 on it (two warm standbys), no
+  zone router (the stream workload without it), and the durable queue group's log there (a new primary
+  continues where the old one stopped). No S3 store, so no storage faults in either.
+- `nats`, `nats-always`: nats-server, the stream R3 on local file storage, with its default `sync_interval`
+  (2 min) and `sync_interval: always`.
 Workload: one writer per zone, connected to its own zone's server, publishing unique values `<writer>:<n>` and
 awaiting each PubAck (a timeout or an error counts as a failed publish, an unknown outcome). The nemesis injects
 one fault at a time (`--faults`: kill, pause, powerloss, s3-503, s3-reset, s3-timeout, s3-slow; storage faults
@@ -30,8 +37,19 @@ R1 in z2 with the zone router, R3 on nats-server), checked per key for lineariza
 (`zonebus.testing.linearizable`, a WGL search for one register); a write with an unknown outcome may or may not
 have happened.
 
-Run: `python bench/chaos.py --minutes 2 [--only zonebus|nats|nats-always] [--workloads queue,kv] [--faults ...]
-[--seed 1]`.
+A third workload (`--workloads dq`, `zonebus.testing.dqload`): a durable queue group. On zonebus,
+`queue_groups { chaos: { subjects: ["chaos.>"], ack: explicit, ack_wait: "5s" } }` on the three servers (clustered
+JetStream: the meta group names the primary and moves it on failure; the nemesis's favourite target is the
+primary); on nats-server, its equivalent: a WorkQueue stream R3 with one durable pull consumer (ack explicit,
+ack_wait 5 s) that every member fetches from. One writer per zone as in the queue workload (unique values,
+each PubAck awaited), two members per zone, each connected to its zone's server, acking every message it
+processes. After the faults, the campaign polls until every acked message was processed (at most
+`DRAIN_TIMEOUT`), waits two ack_waits more for late redeliveries, then checks: lost = acked and never processed,
+unexpected = processed and never attempted (both fail the run), duplicates (allowed: at least once after a
+failover) and per-writer order (not promised by a queue group: reported only).
+
+Run: `python bench/chaos.py --minutes 2 [--only zonebus|zonebus-r3|zonebus-file|nats|nats-always]
+[--workloads queue,kv,dq] [--faults ...] [--seed 1]`.
 Progress goes to stderr, the table to stdout.
 """
 
@@ -39,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -56,11 +75,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nats  # noqa: E402
 import nats.js.errors  # noqa: E402
 
+from zonebus.testing.dqload import DQCheck, GroupMember, PullMember, dq_check, unprocessed  # noqa: E402
 from zonebus.testing.faultload import FaultPublisher, read_back  # noqa: E402
 from zonebus.testing.jsapi import api  # noqa: E402
 from zonebus.testing.kvload import KVCheck, KVClient, bucket_stream, check_history  # noqa: E402
 from zonebus.testing.motos3 import MotoS3, proxied_s3  # noqa: E402
 from zonebus.testing.nemesis import POWER_LOSS, POWER_LOSS_ALL, Fault, Nemesis, QueueCheck, queue_check  # noqa: E402
+from zonebus.testing.polling import until  # noqa: E402
 from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable  # noqa: E402
 from zonebus.testing.zonecluster import ZoneCluster, stream_led_in  # noqa: E402
 
@@ -68,10 +89,15 @@ BUCKET = "zonebus-chaos"
 STREAM = "CHAOS"
 BUCKET_KV = "CHAOSKV"
 KEYS = ["k1", "k2", "k3"]
-WORKLOADS = ("queue", "kv")
+WORKLOADS = ("queue", "kv", "dq")
+GROUP = "chaos"  # the durable queue group (dq): its subjects, and nats-server's WorkQueue stream and consumer
+DQ_STREAM = "CHAOSDQ"
+DQ_ACK_WAIT = 5.0  # seconds before an unacked message goes to another member, on both
+DRAIN_TIMEOUT = 90.0  # after the last fault: every acked message processed by then
 LEADER = "s2"
 FAILOVER = 3.0  # zonebus's default failover_timeout
-SETUPS = ("zonebus", "nats", "nats-always")
+SETUPS = ("zonebus", "zonebus-r3", "zonebus-file", "nats", "nats-always")
+NO_STREAMS = {"zonebus-r3"}  # no shared store: zonebus refuses file streams in a cluster (only dq runs)
 ALL_FAULTS = "kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow"  # the default: one server at a time
 KNOWN_FAULTS = f"{ALL_FAULTS},powerloss-all"  # and every server losing power at once
 
@@ -97,21 +123,29 @@ def power_mounts(stack: ExitStack, tmp: Path, n: int, faults: list[str]) -> dict
     return mounts
 
 
-def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str], ack: str = "replicas"
+def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str], ack: str = "replicas", group: bool = False
           ) -> tuple[ZoneCluster, MotoS3 | None, dict[str, PowerLossMount]]:
+    """The setup's three servers (with the durable queue group `chaos` on zonebus when `group`), each store on
+    its own power-loss file system when the faults include power loss."""
     s3 = None
     mounts = power_mounts(stack, tmp, 3, faults)
 
     def store(i: int, t: Path) -> Path:  # on the server's power-loss file system when there is one
         return mounts[i].mountpoint if i in mounts else t
 
-    if setup == "zonebus":
+    groups = (f'\nqueue_groups {{ {GROUP}: {{ subjects: ["{GROUP}.>"], ack: explicit, '
+              f'ack_wait: "{DQ_ACK_WAIT:g}s" }} }}') if group else ""
+    if setup in ("zonebus-r3", "zonebus-file"):  # zonebus's defaults; the second with a file:// shared store
+        shared = f', shared_store: "file://{tmp}/shared"' if setup == "zonebus-file" else ""
+        cluster = ZoneCluster(setup, "zonebus", lambda i, t: f'jetstream {{ store_dir: "{store(i, t)}/z{i + 1}"'
+                              f'{shared} }}' + groups)
+    elif setup == "zonebus":
         s3 = stack.enter_context(proxied_s3(BUCKET, latency=True, process=True))
         ep, region = s3.endpoint, s3.region
         cluster = ZoneCluster(setup, "zonebus", lambda i, t: (
             f'jetstream {{ store_dir: "{store(i, t)}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
-            f'zone_router: true, zone_router_ack: {ack}, s3 {{ endpoint: "{ep}", region: "{region}" }} }}'),
-            env=s3.env(endpoint=False))
+            f'zone_router: true, zone_router_ack: {ack}, s3 {{ endpoint: "{ep}", region: "{region}" }} }}'
+            + groups), env=s3.env(endpoint=False))
     else:
         sync = ', sync_interval: "always"' if setup == "nats-always" else ""
         cluster = ZoneCluster(setup, "nats", lambda i, t: f'jetstream {{ store_dir: "{store(i, t)}/n{i + 1}"{sync} }}',
@@ -133,16 +167,20 @@ def workdir(stack: ExitStack, label: str, args: argparse.Namespace) -> Path:
 
 
 async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 | None,
-                       mounts: dict[str, PowerLossMount], stream: str, writers: list,
-                       args: argparse.Namespace) -> list[Fault]:
-    """Run `writers` (each with `run(stop)`) while the nemesis injects faults (the stream's leader is its
-    favourite target); returns the faults."""
+                       mounts: dict[str, PowerLossMount], stream: str, writers: list, args: argparse.Namespace,
+                       leader_api: str = "") -> list[Fault]:
+    """Run `writers` (each with `run(stop)`) while the nemesis injects faults (the stream's leader, or the
+    leader `leader_api`'s INFO names, or with `stream` "" the durable queue group's primary, is its favourite
+    target); returns the faults."""
     servers = dict(zip(cluster.names, cluster.servers, strict=True))
     watch = await nats.connect(servers=[s.url for s in cluster.servers], max_reconnect_attempts=-1,
                                reconnect_time_wait=0.2)
 
     async def leader() -> str:
-        return (await api(watch, f"$JS.API.STREAM.INFO.{stream}", timeout=2.0))["cluster"]["leader"]
+        if not stream:
+            return await group_primary(cluster)
+        info = leader_api or f"$JS.API.STREAM.INFO.{stream}"
+        return (await api(watch, info, timeout=2.0))["cluster"]["leader"]
 
     nemesis = Nemesis(servers, writers, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed, mounts)
     stop = asyncio.Event()
@@ -183,6 +221,84 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
             f"{q.lost_postfix}; zone reads {q.zone_reads}")
         if not q.ok:
             explain(q, pubs, faults, t0, reads)
+        return q, faults
+
+
+async def group_primary(cluster: ZoneCluster) -> str:
+    """The durable queue group's primary, as the first server that answers `/queuez` names it."""
+    for s in cluster.servers:
+        with contextlib.suppress(Exception):
+            page = await asyncio.wait_for(asyncio.to_thread(s.http_get, "/queuez"), 1.0)
+            primary = next(g["primary"] for g in page["queue_groups"] if g["name"] == GROUP)
+            if primary:
+                return primary
+    return ""
+
+
+async def dq_campaign(setup: str, args: argparse.Namespace) -> tuple[DQCheck, list[Fault]]:
+    """The durable queue group workload: writers in every zone, members in every zone acking what they
+    process; after the faults, wait until every acked message was processed (or `DRAIN_TIMEOUT`), check."""
+    with ExitStack() as stack:
+        cluster, s3, mounts = start(setup, stack, workdir(stack, f"{setup} dq", args), args.faults.split(","),
+                                    args.zone_router_ack, group=setup.startswith("zonebus"))
+        stream = ""
+        if setup.startswith("nats"):
+            stream = DQ_STREAM
+            cfg = {"name": DQ_STREAM, "subjects": [f"{GROUP}.>"], "storage": "file", "num_replicas": 3,
+                   "retention": "workqueue"}
+            led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
+            nc = await nats.connect(cluster.servers[1].url)
+            try:
+                await api(nc, f"$JS.API.CONSUMER.DURABLE.CREATE.{DQ_STREAM}.{GROUP}", {
+                    "stream_name": DQ_STREAM, "config": {"durable_name": GROUP, "ack_policy": "explicit",
+                                                         "ack_wait": int(DQ_ACK_WAIT * 1e9), "max_deliver": -1,
+                                                         "max_ack_pending": 10_000}}, timeout=10)
+            finally:
+                await nc.close()
+            log(f"{setup} dq: WorkQueue stream {DQ_STREAM} led by {led}, pull consumer {GROUP}")
+        else:
+            await until(lambda: group_primary(cluster), f"{setup}: a primary for group {GROUP}", timeout=60)
+            log(f"{setup} dq: group {GROUP}'s primary is {await group_primary(cluster)}")
+        members: list[GroupMember] = []
+        for k, s in enumerate(cluster.servers):
+            for j in range(2):
+                name, zone = f"m{k + 1}{'ab'[j]}", f"z{k + 1}"
+                members.append(PullMember([s.url], name, DQ_STREAM, GROUP, zone) if stream
+                               else GroupMember([s.url], name, f"{GROUP}.>", GROUP, zone))
+        for m in members:
+            await m.start()
+        pubs = [FaultPublisher([s.url], f"w{k + 1}", f"{GROUP}.w{k + 1}", zone=f"z{k + 1}")
+                for k, s in enumerate(cluster.servers)]
+        try:
+            leader_api = f"$JS.API.CONSUMER.INFO.{DQ_STREAM}.{GROUP}" if stream else ""
+            faults = await under_faults(setup, f"{setup} dq", cluster, s3, mounts, stream, pubs, args, leader_api)
+            t = time.monotonic()
+            try:
+                await until(lambda: unprocessed(pubs, members) == 0, "every acked message processed",
+                            timeout=DRAIN_TIMEOUT, interval=0.5)
+            except TimeoutError:
+                log(f"{setup} dq: {unprocessed(pubs, members)} acked messages not processed after "
+                    f"{DRAIN_TIMEOUT:g} s")
+            drained = time.monotonic() - t
+            await asyncio.sleep(2 * DQ_ACK_WAIT)  # late redeliveries count as duplicates
+        finally:
+            for m in members:
+                await m.stop()
+        q = dq_check(pubs, members)
+        if not q.lost:
+            q.drained_in = drained
+        log(f"{setup} dq: {q.line()}")
+        if q.lost or q.unexpected:
+            for f in faults:
+                log(f"  fault {f.kind} {f.target}: healed {f.healed - f.started:.1f} s after it started")
+            log(f"  lost (first 20): {q.lost[:20]}")
+            log(f"  unexpected (first 20): {q.unexpected[:20]}")
+            for s, name in zip(cluster.servers, cluster.names, strict=True):
+                with contextlib.suppress(Exception):
+                    page = s.http_get("/queuez")
+                    log(f"  {name} /queuez: {json.dumps(page['queue_groups'])[:600]}")
+        for line in q.order[:5]:
+            log(f"  order: {line}")
         return q, faults
 
 
@@ -275,25 +391,48 @@ def print_kv_table(results: list[tuple[str, KVCheck, list[Fault]]], args: argpar
               f"| {_s(unavail, statistics.median)} / {_s(unavail, max)} |")
 
 
+def print_dq_table(results: list[tuple[str, DQCheck, list[Fault]]], args: argparse.Namespace) -> None:
+    print(f"\n{args.minutes:g}-minute durable queue group campaigns, faults {args.faults}, seed {args.seed}\n")
+    print("| setup | faults injected | writes acked | failed (unknown) | processed (distinct) | lost | unexpected "
+          "| duplicates | order broken (not promised) | all processed s after the last fault "
+          "| unavailable s, p50 / max | recovery s, max | not recovered |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
+    for setup, q, faults in results:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(Counter(f.kind for f in faults).items()))
+        unavail = [f.unavailable for f in faults]
+        drained = "-" if math.isnan(q.drained_in) else f"{q.drained_in:.1f}"
+        print(f"| {setup} | {kinds or '-'} | {q.acked:,} | {q.failed:,} | {q.processed:,} ({q.distinct:,}) "
+              f"| {len(q.lost)} | {len(q.unexpected)} | {q.duplicates} | {len(q.order)} | {drained} "
+              f"| {_s(unavail, statistics.median)} / {_s(unavail, max)} "
+              f"| {_s([f.recovery for f in faults], max)} | {sum(1 for f in faults if not f.recovered)} |")
+
+
 async def main_async(args: argparse.Namespace) -> int:
     setups = [args.only] if args.only else list(SETUPS)
     workloads = args.workloads.split(",")
-    results, kv_results = [], []
+    results, kv_results, dq_results = [], [], []
     for setup in setups:
-        if "queue" in workloads:
+        if setup in NO_STREAMS and {"queue", "kv"} & set(workloads):
+            log(f"{setup}: no queue or kv campaign: zonebus refuses clustered file streams without a shared store")
+        if "queue" in workloads and setup not in NO_STREAMS:
             log(f"campaign: {setup}, queue, {args.minutes:g} min")
             q, faults = await campaign(setup, args)
             results.append((setup, q, faults))
-        if "kv" in workloads:
+        if "kv" in workloads and setup not in NO_STREAMS:
             log(f"campaign: {setup}, kv, {args.minutes:g} min")
             kv, faults = await kv_campaign(setup, args)
             kv_results.append((setup, kv, faults))
+        if "dq" in workloads:
+            log(f"campaign: {setup}, dq, {args.minutes:g} min")
+            dq, faults = await dq_campaign(setup, args)
+            dq_results.append((setup, dq, faults))
     if results:
         print_table(results, args)
     if kv_results:
         print_kv_table(kv_results, args)
-    ok = all(q.ok for s, q, _f in results if s == "zonebus") and all(
-        kv.ok for s, kv, _f in kv_results if s == "zonebus")
+    if dq_results:
+        print_dq_table(dq_results, args)
+    ok = all(q.ok for s, q, _f in results + kv_results + dq_results if s.startswith("zonebus"))
     return 0 if ok else 1
 
 
@@ -301,7 +440,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=2.0, help="length of each campaign")
     ap.add_argument("--only", choices=SETUPS, default=None)
-    ap.add_argument("--workloads", default="queue,kv", help="comma-separated, of queue,kv")
+    ap.add_argument("--workloads", default="queue,kv,dq", help="comma-separated, of queue,kv,dq")
     ap.add_argument("--faults", default=ALL_FAULTS, help=f"comma-separated, of {KNOWN_FAULTS}")
     ap.add_argument("--fault-seconds", type=float, default=5.0, help="how long each fault lasts")
     ap.add_argument("--quiet", type=float, default=3.0, help="seconds between a recovery and the next fault")
@@ -314,7 +453,8 @@ def main() -> None:
     if unknown:
         ap.error(f"--faults: unknown {sorted(unknown)} (known: {KNOWN_FAULTS})")
     if set(args.workloads.split(",")) - set(WORKLOADS):
-        ap.error(f"--workloads: unknown {sorted(set(args.workloads.split(',')) - set(WORKLOADS))} (known: queue,kv)")
+        ap.error(f"--workloads: unknown {sorted(set(args.workloads.split(',')) - set(WORKLOADS))} "
+                 f"(known: {','.join(WORKLOADS)})")
     sys.exit(asyncio.run(main_async(args)))
 
 

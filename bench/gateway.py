@@ -12,9 +12,19 @@ PING/PONG and INFO the other) is counted. Reported per delivered message over a 
 messages, next to the payload size. zonebus runs in its default optimistic mode (one subscriber, so no
 interest answers are needed); nats-server in interest-only mode.
 
+Supercluster (`--supercluster`, issue #25): cluster A with one server per zone (a1 z1, a2 z2, a3 z3), cluster B
+with two (b1 b2 z1, b3 b4 z2, b5 b6 z3), every route and gateway connection through a byte-counting proxy
+(`zonebus.testing.zonesuper`); A lists b1's gateway URL, the rest comes by gossip. A publisher on a1 sends
+`--fan` JSON events of about 750 B (bursts of 20 every 10 ms) to an `events.>` subscriber on every B server
+(fan-out), then to a queue group with a member on every B server (queue). Printed: bytes between servers of
+different zones (routes and gateways, heartbeats and interest included) per payload byte, for nats-server
+(plain, and `compression: s2_best` on its routes: nats-server has no gateway compression) and zonebus
+(relay and zone-aware gateways off, on, and on with `s2_best` on routes and gateways), `--repeat` runs each.
+
     python bench/gateway.py                    # both servers, 16 B and 1 KiB, 200k msgs
     python bench/gateway.py --quick            # 20k msgs: a smoke run
     python bench/gateway.py --impl zonebus --msgs 500000 --size 128
+    python bench/gateway.py --supercluster [--fan 1000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -180,6 +190,74 @@ def measure(impl: str, sizes: list[int], count: int, bytes_count: int, timeout: 
     return out
 
 
+# -- supercluster: cross-zone bytes (issue #25) ------------------------------------------------------------
+# (label, implementation, cluster block lines, gateway block lines)
+SUPER_SETUPS = [
+    ("nats-server", "nats", "", ""),
+    ("nats-server, s2_best on routes", "nats", "compression: s2_best", ""),
+    ("zonebus, prefer, zone_relay: false", "zonebus", "prefer_matching_tags: true\n  zone_relay: false", ""),
+    ("zonebus, prefer, zone relay + zone gateways", "zonebus", "prefer_matching_tags: true", ""),
+    ("zonebus, same, s2_best (zstd 7) on routes and gateways", "zonebus",
+     "prefer_matching_tags: true\n  compression: s2_best", "compression: s2_best"),
+]
+
+
+def supercluster_main(fan: int, repeat: int, only: str) -> int:
+    import asyncio
+    import statistics
+    import tempfile
+
+    from zonebus.testing.zonesuper import ZoneSupercluster, fan_out
+
+    rows = []
+    for label, impl, cluster_extra, gateway_extra in SUPER_SETUPS:
+        if only not in ("all", impl):
+            continue
+        for attempt in range(3):  # (a port picked free may be taken by another process before a server binds it)
+            sc = ZoneSupercluster(label, impl, [("A", 1), ("B", 2)], cluster_extra=cluster_extra,
+                                  gateway_extra=gateway_extra)
+            try:
+                sc.start(Path(tempfile.mkdtemp(prefix="gwbench-")), timeout=180)
+                break
+            except RuntimeError as exc:
+                print(f"  {label}: start failed ({str(exc).splitlines()[-1]}), attempt {attempt + 1}", file=sys.stderr)
+        else:
+            continue
+        try:
+            zones = sc.wait_gateways(same_zone=False, timeout=90)
+            if impl == "zonebus" and "zone_relay: false" not in cluster_extra:
+                zones = sc.wait_gateways(same_zone=True, timeout=90)
+            fans, queues, gw = [], [], []
+            for k in range(repeat):  # (new documents each run, the same in every setup)
+                run = asyncio.run(fan_out(sc, msgs=fan, seed=100 + 2 * k))
+                bad = run.plain_exactly_once()
+                fans.append(run.per_payload())
+                gw.append(run.gateway_cross / run.payload_bytes)
+                q = asyncio.run(fan_out(sc, msgs=fan, plain=False, queue=True, seed=101 + 2 * k))
+                qbad = len(q.queue) != fan or set(q.queue.values()) != {1}
+                queues.append(q.per_payload())
+                print(f"  {label}: fan-out {fans[-1]:.3f} (gateways {gw[-1]:.3f}), queue {queues[-1]:.3f}"
+                      + (f"  NOT EXACTLY ONCE: {bad}" if bad else "") + ("  QUEUE NOT ONCE" if qbad else ""),
+                      file=sys.stderr)
+            print(f"  {label}: outbound gateway zones {zones}", file=sys.stderr)
+            rows.append((label, fans, gw, queues))
+        finally:
+            sc.stop()
+
+    def cell(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.3f}" + (f" ({min(xs):.3f}-{max(xs):.3f})" if len(xs) > 1 else "")
+
+    base = statistics.median(rows[0][1]) if rows and rows[0][0] == "nats-server" else None
+    print(f"\nSupercluster A (3 servers, z1-z3) -> B (6 servers, 2 per zone): {fan} x ~750 B from a1; "
+          f"x-zone B / payload B, median (min-max) of {repeat}\n")
+    print("| setup | fan-out to 6 subscribers | of which gateways | queue group | fan-out vs nats-server |")
+    print("|---|---:|---:|---:|---:|")
+    for label, fans, gw, queues in rows:
+        vs = f"{statistics.median(fans) / base:.2f}x" if base else "-"
+        print(f"| {label} | {cell(fans)} | {cell(gw)} | {cell(queues)} | {vs} |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", choices=("all",) + IMPLEMENTATIONS, default="all")
@@ -188,7 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="16,1024", help="payload sizes in bytes, comma-separated")
     parser.add_argument("--quick", action="store_true", help="few messages: a smoke run")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run before giving up")
+    parser.add_argument("--supercluster", action="store_true", help="the cross-zone supercluster part instead")
+    parser.add_argument("--fan", type=int, default=1000, help="messages per supercluster run")
+    parser.add_argument("--repeat", type=int, default=2, help="runs per supercluster setup")
     args = parser.parse_args(argv)
+    if args.supercluster:
+        return supercluster_main(args.fan, args.repeat, args.impl)
     count = args.msgs or (20_000 if args.quick else 200_000)
     bytes_count = args.bytes_msgs or (5_000 if args.quick else 50_000)
     sizes = [int(s) for s in args.size.split(",") if s]

@@ -106,6 +106,7 @@ class RouteOptions:
     compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
     zone_relay: bool | None = None  # zonebus.cluster.relay; None: on when server_tags name a zone
     pool_size: int = 3  # nats-server's route pool size, in /varz; zonebus dials one route per peer whatever it is
+    accounts: list[str] = field(default_factory=list)  # nats-server's pinned accounts: one shared route here too
 
 
 @dataclass
@@ -173,6 +174,7 @@ class GatewayOptions:
     auth_timeout: float = AUTH_TIMEOUT  # gateway { authorization { timeout } }
     tls: TLSOptions | None = None  # gateway { tls {} }: gateways over TLS
     compression: CompressionOptions = field(default_factory=CompressionOptions)  # zonebus.link.compression
+    advertise: str = ""  # host[:port] told to other clusters and this cluster's peers instead of the listener's
 
 
 @dataclass

@@ -22,11 +22,13 @@ def lone_server(tmp: Path, ack: str = "none", ack_wait: str = "1s") -> ServerPro
 
 
 def cluster(tmp: Path, zones: list[str], ack: str = "none", ack_wait: str = "1s",
-            failover: str = "1s") -> list[ServerProcess]:
+            failover: str = "1s", shared: bool = True) -> list[ServerProcess]:
+    """Without `shared`, no shared store: each server keeps the logs of the groups it leads on its own disk."""
     route_ports = [free_port() for _ in zones]
     servers = []
     for i, zone in enumerate(zones):
-        js = (f'jetstream {{ store_dir: "{tmp}/local{i}", shared_store: "file://{tmp}/shared", '
+        store = f', shared_store: "file://{tmp}/shared"' if shared else ""
+        js = (f'jetstream {{ store_dir: "{tmp}/local{i}"{store}, '
               f'failover_timeout: "{failover}" }}\n' + groups_block(ack, ack_wait))
         conf = cluster_config(f"s{i}", route_ports[i], route_ports, tags=[f"az:{zone}"], extra=js)
         servers.append(ServerProcess("zonebus", conf, http_port=free_port()))

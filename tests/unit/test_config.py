@@ -575,3 +575,12 @@ def test_unknown_field_errors_match_nats_server_wording(tmp_path: Path) -> None:
             f'{conf}:5:3: unknown field "other"',
         }
     )
+
+
+def test_gateway_advertise_is_read_and_checked() -> None:
+    """`gateway { advertise }` (as nats-server): the URL given to other clusters; a bad one stops the start."""
+    text = 'gateway { name: A, listen: "127.0.0.1:7222", advertise: "10.0.0.7:17222" }'
+    assert parse_config_text(text, "t.conf", env={}).gateway.advertise == "10.0.0.7:17222"
+    assert parse_config_text('gateway { name: A, advertise: "gw.example" }', "t.conf", env={}).gateway.advertise \
+        == "gw.example"
+    assert any("advertise" in e for e in errors_of('gateway { name: A, advertise: "a:b:c:d" }'))

@@ -247,3 +247,58 @@ def test_syslog_without_a_local_syslog_refuses_to_start(tmp_path) -> None:
         assert done.returncode == 1, (impl, done.stderr)
         assert done.stderr.strip().endswith('error connecting to syslog: "Unix syslog delivery error"'), \
             (impl, done.stderr)
+
+
+PINNED_ACCOUNTS = """accounts {
+  A: { users: [{ user: a, password: a }] }
+  B: { users: [{ user: b, password: b }] }
+}
+"""
+
+
+@pytest.mark.timeout(90)
+def test_pinned_accounts_route_in_order_and_stay_apart(impl: str) -> None:
+    """`cluster { accounts: ["A"] }` (nats-server's pinned accounts, a route connection of A's own there, the
+    shared route in zonebus): A's messages cross the cluster once each and in order, B sees none of them."""
+    ports = [free_port(), free_port()]
+    servers = [ServerProcess(impl, PINNED_ACCOUNTS + cluster_config(
+        f"s{i}", ports[i], [ports[1 - i]], cluster_extra='accounts: ["A"]'), http_port=free_port()) for i in range(2)]
+    start_parallel(servers)
+    try:
+        wait_for_mesh(servers, time.monotonic() + 30)
+        sub_a, sub_b, pub = (RawClient(servers[k].port) for k in (0, 0, 1))
+        for c, user in ((sub_a, "a"), (sub_b, "b"), (pub, "a")):
+            c.connect(**{"user": user, "pass": user})
+        for c in (sub_a, sub_b):
+            c.send(b"SUB x 1\r\n")
+            c.sync()
+
+        def interest_crossed() -> bool:  # the subscription reached the other server: a probe arrives
+            pub.send(b"PUB x 5\r\nprobe\r\n")
+            pub.sync()
+            return any("probe" in f for f in sub_a.frames(lambda f: "probe" in f, timeout=0.3))
+        wait_until(interest_crossed, f"{impl}: A's subscription on the other server", timeout=20)
+        for n in range(200):
+            pub.send(b"PUB x %d\r\n%d\r\n" % (len(str(n)), n))
+        pub.send(b"PUB x 3\r\nend\r\n")
+        pub.sync()
+        frames = sub_a.frames(lambda f: "b'end'" in f, timeout=20)
+        numbers = [int(f.rsplit(" ", 1)[1][2:-1]) for f in frames if f.startswith("MSG") and "probe" not in f
+                   and "end" not in f]
+        assert numbers == list(range(200)), f"{impl}: {frames[:10]}"
+        assert not [f for f in sub_b.sync() if f.startswith("MSG")], f"{impl}: account B saw account A's messages"
+    finally:
+        stop_all(servers)
+
+
+@pytest.mark.timeout(60)
+def test_pinned_accounts_need_a_pool(impl: str, tmp_path) -> None:  # noqa: ANN001
+    """A negative `pool_size` with pinned accounts: the server does not start, with nats-server's message."""
+    conf = tmp_path / "pinned.conf"
+    conf.write_text(PINNED_ACCOUNTS + f'cluster {{ name: c, listen: "127.0.0.1:{free_port()}", accounts: ["A"], '
+                    "pool_size: -1 }\n")
+    argv = ([nats_server_binary()] if impl == "nats" else [sys.executable, "-m", "zonebus", "server"])
+    proc = subprocess.run([*argv, "-c", str(conf), "-p", str(free_port())], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode != 0
+    assert "pool_size cannot be negative if pinned accounts are specified" in proc.stdout + proc.stderr

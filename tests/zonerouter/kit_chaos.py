@@ -1,5 +1,5 @@
-"""Runs one short `bench/chaos.py` campaign on zonebus in its own process and returns its result row (the
-chaos tests of this folder)."""
+"""Runs one short `bench/chaos.py` campaign on a zonebus setup in its own process and returns its result row (the
+chaos tests of this folder, and tests/queue/test_chaos_dq.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ class Campaign:
     cells: list[str]
 
 
-def run_campaign(workload: str, seed: int, faults: str | None = None) -> Campaign:
-    args = [sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", str(MINUTES), "--only", "zonebus",
+def run_campaign(workload: str, seed: int, faults: str | None = None, setup: str = "zonebus") -> Campaign:
+    args = [sys.executable, str(ROOT / "bench" / "chaos.py"), "--minutes", str(MINUTES), "--only", setup,
             "--workloads", workload, "--seed", str(seed)]
     if faults:
         args += ["--faults", faults]
@@ -32,7 +32,7 @@ def run_campaign(workload: str, seed: int, faults: str | None = None) -> Campaig
     progress = "\n".join(line for line in proc.stderr.splitlines() if line.startswith(("[", "  ")))
     print(proc.stdout)
     print(progress)
-    row = next((line for line in proc.stdout.splitlines() if line.startswith("| zonebus |")), "")
+    row = next((line for line in proc.stdout.splitlines() if line.startswith(f"| {setup} |")), "")
     assert row, f"no result row (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] != "-", f"no fault was injected: {row}"

@@ -16,7 +16,7 @@ from tests.zonerouter.kit_chaos import TIMEOUT, run_campaign
 
 @pytest.mark.timeout(TIMEOUT)
 def test_kv_campaign_is_linearizable() -> None:
-    c = run_campaign("kv", 3, "kill,pause,s3-503,s3-reset,s3-timeout,s3-slow")
+    c = run_campaign("kv", 3, "kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow")
     ok_writes = [int(n) for n in re.findall(r"(\d+), \d+, \d+", c.cells[2])]
     assert sum(ok_writes[1:]) > 100, f"too few writes answered: {c.row}"
     assert c.cells[3].count(" yes") == 3, f"a key is not linearizable:\n{c.row}\n{c.progress[-4000:]}"

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from zonebus.config.authorization import block_auth
-from zonebus.config.convert import BadValue, expected, get_compression, get_map, get_port, get_str, is_url, show
+from zonebus.config.convert import (
+    BadValue,
+    expected,
+    get_compression,
+    get_map,
+    get_port,
+    get_str,
+    get_str_list,
+    is_url,
+    show,
+)
 from zonebus.config.parser import Value
 from zonebus.config.readers import (
     Errors,
@@ -18,6 +28,7 @@ from zonebus.config.readers import (
 )
 from zonebus.config.tls import tls_block
 from zonebus.options import GatewayOptions, RemoteGatewayOptions, ServerOptions
+from zonebus.protocol.urls import advertised_address
 
 
 def _url(v: Value) -> str:
@@ -48,12 +59,15 @@ _CLUSTER_HANDLERS: dict[str, Handler] = {
     "tls": tls_block("cluster tls: "),
     "compression": setter("compression", get_compression),
     "pool_size": int_field("pool_size"),
+    "accounts": setter("accounts", get_str_list),
     "zone_relay": bool_field("zone_relay"),
 }
 
 
 def read_cluster(opts: ServerOptions, v: Value, errors: Errors) -> None:
     apply_handlers(get_map(v), _CLUSTER_HANDLERS, opts.cluster, errors, "cluster")
+    if opts.cluster.accounts and opts.cluster.pool_size < 0:  # nats-server's check, word for word
+        errors.add(get_map(v).get("pool_size", v), "pool_size cannot be negative if pinned accounts are specified")
 
 
 def _remote_gateway(item: Value, errors: Errors) -> RemoteGatewayOptions | None:
@@ -85,6 +99,17 @@ def _gateways(gw: GatewayOptions, v: Value, errors: Errors) -> None:
             gw.gateways.append(remote)
 
 
+def _gateway_advertise(gw: GatewayOptions, v: Value, errors: Errors) -> None:
+    """`gateway { advertise: host[:port] }`: the gateway URL this server gives out (a port-less one takes the
+    listener's, known at start); checked here, as nats-server stops at start on a bad one."""
+    text = get_str(v)
+    try:
+        advertised_address(text, 1)
+    except ValueError as exc:
+        raise BadValue(f"gateway advertise {text!r}: {exc}", v) from None
+    gw.advertise = text
+
+
 _GATEWAY_HANDLERS: dict[str, Handler] = {
     "name": name_field("name", "gateway"),
     "listen": listen_field("host", "port"),
@@ -98,6 +123,7 @@ _GATEWAY_HANDLERS: dict[str, Handler] = {
     "interest_only_threshold": int_field("interest_only_threshold", 0),
     "tls": tls_block("gateway tls: "),
     "compression": setter("compression", get_compression),
+    "advertise": _gateway_advertise,
 }
 
 

@@ -19,9 +19,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "trusted": "operator JWT (decentralised) authentication",
         "ocsp": "OCSP stapling",
     },
-    "cluster": {
-        "accounts": "dedicated per-account routes",
-    },
     "leafnode_remote": {
         "hub": "a remote that is the hub of this server",
         "ws_compression": "leaf node connections over WebSocket",

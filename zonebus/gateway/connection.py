@@ -4,7 +4,8 @@ Every server dials one *outbound* connection per remote cluster and accepts *inb
 dialling side sends `CONNECT {json}` (credentials, its gateway name) and `INFO {json}`; the accepting side
 sends `INFO {json}`. INFO carries server_id, server_name, `gateway` (the cluster's gateway name),
 `gateway_url`, `gateway_urls` (every gateway URL of that cluster the sender knows), `gateways` (the other
-clusters it knows, for gossip) and tags. Later INFOs carry a `gateway_cmd`: 1 gossip, 2/3 the start/end of
+clusters it knows, for gossip), tags and, zonebus only, `zonebus_gateway_zones` (zonebus.gateway.dialing).
+Later INFOs carry a `gateway_cmd`: 1 gossip, 2/3 the start/end of
 a switch to interest-only mode (`gateway_cmd_payload` = account).
 
 After the handshake, messages (`RMSG`/`HMSG`, the route format from `route_parser`) flow from the outbound
@@ -63,8 +64,10 @@ class GatewayConnection(LinkConnection):
     STALE_AFTER = 10.0  # a PING unanswered this long: the link is dead
     MEMO_MAX = 512
 
-    def __init__(self, manager: GatewayManager, outbound: bool, remote_gateway: str = "", url: str = "") -> None:
+    def __init__(self, manager: GatewayManager, outbound: bool, remote_gateway: str = "", url: str = "",
+                 replaces: GatewayConnection | None = None) -> None:
         super().__init__(manager.server)
+        self.replaces = replaces  # outbound: the connection this one takes over from (zonebus.gateway.dialing)
         self.manager = manager
         self.outbound = outbound
         self.url = url
@@ -105,6 +108,8 @@ class GatewayConnection(LinkConnection):
 
     def on_rtt(self) -> None:
         if self.outbound and self.established:
+            if self.replaces is not None:  # a successor's first PONG: the remote's interest has arrived
+                self.manager.successor_ready(self)
             self.manager.rtt_changed()
 
     def on_error(self, text: str) -> None:

@@ -1,7 +1,8 @@
 """The gateway layer of one server: listener, dialling every remote cluster, gossip, and interest bookkeeping.
 
 State owned here (event loop thread only):
-- `remotes`: gateway name -> RemoteGateway (its URLs, configured or implicit, its dial task). Implicit
+- `remotes`: gateway name -> RemoteGateway (its URLs and their zones, configured or implicit, its dial task,
+  `zonebus.gateway.dialing`: one outbound connection per remote, to a server of this zone when there is one). Implicit
   gateways are learned from an inbound connection's INFO, from a remote's gossip INFO (`gateway_cmd` 1)
   or from a peer of this cluster; every server of the cluster then dials them itself.
 - `outbound`: gateway name -> the one established outbound connection (messages go out here);
@@ -11,9 +12,10 @@ State owned here (event loop thread only):
   connection can answer "no interest", cancel it, or send RS+/RS- in interest-only mode. Queue interest
   is sent on the first member in the cluster and withdrawn with the last.
 
-In-cluster gossip: servers of one cluster tell each other their gateway name, gateway URL and the remote
+In-cluster gossip: servers of one cluster tell each other their gateway name, gateway URL, zone and the remote
 gateways they know in a `gateway` field of their route INFO (`ClusterManager.set_gateway_gossip`), out of
-reach of clients. A server whose gateway name differs from ours is reported as a misconfiguration.
+reach of clients; the gateway INFO then carries the zone of each of this cluster's gateway URLs
+(`dialing.ZONES_FIELD`, zonebus only). A server whose gateway name differs from ours is reported as a misconfiguration.
 Routing of messages lives in `routing.GatewayRouting`, monitoring in `monitoring`.
 
 It is an extension of the server core (`zonebus.server.hooks`): the server's `forwarder` (every message
@@ -25,19 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import hashlib
 import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from zonebus import SERVER_VERSION
+from zonebus.cluster.relay import relay_enabled
 from zonebus.gateway.accounts import GatewayAccounts
 from zonebus.gateway.connection import GatewayConnection, delays_from_env
+from zonebus.gateway.dialing import ZONES_FIELD, GatewayDialing, RemoteGateway, host_port
 from zonebus.gateway.interest import (
     ACCOUNT,
     CMD_ALL_SUBS_COMPLETE,
@@ -47,10 +49,10 @@ from zonebus.gateway.interest import (
     INTERNAL_PREFIX,
 )
 from zonebus.gateway.routing import GR_PREFIX, GatewayRouting
-from zonebus.link import Backoff, json_line
+from zonebus.link import json_line
 from zonebus.link.compression import offer_fields
-from zonebus.link.connection import dial, listen, warn_open_port
-from zonebus.link.reports import should_report
+from zonebus.link.connection import listen, warn_open_port
+from zonebus.protocol.urls import advertised_address
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -59,9 +61,6 @@ if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
     from zonebus.options import GatewayOptions
     from zonebus.server.server import Server
-
-IMPLICIT_RETRIES = 10
-
 
 class GatewayConfigError(OSError):
     """A gateway block the server cannot run with (reported like a port already in use)."""
@@ -72,30 +71,7 @@ def short_hash(text: str) -> bytes:
     return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest())[:6]
 
 
-def host_port(url: str) -> str:
-    """`nats://user:pw@host:port` or `host:port` -> `host:port`; ValueError when there is no port."""
-    parts = urlsplit(url if "://" in url else f"nats://{url}")
-    if not parts.hostname or not parts.port:
-        raise ValueError(f"bad gateway url {url!r}: expected host:port")
-    return f"{parts.hostname}:{parts.port}"
-
-
-@dataclass
-class RemoteGateway:
-    name: str
-    configured: bool
-    urls: dict[str, str] = field(default_factory=dict)  # host:port -> URL as given (may hold credentials)
-    task: asyncio.Task | None = None
-    rejections: int = 0  # consecutive outbound connections the remote rejected
-
-    def url_for(self, attempt: int, rng: random.Random) -> str:
-        urls = list(self.urls.values())
-        if attempt == 0:
-            return rng.choice(urls)
-        return urls[attempt % len(urls)]
-
-
-class GatewayManager(GatewayRouting, GatewayAccounts):
+class GatewayManager(GatewayRouting, GatewayAccounts, GatewayDialing):
     def __init__(self, server: Server, cluster: ClusterManager | None = None) -> None:
         self.server = server
         self.cluster = cluster
@@ -111,6 +87,9 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
         self.queue_counts: dict[tuple[bytes, bytes], int] = {}
         self.init_accounts()  # the other accounts' interest (zonebus.gateway.accounts)
         self.peer_urls: dict[str, str] = {}  # server_id of a peer in this cluster -> its gateway URL
+        self.peer_zones: dict[str, str] = {}  # server_id of a zonebus peer in this cluster -> its zone
+        # dial a remote's servers in this zone first, and move there (zonebus.gateway.dialing)
+        self.zone_aware = relay_enabled(server.opts.cluster.zone_relay, server.zone)
         self.delays: dict[str, float] = {}
         self.url = ""
         self.cluster_hash = short_hash(self.name)
@@ -153,9 +132,11 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
             self._listener, self.url = await listen(
                 server, lambda: GatewayConnection(self, outbound=False), opts.host, opts.port, opts.tls,
                 what="gateways", ssl_context=self._tls_context)
+            if opts.advertise:  # (checked when the config was read)
+                self.url = advertised_address(opts.advertise, int(self.url.rsplit(":", 1)[1]))
             warn_open_port(server, "gateway", opts.host, bool(opts.user), opts.tls)
             server.log(f"gateway name is {self.name}; listening for gateway connections on "
-                       f"{opts.host}:{self.url.rsplit(':', 1)[1]}")
+                       f"{opts.host}:{self._listener.sockets[0].getsockname()[1]}")
         else:
             server.log(f"gateway name is {self.name}; no gateway listen port: this server only dials out")
         if self.delays:
@@ -206,6 +187,19 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
             urls.add(self.url)
         return sorted(urls)
 
+    def cluster_zones(self) -> dict[str, str]:
+        """`ZONES_FIELD`: host:port of each gateway URL of this cluster whose server's zone is known -> zone."""
+        zones: dict[str, str] = {}
+        pairs = [(self.url, self.server.zone)] + [(url, self.peer_zones.get(sid, ""))
+                                                  for sid, url in self.peer_urls.items()]
+        for url, zone in pairs:
+            if url and zone:
+                try:
+                    zones[host_port(url)] = zone
+                except ValueError:
+                    continue
+        return zones
+
     def known_gateways(self) -> dict[str, list[str]]:
         return {name: sorted(r.urls) for name, r in self.remotes.items()}
 
@@ -222,6 +216,9 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
             "tags": list(server.opts.server_tags),
             "headers": True,
         }
+        zones = self.cluster_zones()
+        if zones:
+            info[ZONES_FIELD] = zones  # zonebus only (nats-server ignores it): zonebus.gateway.dialing
         if cmd:
             info["gateway_cmd"] = cmd
         else:
@@ -261,7 +258,7 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
                 remote.urls[key] = url if "://" in url else f"nats://{url}"
                 new = True
         if remote.task is None and remote.urls and self._running:
-            remote.task = self.server.loop.create_task(self._dial_loop(remote))
+            remote.task = self.server.loop.create_task(self.dial_loop(remote))
         if new:
             self._gossip_soon()
         return new
@@ -271,6 +268,8 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
         sender = str(info.get("gateway", ""))
         if sender and sender != self.name:
             self.learn(sender, list(info.get("gateway_urls") or []), source=f"gateway {sender!r}")
+            if ZONES_FIELD in info:
+                self.learn_zones(sender, info[ZONES_FIELD])
         gateways = info.get("gateways") or {}
         if isinstance(gateways, dict):
             for name, urls in gateways.items():
@@ -310,12 +309,15 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
         self.learn(name, urls, source=f"a gateway connection with {conn.remote_name!r}")
         self.learn_gossip(info)
         if conn.outbound:
-            self.outbound[name] = conn
-            self._resort()
-            self.routing_changed()
             remote = self.remotes.get(name)
-            if remote is None or not remote.rejections:  # quiet while the remote keeps rejecting us
-                self.log(f"outbound gateway connection to {name!r} ({conn.remote_name}) registered")
+            if conn.replaces is not None:  # a successor: takes over at its first PONG (successor_ready)
+                self.log(f"outbound gateway connection to {name!r} ({conn.remote_name}) up, to take over")
+            else:
+                self.register_outbound(conn)
+                if remote is None or not remote.rejections:  # quiet while the remote keeps rejecting us
+                    self.log(f"outbound gateway connection to {name!r} ({conn.remote_name}) registered")
+                if remote is not None:
+                    self.consider_move(remote)
         else:
             self.inbound[conn.cid] = conn
             self.log(f"inbound gateway connection from {name!r} ({conn.remote_name}) registered")
@@ -327,61 +329,20 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
         conn.start_pinging()
         return True
 
+    def register_outbound(self, conn: GatewayConnection) -> None:
+        """`conn` carries this server's messages to its cluster from now on."""
+        self.outbound[conn.remote_gateway] = conn
+        remote = self.remotes.get(conn.remote_gateway)
+        if remote is not None:
+            remote.current = conn
+        self._resort()
+        self.routing_changed()
+
     def _misconfigured(self, conn: GatewayConnection, msg: str) -> bool:
         self.report(msg)
         conn.rejected = msg
         conn.close()
         return False
-
-    # -- dialling ------------------------------------------------------------------------------------
-    async def _dial_loop(self, remote: RemoteGateway) -> None:
-        """Keep one outbound connection to `remote`: configured ones forever, implicit ones while reachable."""
-        backoff = Backoff()
-        connected = False  # (connect_error_reports until the gateway came up, then reconnect_error_reports)
-        try:
-            while self._running and self.remotes.get(remote.name) is remote:
-                url = remote.url_for(backoff.failures, self._rng)
-                host, port = host_port(url).rsplit(":", 1)
-                try:
-                    conn = await dial(self.server, functools.partial(GatewayConnection, self, True, remote.name,
-                                                                     url), host, int(port), self.opts.tls)
-                except OSError as exc:
-                    failures = backoff.failed()
-                    self._report_unreachable(remote, url, failures, exc, connected)
-                    if not remote.configured and failures >= IMPLICIT_RETRIES:
-                        self.log_error(f"giving up on implicit gateway {remote.name!r} after {failures} attempts")
-                        del self.remotes[remote.name]
-                        return
-                    await backoff.wait()
-                    continue
-                await conn.closed_future
-                if conn.rejected:  # a misconfiguration (reported already): keep backing off
-                    remote.rejections += 1
-                    backoff.failed()
-                elif conn.established:
-                    connected = True
-                    backoff.reset()
-                    remote.rejections = 0
-                    if self._running:
-                        self.log(f"outbound gateway connection to {remote.name!r} closed; reconnecting")
-                else:
-                    backoff.failed()
-                await backoff.wait()
-        finally:
-            remote.task = None
-
-    def _report_unreachable(self, remote: RemoteGateway, url: str, failures: int, exc: OSError,
-                            connected: bool) -> None:
-        """Attempt 1, then as `connect_error_reports` / `reconnect_error_reports` say (zonebus.link.reports)."""
-        report = should_report(self.server.opts, connected, failures)
-        if report or self.server.opts.debug:
-            kind = "configured" if remote.configured else "implicit"
-            msg = (f"gateway {remote.name!r} ({kind}) unreachable: cannot connect to {host_port(url)} "
-                   f"(attempt {failures}): {exc.strerror or exc}; retrying with backoff")
-            if report:
-                self.log_error(msg)
-            else:
-                self.server.log(msg, "DBG")
 
     def connection_made(self, conn: GatewayConnection) -> None:
         self.connections[conn.cid] = conn
@@ -432,7 +393,7 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
     def _publish_cluster_gossip(self) -> None:
         """This server's gateway name, URL and known gateways ride on its route INFO (zonebus.cluster)."""
         body = {"server_id": self.server.server_id, "server_name": self.server.name, "gateway": self.name,
-                "gateway_url": self.url, "gateways": self.known_gateways()}
+                "gateway_url": self.url, "gateways": self.known_gateways(), "zone": self.server.zone}
         if self.cluster is not None:
             self.cluster.set_gateway_gossip(body)
 
@@ -455,6 +416,10 @@ class GatewayManager(GatewayRouting, GatewayAccounts):
         url = str(body.get("gateway_url") or "")
         if url and self.peer_urls.get(sid) != url:
             self.peer_urls[sid] = url
+            self._gossip_soon()
+        zone = body.get("zone")
+        if isinstance(zone, str) and zone and self.peer_zones.get(sid) != zone:
+            self.peer_zones[sid] = zone
             self._gossip_soon()
         gateways = body.get("gateways") or {}
         if isinstance(gateways, dict):

@@ -135,13 +135,19 @@ class GatewayRouting:
 
     def inbound_memo(self, conn: GatewayConnection, subject: bytes, size: int) -> Memo | None:
         """The memo (zonebus.server.fastpath) of a plain, reply-less message from the gateway `conn`: local
-        client subscribers and one RMSG per route with interest. None: it needs the full path (no plain
-        subscriber here, so maybe a no-interest answer; internal or auto-unsubscribing subscribers; `_GR_.`
-        replies)."""
-        r = self.server.sublist.match(subject)
+        client subscribers and one RMSG per route with interest, with the zone relay's plan applied (one relay
+        frame per remote zone, zonebus.cluster.relay, as `deliver_in_cluster` does). None: it needs the full
+        path (no plain subscriber here, so maybe a no-interest answer; internal or auto-unsubscribing
+        subscribers; `_GR_.` replies)."""
+        server = self.server
+        r = server.sublist.match(subject)
         if not r.psubs or subject.startswith(GR_PREFIX):
             return None
-        return entries(conn, r.psubs, subject, size, ACCOUNT)
+        out = entries(conn, r.psubs, subject, size, ACCOUNT)
+        zr = server.zone_relay
+        if out is not None and zr is not None:  # one copy per remote zone, as on the full path
+            out = zr.memo_entries(subject, size, ACCOUNT, out)
+        return out
 
     # -- replies ---------------------------------------------------------------------------------------
     def _reply_home(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,

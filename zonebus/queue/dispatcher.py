@@ -9,7 +9,8 @@ of this server (a local link's entry, weighted by its member count). `ack: none`
 `ack: explicit`: done when acked, else sent again after `ack_wait` or when its member goes, up to
 `max_deliver`. Done messages leave the log, so its first sequence is the committed offset (at least once).
 Each push is counted in the traffic ledger (when on) as a `delivery` hop from the zone where the message was
-published to the member's zone.
+published to the member's zone. Nothing is pushed or removed while `may_write()` says no (the service's fence:
+a primary back from a stall may have been replaced, and the log may be shared with its successor).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +63,9 @@ class GroupStats:
 
 class Dispatcher:
     def __init__(self, server: Server, spec: QueueGroupOptions, log: GroupLog, my_hash: str,
-                 send_remote: Any) -> None:
+                 send_remote: Any, may_write: Callable[[], bool] = lambda: True) -> None:
         self.server = server
+        self.may_write = may_write  # () -> whether this server may still write the log (the primary's fence)
         self.spec = spec
         self.log = log
         self.my_hash = my_hash
@@ -116,6 +119,8 @@ class Dispatcher:
     # -- the pump ------------------------------------------------------------------------------------
     def pump(self) -> bool:
         """Push what can be pushed now; True when it did something (call again soon)."""
+        if not self.may_write():  # (a primary that may have been replaced: it waits for the meta group)
+            return False
         now = time.monotonic()
         if self.inflight:
             for seq in [s for s, f in self.inflight.items() if f.deadline <= now]:
@@ -224,6 +229,8 @@ class Dispatcher:
     # -- outcomes ------------------------------------------------------------------------------------
     def _done(self, seq: int) -> bool:
         self.counts.pop(seq, None)
+        if not self.may_write():  # it stays in the log: delivered again, by whoever leads next (at least once)
+            return False
         return self.log.remove(seq)
 
     def _again(self, seq: int, counted: bool = True) -> None:

@@ -51,6 +51,7 @@ def queuez_page(svc: QueueService, query: Mapping[str, str]) -> dict[str, Any]:
         if d is not None:
             entry.update(d.info())
         entry["awaiting_primary"] = sum(1 for p in svc.pending.values() if p.group == name)
+        entry["handoff_pending"] = svc.handoff_pending(name)  # in this server's former log, for the primary
         groups.append(entry)
     return {"server_id": svc.server.server_id, "server_name": svc.server.name, "zone": svc.server.zone,
             "now": dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),

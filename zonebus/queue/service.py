@@ -7,7 +7,10 @@ is primary of every group for what it stores itself; with clustered JetStream th
 primary per group (`queue_primary` / `queue_set`, moved by the meta leader when its server dies) and the
 other servers forward what they capture to it, keeping each message until the primary confirms it is stored
 (then the publisher gets its PubAck). The log lives on the shared store's directory when there is a
-`file://` shared store, so a new primary continues where the old one stopped.
+`file://` shared store, so a new primary continues where the old one stopped; without one, each primary's log
+is on its own disk, and a former primary hands what it still holds to the current one once it is back
+(`_hand_off`). A primary writes its log only while the meta state names it and the meta lease holds
+(`may_write`): one back from a pause must not write a shared log its successor owns.
 
 A server of several worker processes (`attach_workers`, zonebus.workers) has one service per worker, joined by
 the same channel over the local links: worker 0 (which holds the routes, the meta group and JetStream) is the
@@ -25,6 +28,8 @@ import random
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
@@ -50,17 +55,20 @@ TICK = 0.25
 RESEND_AFTER = 1.0  # a forwarded publish not confirmed by then is sent again (to the current primary)
 ELECT_EVERY = 1.0
 PROPOSE_TIMEOUT = 4.0
+HANDOFF_MAX = 1000  # a former primary's messages on their way to the current one at a time
 SEEN_MAX = 100_000  # forwarded publishes remembered by (peer, incarnation, id), so that a resend is stored once
 
 
 class _Pending:
-    __slots__ = ("group", "subject", "reply", "hdr_len", "data", "sent", "origin", "zone", "back")
+    __slots__ = ("group", "subject", "reply", "hdr_len", "data", "sent", "origin", "zone", "back", "stored")
 
     def __init__(self, group: str, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
-                 origin: str = "", zone: str = "", back: tuple[str, Any] | None = None) -> None:
+                 origin: str = "", zone: str = "", back: tuple[str, Any] | None = None,
+                 stored: Callable[[], None] | None = None) -> None:
         self.group, self.subject, self.reply, self.hdr_len, self.data = group, subject, reply, hdr_len, data
         self.origin, self.zone = origin, zone
         self.back = back  # (worker, dedup key): a worker's publish passed on by worker 0, confirmed to it
+        self.stored = stored  # a message of a former primary's own log, handed over: called once stored
         self.sent = 0.0
 
 
@@ -91,6 +99,9 @@ class QueueService:
         self.incarnation = random.getrandbits(62)
         self._seen: OrderedDict[tuple[str, int, int], int] = OrderedDict()  # forwarded -> seq (0: on its way)
         self.relays: dict[tuple[str, int], str] = {}  # (group, seq) passed on to a worker -> primary server
+        self.handoffs: dict[str, GroupLog] = {}  # a group's log on this server's own disk, led elsewhere now
+        self._handoff_sent: dict[str, set[int]] = {}  # its sequences on their way to the primary
+        self._handoff_check: set[str] = set()  # groups whose own log may still hold messages (`_hand_off`)
 
     def attach_workers(self, channels: LinkChannels, index: int, count: int) -> None:
         """This server runs as `count` worker processes, this one is `index`: worker 0 is the groups' primary
@@ -108,6 +119,7 @@ class QueueService:
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
         self.apply(self.server.opts.queue_groups)
+        self._handoff_check = set(self.specs)  # (a restarted former primary may have left messages)
         self._task = asyncio.get_running_loop().create_task(self._tick_loop())
 
     async def stop(self) -> None:
@@ -115,6 +127,8 @@ class QueueService:
             self._task.cancel()
         for name in list(self.dispatchers):
             self._release(name)
+        for name in list(self.handoffs):
+            self._end_handoff(name)
 
     def _sync_always(self) -> bool:
         js = self.server.opts.jetstream
@@ -184,6 +198,18 @@ class QueueService:
         meta = self._meta()
         return meta is not None and meta.leader is not None and meta.ready
 
+    def may_write(self, group: str) -> bool:
+        """Whether this server, running `group`, may write its log now: it is still the primary the meta state
+        names and holds the meta lease (`MetaGroup.lease`). A primary stopped (SIGSTOP, a VM pause) past the
+        failover timeout has been replaced, and its successor writes the same log when it is on a shared
+        store; until the meta change reaches it, what it handles after it resumes (its clients' publishes
+        and its members' acks, waiting in its sockets) must not touch the log: two writers corrupted it (the
+        chaos campaign's losses). Such publishes wait (`pending`) and acks are dropped (redelivered later)."""
+        if self.meta_source is None or self.worker > 0:
+            return True
+        meta = self._meta()
+        return meta is not None and self.primary_of(group) == self.server.name and meta.lease()
+
     def _sync(self) -> None:
         """Lead the groups this server is primary of, release the others, resend to moved primaries."""
         me = self.server.name
@@ -203,12 +229,13 @@ class QueueService:
 
     def _lead(self, name: str) -> None:
         spec = self.specs[name]
+        self._end_handoff(name)  # its messages are in the log this server leads now
         try:
             log = GroupLog(self.base_dir(), name, self._sync_always())
         except OSError as exc:
             self.server.log(f"queue group {name}: cannot open its log: {exc}", "ERR")
             return
-        d = Dispatcher(self.server, spec, log, self.hash, self._send_remote)
+        d = Dispatcher(self.server, spec, log, self.hash, self._send_remote, lambda: self.may_write(name))
         self.dispatchers[name] = d
         self._ack_sids[name] = self.client.subscribe(f"$JS.ACK.{stream_name(name)}.{self.hash}.>", self._on_ack)
         d.start()
@@ -221,6 +248,7 @@ class QueueService:
             self.client.unsubscribe(sid)
         if d is not None:
             d.stop()
+            self._handoff_check.add(name)
             self.server.log(f"queue group {name}: no longer primary here")
 
     async def _elect(self, meta: Any, name: str) -> None:
@@ -252,10 +280,76 @@ class QueueService:
                         self._elect_at[name] = now + ELECT_EVERY
                         asyncio.get_running_loop().create_task(self._elect(meta, name))
         self._sync()
+        self._hand_off()
         self._sync_lazy_logs(now)
         for pid, p in self.pending.items():
             if now - p.sent >= RESEND_AFTER:
                 self._forward(pid, p)
+
+    # -- a former primary's own log ---------------------------------------------------------------------
+    def _hand_off(self) -> None:
+        """Without a shared store each primary keeps a group's log on its own disk: after a failover, what a
+        former primary stored and had not delivered is on that server only. Once it is back and caught up
+        with the meta group, it forwards those messages to the current primary (as a server forwards what
+        it captures) and removes each once stored there (at least once: a member may have had it already)."""
+        js = self.server.opts.jetstream
+        if self.meta_source is None or self.worker > 0 or js.shared_store.startswith("file://") \
+                or not self._handoff_check or not self._may_lead():
+            return
+        for name in sorted(self._handoff_check):
+            primary = self.primary_of(name)
+            if name not in self.specs or name in self.dispatchers:
+                self._end_handoff(name)
+                continue
+            if primary is None or primary == self.server.name:
+                continue
+            log = self.handoffs.get(name)
+            if log is None:
+                if not (Path(self.base_dir()) / "queues" / name).is_dir():
+                    self._handoff_check.discard(name)
+                    continue
+                try:
+                    log = self.handoffs[name] = GroupLog(self.base_dir(), name, self._sync_always())
+                except OSError as exc:
+                    self.server.log(f"queue group {name}: cannot open its former log: {exc}", "ERR")
+                    continue
+                if log.msgs:
+                    self.server.log(f"queue group {name}: handing {log.msgs} messages of its former log here "
+                                    f"to primary {primary}")
+            if not log.msgs:
+                self._end_handoff(name)
+                continue
+            sent = self._handoff_sent.setdefault(name, set())
+            seq = log.next_seq(max(sent, default=0) + 1)
+            while seq and len(sent) < HANDOFF_MAX:
+                rec = log.read(seq)
+                if rec is not None:
+                    sent.add(seq)
+                    p = _Pending(name, rec.subject.encode(), None, rec.hdr_len, rec.data, rec.origin, rec.zone,
+                                 stored=lambda log=log, seq=seq, sent=sent: self._handed_over(log, seq, sent))
+                    self._next_id += 1
+                    self.pending[self._next_id] = p
+                    self._forward(self._next_id, p)
+                seq = log.next_seq(seq + 1)
+
+    def _handed_over(self, log: GroupLog, seq: int, sent: set[int]) -> None:
+        sent.discard(seq)
+        if self.handoffs.get(log.dir.name) is log:
+            log.remove(seq)
+
+    def _end_handoff(self, name: str) -> None:
+        """Close the group's own log (emptied, or led here again: then its dispatcher delivers what is left)."""
+        self._handoff_check.discard(name)
+        self._handoff_sent.pop(name, None)
+        log = self.handoffs.pop(name, None)
+        if log is not None:
+            log.close()
+        for pid in [pid for pid, p in self.pending.items() if p.group == name and p.stored is not None]:
+            del self.pending[pid]
+
+    def handoff_pending(self, name: str) -> int:
+        log = self.handoffs.get(name)
+        return log.msgs if log is not None else 0
 
     def _on_meta_change(self, change: Any) -> None:
         if change.kind == "queue" and change.key in self.specs:
@@ -274,6 +368,11 @@ class QueueService:
 
     def _store_here(self, p: _Pending) -> None:
         d = self.dispatchers[p.group]
+        if not self.may_write(p.group):  # stored by the tick once the fence opens, or sent to the next primary
+            self._next_id += 1
+            self.pending[self._next_id] = p
+            p.sent = time.monotonic()
+            return
         hdrs = p.data[: p.hdr_len] if p.hdr_len >= 0 else None
         seq = d.append(p.subject.decode(errors="replace"), hdrs, p.data[max(p.hdr_len, 0) : -2],
                        p.origin or self.server.name, p.zone)
@@ -288,6 +387,8 @@ class QueueService:
                 self.mesh.send(worker, wire.frame({"t": "stored", "g": p.group, "id": key[2], "seq": seq}))
         elif p.reply:
             self._send_later(p.reply.decode(), pub_ack(p.group, seq))
+        if p.stored is not None:
+            p.stored()
 
     def _remember(self, key: tuple[str, int, int], seq: int) -> None:
         self._seen[key] = seq
@@ -370,6 +471,8 @@ class QueueService:
         d = self.dispatchers.get(group)
         hdr_len = int(head["h"])
         origin, zone = str(head.get("o", peer)), str(head.get("z", ""))
+        if d is not None and not self.may_write(group):
+            return  # fenced (see may_write): the origin sends it again
         if d is None:
             if mesh and self.worker == 0 and group in self.specs:  # on to the primary, confirmed back
                 p = _Pending(group, str(head["s"]).encode(), None, hdr_len, body + b"\r\n", origin, zone,

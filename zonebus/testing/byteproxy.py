@@ -4,7 +4,11 @@
 127.0.0.1:`target_port` (dst's route port); give that port to server `src` as its route to `dst`. Every byte
 read from the dialling side is counted as (src, dst), every byte read from the target as (dst, src): all
 bytes, whatever the protocol. One link per ordered pair (src, dst) means a route is counted whichever side
-dialled it. `route_ports()` is the set of ports a route through a proxy shows as its remote port (the
+dialled it. A link added with src `"*"` takes connections from anyone (a gateway URL that every server of
+another cluster may dial): each accepted connection is counted under `"pid:<n>"`, the process that dialled it
+(found with `ss -p` from the connection's source port before any byte is relayed; `"pid:?"` if not found),
+so that a caller who knows its servers' pids can name both ends.
+`route_ports()` is the set of ports a route through a proxy shows as its remote port (the
 listening ports, and the local ports of the proxy's own outgoing connections), so that a caller can check
 that no route bypasses the proxies.
 
@@ -18,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -27,6 +33,16 @@ from zonebus.testing.processes import stop_child
 
 HOST = "127.0.0.1"
 CHUNK = 256 * 1024
+ANYONE = "*"  # a link's src: whoever dials it, named by its pid
+
+
+def dialler_pid(src_port: int, dst_port: int) -> str:
+    """`pid:<n>` of the process owning the loopback socket 127.0.0.1:src_port -> :dst_port (`ss -p`), or
+    `pid:?`."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{src_port} and dport = :{dst_port} )"],
+                         capture_output=True, text=True, check=False).stdout
+    found = re.search(r"pid=(\d+)", out)
+    return f"pid:{found.group(1)}" if found else "pid:?"
 
 
 @dataclass
@@ -95,6 +111,10 @@ class ByteProxy:
     async def _serve(self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link.accepted += 1
         self._writers.add(writer)
+        src = link.src
+        if src == ANYONE:
+            peer = writer.get_extra_info("peername")
+            src = await asyncio.to_thread(dialler_pid, peer[1], link.port) if peer else "pid:?"
         try:
             try:
                 up_reader, up_writer = await asyncio.open_connection(HOST, link.target_port)
@@ -104,8 +124,8 @@ class ByteProxy:
             local = up_writer.get_extra_info("sockname")[1]
             link.upstream_ports.add(local)
             try:
-                await asyncio.gather(self._pump(reader, up_writer, (link.src, link.dst)),
-                                     self._pump(up_reader, writer, (link.dst, link.src)))
+                await asyncio.gather(self._pump(reader, up_writer, (src, link.dst)),
+                                     self._pump(up_reader, writer, (link.dst, src)))
             finally:
                 link.upstream_ports.discard(local)
                 self._writers.discard(up_writer)
@@ -163,17 +183,20 @@ async def _serve_stdin() -> None:
 
 
 class ProxyProcess:
-    """A `ByteProxy` in a child process, driven synchronously (add links, read counters, stop)."""
+    """A `ByteProxy` in a child process, driven synchronously (add links, read counters, stop); one command at a
+    time, so that threads may share it (clusters started at once)."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "zonebus.testing.byteproxy"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, bufsize=1)
+        self._lock = threading.Lock()
 
     def _call(self, **cmd: object) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        with self._lock:
+            self.proc.stdin.write(json.dumps(cmd) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError("byte proxy process exited")
         return json.loads(line)

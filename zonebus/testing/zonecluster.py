@@ -8,6 +8,9 @@ server i's `jetstream {}` block), each route through a `zonebus.testing.byteprox
 included); with `per_zone=2` servers s1, s2 are in z1, s3, s4 in z2 and so on, `impls` gives each server's
 implementation (a mixed cluster), and `bytes_into(zone)` counts what entered a zone's servers from others.
 For nats-server the gossiped route URLs point at proxies too (`advertise`), so that no route bypasses them.
+`prefix`, `cluster`, `proxy` and `js` let several of them form a supercluster (`zonebus.testing.zonesuper`):
+server names (`a1`..), the cluster name, a proxy shared with the others (then `cross_zone()` counts only this
+cluster's routes), and nats-server without `-js`.
 `stream_led_in(...)` creates a stream and moves its leader to a given server (stepdowns, for replicated
 nats-server streams); `wait_router_mapping()` waits until every zonebus server's zone router sees all zones.
 """
@@ -32,25 +35,29 @@ from zonebus.testing.processes import ServerProcess, cluster_config, free_port, 
 class ZoneCluster:
     def __init__(self, label: str, impl: str, jetstream: Callable[[int, Path], str], zones: int = 3,
                  cluster_extra: str = "", env: dict[str, str] | None = None, per_zone: int = 1,
-                 impls: list[str] | None = None) -> None:
+                 impls: list[str] | None = None, prefix: str = "s", cluster: str = "bench",
+                 proxy: ProxyProcess | None = None, js: bool = True) -> None:
         self.label, self.impl, self.jetstream, self.zones = label, impl, jetstream, zones
         self.cluster_extra, self.env, self.per_zone = cluster_extra, env, per_zone
         self.impls = impls or [impl] * (zones * per_zone)
         self.servers: list[ServerProcess] = []
-        self.proxy: ProxyProcess | None = None
+        self.prefix, self.cluster, self.js = prefix, cluster, js
+        self.proxy: ProxyProcess | None = proxy
+        self.own_proxy = proxy is None  # (a proxy given by the caller is the caller's to stop)
         self.gossip_ports: dict[int, str] = {}  # a nats-server's advertised route port (a proxy) -> that server
         self._gossip_base: dict[tuple[int, int], tuple[int, int]] = {}
 
     @property
     def names(self) -> list[str]:
-        return [f"s{i + 1}" for i in range(self.zones * self.per_zone)]
+        return [f"{self.prefix}{i + 1}" for i in range(self.zones * self.per_zone)]
 
     def zone_of(self, name: str) -> str:
         """`z<k>` of server `name` (s1..); "" for the proxy's gossip side."""
         return f"z{self.names.index(name) // self.per_zone + 1}" if name in self.names else ""
 
     def start(self, tmp: Path, timeout: float = 60) -> None:
-        self.proxy = ProxyProcess()
+        if self.proxy is None:
+            self.proxy = ProxyProcess()
         ports = [free_port() for _ in self.names]
         for i, name in enumerate(self.names):
             urls = [f"nats-route://127.0.0.1:{self.proxy.add(name, other, ports[j])}"
@@ -63,17 +70,19 @@ class ZoneCluster:
                 gossip_port = self.proxy.add("gossip", name, ports[i])
                 self.gossip_ports[gossip_port] = name
                 extra += f'\n  advertise: "127.0.0.1:{gossip_port}"'
-            conf = cluster_config(name, ports[i], tags=[f"az:{self.zone_of(name)}"], cluster="bench",
+            conf = cluster_config(name, ports[i], tags=[f"az:{self.zone_of(name)}"], cluster=self.cluster,
                                   route_urls=urls, cluster_extra=extra, extra=self.jetstream(i, tmp))
-            (tmp / f"w{i + 1}").mkdir(parents=True, exist_ok=True)
-            self.servers.append(ServerProcess(impl, conf, http_port=free_port(), workdir=tmp / f"w{i + 1}",
-                                              extra_args=["-js"] if impl == "nats" else [], env=self.env))
+            workdir = tmp / (f"w{i + 1}" if self.prefix == "s" else name)
+            workdir.mkdir(parents=True, exist_ok=True)
+            self.servers.append(ServerProcess(impl, conf, http_port=free_port(), workdir=workdir,
+                                              extra_args=["-js"] if impl == "nats" and self.js else [],
+                                              env=self.env))
         start_parallel(self.servers, timeout=timeout)
 
     def stop(self) -> None:
         for s in self.servers:
             s.stop()
-        if self.proxy is not None:
+        if self.proxy is not None and self.own_proxy:
             self.proxy.stop()
 
     def cross_zone(self) -> int:
@@ -84,8 +93,10 @@ class ZoneCluster:
         assert self.proxy is not None
         counts = self.proxy.counts()
         if self.per_zone == 1:  # every link crosses zones, those dialled through an advertised address too
-            return sum(n for (a, b), n in counts.items() if a != b)
-        named = sum(n for (a, b), n in counts.items() if "gossip" not in (a, b) and self.zone_of(a) != self.zone_of(b))
+            mine = set(self.names)
+            return sum(n for (a, b), n in counts.items() if a != b and {a, b} - {"gossip"} <= mine)
+        mine = set(self.names)  # (a proxy shared with other clusters counts their links too)
+        named = sum(n for (a, b), n in counts.items() if a in mine and b in mine and self.zone_of(a) != self.zone_of(b))
         return named + sum(n for (a, b), n in self._gossip_flows().items() if self.zone_of(a) != self.zone_of(b))
 
     def _gossip_sockets(self) -> dict[tuple[int, int], tuple[str, str, int, int]]:
