@@ -8,7 +8,7 @@ from zonebus.config.convert import BadValue, expected, get_duration, get_map, ge
 from zonebus.config.parser import Value
 from zonebus.config.readers import Errors, Handler, apply_handlers, bool_field, int_field, setter, str_field
 from zonebus.options import JetStreamOptions, ServerOptions
-from zonebus.stream.domain import domain_error
+from zonebus.protocol.jsdomain import domain_error
 
 
 def _sync_interval(js: JetStreamOptions, v: Value, errors: Errors) -> None:

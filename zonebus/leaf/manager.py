@@ -53,11 +53,11 @@ from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
+from zonebus.protocol.jsdomain import leaf_deny
 from zonebus.protocol.urls import advertised_address, leaf_url
 from zonebus.protocol.versions import version_at_least, version_components
 from zonebus.server.connection import LEAF, ROUTE
 from zonebus.server.tls import client_context, server_context
-from zonebus.stream.domain import leaf_deny
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from zonebus.protocol.jsdomain import api_prefix
+
 if TYPE_CHECKING:
     from zonebus.server.internal import InternalClient
 
@@ -45,21 +47,7 @@ _TABLE: tuple[tuple[str, bool, str], ...] = (
 # the queue group of a clustered server's `$JS.<domain>.API.>` subscription
 DOMAIN_QUEUE = "$JSDOMAIN"
 
-# nats-server's denyAllClientJs: what a leaf link with a domain on either side keeps from crossing, both ways
-LEAF_JS_DENY: tuple[str, ...] = ("$JS.API.>", "$KV.>", "$OBJ.>")
 
-
-def domain_error(domain: str) -> str | None:
-    """nats-server's refusal of a domain name (validateJetStreamOptions), or None for a good one."""
-    if any(c in domain for c in ".*>"):
-        return "invalid domain name: may not contain ., * or >"
-    if not domain or any(c.isspace() for c in domain):
-        return f'invalid domain name: derived "$JS.{domain}.API.>" is not a valid subject'
-    return None
-
-
-def api_prefix(domain: str) -> str:
-    return f"$JS.{domain}.API."
 
 
 def map_domain_subject(domain: str, subject: str) -> str | None:
@@ -75,16 +63,6 @@ def map_domain_subject(domain: str, subject: str) -> str | None:
         elif rest == suffix:
             return dest
     return None
-
-
-def leaf_deny(local_domain: str, local_jetstream: bool, remote_domain: str) -> tuple[list[str], list[str]]:
-    """The (publish deny, subscribe deny) a leaf link gets from the JetStream domains of its two sides."""
-    if not local_domain and not remote_domain:
-        return [], []
-    pub = list(LEAF_JS_DENY)
-    if local_domain and local_jetstream:
-        pub.append(api_prefix(local_domain) + ">")
-    return pub, list(LEAF_JS_DENY)
 
 
 class DomainAPI:
