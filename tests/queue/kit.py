@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import nats
+
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 GROUP = 'workers: {{ subjects: ["orders.>"], ack: {ack}, ack_wait: "{ack_wait}", max_deliver: 5 }}'
@@ -56,3 +58,18 @@ def primary_of(servers: list[ServerProcess], name: str = "workers") -> ServerPro
 
 def members_seen(server: ServerProcess, expected: int, name: str = "workers") -> bool:
     return sum(m["members"] for m in group_info(server, name)["members"]) >= expected
+
+
+async def acking_members(servers: list[ServerProcess], got: list[bytes], conns: list) -> None:
+    """A member of `workers` on `orders.>` on every server, acking each message after noting its data in
+    `got`; the connections go into `conns` (closed by the caller)."""
+    for s in servers:
+        nc = await nats.connect(s.url)
+        conns.append(nc)
+
+        async def on_msg(m: nats.aio.msg.Msg) -> None:
+            got.append(m.data)
+            await m.ack()
+
+        await nc.subscribe("orders.>", "workers", cb=on_msg)
+        await nc.flush()

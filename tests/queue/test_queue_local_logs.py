@@ -8,7 +8,7 @@ from __future__ import annotations
 import nats
 import pytest
 
-from tests.queue.kit import cluster, group_info, primary_of
+from tests.queue.kit import acking_members, cluster, group_info, primary_of
 from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import stop_all
 
@@ -34,16 +34,7 @@ async def test_a_former_primarys_undelivered_messages_reach_members_after_its_re
         await until(lambda: group_info(old)["primary"] == new.info["server_name"],
                     "the restarted server knows the new primary", timeout=20)
         got: list[bytes] = []
-        for s in servers:  # a member in every zone, acking
-            nc = await nats.connect(s.url)
-            conns.append(nc)
-
-            async def on_msg(m: nats.aio.msg.Msg) -> None:
-                got.append(m.data)
-                await m.ack()
-
-            await nc.subscribe("orders.>", "workers", cb=on_msg)
-            await nc.flush()
+        await acking_members(servers, got, conns)  # a member in every zone
         await until(lambda: set(acked) <= set(got), "every acknowledged message processed", timeout=30,
                     show=lambda: (sorted(set(acked) - set(got))[:5], group_info(old), group_info(new)))
         await until(lambda: group_info(old).get("handoff_pending", 0) == 0 and group_info(new)["pending"] == 0,

@@ -12,7 +12,7 @@ import signal
 import nats
 import pytest
 
-from tests.queue.kit import cluster, group_info, primary_of
+from tests.queue.kit import acking_members, cluster, group_info, primary_of
 from zonebus.testing.nemesis import send_signal, server_pids
 from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import stop_all
@@ -29,16 +29,7 @@ async def test_a_resumed_primary_does_not_write_the_shared_log_it_lost(tmp_path)
         old = wait_until(lambda: primary_of(servers), "a primary", timeout=30)
         others = [s for s in servers if s is not old]
         got: list[bytes] = []
-        for s in servers:  # a member in every zone (the paused one's acks wait in its socket meanwhile)
-            nc = await nats.connect(s.url)
-            conns.append(nc)
-
-            async def on_msg(m: nats.aio.msg.Msg) -> None:
-                got.append(m.data)
-                await m.ack()
-
-            await nc.subscribe("orders.>", "workers", cb=on_msg)
-            await nc.flush()
+        await acking_members(servers, got, conns)  # (the paused one's acks wait in its socket meanwhile)
         await until(lambda: sum(m["members"] for m in group_info(old)["members"]) == 3, "3 members", timeout=10)
         pub = await nats.connect(others[0].url)
         stale_pub = await nats.connect(old.url)

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
 from pathlib import Path
 
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable
+from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable, loss_report
 from zonebus.testing.processes import ServerProcess
 
 PUBLISHERS = 8
@@ -114,11 +113,8 @@ async def _run(tmp_path: Path, sync: str) -> tuple[set[str], set[str], list[str]
 @pytest.mark.timeout(90)
 async def test_power_loss_loses_no_acknowledged_message(tmp_path: Path) -> None:
     acked, attempted, read, dropped = await _run(tmp_path, "")
-    lost = acked - set(read)
-    unexpected = set(read) - attempted
-    duplicates = sum(c - 1 for c in Counter(read).values())
-    report = (f"acked {len(acked)}, read {len(read)}, lost {len(lost)}, unexpected {len(unexpected)}, "
-              f"duplicates {duplicates}; the power loss dropped {dropped}")
+    r = loss_report(acked, attempted, read, dropped)
+    lost, unexpected, duplicates, report = r.lost, r.unexpected, r.duplicates, r.line
     print(report)
     assert len(acked) >= ACKED_BEFORE_KILL
     assert not lost, f"{report}: lost {sorted(lost)[:20]}"

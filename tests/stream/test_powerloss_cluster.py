@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from pathlib import Path
 
 import nats
@@ -23,7 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.polling import until
-from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable
+from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable, loss_report
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 pytestmark = pytest.mark.timeout(240)
@@ -127,11 +126,8 @@ async def test_every_server_loses_power_and_nothing_acknowledged_is_lost(tmp_pat
             s.stop()
         for m in mounts:
             m.stop()
-    lost = acked - set(read)
-    unexpected = set(read) - attempted
-    duplicates = sum(c - 1 for c in Counter(read).values())
-    report = (f"acked {len(acked)}, read {len(read)}, lost {len(lost)}, unexpected {len(unexpected)}, "
-              f"duplicates {duplicates}; the power loss dropped {dropped}")
+    r = loss_report(acked, attempted, read, dropped)
+    lost, unexpected, report = r.lost, r.unexpected, r.line
     print(report)
     assert any(d["bytes"] or d["entries"] for d in dropped), f"nothing was pending: {report}"
     assert not lost, f"{report}: lost {sorted(lost)[:20]}"

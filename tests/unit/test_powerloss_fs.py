@@ -22,6 +22,13 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _mounted(root: Path) -> PowerLossMount:
+    try:
+        return PowerLossMount(root).start()
+    except PowerLossUnavailable as exc:
+        pytest.skip(f"power loss simulation unavailable: {exc}")
+
+
 def test_pending_changes_read_over_the_backing_bytes() -> None:
     p = PendingData(size=10)
     p.write(10, b"abc")
@@ -36,10 +43,7 @@ def test_pending_changes_read_over_the_backing_bytes() -> None:
 
 
 def test_power_loss_drops_what_was_not_fsynced(tmp_path: Path) -> None:
-    try:
-        fs = PowerLossMount(tmp_path).start()
-    except PowerLossUnavailable as exc:
-        pytest.skip(f"power loss simulation unavailable: {exc}")
+    fs = _mounted(tmp_path)
     mnt = fs.mountpoint
     try:
         (mnt / "kept").mkdir()
@@ -74,10 +78,7 @@ def test_file_locks_work_on_the_mount(tmp_path: Path) -> None:
     kernel: the file system leaves locking to it), and the file system stays up to serve the next request."""
     import fcntl
 
-    try:
-        fs = PowerLossMount(tmp_path).start()
-    except PowerLossUnavailable as exc:
-        pytest.skip(f"power loss simulation unavailable: {exc}")
+    fs = _mounted(tmp_path)
     try:
         path = fs.mountpoint / "lock"
         for _ in range(200):  # (a file system that reported each lock as an error filled its log pipe and hung)
@@ -96,10 +97,7 @@ def test_file_locks_work_on_the_mount(tmp_path: Path) -> None:
 def test_hard_links_follow_their_directory_fsync(tmp_path: Path) -> None:
     """A hard link (how a create-only put lands) is a directory entry: kept once its directory is fsynced,
     gone after a power loss otherwise; a link onto an existing name fails."""
-    try:
-        fs = PowerLossMount(tmp_path).start()
-    except PowerLossUnavailable as exc:
-        pytest.skip(f"power loss simulation unavailable: {exc}")
+    fs = _mounted(tmp_path)
     mnt = fs.mountpoint
     try:
         (mnt / "src").write_bytes(b"data")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import select
 import sys
 import threading
 import time
@@ -32,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 
 from zonebus.options import ServerOptions
+from zonebus.server.syslogging import drain_pipe
 
 LOG_PERMS = 0o644
 
@@ -137,17 +137,7 @@ class _Rotator(threading.Thread):
             self.written += len(data)
 
     def drain(self, timeout: float = 1.0) -> None:
-        """At exit: give the thread what is still in the pipe."""
-        try:
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            readable, _, _ = select.select([self.read_fd], [], [], 0)
-            if not readable and not self.busy:
-                return
-            time.sleep(0.01)
+        drain_pipe(self.read_fd, lambda: self.busy, timeout)
 
 
 def rotates(opts: ServerOptions) -> bool:

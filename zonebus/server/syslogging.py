@@ -26,6 +26,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from zonebus.options import ServerOptions
@@ -130,17 +131,22 @@ class _Forwarder(threading.Thread):
             pass  # syslog gone: the line is lost, as with nats-server's syslog writer
 
     def drain(self, timeout: float = 1.0) -> None:
-        """At exit: give the thread what is still in the pipe."""
-        try:
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            readable, _, _ = select.select([self.fd], [], [], 0)
-            if not readable and not self.busy:
-                return
-            time.sleep(0.01)
+        drain_pipe(self.fd, lambda: self.busy, timeout)
+
+
+def drain_pipe(read_fd: int, busy: Callable[[], bool], timeout: float = 1.0) -> None:
+    """At exit: give the thread that reads stderr's pipe (`read_fd`) what is still in it: wait, at most
+    `timeout`, until the pipe is empty and the thread is not `busy` with a line."""
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([read_fd], [], [], 0)
+        if not readable and not busy():
+            return
+        time.sleep(0.01)
 
 
 def open_log_file(opts: ServerOptions) -> None:

@@ -378,6 +378,26 @@ class PowerLossUnavailable(Exception):
     """FUSE cannot mount here; the message says why (a test skips with it)."""
 
 
+@dataclass
+class LossReport:
+    """A read-back after a power loss against what was acknowledged and attempted (unique string values)."""
+
+    lost: set[str]  # acknowledged, not read back
+    unexpected: set[str]  # read back, never attempted
+    duplicates: int  # read back more than once
+    line: str  # the counts, and what the file system dropped
+
+
+def loss_report(acked: set[str], attempted: set[str], read: list[str], dropped: Any) -> LossReport:
+    from collections import Counter
+
+    lost, unexpected = acked - set(read), set(read) - attempted
+    duplicates = sum(c - 1 for c in Counter(read).values())
+    line = (f"acked {len(acked)}, read {len(read)}, lost {len(lost)}, unexpected {len(unexpected)}, "
+            f"duplicates {duplicates}; the power loss dropped {dropped}")
+    return LossReport(lost, unexpected, duplicates, line)
+
+
 class PowerLossMount:
     """A `PowerLossFS` process serving `<root>/backing` at `<root>/mnt`, started and stopped by a test."""
 
