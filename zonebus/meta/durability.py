@@ -22,13 +22,15 @@ from pathlib import Path
 
 from pysyncobj.journal import FIRST_RECORD_OFFSET, LAST_RECORD_OFFSET_OFFSET
 
+from zonebus.store.durability import fsync_dir
+
 _U32 = struct.Struct("<I")
 _IDX_TERM = struct.Struct("<QQ")
 Signature = tuple[object, ...]
 
 
-def fsync_path(path: Path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -66,32 +68,26 @@ def journal_tail(path: Path) -> tuple[int, int, int, int] | None:
 
 
 class JournalBarrier:
-    """fsyncs the meta group's files in `directory` when they changed since the last `sync`."""
+    """fsyncs the meta group's files in `directory` when they changed since the last `sync` (the directory
+    itself was made durably: `zonebus.store.durability.make_dirs`)."""
 
     def __init__(self, directory: Path, journal: str, snapshot: str) -> None:
         self.directory = directory
-        self.journal = directory / journal
-        self.meta = directory / f"{journal}.meta"  # pysyncobj's term, vote and commit index
-        self.snapshot = directory / snapshot
-        self._last: Signature | None = None
-        self._files: dict[Path, object] = {}
-        self.syncs = 0  # how many times it fsynced (for tests and /jsz-style reports)
+        # the journal, pysyncobj's term, vote and commit index beside it, the snapshot
+        self.files = (directory / journal, directory / f"{journal}.meta", directory / snapshot)
+        self._last: Signature = (None, None, None)
 
     def signature(self) -> Signature:
-        return journal_tail(self.journal), _stat(self.meta), _stat(self.snapshot)
+        journal, meta, snapshot = self.files
+        return journal_tail(journal), _stat(meta), _stat(snapshot)
 
-    def sync(self) -> bool:
-        """fsync what changed; True when it did. Raises OSError when the disk refuses."""
+    def sync(self) -> None:
+        """fsync what changed (and the directory: renames, new files). Raises OSError when the disk refuses."""
         sig = self.signature()
         if sig == self._last:
-            return False
-        for path, state in zip((self.journal, self.meta, self.snapshot), sig, strict=True):
-            if state is not None and self._files.get(path) != state:
-                fsync_path(path)
-        fsync_path(self.directory, directory=True)
-        if self._last is None:  # the first time: the directory's own entry, up to the store directory
-            fsync_path(self.directory.parent, directory=True)
-        self._files = dict(zip((self.journal, self.meta, self.snapshot), sig, strict=True))
+            return
+        for path, state, before in zip(self.files, sig, self._last, strict=True):
+            if state is not None and state != before:
+                _fsync_file(path)
+        fsync_dir(self.directory)
         self._last = sig
-        self.syncs += 1
-        return True

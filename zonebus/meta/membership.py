@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from zonebus.store.durability import make_dirs, replace_file
+
 log = logging.getLogger(__name__)
 
 MEMBERS_FILE = "members.json"
@@ -85,13 +87,8 @@ def load_members(store_dir: str | os.PathLike[str]) -> Membership | None:
 
 def save_members(store_dir: str | os.PathLike[str], membership: Membership) -> None:
     path = members_path(store_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        json.dump({"version": 1, "members": list(membership.members)}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    make_dirs(path.parent)  # (the meta directory's entry too: a power loss must not take the group's files)
+    replace_file(path, json.dumps({"version": 1, "members": list(membership.members)}).encode())
 
 
 def decide_members(self_name: str, routes: Mapping[str, RoutePeer | None],

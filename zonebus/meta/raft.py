@@ -28,6 +28,7 @@ from pysyncobj.node import Node
 from zonebus.meta.durability import JournalBarrier
 from zonebus.meta.state import Applied, MetaState, apply_op
 from zonebus.meta.transport import LinkTransport
+from zonebus.store.durability import make_dirs
 
 SNAPSHOT_VERSION = 1
 JOURNAL_FILE = "raft.journal"
@@ -81,7 +82,7 @@ class MetaSyncObj(SyncObj):
         self._on_applied = on_applied
         self._on_replaced = on_replaced
         directory = Path(store_dir) / "meta"
-        directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(directory)  # (fsynced up to the directory holding the first it made: `barrier` relies on it)
         self.snapshot_path = directory / SNAPSHOT_FILE
         self.barrier = JournalBarrier(directory, JOURNAL_FILE, SNAPSHOT_FILE)
         conf = SyncObjConf(
