@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus.gateway.interest import INTERNAL_PREFIX
 from zonebus.server.connection import ACCOUNT, CLIENT, GATEWAY, INTERNAL, WORKER
-from zonebus.server.fastpath import Memo, entries
+from zonebus.server.fastpath import Memo, relayed_entries
 from zonebus.subjects.sublist import EMPTY, MatchResult
 
 if TYPE_CHECKING:
@@ -143,11 +143,7 @@ class GatewayRouting:
         r = server.sublist.match(subject)
         if not r.psubs or subject.startswith(GR_PREFIX):
             return None
-        out = entries(conn, r.psubs, subject, size, ACCOUNT)
-        zr = server.zone_relay
-        if out is not None and zr is not None:  # one copy per remote zone, as on the full path
-            out = zr.memo_entries(subject, size, ACCOUNT, out)
-        return out
+        return relayed_entries(server, conn, r.psubs, subject, size, ACCOUNT)
 
     # -- replies ---------------------------------------------------------------------------------------
     def _reply_home(self, src: Any, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,

@@ -110,6 +110,17 @@ def entries(src: Connection, subs: list[Subscription], subject: bytes, size: int
     return out
 
 
+def relayed_entries(server: MessageRouting, src: Connection, psubs: list[Subscription], subject: bytes,
+                    size: int, account: bytes) -> Memo | None:
+    """`entries`, with the zone relay's plan applied to what goes to routes (one relay frame per remote zone
+    where several of its servers want the message: zonebus.cluster.relay)."""
+    out = entries(src, psubs, subject, size, account)
+    zr = server.zone_relay
+    if out is not None and zr is not None:
+        out = zr.memo_entries(subject, size, account, out)
+    return out
+
+
 def client_memo(server: MessageRouting, src: Connection, hdr: PubLine, r: MatchResult) -> None:
     """Remember the deliveries of a client's reply-less PUB line (`r`, the match of its subject) on the line,
     when they can be replayed: plain client subscribers, routes and workers, and what the forwarder (gateways)
@@ -122,9 +133,7 @@ def client_memo(server: MessageRouting, src: Connection, hdr: PubLine, r: MatchR
     if hdr.reply is not None or hdr.hdr_len >= 0:
         return
     subject, size = hdr.subject, hdr.size
-    memo = entries(src, r.psubs, subject, size, acc.name)
-    if memo is not None and server.zone_relay is not None:
-        memo = server.zone_relay.memo_entries(subject, size, acc.name, memo)
+    memo = relayed_entries(server, src, r.psubs, subject, size, acc.name)
     if memo is None or (fwd is not None and not fwd.memo_entries(subject, size, memo)):
         return
     if r.qsubs:
@@ -147,11 +156,10 @@ def link_memo(conn: Any, subject: bytes, size: int) -> Memo | None:
     server's routes passes it on to its other workers, and the other way round), with the zone relay's plan
     applied to what goes to routes."""
     server = conn.server
-    out = entries(conn, server.sublist.match(subject).psubs, subject, size, ACCOUNT)
-    zr = server.zone_relay
-    if out is not None and zr is not None and conn.kind != ROUTE:  # (a route's message goes to no route)
-        out = zr.memo_entries(subject, size, ACCOUNT, out)
-    return out
+    psubs = server.sublist.match(subject).psubs
+    if conn.kind == ROUTE:  # (a route's message goes to no route: no relay plan)
+        return entries(conn, psubs, subject, size, ACCOUNT)
+    return relayed_entries(server, conn, psubs, subject, size, ACCOUNT)
 
 
 def relay_memo(conn: Any, subject: bytes, size: int) -> Memo | None:
