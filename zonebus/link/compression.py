@@ -205,10 +205,9 @@ class LinkCompression:
         INFO tags) is not compressed whatever the mode: bytes inside a zone are not billed, and both sides
         decide alike from the same two zones. ValueError for a mode nobody knows."""
         theirs = info.get(ZONEBUS_FIELD)
-        self.same_zone = False
-        if isinstance(theirs, str):
+        zonebus_peer = isinstance(theirs, str)
+        if zonebus_peer:
             ours = self.opts.mode
-            self.same_zone = bool(self.own_zone) and peer_zone == self.own_zone
         else:  # nats-server, or a zonebus without compression: only nats-server's field, and ours is "off"
             theirs = info.get(NATS_FIELD) if self.nats_field else ""
             theirs = theirs if isinstance(theirs, str) else ""
@@ -221,11 +220,11 @@ class LinkCompression:
         else:
             self.auto = False
         self.mode = mode
-        if self.same_zone and needs_compression(mode):
+        self.same_zone = (zonebus_peer and bool(self.own_zone) and peer_zone == self.own_zone
+                          and needs_compression(mode))
+        if self.same_zone:
             self.mode, self.auto = OFF, False
-            return False
-        self.same_zone = False
-        return needs_compression(mode)
+        return needs_compression(self.mode)
 
     def start_deflate(self) -> None:
         self.deflater = StreamDeflater(ZSTD_LEVELS[self.mode])
