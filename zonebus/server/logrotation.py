@@ -22,16 +22,14 @@ thread in its supervisor (`zonebus.workers.supervisor`), after its exec; a singl
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
 from zonebus.options import ServerOptions
-from zonebus.server.syslogging import drain_pipe
+from zonebus.server.syslogging import StderrLines
 
 LOG_PERMS = 0o644
 
@@ -62,33 +60,20 @@ def _line(level: str, msg: str) -> bytes:
     return f"[{os.getpid()}] {stamp} [{level}] {msg}\n".encode()
 
 
-class _Rotator(threading.Thread):
+class _Rotator(StderrLines):
     """Copies lines from the stderr pipe to the log file, rotating it past `limit` bytes."""
 
-    def __init__(self, read_fd: int, path: str, limit: int, max_files: int) -> None:
-        super().__init__(name="logrotation", daemon=True)
-        self.read_fd, self.path, self.limit, self.max_files = read_fd, path, limit, max_files
+    def __init__(self, path: str, limit: int, max_files: int) -> None:
+        super().__init__("logrotation")
+        self.path, self.limit, self.max_files = path, limit, max_files
         self.file_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_PERMS)
         self.written = os.fstat(self.file_fd).st_size
-        self.busy = False
 
-    def run(self) -> None:
-        pending = b""
-        while True:
-            try:
-                chunk = os.read(self.read_fd, 65536)
-            except OSError:
-                return
-            if not chunk:
-                if pending:
-                    self._write(pending)
-                return
-            self.busy = True
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                self._write(raw + b"\n")
-            self.busy = False
+    def line(self, raw: bytes) -> None:
+        self._write(raw + b"\n")
+
+    def partial(self, raw: bytes) -> None:
+        self._write(raw)
 
     def _write(self, data: bytes) -> None:
         try:
@@ -136,8 +121,6 @@ class _Rotator(threading.Thread):
             os.write(self.file_fd, data)
             self.written += len(data)
 
-    def drain(self, timeout: float = 1.0) -> None:
-        drain_pipe(self.read_fd, lambda: self.busy, timeout)
 
 
 def rotates(opts: ServerOptions) -> bool:
@@ -151,13 +134,8 @@ def start_log_rotation(opts: ServerOptions) -> None:
     the first line, written here."""
     if not rotates(opts):
         return
-    read_fd, write_fd = os.pipe()
-    rotator = _Rotator(read_fd, opts.log_file, opts.log_size_limit, opts.log_max_files)
-    sys.stderr.flush()
-    os.dup2(write_fd, 2)
-    os.close(write_fd)
+    rotator = _Rotator(opts.log_file, opts.log_size_limit, opts.log_max_files)
     past_limit = rotator.written > opts.log_size_limit
-    rotator.start()
-    atexit.register(rotator.drain)
+    rotator.take_stderr()
     if past_limit:
         print(_line("INF", "Rotating logfile...").decode(), end="", file=sys.stderr, flush=True)

@@ -26,7 +26,6 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from zonebus.options import ServerOptions
@@ -102,51 +101,78 @@ def format_line(line: str, remote: bool, hostname: str) -> bytes:
     return (head + msg + "\n").encode("utf-8", "replace")
 
 
-class _Forwarder(threading.Thread):
-    def __init__(self, read_fd: int, sock: socket.socket, remote: bool) -> None:
-        super().__init__(name="syslog", daemon=True)
-        self.fd, self.sock, self.remote = read_fd, sock, remote
-        self.hostname = socket.gethostname()
+class StderrLines(threading.Thread):
+    """This process's stderr (file descriptor 2, which worker processes inherit) through a pipe, each whole
+    line handed to `line` (without its newline) in this thread: syslog here, the rotated log file in
+    `zonebus.server.logrotation`. `take_stderr()` points stderr at the pipe, starts the thread and, at exit,
+    `drain`s it; what is left unterminated at the pipe's end goes to `partial`."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.read_fd, self._write_fd = os.pipe()
         self.busy = False
+
+    def line(self, raw: bytes) -> None:
+        raise NotImplementedError
+
+    def partial(self, raw: bytes) -> None:
+        """The pipe closed in the middle of a line (nothing by default)."""
+
+    def take_stderr(self) -> None:
+        sys.stderr.flush()
+        os.dup2(self._write_fd, 2)
+        os.close(self._write_fd)
+        self.start()
+        atexit.register(self.drain)
 
     def run(self) -> None:
         pending = b""
         while True:
-            chunk = os.read(self.fd, 65536)
+            try:
+                chunk = os.read(self.read_fd, 65536)
+            except OSError:
+                return
             if not chunk:
+                if pending:
+                    self.partial(pending)
                 return
             self.busy = True
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for raw in lines:
-                if raw.strip():
-                    self._send(format_line(raw.decode("utf-8", "replace").rstrip("\r"), self.remote,
-                                           self.hostname))
+                self.line(raw)
             self.busy = False
+
+    def drain(self, timeout: float = 1.0) -> None:
+        """At exit: give the thread what is still in the pipe: wait, at most `timeout`, until the pipe is empty
+        and the thread is not busy with a line."""
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([self.read_fd], [], [], 0)
+            if not readable and not self.busy:
+                return
+            time.sleep(0.01)
+
+
+class _Forwarder(StderrLines):
+    def __init__(self, sock: socket.socket, remote: bool) -> None:
+        super().__init__("syslog")
+        self.sock, self.remote = sock, remote
+        self.hostname = socket.gethostname()
+
+    def line(self, raw: bytes) -> None:
+        if raw.strip():
+            self._send(format_line(raw.decode("utf-8", "replace").rstrip("\r"), self.remote, self.hostname))
 
     def _send(self, data: bytes) -> None:
         try:
             self.sock.send(data) if self.sock.type == socket.SOCK_DGRAM else self.sock.sendall(data)
         except OSError:
             pass  # syslog gone: the line is lost, as with nats-server's syslog writer
-
-    def drain(self, timeout: float = 1.0) -> None:
-        drain_pipe(self.fd, lambda: self.busy, timeout)
-
-
-def drain_pipe(read_fd: int, busy: Callable[[], bool], timeout: float = 1.0) -> None:
-    """At exit: give the thread that reads stderr's pipe (`read_fd`) what is still in it: wait, at most
-    `timeout`, until the pipe is empty and the thread is not `busy` with a line."""
-    try:
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([read_fd], [], [], 0)
-        if not readable and not busy():
-            return
-        time.sleep(0.01)
 
 
 def open_log_file(opts: ServerOptions) -> None:
@@ -178,10 +204,4 @@ def start_syslog(opts: ServerOptions, check_only: bool = False) -> None:
     if check_only:
         sock.close()
         return
-    read_fd, write_fd = os.pipe()
-    sys.stderr.flush()
-    os.dup2(write_fd, 2)
-    os.close(write_fd)
-    forwarder = _Forwarder(read_fd, sock, remote)
-    forwarder.start()
-    atexit.register(forwarder.drain)
+    _Forwarder(sock, remote).take_stderr()
