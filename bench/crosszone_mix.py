@@ -127,6 +127,9 @@ class JsWorkload:
                 msgs = await psub.fetch(50, timeout=0.5)
             except (nats.errors.TimeoutError, TimeoutError):
                 continue
+            except nats.errors.Error:  # 503 while nats-server re-elects the consumer's leader: fetch again
+                await asyncio.sleep(0.1)
+                continue
             now = time.perf_counter()
             for m in msgs:
                 seq = seq_of(m.data)
