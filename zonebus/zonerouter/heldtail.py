@@ -108,6 +108,21 @@ class HeldTail:
             self._pending.append(_frame(b"F" + _FENCE.pack(epoch)))
             self._sync()
 
+    def clear(self) -> None:
+        """Forget the stream's tail and its fence, and delete the file (the stream was deleted, or the file is of
+        an earlier stream of that name)."""
+        with self._lock:
+            self.held, self.min_epoch, self._pending, self._rewrite = {}, 0, [], False
+            if self._exists:
+                self.path.unlink(missing_ok=True)
+                fsync_dir(self.path.parent)
+                self._exists = False
+
+    def top_epoch(self) -> int:
+        """The highest writer epoch the file names (its fence, or the writer of a batch held)."""
+        with self._lock:
+            return max([self.min_epoch, *(e for _b, e in self.held)])
+
     def drop(self, upto: int) -> None:
         """The leader stored every batch up to `upto`: what is held of them goes at the next `sync`."""
         with self._lock:

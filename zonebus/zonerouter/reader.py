@@ -284,9 +284,7 @@ class Reader:
         if self.tail_dir is None:
             return
         self.held = load_all(self.tail_dir)
-        for stream, held in self.held.items():
-            if held.min_epoch:
-                self.min_epochs[stream] = max(self.min_epochs.get(stream, 0), held.min_epoch)
+        for stream, held in self.held.items():  # (a snapshot and a tail query take the file's fence from it)
             if len(held):
                 log.info("zone router: %d bytes of the replicated tail of %s held on disk", len(held), stream)
 
@@ -298,6 +296,16 @@ class Reader:
         if held is None:
             held = self.held[stream] = HeldTail.for_stream(self.tail_dir, stream)
         return held
+
+    async def forget_tail(self, stream: str) -> None:
+        """`stream` was deleted: its held tail and its fence go (a stream created anew starts at epoch 1)."""
+        self.min_epochs.pop(stream, None)
+        held = self.held.pop(stream, None)
+        snap = self.snapshots.get(stream)
+        if snap is not None:
+            snap.held, snap.min_epoch = None, 0
+        if held is not None:
+            await asyncio.to_thread(held.clear)
 
     def tail(self, stream: str, epoch: int, batch: int, new_epoch: int) -> asyncio.Future | None:
         """A new writer of `stream` asks for the replicated tail of writer `epoch` (`tailrecovery`)."""

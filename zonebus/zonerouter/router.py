@@ -173,6 +173,10 @@ class ZoneRouter:
             self.recompute()
         elif change.kind == "stream":
             self._forget_routes()
+            if change.after is None and self.reader is not None:  # deleted: its held tail and fence go too
+                task = asyncio.get_running_loop().create_task(self.reader.forget_tail(change.key))
+                self._bg.add(task)
+                task.add_done_callback(self._bg.discard)
         elif change.kind == "route_epoch" and self.epochs is not None and self.channel is not None:
             self.channel.next_epoch(self.epochs.current)  # new batches carry the new epoch at once
 

@@ -154,9 +154,17 @@ class Snapshot:
     def _replay_held(self) -> None:
         """After the first load: the tail this server held on disk (it acknowledged it, maybe before a restart)
         continues the view where it is of the writer the view follows, not of one a newer writer fenced."""
-        if self.held is None:
+        if self.held is None or not self.held.top_epoch():
             return
         view = self.view
+        claimed = view.list().max_claim()
+        if self.held.top_epoch() > claimed:  # epochs start again at 1 for a stream created anew under the name
+            log.warning("zone router: the held tail of %s names epoch %d, above every claim of the stream (%d): "
+                        "it is of a deleted stream of that name; dropped", self.stream, self.held.top_epoch(),
+                        claimed)
+            self.held.clear()
+            self.min_epoch = min(self.min_epoch, claimed)
+            return
         for b, e, header, data in self.held.entries():
             if e < max(self.min_epoch, view.top_epoch) or b != view.next_batch:
                 continue
