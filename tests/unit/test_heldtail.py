@@ -1,7 +1,7 @@
-"""A replica's file of a stream's replicated tail (`zonebus.zonerouter.heldtail`), on a real directory: what
-was synced reads back after a reopen, a torn end is cut off, stored batches go by a rewrite, the fence survives,
-and a tail query gets the records of one writer's batches from a batch on, in order. (The power loss itself,
-with real servers, is `tests/zonerouter/test_tail_powerloss.py`.)"""
+"""A replica's files of a stream's replicated tail (`zonebus.zonerouter.heldtail`), on a real directory: what
+was synced reads back after a reopen, a torn end is cut off, stored batches' files are deleted, the fence
+survives, and a tail query gets the records of one writer's batches from a batch on, in order. (The power
+loss itself, with real servers, is `tests/zonerouter/test_tail_powerloss.py`.)"""
 
 from __future__ import annotations
 
@@ -44,26 +44,28 @@ def test_a_torn_end_is_cut_off_and_the_fence_survives(tmp_path: Path) -> None:
     held.add(7, 2, H, b"", b"abc")
     held.sync()
     held.fence(3)
-    size = held.path.stat().st_size
-    with held.path.open("ab") as f:
+    (part,) = held.path.glob("*.part")
+    size = part.stat().st_size
+    with part.open("ab") as f:
         f.write(b"\x40\x00\x00\x00\x01\x02")  # a frame that was never synced in full
     again = _reopen(tmp_path)
     assert again.min_epoch == 3 and again.records(2, 7) == b"abc"
-    assert held.path.stat().st_size == size  # rewritten without the torn frame
+    assert part.stat().st_size == size  # cut off
     again.add(7, 2, H + 3, b"", b"de")
     again.sync()
     assert _reopen(tmp_path).records(2, 7) == b"abcde"
 
 
-def test_stored_batches_are_dropped_by_a_rewrite_and_clear_deletes_the_file(tmp_path: Path) -> None:
+def test_stored_batches_lose_their_files_and_clear_deletes_the_directory(tmp_path: Path) -> None:
     held = HeldTail.for_stream(tmp_path, "S")
     for b in (1, 2, 3):
         held.add(b, 1, H, b"", bytes([b]) * 1000)
+    held.sync()
     held.fence(2)
-    size = held.path.stat().st_size
+    assert len(list(held.path.glob("*.part"))) == 3
     held.drop(2)
     held.sync()
-    assert held.path.stat().st_size < size / 2
+    assert len(list(held.path.glob("*.part"))) == 1
     again = _reopen(tmp_path)
     assert [e[0] for e in again.entries()] == [3] and again.min_epoch == 2 and again.top_epoch() == 2
     again.clear()

@@ -3,27 +3,31 @@
 With `zone_router_ack: replicas` a leader acknowledges a publish once a proxy in another zone holds the record
 (`zonebus.store.sharedtier`); the batch object is stored up to `zone_router_tier` seconds later. Held in memory
 only, those seconds are lost when every server loses power at once. So a replica's snapshot
-(`zonebus.zonerouter.snapshot`) appends the records each poll answer brings to this file and fsyncs it (the
-directory too when the file is new) before its next poll reports that it holds them: one fsync per answer.
-Batches the leader reports stored are dropped by a compacting rewrite (a temporary file, fsynced, renamed, the
-directory fsynced), so the file holds a few seconds of records. A new writer's tail query
-(`zonebus.zonerouter.tailrecovery`) raises the stream's epoch fence (`min_epoch`: answers of older writers are
-ignored from then on); that is written and fsynced before the answer leaves, so a restarted replica does not
-acknowledge a fenced writer's records either.
+(`zonebus.zonerouter.snapshot`) appends the records each poll answer brings to its files of the stream's tail
+and fsyncs them (the directory too when a file is new) before its next poll reports that it holds them: one
+fsync per answer (two when the answer crosses into a new batch). A batch the leader reports stored is dropped by
+deleting its file, so the directory holds a few seconds of records and nothing is ever rewritten. A new writer's
+tail query (`zonebus.zonerouter.tailrecovery`) raises the stream's epoch fence (`min_epoch`: answers of older
+writers are ignored from then on); it is written (temporary file, fsync, rename, directory fsync) before the
+answer leaves, so a restarted replica does not acknowledge a fenced writer's records either.
 
-One file per stream, `<store_dir>/jetstream/zone-router-tail/<stream name in hex>.tail`: frames of
-`u32 body length, u32 crc32(body), body`; a body is `b"P"` + epoch u64, batch u64, offset u32, header length u16,
-the batch header (once the writer sealed the batch) and the record bytes from `offset`, or `b"F"` + the fence
-epoch u64. A torn or damaged frame ends the file (it was never fsynced, so never reported). All methods may be
-called from any thread (a lock guards the state); the ones that write block on the disk.
+Layout, one directory per stream, `<store_dir>/jetstream/zone-router-tail/<stream name in hex>/`:
+`<batch>-<epoch>.part` per batch held (frames of `u32 body length, u32 crc32(body), body`, a body being the
+offset in the batch object u32, the header's length u16, the batch header once the writer sealed the batch,
+then the record bytes from that offset), and `fence` (the fence epoch, in decimal). A torn or damaged frame
+ends its file (it was never fsynced, so never reported) and is cut off. A deletion lost to a power loss brings
+back the file of a stored batch: it is dropped again (a tail query asks from the first batch not stored). All
+methods may be called from any thread (a lock guards the state); the ones that write block on the disk.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import struct
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -32,71 +36,70 @@ from zonebus.store.durability import fsync_dir, make_dirs, replace_file
 
 log = logging.getLogger(__name__)
 
-SUFFIX = ".tail"
+PART_SUFFIX = ".part"
+FENCE = "fence"
 _FRAME = struct.Struct("<II")
-_PART = struct.Struct("<QQIH")
-_FENCE = struct.Struct("<Q")
+_PART = struct.Struct("<IH")
 Held = tuple[bytes, bytearray]  # (the batch header once sealed else b"", the records from BATCH_HDR_LEN on)
+Key = tuple[int, int]  # (batch, writer epoch)
 
 
-def _frame(body: bytes) -> bytes:
+def _frame(offset: int, header: bytes, chunk: bytes | bytearray) -> bytes:
+    body = _PART.pack(offset, len(header)) + header + bytes(chunk)
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
-def _part_frame(epoch: int, batch: int, offset: int, header: bytes, chunk: bytes | bytearray) -> bytes:
-    return _frame(b"P" + _PART.pack(epoch, batch, offset, len(header)) + header + bytes(chunk))
-
-
 class HeldTail:
-    """The records of one stream's replicated tail this server holds, kept in a file (`path`)."""
+    """The records of one stream's replicated tail this server holds, kept in a directory (`path`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.held: dict[tuple[int, int], Held] = {}  # (batch, epoch) -> what is held of it
+        self.held: dict[Key, Held] = {}  # (batch, epoch) -> what is held of it
         self.min_epoch = 0  # a new writer took this tail: older writers' answers are ignored
         self._lock = threading.Lock()
-        self._pending: list[bytes] = []  # frames not written yet
-        self._rewrite = False  # batches were dropped: the next sync rewrites the file
-        self._exists = path.exists()
-        self.stats = {"syncs": 0, "rewrites": 0, "bytes": 0}
+        self._pending: dict[Key, list[bytes]] = {}  # frames not written yet, per file
+        self._files: set[Key] = set()  # the part files that exist
+        self._gone: set[Key] = set()  # part files to delete
+        self.stats = {"syncs": 0, "bytes": 0, "deleted": 0, "sync_ms": 0.0, "sync_ms_max": 0.0}
 
     @classmethod
     def for_stream(cls, directory: Path, stream: str) -> HeldTail:
-        return cls(directory / (stream.encode().hex() + SUFFIX))
+        return cls(directory / stream.encode().hex())
 
     @staticmethod
     def stream_of(path: Path) -> str | None:
-        """The stream a file in the directory holds the tail of (None: not such a file)."""
-        if not path.name.endswith(SUFFIX):
-            return None
+        """The stream a directory holds the tail of (None: not such a directory)."""
         try:
-            return bytes.fromhex(path.name[: -len(SUFFIX)]).decode()
+            return bytes.fromhex(path.name).decode() if path.is_dir() else None
         except (ValueError, UnicodeDecodeError):
             return None
+
+    def _file(self, key: Key) -> Path:
+        return self.path / f"{L.num(key[0])}-{L.num(key[1])}{PART_SUFFIX}"
 
     # -- what is held ----------------------------------------------------------------------------------
     def add(self, batch: int, epoch: int, offset: int, header: bytes, chunk: bytes | bytearray) -> None:
         """Records of batch `batch` (writer `epoch`) from byte `offset` of the batch object, as the snapshot
         applied them; written by the next `sync`. Bytes held already are skipped; a gap is refused."""
         with self._lock:
-            self._add(batch, epoch, offset, header, chunk, log_it=True)
+            self._add((batch, epoch), offset, header, chunk, log_it=True)
 
-    def _add(self, batch: int, epoch: int, offset: int, header: bytes, chunk: bytes | bytearray,
-             log_it: bool) -> bool:
-        cur = self.held.get((batch, epoch))
+    def _add(self, key: Key, offset: int, header: bytes, chunk: bytes | bytearray, log_it: bool) -> bool:
+        cur = self.held.get(key)
         have = L.BATCH_HDR_LEN + (len(cur[1]) if cur is not None else 0)
         if offset > have or offset < L.BATCH_HDR_LEN:
             return False
         new = chunk[have - offset :]
         if cur is None:
-            cur = self.held[(batch, epoch)] = (b"", bytearray())
+            cur = self.held[key] = (b"", bytearray())
+            self._gone.discard(key)
         if header and not cur[0]:
-            cur = self.held[(batch, epoch)] = (bytes(header), cur[1])
+            cur = self.held[key] = (bytes(header), cur[1])
         elif not new:
             return True
         cur[1].extend(new)
         if log_it:
-            self._pending.append(_part_frame(epoch, batch, have, header, new))
+            self._pending.setdefault(key, []).append(_frame(have, header, new))
         return True
 
     def fence(self, epoch: int) -> None:
@@ -105,31 +108,17 @@ class HeldTail:
             if epoch <= self.min_epoch:
                 return
             self.min_epoch = epoch
-            self._pending.append(_frame(b"F" + _FENCE.pack(epoch)))
-            self._sync()
-
-    def clear(self) -> None:
-        """Forget the stream's tail and its fence, and delete the file (the stream was deleted, or the file is of
-        an earlier stream of that name)."""
-        with self._lock:
-            self.held, self.min_epoch, self._pending, self._rewrite = {}, 0, [], False
-            if self._exists:
-                self.path.unlink(missing_ok=True)
-                fsync_dir(self.path.parent)
-                self._exists = False
-
-    def top_epoch(self) -> int:
-        """The highest writer epoch the file names (its fence, or the writer of a batch held)."""
-        with self._lock:
-            return max([self.min_epoch, *(e for _b, e in self.held)])
+            make_dirs(self.path)
+            replace_file(self.path / FENCE, str(epoch).encode())
 
     def drop(self, upto: int) -> None:
-        """The leader stored every batch up to `upto`: what is held of them goes at the next `sync`."""
+        """The leader stored every batch up to `upto`: their files go at the next `sync`."""
         with self._lock:
-            gone = [k for k in self.held if k[0] <= upto]
-            for k in gone:
-                del self.held[k]
-            self._rewrite = self._rewrite or bool(gone)
+            for key in [k for k in self.held if k[0] <= upto]:
+                del self.held[key]
+                self._pending.pop(key, None)
+                if key in self._files:
+                    self._gone.add(key)
 
     def records(self, epoch: int, batch: int) -> bytes:
         """The records of writer `epoch`'s batches from `batch` on, in log order (up to a batch not held)."""
@@ -148,80 +137,98 @@ class HeldTail:
         with self._lock:
             return [(b, e, h, bytes(data)) for (b, e), (h, data) in sorted(self.held.items())]
 
+    def top_epoch(self) -> int:
+        """The highest writer epoch the directory names (its fence, or the writer of a batch held)."""
+        with self._lock:
+            return max([self.min_epoch, *(e for _b, e in self.held)])
+
     def __len__(self) -> int:
         return sum(len(d) for _h, d in self.held.values())
 
-    # -- the file --------------------------------------------------------------------------------------
+    # -- the files -------------------------------------------------------------------------------------
     def sync(self) -> None:
-        """Make what was added (and dropped) durable: append and fsync, or rewrite when batches were dropped."""
+        """Make what was added durable (append, fsync; the directory when a file is new); delete dropped files."""
         with self._lock:
-            self._sync()
+            if not self._pending and not self._gone:
+                return
+            start = time.perf_counter()
+            try:
+                self._write()
+            finally:
+                ms = (time.perf_counter() - start) * 1000
+                self.stats["sync_ms"] += ms
+                self.stats["sync_ms_max"] = max(self.stats["sync_ms_max"], ms)
 
-    def _sync(self) -> None:
-        if self._rewrite:
-            self._rewrite, self._pending = False, []
-            self._write_whole()
-            return
+    def _write(self) -> None:
+        for key in sorted(self._gone):  # (no directory fsync: a file that comes back is dropped again)
+            self._file(key).unlink(missing_ok=True)
+            self._files.discard(key)
+            self.stats["deleted"] += 1
+        self._gone.clear()
         if not self._pending:
             return
-        data = b"".join(self._pending)
-        self._pending = []
-        created = not self._exists
+        make_dirs(self.path)
+        created = False
+        for key, frames in sorted(self._pending.items()):
+            data = b"".join(frames)
+            fd = os.open(self._file(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            created = created or key not in self._files
+            self._files.add(key)
+            del self._pending[key]  # (what failed stays pending: the next sync writes it)
+            self.stats["bytes"] += len(data)
         if created:
-            make_dirs(self.path.parent)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if created:
-            fsync_dir(self.path.parent)
-            self._exists = True
+            fsync_dir(self.path)
         self.stats["syncs"] += 1
-        self.stats["bytes"] += len(data)
-
-    def _write_whole(self) -> None:
-        frames = [_frame(b"F" + _FENCE.pack(self.min_epoch))] if self.min_epoch else []
-        frames += [_part_frame(e, b, L.BATCH_HDR_LEN, h, data) for (b, e), (h, data) in sorted(self.held.items())]
-        make_dirs(self.path.parent)
-        replace_file(self.path, b"".join(frames))
-        self._exists = True
-        self.stats["rewrites"] += 1
 
     def load(self) -> None:
-        """Read the file (at start): what was fsynced before a crash or a power loss. A torn end is cut off."""
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return
+        """Read the directory (at start): what was fsynced before a crash or a power loss. A torn end is cut off."""
         with self._lock:
-            pos = 0
-            while pos + _FRAME.size <= len(raw):
-                n, crc = _FRAME.unpack_from(raw, pos)
-                body = raw[pos + _FRAME.size : pos + _FRAME.size + n]
-                if len(body) != n or zlib.crc32(body) != crc or not self._replay(body):
-                    break
-                pos += _FRAME.size + n
-            if pos != len(raw):
-                log.warning("zone router: %s ends in %d bytes that were never synced; cut off", self.path,
-                            len(raw) - pos)
-                self._write_whole()
+            try:
+                self.min_epoch = int((self.path / FENCE).read_bytes() or b"0")
+            except (FileNotFoundError, ValueError):
+                pass
+            for path in sorted(self.path.glob(f"*{PART_SUFFIX}")):
+                try:
+                    b, e = (int(x) for x in path.name[: -len(PART_SUFFIX)].split("-"))
+                except ValueError:
+                    continue
+                self._load_part((b, e), path)
 
-    def _replay(self, body: bytes) -> bool:
-        try:
-            if body[:1] == b"F":
-                self.min_epoch = max(self.min_epoch, _FENCE.unpack_from(body, 1)[0])
-                return True
-            if body[:1] != b"P":
-                return False
-            epoch, batch, offset, hlen = _PART.unpack_from(body, 1)
-        except struct.error:
-            return False
-        start = 1 + _PART.size
-        return self._add(batch, epoch, offset, body[start : start + hlen], body[start + hlen :], log_it=False)
+    def _load_part(self, key: Key, path: Path) -> None:
+        raw = path.read_bytes()
+        self._files.add(key)
+        pos = 0
+        while pos + _FRAME.size <= len(raw):
+            n, crc = _FRAME.unpack_from(raw, pos)
+            body = raw[pos + _FRAME.size : pos + _FRAME.size + n]
+            if len(body) != n or zlib.crc32(body) != crc or len(body) < _PART.size:
+                break
+            offset, hlen = _PART.unpack_from(body)
+            start = _PART.size
+            if not self._add(key, offset, body[start : start + hlen], body[start + hlen :], log_it=False):
+                break
+            pos += _FRAME.size + n
+        if pos != len(raw):
+            log.warning("zone router: %s ends in %d bytes that were never synced; cut off", path, len(raw) - pos)
+            with path.open("r+b") as f:
+                f.truncate(pos)
+                os.fsync(f.fileno())
+
+    def clear(self) -> None:
+        """Forget the stream's tail and its fence, and delete the directory (the stream was deleted, or the
+        directory is of an earlier stream of that name)."""
+        with self._lock:
+            self.held, self.min_epoch, self._pending, self._files, self._gone = {}, 0, {}, set(), set()
+            if self.path.exists():
+                shutil.rmtree(self.path, ignore_errors=True)
+                fsync_dir(self.path.parent)
 
 
 def load_all(directory: Path) -> dict[str, HeldTail]:

@@ -356,4 +356,5 @@ class Reader:
 
     def info(self) -> dict[str, Any]:
         return {**self.stats, "requests": len(self.reqs), "held_bytes": sum(len(h) for h in self.held.values()),
+                "held_files": {n: {"bytes": len(h), **h.stats} for n, h in sorted(self.held.items())},
                 "snapshots": {n: s.info() for n, s in sorted(self.snapshots.items())}}

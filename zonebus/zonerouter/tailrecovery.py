@@ -91,7 +91,8 @@ class TailRecovery:
         self._cctx = zstandard.ZstdCompressor(level=3)
         self._dctx = zstandard.ZstdDecompressor()
         self.stats = {"queries": 0, "answered": 0, "recovered_bytes": 0, "waits_for_down": 0}
-        self._first_try: dict[tuple[str, int, int], float] = {}  # (stream, epoch, new epoch) -> when first tried
+        # (stream, fenced epoch) -> when a takeover first asked for its tail (each retry claims a new epoch)
+        self._first_try: dict[tuple[str, int], float] = {}
 
     def collect(self, stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
         """Worker thread (a takeover): the fenced writer's replicated records; OSError when a live member does
@@ -104,7 +105,7 @@ class TailRecovery:
 
     async def _collect(self, stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
         loop = asyncio.get_running_loop()
-        key = (stream, epoch, new_epoch)
+        key = (stream, epoch)
         first = self._first_try.setdefault(key, time.monotonic())
         down = sorted(p for p in self.members() if p not in (self.name, fenced_writer) and not self.is_live(p))
         if down and time.monotonic() - first < DOWN_WAIT:
