@@ -11,9 +11,9 @@ snapshot, so deliveries keep the leader's order (stream and consumer sequences).
 the snapshot alone; message gets (`STREAM.MSG.GET`) from the snapshot once it applied the leader's newest
 batch, which a `Sync` asks for. Acks (`+ACK`, `-NAK`, `+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and
 sent as ranges (`Acks`); an ack that asked for a reply is answered once the leader applied it.
-With a replicated tail, each snapshot keeps the tail it holds in this server's file of it (`heldtail`, under
+With a replicated tail, each snapshot keeps the tail it holds in this server's files of it (`heldtail`, under
 `tail_dir`, read back at start by `load_held`), and a new writer's tail query (`tail`) is answered with the
-longer of the snapshot's and the file's records: after a restart the file answers while no snapshot runs yet.
+longer of the snapshot's and the files' records: after a restart the files answer while no snapshot runs yet.
 Runs on the event loop.
 """
 
@@ -79,7 +79,7 @@ class Reader:
                  tail_dir: Path | None = None) -> None:
         self.objects = objects
         self.tail_dir = tail_dir  # where snapshots keep the replicated tails they hold (None: in memory only)
-        self.held: dict[str, HeldTail] = {}  # stream -> this server's file of its replicated tail
+        self.held: dict[str, HeldTail] = {}  # stream -> this server's files of its replicated tail
         self.send = send
         self.publish = publish  # (to, payload, reply, headers, shown subject)
         self.leader_of = leader_of  # stream -> its leader when that is in another zone, else None
@@ -284,12 +284,12 @@ class Reader:
         if self.tail_dir is None:
             return
         self.held = load_all(self.tail_dir)
-        for stream, held in self.held.items():  # (a snapshot and a tail query take the file's fence from it)
+        for stream, held in self.held.items():  # (a snapshot and a tail query take the fence from `held`)
             if len(held):
                 log.info("zone router: %d bytes of the replicated tail of %s held on disk", len(held), stream)
 
     def held_tail(self, stream: str) -> HeldTail | None:
-        """This server's file of `stream`'s replicated tail (None without `tail_dir`)."""
+        """This server's files of `stream`'s replicated tail (None without `tail_dir`)."""
         if self.tail_dir is None:
             return None
         held = self.held.get(stream)

@@ -11,9 +11,9 @@ the view holds (the leader's acknowledgement that this replica has them), the an
 what its proxy sent, and those that came through another proxy's RouterChannel as link records to its objects,
 read here once each: `tailrefs`), and the view keeps them until the leader stored them; `tail`
 hands them to a new writer and from then on takes nothing from older writers. The records an answer brought are
-appended to this server's file of the stream's tail (`heldtail`, `held`) and fsynced before the next poll
-reports them held (the poll is the acknowledgement), and dropped from it once stored; a new snapshot replays
-that file into its view after its first load (a restarted replica holds what it acknowledged before).
+appended to this server's files of the stream's tail (`heldtail`, `held`) and fsynced before the next poll
+reports them held (the poll is the acknowledgement), and dropped from them once stored; a new snapshot replays
+them into its view after its first load (a restarted replica holds what it acknowledged before).
 A pinned snapshot (a replica, `pinned`) never stops for idleness. `read(seqs)` waits until the view holds the
 sequences (or gives up after `WAIT`, reloading once) and returns the stored messages; `direct_get` answers a
 direct get from the view; `caught_up(batch)` waits until the view applied a batch the leader named (a sync)
@@ -80,7 +80,7 @@ class Snapshot:
         self.own: tuple[bytes, tailrefs.SentBatches] | None = None  # this server's channel and what it sent
         self.linked = tailrefs.ChannelBatches(self._channel_object)  # channel objects the tail links to
         self.refs_off_until = 0.0  # a reference could not be rebuilt: whole records until then
-        self.held: HeldTail | None = None  # this server's file of the tail: fsynced before a poll reports it
+        self.held: HeldTail | None = None  # this server's files of the tail: fsynced before a poll reports it
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
