@@ -26,8 +26,9 @@ Power loss (`powerloss`): every server's store directory is on its own `zonebus.
 the fault kills a server and drops every write to its store that was not fsynced, then mounts what survived and
 restarts it. `powerloss-all` (not in the default mix) does that to every server at once: a data centre losing
 power. With zonebus's default `zone_router_ack: replicas` a PubAck means that a server of another zone holds the
-message in memory until the stream's log object is stored (`zone_router_tier`, 5 s), so losing power everywhere
-at once loses those seconds, as losing the leader and its replicas together does (`--zone-router-ack storage`
+message until the stream's log object is stored (`zone_router_tier`, 5 s): in memory and fsynced to its own disk
+before it reports holding it (`zonebus.zonerouter.heldtail`), so the restarted servers take those seconds over
+from the replicas' disks (before that file, losing power everywhere lost them; `--zone-router-ack storage`
 acknowledges after the PUT instead); nats-server R3 with its default `sync_interval` forgets whatever it did
 not fsync, the stream itself included.
 

@@ -12,12 +12,15 @@ The replicas are the zone router's proxies of the stream (`zonebus.zonerouter`):
 its position (the batch it lacks and how many bytes of it it holds, under which writer epoch), and the answer
 carries the records since (`tail_parts`). A poll is the replica's acknowledgement (`on_replica`): once `tier_acks`
 replicas of this writer's epoch hold a record, the PubAcks of the messages up to it go out and consumers see
-them (`visible_seq`). When fewer replicas are fresh (none polled within `REPLICA_FRESH` seconds), the writer
-falls back to the storage rule: the open batch is sealed at once and acks wait for its PUT, as without a tail.
+them (`visible_seq`). A replica fsyncs what it holds to its own disk before its poll reports it
+(`zonebus.zonerouter.heldtail`), so a PubAck survives every server losing power at once. When fewer replicas
+are fresh (none polled within `REPLICA_FRESH` seconds), the writer falls back to the storage rule: the open
+batch is sealed at once and acks wait for its PUT, as without a tail.
 
 A new writer recovers the tail of the writer it fences from the replicas (`sharedfence`, `tail_source`), so a
-kill of the leader loses nothing acknowledged; a replica that gave its tail to a new writer accepts nothing more
-from the old one (`zonebus.zonerouter.snapshot`).
+kill of the leader loses nothing acknowledged (nor a power loss everywhere: restarted replicas answer from their
+disks); a replica that gave its tail to a new writer accepts nothing more from the old one, a fence it keeps on
+disk too (`zonebus.zonerouter.snapshot`, `heldtail`).
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ snapshot, so deliveries keep the leader's order (stream and consumer sequences).
 the snapshot alone; message gets (`STREAM.MSG.GET`) from the snapshot once it applied the leader's newest
 batch, which a `Sync` asks for. Acks (`+ACK`, `-NAK`, `+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and
 sent as ranges (`Acks`); an ack that asked for a reply is answered once the leader applied it.
+With a replicated tail, each snapshot keeps the tail it holds in this server's files of it (`heldtail`, under
+`tail_dir`, read back at start by `load_held`), and a new writer's tail query (`tail`) is answered with the
+longer of the snapshot's and the files' records: after a restart the files answer while no snapshot runs yet.
 Runs on the event loop.
 """
 
@@ -23,11 +26,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream.pull import parse_request
 from zonebus.zonerouter import readframes as rf
+from zonebus.zonerouter.heldtail import HeldTail, load_all
 from zonebus.zonerouter.snapshot import Snapshot
 from zonebus.zonerouter.tailrefs import SentBatches
 
@@ -70,8 +75,11 @@ class Reader:
     def __init__(self, objects: ObjectStore, send: Callable[[str, bytes], bool],
                  publish: Callable[[str, bytes, str | None, bytes | None, str | None], None],
                  leader_of: Callable[[str], str | None],
-                 to_leader: Callable[[str, str, str, bytes | None, bytes], None] | None = None) -> None:
+                 to_leader: Callable[[str, str, str, bytes | None, bytes], None] | None = None,
+                 tail_dir: Path | None = None) -> None:
         self.objects = objects
+        self.tail_dir = tail_dir  # where snapshots keep the replicated tails they hold (None: in memory only)
+        self.held: dict[str, HeldTail] = {}  # stream -> this server's files of its replicated tail
         self.send = send
         self.publish = publish  # (to, payload, reply, headers, shown subject)
         self.leader_of = leader_of  # stream -> its leader when that is in another zone, else None
@@ -97,7 +105,8 @@ class Reader:
         if snap is None or snap._task is None or snap._task.done():
             snap = self.snapshots[stream] = Snapshot(self.objects, stream, lambda: self.leader_of(stream),
                                                      self.send)
-            snap.min_epoch = self.min_epochs.get(stream, 0)
+            snap.held = self.held_tail(stream)
+            snap.min_epoch = max(self.min_epochs.get(stream, 0), snap.held.min_epoch if snap.held else 0)
             snap.own = self.own
             snap.start()
         snap.used = time.monotonic()
@@ -270,13 +279,54 @@ class Reader:
             self.publish(reply, b"", None, None, None)
 
     # -- housekeeping --------------------------------------------------------------------------------
+    def load_held(self) -> None:
+        """Blocking (at start): the tails this server held on disk, and the epoch fences they carry."""
+        if self.tail_dir is None:
+            return
+        self.held = load_all(self.tail_dir)
+        for stream, held in self.held.items():  # (a snapshot and a tail query take the fence from `held`)
+            if len(held):
+                log.info("zone router: %d bytes of the replicated tail of %s held on disk", len(held), stream)
+
+    def held_tail(self, stream: str) -> HeldTail | None:
+        """This server's files of `stream`'s replicated tail (None without `tail_dir`)."""
+        if self.tail_dir is None:
+            return None
+        held = self.held.get(stream)
+        if held is None:
+            held = self.held[stream] = HeldTail.for_stream(self.tail_dir, stream)
+        return held
+
+    async def forget_tail(self, stream: str) -> None:
+        """`stream` was deleted: its held tail and its fence go (a stream created anew starts at epoch 1)."""
+        self.min_epochs.pop(stream, None)
+        held = self.held.pop(stream, None)
+        snap = self.snapshots.get(stream)
+        if snap is not None:
+            snap.held, snap.min_epoch = None, 0
+        if held is not None:
+            await asyncio.to_thread(held.clear)
+
     def tail(self, stream: str, epoch: int, batch: int, new_epoch: int) -> asyncio.Future | None:
         """A new writer of `stream` asks for the replicated tail of writer `epoch` (`tailrecovery`)."""
         self.min_epochs[stream] = max(self.min_epochs.get(stream, 0), new_epoch)
         snap = self.snapshots.get(stream)
-        if snap is None:
+        if snap is not None:
+            snap.min_epoch = max(snap.min_epoch, new_epoch)
+        held = self.held_tail(stream)
+        if snap is None and held is None:
             return None
-        return asyncio.ensure_future(snap.tail(epoch, batch, new_epoch))
+        return asyncio.ensure_future(self._tail(snap, held, epoch, batch, new_epoch))
+
+    async def _tail(self, snap: Snapshot | None, held: HeldTail | None, epoch: int, batch: int,
+                    new_epoch: int) -> bytes:
+        """The longer of the snapshot's and the file's records (each a prefix of the same log), once the fence
+        is on disk."""
+        if held is not None:
+            await asyncio.to_thread(held.fence, new_epoch)
+        got = await snap.tail(epoch, batch, new_epoch) if snap is not None else b""
+        disk = await asyncio.to_thread(held.records, epoch, batch) if held is not None else b""
+        return disk if len(disk) > len(got) else got
 
     def leader_down(self, leader: str) -> None:
         for rid, req in list(self.reqs.items()):
@@ -305,5 +355,6 @@ class Reader:
                     await lane.task
 
     def info(self) -> dict[str, Any]:
-        return {**self.stats, "requests": len(self.reqs),
+        return {**self.stats, "requests": len(self.reqs), "held_bytes": sum(len(h) for h in self.held.values()),
+                "held_files": {n: {"bytes": len(h), **h.stats} for n, h in sorted(self.held.items())},
                 "snapshots": {n: s.info() for n, s in sorted(self.snapshots.items())}}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import zstandard
@@ -53,6 +54,7 @@ PULL_PREFIX = "$JS.API.CONSUMER.MSG.NEXT."
 MSG_GET_PREFIX = "$JS.API.STREAM.MSG.GET."
 ACK_PREFIX = "$JS.ACK."
 DIRECT_PREFIX = direct.PREFIX
+TAIL_DIR = "zone-router-tail"  # under <store_dir>/jetstream: the replicated tails this server holds (`heldtail`)
 
 
 class ZoneRouter:
@@ -125,7 +127,11 @@ class ZoneRouter:
                                   self._live_servers)
         self.epochs.meta = self.meta
         self._epoch_task = asyncio.get_running_loop().create_task(self._epoch_loop())
-        self.reader = Reader(store, self._send, self._publish, self._foreign_leader, self._msg_get_to_leader)
+        # with a replicated tail this server's snapshots keep what they hold of it on its disk (`heldtail`)
+        tail_dir = Path(self.js.svc.root).parent / TAIL_DIR if self.tiered else None
+        self.reader = Reader(store, self._send, self._publish, self._foreign_leader, self._msg_get_to_leader,
+                             tail_dir)
+        await asyncio.to_thread(self.reader.load_held)
         if self.proxy.sent is not None:
             self.reader.own = (self.channel.id, self.proxy.sent)
         self.tails = TailRecovery(self.name, self.link.send, self._members, self._is_live, self.reader.tail)
@@ -167,6 +173,10 @@ class ZoneRouter:
             self.recompute()
         elif change.kind == "stream":
             self._forget_routes()
+            if change.after is None and self.reader is not None:  # deleted: its held tail and fence go too
+                task = asyncio.get_running_loop().create_task(self.reader.forget_tail(change.key))
+                self._bg.add(task)
+                task.add_done_callback(self._bg.discard)
         elif change.kind == "route_epoch" and self.epochs is not None and self.channel is not None:
             self.channel.next_epoch(self.epochs.current)  # new batches carry the new epoch at once
 

@@ -10,11 +10,14 @@ the view holds (the leader's acknowledgement that this replica has them), the an
 (decompressed with one zstd stream per leader; the records this server published come back as references to
 what its proxy sent, and those that came through another proxy's RouterChannel as link records to its objects,
 read here once each: `tailrefs`), and the view keeps them until the leader stored them; `tail`
-hands them to a new writer and from then on takes nothing from older writers. A pinned snapshot (a replica,
-`pinned`) never stops for idleness. `read(seqs)` waits until the view holds the sequences (or gives up after
-`WAIT`, reloading once) and returns the stored messages; `direct_get` answers a direct get from the view;
-`caught_up(batch)` waits until the view applied a batch the leader named (a sync) and `msg_get` answers a
-`STREAM.MSG.GET` from the view. The loop stops after `IDLE` seconds without use.
+hands them to a new writer and from then on takes nothing from older writers. The records an answer brought are
+appended to this server's files of the stream's tail (`heldtail`, `held`) and fsynced before the next poll
+reports them held (the poll is the acknowledgement), and dropped from them once stored; a new snapshot replays
+them into its view after its first load (a restarted replica holds what it acknowledged before).
+A pinned snapshot (a replica, `pinned`) never stops for idleness. `read(seqs)` waits until the view holds the
+sequences (or gives up after `WAIT`, reloading once) and returns the stored messages; `direct_get` answers a
+direct get from the view; `caught_up(batch)` waits until the view applied a batch the leader named (a sync)
+and `msg_get` answers a `STREAM.MSG.GET` from the view. The loop stops after `IDLE` seconds without use.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from zonebus.stream.api import JSApi
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter import tailrefs
 from zonebus.zonerouter.channel import object_key
+from zonebus.zonerouter.heldtail import HeldTail
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ class Snapshot:
         self.own: tuple[bytes, tailrefs.SentBatches] | None = None  # this server's channel and what it sent
         self.linked = tailrefs.ChannelBatches(self._channel_object)  # channel objects the tail links to
         self.refs_off_until = 0.0  # a reference could not be rebuilt: whole records until then
+        self.held: HeldTail | None = None  # this server's files of the tail: fsynced before a poll reports it
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -100,6 +105,7 @@ class Snapshot:
         while True:
             try:
                 await self._in_thread(self._reload)
+                await self._in_thread(self._replay_held)
                 break
             except Exception as exc:  # the store may be briefly unreachable: try again
                 log.warning("zone router: loading the snapshot of %s failed: %r", self.stream, exc)
@@ -145,6 +151,30 @@ class Snapshot:
         self.stats["reloads"] += 1
         self._note()
 
+    def _replay_held(self) -> None:
+        """After the first load: the tail this server held on disk (it acknowledged it, maybe before a restart)
+        continues the view where it is of the writer the view follows, not of one a newer writer fenced."""
+        if self.held is None or not self.held.top_epoch():
+            return
+        view = self.view
+        claimed = view.list().max_claim()
+        if self.held.top_epoch() > claimed:  # epochs start again at 1 for a stream created anew under the name
+            log.warning("zone router: the held tail of %s names epoch %d, above every claim of the stream (%d): "
+                        "it is of a deleted stream of that name; dropped", self.stream, self.held.top_epoch(),
+                        claimed)
+            self.held.clear()
+            self.min_epoch = min(self.min_epoch, claimed)
+            return
+        for b, e, header, data in self.held.entries():
+            if e < max(self.min_epoch, view.top_epoch) or b != view.next_batch:
+                continue
+            try:
+                view.apply_part(b, e, L.BATCH_HDR_LEN, header, data)
+            except L.LayoutError as exc:
+                log.warning("zone router: the held tail of %s does not fit its view: %s", self.stream, exc)
+                break
+        self._note()
+
     def _note(self) -> None:
         self.last_seq = self.view.index.last_seq
         self.next_batch = self.view.next_batch
@@ -184,12 +214,15 @@ class Snapshot:
                 self._reload()
                 return
             self.stats["batches"] += 1
-        if snap.batches:
-            view.stored(snap.batches[-1][0])
-        if snap.stored:
-            view.stored(snap.stored)
+        stored = max(snap.batches[-1][0] if snap.batches else 0, snap.stored)
+        if stored:
+            view.stored(stored)
+            if self.held is not None:
+                self.held.drop(stored)
         if snap.parts:
             self._apply_parts(snap)
+        if self.held is not None:
+            self.held.sync()  # durable before the next poll says the view holds it
         self._note()
 
     def _channel_object(self, channel: bytes, epoch: int, offset: int) -> bytes:
@@ -221,6 +254,8 @@ class Snapshot:
             if not view.apply_part(b, e, off, header, chunk):
                 self.gen = 0  # the leader's idea of this view is off: it starts over from the view's position
                 return
+            if self.held is not None:
+                self.held.add(b, e, off, header, chunk)
 
     async def tail(self, epoch: int, batch: int, new_epoch: int) -> bytes:
         """A new writer (`new_epoch`) takes the stream over: the records of writer `epoch`'s batches from `batch`

@@ -8,7 +8,10 @@ records of the old writer's batches from the first one missing in the store, and
 (each replica holds a prefix of the same log). A member asked stops taking that writer's records before it
 answers, so nothing the old writer acknowledges later is missed. A live member that does not answer within
 `WAIT` fails the takeover with an OSError (the takeover is retried while this server still leads the stream):
-it may hold an acknowledged record.
+it may hold an acknowledged record. So does a member that is down, for `DOWN_WAIT` seconds from the first
+attempt: replicas keep the tail on their disks (`heldtail`), and after every server lost power at once the
+new writer may be up before the replica that holds the tail; past that wait a member still down is left out
+(as before: a takeover does not stall for good on a server that is gone).
 
 Frames on the `zr` link channel (after `records`' 4-byte head):
 - 15 tail query (new leader -> member): query id u64, stream, fenced epoch u64, batch u64, new epoch u64;
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -31,6 +35,7 @@ log = logging.getLogger(__name__)
 
 TAILQ, TAIL = 15, 16
 WAIT = 5.0  # seconds the new leader waits for every live member's answer
+DOWN_WAIT = 15.0  # seconds from a takeover's first attempt during which a member that is down fails it
 _Q = struct.Struct("!QQQQ")
 _U16 = struct.Struct("!H")
 _U64 = struct.Struct("!Q")
@@ -85,7 +90,9 @@ class TailRecovery:
         self._waiting: dict[int, asyncio.Future] = {}
         self._cctx = zstandard.ZstdCompressor(level=3)
         self._dctx = zstandard.ZstdDecompressor()
-        self.stats = {"queries": 0, "answered": 0, "recovered_bytes": 0}
+        self.stats = {"queries": 0, "answered": 0, "recovered_bytes": 0, "waits_for_down": 0}
+        # (stream, fenced epoch) -> when a takeover first asked for its tail (each retry claims a new epoch)
+        self._first_try: dict[tuple[str, int], float] = {}
 
     def collect(self, stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
         """Worker thread (a takeover): the fenced writer's replicated records; OSError when a live member does
@@ -98,6 +105,16 @@ class TailRecovery:
 
     async def _collect(self, stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
         loop = asyncio.get_running_loop()
+        key = (stream, epoch)
+        first = self._first_try.setdefault(key, time.monotonic())
+        down = sorted(p for p in self.members() if p not in (self.name, fenced_writer) and not self.is_live(p))
+        if down and time.monotonic() - first < DOWN_WAIT:
+            self.stats["waits_for_down"] += 1
+            raise OSError(f"zone router: waiting for {', '.join(down)} (down), which may hold the tail of {stream}")
+        if down:
+            log.warning("zone router: stream %s: taking epoch %d's tail over without %s (down for %.0f s)", stream,
+                        epoch, ", ".join(down), DOWN_WAIT)
+        self._first_try.pop(key, None)
         asked: dict[str, asyncio.Future] = {}
         for peer in self.members():
             if peer in (self.name, fenced_writer) or not self.is_live(peer):
