@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import random
 import secrets
 import ssl
@@ -48,13 +49,14 @@ from urllib.parse import unquote, urlsplit
 from zonebus import SERVER_VERSION
 from zonebus.credentials import read_creds, sign
 from zonebus.leaf.connection import LDS_PREFIX, MIN_VERSION_REJECTED, LeafConnection
+from zonebus.leaf.websocket import WebSocketDialError, dial_websocket
 from zonebus.link import Backoff
 from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
 from zonebus.protocol.jsdomain import leaf_deny
-from zonebus.protocol.urls import advertised_address, leaf_url
+from zonebus.protocol.urls import advertised_address, is_ws_url, leaf_url
 from zonebus.protocol.versions import version_at_least, version_components
 from zonebus.server.connection import LEAF, ROUTE
 from zonebus.server.tls import client_context, server_context
@@ -106,6 +108,7 @@ class LeafManager:
                 what="leafnodes")
             warn_open_port(server, "leafnodes", opts.host, bool(opts.user or opts.nkey), opts.tls)
             server.log(f"Listening for leafnode connections on {self.url}")
+            server.websocket_leaf = self.accept_websocket  # (leaf nodes on the WebSocket port too, as nats-server)
             self.advertised = self.url
             if opts.advertise:
                 try:
@@ -117,6 +120,11 @@ class LeafManager:
             self._told_urls = self.leafnode_urls()
             if self.cluster is not None and not opts.no_advertise:
                 self.cluster.set_info_extra("leafnode_urls", [self.advertised])
+        for remote in opts.remotes:
+            if len({is_ws_url(u) for u in remote.urls}) > 1:  # (nats-server checks it at start, not with -t)
+                shown = " ".join(json.dumps(u) for u in remote.urls)
+                raise LeafConfigError(f"remote leaf node configuration cannot have a mix of websocket and "
+                                      f"non-websocket urls: [{shown}]")
         for remote in opts.remotes:
             if remote.disabled:  # (configured, never dialled: nats-server's `disabled`)
                 server.log(f"leafnode remote {remote.urls[0]} is disabled")
@@ -132,12 +140,20 @@ class LeafManager:
 
     async def stop(self) -> None:
         self._running = False
+        self.server.websocket_leaf = None
         for task in self._tasks:
             task.cancel()
         if self._listener is not None:
             self._listener.close()
         for conn in list(self.connections.values()):
             conn.close()
+
+    def accept_websocket(self, compressed: bool) -> LeafConnection:
+        """A leaf node upgraded on the WebSocket port (`zonebus.server.websocket`): its connection, accepted as
+        on the leafnode port, in frames (`compressed`: permessage-deflate, so no link compression)."""
+        conn = LeafConnection(self, False, self.server.global_account)
+        conn.websocket, conn.ws_compressed = True, compressed
+        return conn
 
     # -- the cluster and the URLs told to leaf nodes ------------------------------------------------------
     def join_cluster(self, cluster: ClusterManager) -> None:
@@ -162,7 +178,7 @@ class LeafManager:
         self._told_urls = urls
         info = self._base_info()
         for conn in self.connections.values():
-            if not conn.spoke and not conn.closed:
+            if not conn.solicited and not conn.closed:
                 conn.send_json(b"INFO", info)
 
     # -- the handshake ---------------------------------------------------------------------------------
@@ -215,7 +231,7 @@ class LeafManager:
         """The leaf's CONNECT (nats-server's fields)."""
         server = self.server
         fields: dict[str, Any] = {
-            "version": SERVER_VERSION, "server_id": server.server_id, "name": server.name, "hub": False,
+            "version": SERVER_VERSION, "server_id": server.server_id, "name": server.name,
             "headers": True, "remote_account": conn.bound.display, "protocol": 1, "tags": server.opts.server_tags,
         }
         user, password = conn.login
@@ -231,6 +247,8 @@ class LeafManager:
             fields["domain"] = self._js_domain()  # (the hub's JetStream domain rules: zonebus.stream.domain)
         if conn.remote is not None and conn.remote.deny_imports:
             fields["deny_pub"] = list(conn.remote.deny_imports)  # the hub sends nothing on these
+        if conn.remote is not None and conn.remote.hub:
+            fields["is_hub"] = True  # this side is the hub of the link (nats-server's field, left out when false)
         if conn.remote is not None and conn.remote.request_isolation:
             fields["isolate"] = True  # the hub tells this link no other leaf's interest
         return fields
@@ -257,7 +275,7 @@ class LeafManager:
     def go_live(self, conn: LeafConnection) -> bool:
         """The handshake is done: messages may flow, each side tells the other its interest (a hub first
         answers the CONNECT with its `connect_info` INFO)."""
-        if not conn.spoke:
+        if not conn.solicited:
             self._send_connect_info(conn)
         conn.established = True
         conn.msgs_in = True
@@ -357,9 +375,21 @@ class LeafManager:
             host, port = leaf_url(url)
             parts = urlsplit(url if "://" in url else f"nats-leaf://{url}")
             login = (unquote(parts.username or ""), unquote(parts.password or ""))
+            make = functools.partial(LeafConnection, self, True, account, url, login, remote)
             try:
-                conn = await dial(server, functools.partial(LeafConnection, self, True, account, url, login,
-                                                            remote), host, port)
+                if is_ws_url(url):  # (zonebus.leaf.websocket: the upgrade, then the link in frames)
+                    tls = remote.tls is not None or url.lower().startswith("wss")
+                    conn = await dial_websocket(server, url, remote, make,
+                                                self.remote_tls_context(remote.tls) if tls else None,
+                                                remote.first_info_timeout)
+                else:
+                    conn = await dial(server, make, host, port)
+            except WebSocketDialError as exc:
+                failures = backoff.failed()
+                if should_report(server.opts, connected, failures):
+                    self.log_error(f"Error soliciting websocket connection: {exc}")
+                await backoff.wait()
+                continue
             except OSError as exc:
                 failures = backoff.failed()
                 if should_report(server.opts, connected, failures):
