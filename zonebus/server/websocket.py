@@ -16,8 +16,9 @@ socket. Each accepted connection is a `WebSocketSession` (the socket's asyncio p
    its parser as if it had come from a TCP socket.
 3. an upgrade whose path ends in `/leafnode` is a leaf node (nats-server's leafNodeWSPath): the server's
    `websocket_leaf` hook (zonebus.leaf, present when `leafnodes {}` listens) makes its leaf connection on the
-   `FramedTransport` instead of a client; a leaf asking `Nats-No-Masking: true` is answered with the same header
-   and its frames are read unmasked (`LinkServerProtocol`). Without the hook: on a worker process that does not
+   `FramedTransport` instead of a client. An upgrade asking `Nats-No-Masking: true` (a leaf's `ws_no_masking`;
+   nats-server agrees to any connection's) is answered with the same header and its frames are read unmasked
+   (`LinkServerProtocol`). Without the hook: on a worker process that does not
    hold the leaf nodes, the `websocket_leaf_elsewhere` hook (zonebus.workers) hands the socket, with the
    request's bytes, to the worker that does (not over TLS: refused with a 503 there, the leaf dials again);
    elsewhere the 101 is sent and the socket closed, as nats-server does when it has no leafnode port.
@@ -60,7 +61,7 @@ NO_MASKING_HEADER = "Nats-No-Masking"  # a leaf's request (and the server's cons
 
 
 class LinkServerProtocol(ServerProtocol):
-    """websockets' server side, able to read a leaf's frames unmasked once it asked (`Nats-No-Masking`): the
+    """websockets' server side, able to read a peer's frames unmasked once it asked (`Nats-No-Masking`): the
     library reads unmasked frames only on its client side, so `read_unmasked` turns the side over for the
     reader, while `send_frame` keeps writing as a server does (never masked)."""
 
@@ -258,7 +259,7 @@ class WebSocketSession(asyncio.Protocol):
             return
         response = self.ws.accept(request)
         wso = server.opts.websocket
-        no_masking = leaf and request.headers.get(NO_MASKING_HEADER, "") == "true"
+        no_masking = request.headers.get(NO_MASKING_HEADER, "") == "true"  # (any kind, as nats-server)
         if response.status_code == 101:
             if no_masking:
                 response.headers[NO_MASKING_HEADER] = "true"
