@@ -139,6 +139,10 @@ class RemoteLeafOptions:
     hub: bool = False  # this server dials but takes the hub role on the link (the CONNECT says `is_hub: true`)
     ws_compression: bool = False  # ws:// URLs: ask the hub for permessage-deflate
     ws_no_masking: bool = False  # ws:// URLs: ask the hub to take this side's frames unmasked
+    # jetstream_cluster_migrate: while this remote cannot be dialled, this server leads none of its account's
+    # replicated streams (from a reconnect interval after a failed dial; `leader_migrate_delay`: that long after)
+    js_cluster_migrate: bool = False
+    js_cluster_migrate_delay: float = 0.0
 
 
 @dataclass

@@ -130,7 +130,27 @@ _LEAFNODE_REMOTE_HANDLERS: dict[str, Handler] = {
     "websocket_compression": bool_field("ws_compression"),
     "ws_no_masking": bool_field("ws_no_masking"),
     "websocket_no_masking": bool_field("ws_no_masking"),
+    "jetstream_cluster_migrate": lambda r, v, e: _js_migrate(r, v),
+    "js_cluster_migrate": lambda r, v, e: _js_migrate(r, v),
 }
+
+
+_GO_TYPES = {"string": "string", "integer": "int64", "float": "float64", "array": "[]interface {}"}
+
+
+def _js_migrate(r: RemoteLeafOptions, v: Value) -> None:
+    """nats-server's `jetstream_cluster_migrate`: a boolean, or a map (on) whose `leader_migrate_delay` is a
+    duration (its other keys are not read, as nats-server)."""
+    if v.kind == "bool":
+        r.js_cluster_migrate = bool(v.value)
+    elif v.kind == "map":
+        r.js_cluster_migrate = True
+        for key, x in v.value.items():
+            if key == "leader_migrate_delay":
+                r.js_cluster_migrate_delay = get_duration(x)
+    else:
+        raise BadValue(f"Expected boolean or map for jetstream_cluster_migrate, got {_GO_TYPES.get(v.kind, v.kind)}",
+                       v)
 
 
 def _remotes(opts: ServerOptions, v: Value, errors: Errors) -> None:

@@ -19,10 +19,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "trusted": "operator JWT (decentralised) authentication",
         "ocsp": "OCSP stapling",
     },
-    "leafnode_remote": {
-        "jetstream_cluster_migrate": "JetStream over leaf nodes",
-        "js_cluster_migrate": "JetStream over leaf nodes",
-    },
     "jetstream": {
         "encryption": "JetStream encryption at rest",
         "cipher": "JetStream encryption at rest",

@@ -43,12 +43,14 @@ import json
 import random
 import secrets
 import ssl
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from zonebus import SERVER_VERSION
 from zonebus.credentials import read_creds, sign
 from zonebus.leaf.connection import LDS_PREFIX, MIN_VERSION_REJECTED, LeafConnection
+from zonebus.leaf.jsmigrate import LeaderMigration
 from zonebus.leaf.websocket import WebSocketDialError, dial_websocket
 from zonebus.link import Backoff
 from zonebus.link.compression import offer_fields
@@ -91,6 +93,10 @@ class LeafManager:
         self._running = False
         self._lds: dict[bytes, bytes] = {}  # account name -> its loop-detection subject
         self._server_ctx: ssl.SSLContext | None = None
+        # jetstream_cluster_migrate: (account, on) -> the clustered JetStream of that account ("" = global) leads
+        # none of its replicated streams while on (set by zonebus.node; zonebus.leaf.jsmigrate)
+        self.jetstream_observer: Callable[[str, bool], None] | None = None
+        self._migrations: list[LeaderMigration] = []
 
     # -- lifecycle (an Extension) ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,6 +149,8 @@ class LeafManager:
         self.server.websocket_leaf = None
         for task in self._tasks:
             task.cancel()
+        for migration in self._migrations:
+            migration.stop()
         if self._listener is not None:
             self._listener.close()
         for conn in list(self.connections.values()):
@@ -369,6 +377,11 @@ class LeafManager:
         urls = list(remote.urls)
         if not remote.no_randomize:
             random.shuffle(urls)
+        migration = None
+        if remote.js_cluster_migrate:  # (zonebus.leaf.jsmigrate)
+            name = "" if account is server.global_account else account.display
+            migration = LeaderMigration(server.loop, name, remote.js_cluster_migrate_delay, self.jetstream_observer)
+            self._migrations.append(migration)
         while self._running:
             url = urls[attempt % len(urls)]
             attempt += 1
@@ -384,19 +397,21 @@ class LeafManager:
                                                 remote.first_info_timeout)
                 else:
                     conn = await dial(server, make, host, port)
-            except WebSocketDialError as exc:
-                failures = backoff.failed()
-                if should_report(server.opts, connected, failures):
-                    self.log_error(f"Error soliciting websocket connection: {exc}")
-                await backoff.wait()
-                continue
             except OSError as exc:
                 failures = backoff.failed()
                 if should_report(server.opts, connected, failures):
-                    self.log_error(f"Error trying to connect as leafnode to remote server \"{host}:{port}\" "
-                                   f"(attempt {failures}): {dial_error(host, port, exc)}")
+                    ws = isinstance(exc, WebSocketDialError)  # (the upgrade was refused: nats-server's words)
+                    self.log_error(f"Error soliciting websocket connection: {exc}" if ws
+                                   else f"Error trying to connect as leafnode to remote server \"{host}:{port}\" "
+                                        f"(attempt {failures}): {dial_error(host, port, exc)}")
+                if migration is not None:
+                    migration.dial_failed()
                 await backoff.wait()
+                if migration is not None:
+                    migration.still_down()
                 continue
+            if migration is not None:
+                migration.connected()
             assert isinstance(conn, LeafConnection)
             await conn.closed_future
             if conn.loop_detected:
