@@ -26,6 +26,7 @@ from zonebus.localservers import free_port
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, nats_server_binary, start_parallel, stop_all
 from zonebus.testing.tally import settled, until_received
+from zonebus.testing.tlscerts import CertFiles, TestCA
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -93,6 +94,34 @@ def test_leaf_over_websocket(hub_impl: str, leaf_impl: str, extra: str) -> None:
         assert (on_hub["is_spoke"], on_leaf["is_spoke"]) == (False, True)
         assert (on_hub["name"], on_leaf["name"]) == ("spoke", "hub")
         asyncio.run(_traffic(hub, leaf))
+    finally:
+        stop_all([leaf, hub])
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> tuple[TestCA, CertFiles]:
+    ca = TestCA(tmp_path_factory.mktemp("wsleafpki"))
+    return ca, ca.server_cert()
+
+
+@pytest.mark.parametrize("hub_impl, leaf_impl", PAIRS)
+def test_leaf_over_secure_websocket(hub_impl: str, leaf_impl: str, pki: tuple[TestCA, CertFiles]) -> None:
+    """`wss://` with the remote's `tls {}` (its CA) to a hub whose WebSocket listener has TLS. A zonebus hub of
+    two workers: an upgrade that reaches worker 1 gets a 503 (its TLS session cannot move), the leaf dials
+    again until it reaches worker 0."""
+    ca, cert = pki
+    ws = free_port()
+    hub = ServerProcess(hub_impl, http_port=free_port(), config=(
+        f'server_name: hub\nleafnodes {{ listen: "127.0.0.1:{free_port()}" }}\n'
+        f'websocket {{ listen: "127.0.0.1:{ws}", tls {{ cert_file: "{cert.cert}", key_file: "{cert.key}" }} }}\n'))
+    leaf = ServerProcess(leaf_impl, http_port=free_port(), config=(
+        f'server_name: spoke\nleafnodes {{ reconnect: "0.2s", remotes: [{{ url: "wss://127.0.0.1:{ws}", '
+        f'tls {{ ca_file: "{ca.ca_file}" }} }}] }}\n'))
+    start_parallel([hub, leaf])
+    try:
+        on_hub, on_leaf = _link(hub), _link(leaf)
+        assert on_hub.get("websocket") is True and on_leaf.get("websocket") is True, (on_hub, on_leaf)
+        asyncio.run(_traffic(hub, leaf, n=5))
     finally:
         stop_all([leaf, hub])
 

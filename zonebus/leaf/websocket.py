@@ -166,5 +166,6 @@ async def dial_websocket(server: Server, url: str, remote: RemoteLeafOptions, ma
     try:
         return await asyncio.wait_for(asyncio.shield(session.upgraded), max(timeout, 0.1))
     except TimeoutError:
+        session.upgraded.cancel()  # (nobody waits for it any more)
         session.raw.abort()
         raise WebSocketDialError("invalid websocket connection (no answer to the upgrade in time)") from None
