@@ -19,6 +19,13 @@
 - JetStream domains (`zonebus.stream.domain`): each side tells its domain (INFO / CONNECT `domain`); when either
   has one, the link denies `$JS.API.>`, `$KV.>`, `$OBJ.>` both ways (and this server's own `$JS.<domain>.API.>`
   outgoing), set in `go_live` before any interest is told, as nats-server's addLeafNodeConnection.
+- Roles: a dialled link is this server's spoke side unless the remote says `hub: true` (CONNECT `is_hub`: this
+  server is the hub); an accepted link is the hub side unless the CONNECT says `is_hub` (`LeafConnection.spoke`).
+- WebSocket (`zonebus.leaf.websocket`): a remote with `ws://` / `wss://` URLs dials the hub's WebSocket
+  listener; the listener's `/leafnode` upgrades come here (`accept_websocket`, the server's `websocket_leaf`
+  hook) when this server listens for leaf nodes. A remote mixing both kinds of URL stops the start.
+- `jetstream_cluster_migrate` (`zonebus.leaf.jsmigrate`): failed dials of such a remote tell the account's
+  clustered JetStream (`jetstream_observer`, wired by zonebus.node) to lead none of its replicated streams.
 - Loops: each account has a loop-detection subject `$LDS.<id>` this server sends on every connection; one
   that comes back closes the link with nats-server's error.
 - URLs told to leaf nodes (INFO `leafnode_urls`, what a nats-server leaf dials next): the listener's

@@ -181,6 +181,7 @@ class Migrator:
         finally:
             os.close(fd)
         transport.abort()  # (this process's descriptor only)
+        self.server.log(f"worker {self.mesh.index}: websocket leafnode connection handed to worker 0")
         return True
 
     def _hand_over(self, conn: ClientConnection, link: LocalLink, fresh: bool) -> bool:
