@@ -3,6 +3,7 @@
 - messages cross both ways, and queue groups are served on the publisher's side when they can be (a member on
   each side: each side's publisher reaches its own), with and without `ws_compression` / `ws_no_masking`;
 - `/leafz` shows `websocket: true` on both sides;
+- `wss://` with the remote's `tls {}` to a TLS WebSocket listener;
 - the hub's answer to a leaf's upgrade (path `/leafnode`): a 101 that agrees to permessage-deflate with no
   context takeover either way, and to `Nats-No-Masking`, as nats-server answers; a leaf then gets the hub's
   INFO in an unmasked frame;
