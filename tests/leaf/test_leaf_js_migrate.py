@@ -64,8 +64,7 @@ async def _scenario(servers: list[ServerProcess], hub_port: int, impl: str) -> N
         assert "s1" not in seen, seen
         hub = ServerProcess(impl, http_port=free_port(), config=(
             f'server_name: hub\nleafnodes {{ listen: "127.0.0.1:{hub_port}" }}\n'))
-        with hub:
-            hub.start()
+        with hub:  # (starts it)
             wait_until(lambda: servers[0].http_get("/leafz")["leafnodes"] == 1, "s1's leaf link")
             for _ in range(12):  # s1 is no observer now: stepdowns reach it (the others' turns, then s1's)
                 if await _leader(nc) == "s1":

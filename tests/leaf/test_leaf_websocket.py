@@ -152,8 +152,7 @@ def test_hub_answers_a_leaf_upgrade_as_nats_server(compression: bool) -> None:
     answers = {}
     for impl in ("nats", "zonebus"):
         hub, ws = _hub(impl, compression)
-        with hub:
-            hub.start()
+        with hub:  # (starts it)
             for _ in range(6):  # (zonebus: either worker may take it; worker 1 hands it to worker 0)
                 status, fields, frame = _upgrade(ws, "Sec-WebSocket-Extensions: permessage-deflate; "
                                                  "server_no_context_takeover; client_no_context_takeover\r\n"
