@@ -204,8 +204,15 @@ class Node:
                 self.clustered_js = js  # the zone router and durable queue groups work in the global account
             self.account_js.append(js)
         self.jetstream = self.meta_js
+        if self.leaf is not None:  # a leaf remote's jetstream_cluster_migrate (zonebus.leaf.jsmigrate)
+            self.leaf.jetstream_observer = self._jetstream_observer
         if self.opts.accounts:
             server.add_extension(NotEnabledAnswers(server, set(enabled)))
+
+    def _jetstream_observer(self, account: str, on: bool) -> None:
+        for js in self.account_js:
+            if js.account_name == account:
+                js.set_observer(on)
 
     @property
     def meta_js(self) -> ClusteredJetStream | None:

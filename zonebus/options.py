@@ -136,6 +136,13 @@ class RemoteLeafOptions:
     request_isolation: bool = False  # the CONNECT asks the hub not to tell this link its other leafs' interest
     # compression {}: nats-server's default for leaf nodes is s2_auto (zstd between zonebus servers)
     compression: CompressionOptions = field(default_factory=lambda: CompressionOptions(mode="s2_auto"))
+    hub: bool = False  # this server dials but takes the hub role on the link (the CONNECT says `is_hub: true`)
+    ws_compression: bool = False  # ws:// URLs: ask the hub for permessage-deflate
+    ws_no_masking: bool = False  # ws:// URLs: ask the hub to take this side's frames unmasked
+    # jetstream_cluster_migrate: while this remote cannot be dialled, this server leads none of its account's
+    # replicated streams (from a reconnect interval after a failed dial; `leader_migrate_delay`: that long after)
+    js_cluster_migrate: bool = False
+    js_cluster_migrate_delay: float = 0.0
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The `leafnodes {}` block (also spelt `leaf`): the leaf node listener and the remotes (hubs) to dial.
 
 Read onto `LeafNodeOptions` (zonebus.leaf builds the connections). nats-server's keys that zonebus does not
-build yet (WebSocket remotes, a remote that is the hub, ...) are refused by name through
-`zonebus.config.unsupported` (blocks `leafnodes` and `leafnode_remote`), never ignored. Checked here where
+build yet are refused by name through `zonebus.config.unsupported` (blocks `leafnodes` and
+`leafnode_remote`), never ignored. Checked here where
 nats-server checks at start: an `advertise` that is no `host[:port]`, a `min_version` that is no semantic
 version of 2.8.0 or later. Interest isolation (nats-server 2.12): `isolate_leafnode_interest` (`isolate`) in
 the block or in a remote, a remote's `request_isolation` (booleans; see `zonebus.leaf.manager`).
@@ -123,7 +123,34 @@ _LEAFNODE_REMOTE_HANDLERS: dict[str, Handler] = {
     "isolate_leafnode_interest": bool_field("isolate"),
     "isolate": bool_field("isolate"),
     "request_isolation": bool_field("request_isolation"),
+    "hub": bool_field("hub"),
+    "ws_compress": bool_field("ws_compression"),
+    "ws_compression": bool_field("ws_compression"),
+    "websocket_compress": bool_field("ws_compression"),
+    "websocket_compression": bool_field("ws_compression"),
+    "ws_no_masking": bool_field("ws_no_masking"),
+    "websocket_no_masking": bool_field("ws_no_masking"),
+    "jetstream_cluster_migrate": lambda r, v, e: _js_migrate(r, v),
+    "js_cluster_migrate": lambda r, v, e: _js_migrate(r, v),
 }
+
+
+_GO_TYPES = {"string": "string", "integer": "int64", "float": "float64", "array": "[]interface {}"}
+
+
+def _js_migrate(r: RemoteLeafOptions, v: Value) -> None:
+    """nats-server's `jetstream_cluster_migrate`: a boolean, or a map (on) whose `leader_migrate_delay` is a
+    duration (its other keys are not read, as nats-server)."""
+    if v.kind == "bool":
+        r.js_cluster_migrate = bool(v.value)
+    elif v.kind == "map":
+        r.js_cluster_migrate = True
+        for key, x in v.value.items():
+            if key == "leader_migrate_delay":
+                r.js_cluster_migrate_delay = get_duration(x)
+    else:
+        raise BadValue(f"Expected boolean or map for jetstream_cluster_migrate, got {_GO_TYPES.get(v.kind, v.kind)}",
+                       v)
 
 
 def _remotes(opts: ServerOptions, v: Value, errors: Errors) -> None:

@@ -19,13 +19,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "trusted": "operator JWT (decentralised) authentication",
         "ocsp": "OCSP stapling",
     },
-    "leafnode_remote": {
-        "hub": "a remote that is the hub of this server",
-        "ws_compression": "leaf node connections over WebSocket",
-        "ws_no_masking": "leaf node connections over WebSocket",
-        "jetstream_cluster_migrate": "JetStream over leaf nodes",
-        "local_is_primary": "JetStream over leaf nodes",
-    },
     "jetstream": {
         "encryption": "JetStream encryption at rest",
         "cipher": "JetStream encryption at rest",

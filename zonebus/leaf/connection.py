@@ -2,9 +2,9 @@
 
 Handshake: the hub (the accepting side) sends `INFO {json}` at once (`client_id` with `leafnode_urls` or
 `info_on_connect` tell a leaf it reached a leafnode port; a `nonce`; `compression: off` for nats-server and
-zonebus's own offer); the leaf (the dialling side, `spoke`) answers with `CONNECT {json}` (its server id and name,
+zonebus's own offer); the leaf (the dialling side, `solicited`) answers with `CONNECT {json}` (its server id and name,
 `user`/`pass` from the remote's URL, `nkey`/`jwt` and `sig` when it has keys, `deny_pub`, `remote_account`,
-`isolate` for a remote's `request_isolation`).
+`isolate` for a remote's `request_isolation`, `is_hub` for a remote's `hub`).
 On the way, as nats-server:
 - TLS (`leafnodes { tls }`, a remote's `tls`): the hub's INFO goes in the clear, then the leaf starts the
   handshake (`loop.start_tls` on both sides; nothing is written meanwhile) and the CONNECT goes over TLS;
@@ -66,7 +66,12 @@ class LeafConnection(LinkConnection):
             if remote.deny_imports:
                 self.admit = self.perms.can_receive
         self.manager = manager
-        self.spoke = solicited  # this server dialled: the peer is its hub
+        self.solicited = solicited  # this server dialled (it sends the CONNECT)
+        # the role: the peer is this side's hub; a dialled link unless the remote says `hub: true` (this side is
+        # then the hub), an accepted one whose CONNECT says `is_hub: true` (nats-server's isSpokeLeafNode)
+        self.spoke = solicited and not (remote is not None and remote.hub)
+        self.websocket = False  # the link runs in WebSocket frames (zonebus.leaf.websocket): TLS is the socket's
+        self.ws_compressed = False  # and those frames are compressed (permessage-deflate): no link compression
         # interest isolation: the peer is not told the interest of this server's other leaf connections
         # (leafnodes { isolate_leafnode_interest }, the remote's own, or the `isolate` of an accepted leaf's CONNECT)
         self.isolated = manager.opts.isolate_leafnode_interest or (remote is not None and remote.isolate)
@@ -95,20 +100,21 @@ class LeafConnection(LinkConnection):
         self.set_write_limits(self.transport)
         opts = self.manager.opts
         wait = opts.auth_timeout
-        if not self.spoke:
-            if opts.tls is None:  # (zstd with a zonebus leaf; not under TLS)
+        if not self.solicited:
+            tls = opts.tls if not self.websocket else None  # (a WebSocket link's TLS is its socket's: wss)
+            if tls is None and not self.ws_compressed:  # (zstd with a zonebus leaf; not under TLS)
                 self.enable_compression(opts.compression, nats_field=False)
             info = self.manager.info_fields(self)
-            if opts.tls is not None:  # INFO in the clear, then the leaf starts the handshake (nats-server's order)
-                wait += opts.tls.timeout
+            if tls is not None:  # INFO in the clear, then the leaf starts the handshake (nats-server's order)
+                wait += tls.timeout
                 self.transport.pause_reading()
                 self.transport.write(json_line(b"INFO", info))
                 self.upgrading = True
-                self.server.loop.create_task(self._start_tls(self.manager.server_tls_context(), opts.tls.timeout))
+                self.server.loop.create_task(self._start_tls(self.manager.server_tls_context(), tls.timeout))
             else:
                 self.send_json(b"INFO", info)
         elif self.remote is not None:
-            if self.remote.tls is None:
+            if (self.remote.tls is None or self.websocket) and not self.ws_compressed:
                 self.enable_compression(self.remote.compression, nats_field=False)
             self._info_timer = self.server.loop.call_later(self.remote.first_info_timeout, self._no_info)
             if self.remote.tls is not None:
@@ -118,7 +124,7 @@ class LeafConnection(LinkConnection):
     def before_marker(self) -> None:
         """A leaf tells a zonebus hub its compression offer (an INFO) before anything else, as nats-server's
         leaf does when it compresses; a hub offered its own in its first INFO."""
-        if self.spoke and not self._offered and self.compression is not None:
+        if self.solicited and not self._offered and self.compression is not None:
             self._offered = True
             self.send_json(b"INFO", offer_fields(self.compression.opts, nats_field=False))
 
@@ -161,7 +167,7 @@ class LeafConnection(LinkConnection):
 
     def on_info(self, info: dict[str, Any]) -> bool:
         first = self.take_identity(info)
-        if not self.spoke or not first:
+        if not self.solicited or not first:
             return True  # (a hub's later INFOs: connect_info, leafnode_urls updates)
         self.nonce = str(info.get("nonce") or "")
         self.remote_domain = str(info.get("domain") or "")
@@ -173,7 +179,8 @@ class LeafConnection(LinkConnection):
             self.close()
             return False
         tls = self.remote.tls if self.remote is not None else None
-        if tls is not None or info.get("tls_required"):  # TLS now: the hub waits for the handshake
+        # TLS now: the hub waits for the handshake (not in WebSocket frames: the socket is TLS already, if at all)
+        if not self.websocket and (tls is not None or info.get("tls_required")):
             self.transport.pause_reading()
             self.upgrading = True
             self.server.loop.create_task(self._connect_over_tls(tls))
@@ -197,7 +204,7 @@ class LeafConnection(LinkConnection):
         return self.manager.go_live(self)
 
     def on_connect(self, fields: dict[str, Any]) -> bool:
-        if self.spoke or self.established:
+        if self.solicited or self.established:
             return True
         if not self.authorized and self.manager.opts.nkey:  # leafnodes { authorization { nkey } }
             nkey = self.manager.opts.nkey
@@ -223,6 +230,8 @@ class LeafConnection(LinkConnection):
             self.perms.merge_pub_deny([str(s) for s in deny_pub if isinstance(s, str)])
         if fields.get("isolate") is True:  # the leaf's request_isolation
             self.isolated = True
+        if fields.get("is_hub") is True:  # the dialling server is the hub of this link: this side is its spoke
+            self.spoke = True
         return self.manager.go_live(self)
 
     def on_error(self, text: str) -> None:

@@ -19,6 +19,13 @@
 - JetStream domains (`zonebus.stream.domain`): each side tells its domain (INFO / CONNECT `domain`); when either
   has one, the link denies `$JS.API.>`, `$KV.>`, `$OBJ.>` both ways (and this server's own `$JS.<domain>.API.>`
   outgoing), set in `go_live` before any interest is told, as nats-server's addLeafNodeConnection.
+- Roles: a dialled link is this server's spoke side unless the remote says `hub: true` (CONNECT `is_hub`: this
+  server is the hub); an accepted link is the hub side unless the CONNECT says `is_hub` (`LeafConnection.spoke`).
+- WebSocket (`zonebus.leaf.websocket`): a remote with `ws://` / `wss://` URLs dials the hub's WebSocket
+  listener; the listener's `/leafnode` upgrades come here (`accept_websocket`, the server's `websocket_leaf`
+  hook) when this server listens for leaf nodes. A remote mixing both kinds of URL stops the start.
+- `jetstream_cluster_migrate` (`zonebus.leaf.jsmigrate`): failed dials of such a remote tell the account's
+  clustered JetStream (`jetstream_observer`, wired by zonebus.node) to lead none of its replicated streams.
 - Loops: each account has a loop-detection subject `$LDS.<id>` this server sends on every connection; one
   that comes back closes the link with nats-server's error.
 - URLs told to leaf nodes (INFO `leafnode_urls`, what a nats-server leaf dials next): the listener's
@@ -39,22 +46,26 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import random
 import secrets
 import ssl
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from zonebus import SERVER_VERSION
 from zonebus.credentials import read_creds, sign
 from zonebus.leaf.connection import LDS_PREFIX, MIN_VERSION_REJECTED, LeafConnection
+from zonebus.leaf.jsmigrate import LeaderMigration
+from zonebus.leaf.websocket import WebSocketDialError, dial_websocket
 from zonebus.link import Backoff
 from zonebus.link.compression import offer_fields
 from zonebus.link.connection import dial, listen, warn_open_port
 from zonebus.link.interest import InterestCounts
 from zonebus.link.reports import dial_error, should_report
 from zonebus.protocol.jsdomain import leaf_deny
-from zonebus.protocol.urls import advertised_address, leaf_url
+from zonebus.protocol.urls import advertised_address, is_ws_url, leaf_url
 from zonebus.protocol.versions import version_at_least, version_components
 from zonebus.server.connection import LEAF, ROUTE
 from zonebus.server.tls import client_context, server_context
@@ -89,6 +100,10 @@ class LeafManager:
         self._running = False
         self._lds: dict[bytes, bytes] = {}  # account name -> its loop-detection subject
         self._server_ctx: ssl.SSLContext | None = None
+        # jetstream_cluster_migrate: (account, on) -> the clustered JetStream of that account ("" = global) leads
+        # none of its replicated streams while on (set by zonebus.node; zonebus.leaf.jsmigrate)
+        self.jetstream_observer: Callable[[str, bool], None] | None = None
+        self._migrations: list[LeaderMigration] = []
 
     # -- lifecycle (an Extension) ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -106,6 +121,7 @@ class LeafManager:
                 what="leafnodes")
             warn_open_port(server, "leafnodes", opts.host, bool(opts.user or opts.nkey), opts.tls)
             server.log(f"Listening for leafnode connections on {self.url}")
+            server.websocket_leaf = self.accept_websocket  # (leaf nodes on the WebSocket port too, as nats-server)
             self.advertised = self.url
             if opts.advertise:
                 try:
@@ -117,6 +133,11 @@ class LeafManager:
             self._told_urls = self.leafnode_urls()
             if self.cluster is not None and not opts.no_advertise:
                 self.cluster.set_info_extra("leafnode_urls", [self.advertised])
+        for remote in opts.remotes:
+            if len({is_ws_url(u) for u in remote.urls}) > 1:  # (nats-server checks it at start, not with -t)
+                shown = " ".join(json.dumps(u) for u in remote.urls)
+                raise LeafConfigError(f"remote leaf node configuration cannot have a mix of websocket and "
+                                      f"non-websocket urls: [{shown}]")
         for remote in opts.remotes:
             if remote.disabled:  # (configured, never dialled: nats-server's `disabled`)
                 server.log(f"leafnode remote {remote.urls[0]} is disabled")
@@ -132,12 +153,22 @@ class LeafManager:
 
     async def stop(self) -> None:
         self._running = False
+        self.server.websocket_leaf = None
         for task in self._tasks:
             task.cancel()
+        for migration in self._migrations:
+            migration.stop()
         if self._listener is not None:
             self._listener.close()
         for conn in list(self.connections.values()):
             conn.close()
+
+    def accept_websocket(self, compressed: bool) -> LeafConnection:
+        """A leaf node upgraded on the WebSocket port (`zonebus.server.websocket`): its connection, accepted as
+        on the leafnode port, in frames (`compressed`: permessage-deflate, so no link compression)."""
+        conn = LeafConnection(self, False, self.server.global_account)
+        conn.websocket, conn.ws_compressed = True, compressed
+        return conn
 
     # -- the cluster and the URLs told to leaf nodes ------------------------------------------------------
     def join_cluster(self, cluster: ClusterManager) -> None:
@@ -162,7 +193,7 @@ class LeafManager:
         self._told_urls = urls
         info = self._base_info()
         for conn in self.connections.values():
-            if not conn.spoke and not conn.closed:
+            if not conn.solicited and not conn.closed:
                 conn.send_json(b"INFO", info)
 
     # -- the handshake ---------------------------------------------------------------------------------
@@ -215,7 +246,7 @@ class LeafManager:
         """The leaf's CONNECT (nats-server's fields)."""
         server = self.server
         fields: dict[str, Any] = {
-            "version": SERVER_VERSION, "server_id": server.server_id, "name": server.name, "hub": False,
+            "version": SERVER_VERSION, "server_id": server.server_id, "name": server.name,
             "headers": True, "remote_account": conn.bound.display, "protocol": 1, "tags": server.opts.server_tags,
         }
         user, password = conn.login
@@ -231,6 +262,8 @@ class LeafManager:
             fields["domain"] = self._js_domain()  # (the hub's JetStream domain rules: zonebus.stream.domain)
         if conn.remote is not None and conn.remote.deny_imports:
             fields["deny_pub"] = list(conn.remote.deny_imports)  # the hub sends nothing on these
+        if conn.remote is not None and conn.remote.hub:
+            fields["is_hub"] = True  # this side is the hub of the link (nats-server's field, left out when false)
         if conn.remote is not None and conn.remote.request_isolation:
             fields["isolate"] = True  # the hub tells this link no other leaf's interest
         return fields
@@ -257,7 +290,7 @@ class LeafManager:
     def go_live(self, conn: LeafConnection) -> bool:
         """The handshake is done: messages may flow, each side tells the other its interest (a hub first
         answers the CONNECT with its `connect_info` INFO)."""
-        if not conn.spoke:
+        if not conn.solicited:
             self._send_connect_info(conn)
         conn.established = True
         conn.msgs_in = True
@@ -351,22 +384,41 @@ class LeafManager:
         urls = list(remote.urls)
         if not remote.no_randomize:
             random.shuffle(urls)
+        migration = None
+        if remote.js_cluster_migrate:  # (zonebus.leaf.jsmigrate)
+            name = "" if account is server.global_account else account.display
+            migration = LeaderMigration(server.loop, name, remote.js_cluster_migrate_delay, self.jetstream_observer)
+            self._migrations.append(migration)
         while self._running:
             url = urls[attempt % len(urls)]
             attempt += 1
             host, port = leaf_url(url)
             parts = urlsplit(url if "://" in url else f"nats-leaf://{url}")
             login = (unquote(parts.username or ""), unquote(parts.password or ""))
+            make = functools.partial(LeafConnection, self, True, account, url, login, remote)
             try:
-                conn = await dial(server, functools.partial(LeafConnection, self, True, account, url, login,
-                                                            remote), host, port)
+                if is_ws_url(url):  # (zonebus.leaf.websocket: the upgrade, then the link in frames)
+                    tls = remote.tls is not None or url.lower().startswith("wss")
+                    conn = await dial_websocket(server, url, remote, make,
+                                                self.remote_tls_context(remote.tls) if tls else None,
+                                                remote.first_info_timeout)
+                else:
+                    conn = await dial(server, make, host, port)
             except OSError as exc:
                 failures = backoff.failed()
                 if should_report(server.opts, connected, failures):
-                    self.log_error(f"Error trying to connect as leafnode to remote server \"{host}:{port}\" "
-                                   f"(attempt {failures}): {dial_error(host, port, exc)}")
+                    ws = isinstance(exc, WebSocketDialError)  # (the upgrade was refused: nats-server's words)
+                    self.log_error(f"Error soliciting websocket connection: {exc}" if ws
+                                   else f"Error trying to connect as leafnode to remote server \"{host}:{port}\" "
+                                        f"(attempt {failures}): {dial_error(host, port, exc)}")
+                if migration is not None:
+                    migration.dial_failed()
                 await backoff.wait()
+                if migration is not None:
+                    migration.still_down()
                 continue
+            if migration is not None:
+                migration.connected()
             assert isinstance(conn, LeafConnection)
             await conn.closed_future
             if conn.loop_detected:

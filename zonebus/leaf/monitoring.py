@@ -37,6 +37,8 @@ def connection_info(conn: LeafConnection, subs: bool) -> dict[str, Any]:
     }
     zc = conn.compression
     info.update(zc.monitoring() if zc is not None and zc.negotiated else {"compression": "off"})
+    if conn.websocket:
+        info["websocket"] = True  # (nats-server 2.15 shows it on WebSocket links, both sides; left out otherwise)
     if subs:
         info["subscriptions_list"] = [subject.decode(errors="replace") for subject, _ in conn.remote_subs]
     if conn.zone:

@@ -13,13 +13,27 @@ from urllib.parse import urlsplit
 from zonebus.options import LEAF_PORT
 
 
+def is_ws_url(url: str) -> bool:
+    """A leafnode remote's URL dialled over WebSocket (`ws://`, `wss://`), as nats-server's isWSURL."""
+    return url.lower().startswith(("ws://", "wss://"))
+
+
 def leaf_url(url: str) -> tuple[str, int]:
-    """(host, port) of a remote's URL; nats-server's default leafnode port when it names none."""
+    """(host, port) of a remote's URL; nats-server's default leafnode port when it names none (80 and 443
+    for `ws://` and `wss://`, as an HTTP client)."""
     parts = urlsplit(url if "://" in url else f"nats-leaf://{url}")
     host = parts.hostname
     if not host:
         raise ValueError(f"error parsing url {url!r}: no host")
-    return host, parts.port or LEAF_PORT
+    default = {"ws": 80, "wss": 443}.get(parts.scheme.lower(), LEAF_PORT)
+    return host, parts.port or default
+
+
+def leaf_ws_path(url: str) -> str:
+    """The request path a leaf dials a WebSocket hub with: the URL's path joined with `/leafnode`, which tells
+    the hub's WebSocket listener that a leaf node connects (nats-server's leafNodeSolicitWSConnection)."""
+    path = urlsplit(url).path.strip("/")
+    return f"/{path}/leafnode" if path else "/leafnode"
 
 
 def advertised_address(text: str, default_port: int) -> str:

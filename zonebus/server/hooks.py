@@ -29,6 +29,8 @@ through the attributes below. The core calls them; it never imports them.
 | `publish_interceptor` | `PublishInterceptor` or None | every message, before delivery (durable queue groups) |
 | `admission` | `(ClientConnection) -> bool` or None | a client connects, before its INFO: False = not here (*) |
 | `pong_gate` | `(ClientConnection) -> bool` or None | a client PINGed: True = the gate sends the PONG later (**) |
+| `websocket_leaf` | `(compressed) -> connection` or None | a leaf upgraded on the WebSocket port: its connection |
+| `websocket_leaf_elsewhere` | `(transport, bytes) -> bool` or None | such a leaf, no leaf nodes here: hand it over |
 
 (*) zonebus.workers: refused over a `max_connections` counted across the worker processes, or handed to
 another process (the hook then marked the connection closed). (**) zonebus.workers: once the other worker

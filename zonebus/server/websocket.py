@@ -14,7 +14,15 @@ socket. Each accepted connection is a `WebSocketSession` (the socket's asyncio p
    writes (once per loop turn) goes out as one binary frame, compressed when the client asked and
    `compression` is on; the payload of every text, binary or continuation frame the client sends is fed to
    its parser as if it had come from a TCP socket.
-3. the block's own keys, as nats-server: `headers` are added to the 101 response; `user_cookie`,
+3. an upgrade whose path ends in `/leafnode` is a leaf node (nats-server's leafNodeWSPath): the server's
+   `websocket_leaf` hook (zonebus.leaf, present when `leafnodes {}` listens) makes its leaf connection on the
+   `FramedTransport` instead of a client. An upgrade asking `Nats-No-Masking: true` (a leaf's `ws_no_masking`;
+   nats-server agrees to any connection's) is answered with the same header and its frames are read unmasked
+   (`LinkServerProtocol`). Without the hook: on a worker process that does not
+   hold the leaf nodes, the `websocket_leaf_elsewhere` hook (zonebus.workers) hands the socket, with the
+   request's bytes, to the worker that does (not over TLS: refused with a 503 there, the leaf dials again);
+   elsewhere the 101 is sent and the socket closed, as nats-server does when it has no leafnode port.
+4. the block's own keys, as nats-server: `headers` are added to the 101 response; `user_cookie`,
    `pass_cookie` and `token_cookie` name cookies of the upgrade request that fill the CONNECT's empty
    credential fields (`cookie_fields`); its login (`authorization {}`, `no_auth_user`: the server's
    `authenticator_for`), auth timeout and `ping_interval` apply to its clients (`WebSocketClient`).
@@ -35,7 +43,7 @@ from websockets.datastructures import Headers
 from websockets.extensions.permessage_deflate import ServerPerMessageDeflateFactory
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import State
+from websockets.protocol import Side, State
 from websockets.server import ServerProtocol
 
 from zonebus.protocol.urls import origin_parts
@@ -48,6 +56,20 @@ if TYPE_CHECKING:
 
 _DATA = (Opcode.TEXT, Opcode.BINARY, Opcode.CONT)
 NORMAL_CLOSURE = 1000
+LEAF_PATH = "/leafnode"  # an upgrade path ending so is a leaf node's (nats-server's)
+NO_MASKING_HEADER = "Nats-No-Masking"  # a leaf's request (and the server's consent) to send its frames unmasked
+
+
+class LinkServerProtocol(ServerProtocol):
+    """websockets' server side, able to read a peer's frames unmasked once it asked (`Nats-No-Masking`): the
+    library reads unmasked frames only on its client side, so `read_unmasked` turns the side over for the
+    reader, while `send_frame` keeps writing as a server does (never masked)."""
+
+    def send_frame(self, frame: Frame) -> None:
+        self.writes.append(frame.serialize(mask=False, extensions=self.extensions))
+
+    def read_unmasked(self) -> None:
+        self.side = Side.CLIENT
 
 
 class WebSocketClient(ClientConnection):
@@ -145,9 +167,10 @@ class WebSocketSession(asyncio.Protocol):
         extensions = [ServerPerMessageDeflateFactory(server_no_context_takeover=True,
                                                      client_no_context_takeover=True)] if wso.compression else None
         # (no message size limit here: the client parser enforces max_control_line and max_payload)
-        self.ws = ServerProtocol(extensions=extensions, max_size=None)
+        self.ws = LinkServerProtocol(extensions=extensions, max_size=None)
         self.raw: asyncio.Transport = None  # type: ignore[assignment]
-        self.client: WebSocketClient | None = None
+        self.client: Any = None  # a WebSocketClient, or a leaf connection (zonebus.leaf)
+        self.head = bytearray()  # what came before the upgrade (handed to another worker with the socket)
         self.peer = ""
         self._timer: asyncio.TimerHandle | None = None
         self._answered = False  # the upgrade request got its HTTP response
@@ -165,6 +188,8 @@ class WebSocketSession(asyncio.Protocol):
         ws = self.ws
         if ws.state is State.CLOSED:
             return
+        if not self._answered:
+            self.head += data
         ws.receive_data(data)
         client = self.client
         for event in ws.events_received():
@@ -222,17 +247,40 @@ class WebSocketSession(asyncio.Protocol):
             self.server.log(f"{self.peer} - websocket handshake error: {reason}", "ERR")
             self.ws.send_response(http_error(status))
             return
+        server = self.server
+        leaf = request.path.partition("?")[0].endswith(LEAF_PATH)
+        if leaf and server.websocket_leaf is None and server.websocket_leaf_elsewhere is not None:
+            if self.secure:  # (the TLS session cannot leave this process)
+                server.log(f"{self.peer} - websocket leafnode connection reached a worker without the leaf nodes "
+                           f"over TLS: refused, the leaf dials again", "ERR")
+                self.ws.send_response(http_error(503))
+            elif not server.websocket_leaf_elsewhere(self.raw, bytes(self.head)):
+                self.ws.send_response(http_error(503))
+            return
         response = self.ws.accept(request)
-        wso = self.server.opts.websocket
+        wso = server.opts.websocket
+        no_masking = request.headers.get(NO_MASKING_HEADER, "") == "true"  # (any kind, as nats-server)
         if response.status_code == 101:
+            if no_masking:
+                response.headers[NO_MASKING_HEADER] = "true"
             for name, value in wso.headers.items():
                 response.headers[name] = value
         self.ws.send_response(response)
         if response.status_code != 101:
-            self.server.log(f"{self.peer} - websocket handshake error: {self.ws.handshake_exc}", "ERR")
+            server.log(f"{self.peer} - websocket handshake error: {self.ws.handshake_exc}", "ERR")
             return
         self.send_pending()  # the 101 before the INFO
-        self.client = WebSocketClient(self.server, cookie_fields(request.headers, wso))
+        self.head = bytearray()
+        if no_masking:
+            self.ws.read_unmasked()
+        if not leaf:
+            self.client = WebSocketClient(server, cookie_fields(request.headers, wso))
+        elif server.websocket_leaf is not None:
+            self.client = server.websocket_leaf(bool(self.ws.extensions))
+        else:
+            server.log("Not configured to accept leaf node connections", "ERR")
+            self.raw.close()
+            return
         self.client.connection_made(FramedTransport(self))
 
     def _handshake_timeout(self) -> None:

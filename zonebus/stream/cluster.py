@@ -75,6 +75,7 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
         self.meta: MetaGroup | None = None
         self._early: list[tuple[str, bytes]] = []  # meta frames that came before the group was formed
         self._ready: dict[str, asyncio.Event] = {}  # streams this server serves, once open
+        self.observer = False  # a leaf remote's jetstream_cluster_migrate: lead no replicated stream (set_observer)
         self._damaged: dict[str, str] = {}  # streams this server leads but cannot serve: why (a damaged object)
         self._chains: dict[str, asyncio.Task] = {}  # per-stream leadership work, in order
         self._tasks: set[asyncio.Task] = set()

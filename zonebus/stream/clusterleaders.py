@@ -51,6 +51,7 @@ class StreamLeadership:
                 self._chain(name, self._delete(name))
         elif change.gained_leader(self.name):
             self._chain(name, self._lead(after))
+            self.observer_stepdown(name, after)  # (a leaf remote's jetstream_cluster_migrate: clusterstepdown.py)
         elif change.lost_leader(self.name):
             self._chain(name, self._release(name))
         elif after.leader == self.name and before is not None and before.config != after.config:

@@ -4,7 +4,9 @@ META.LEADER.STEPDOWN steps the meta group's leader down; STREAM.LEADER.STEPDOWN 
 CONSUMER.LEADER.STEPDOWN: a consumer lives beside its stream's writer (no Raft group of its own), so stepping it
 down moves the stream, with its consumers, to a standby (`placement` picks, by nats-server's rules for a
 preferred server, a cluster and tags). The stream's leader answers as nats-server does: `success` for an R1
-stream or a `num_replicas: 1` consumer, else placement errors (10005, 10025). Runs on the event loop.
+stream or a `num_replicas: 1` consumer, else placement errors (10005, 10025). A leaf remote's
+`jetstream_cluster_migrate` (zonebus.leaf.jsmigrate) makes this server an observer (`set_observer`): it hands
+every replicated stream it leads, or gains, to a live standby (an epoch-guarded move). Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -107,6 +109,37 @@ class Stepdowns:
             if not candidates:
                 raise MetaError("cluster_no_peers", err="no replacement peer connected")
         return candidates[0] if candidates else None
+
+    # -- a leaf remote's jetstream_cluster_migrate (zonebus.leaf.jsmigrate) ----------------------------------
+    def set_observer(self: ClusteredJetStream, on: bool) -> None:
+        """While on, this server leads none of this account's replicated streams: each one it leads now, and
+        each one it gains later (`_on_change`), moves to a live standby, as nats-server's stepdown and Raft
+        observer state. A stream with no live standby stays (nats-server's would be left without a leader)."""
+        if on != self.observer:
+            what = "leads no replicated stream (a leafnode remote is down: jetstream_cluster_migrate)" if on \
+                else "may lead replicated streams again (the leafnode remote is up)"
+            self.server.log(f"JetStream{' account ' + self.account_name if self.account_name else ''}: {what}")
+        self.observer = on
+        if on and self.meta is not None:
+            for name, rec in list(self.meta.state.streams.items()):
+                self.observer_stepdown(name, rec)
+
+    def observer_stepdown(self: ClusteredJetStream, name: str, rec: StreamRecord) -> None:
+        if not self.observer or rec.leader != self.name or not rec.standbys or self.meta is None:
+            return
+        target = self._stepdown_target(rec, None)
+        if target is None:
+            return
+        standbys = [s for s in rec.standbys if s != target] + [rec.leader]
+        honoured = matches(self.meta.state.peers.get(target), rec.tags)
+        self._spawn(self._propose_quietly({"op": "stream_move", "name": name, "from_epoch": rec.epoch,
+                                           "leader": target, "standbys": standbys, "honoured": honoured}))
+
+    async def _propose_quietly(self: ClusteredJetStream, request: dict[str, Any]) -> None:
+        try:
+            await self._propose(request)
+        except (JSError, MetaError) as err:  # (an epoch that moved on meanwhile, no quorum: the next look retries)
+            self.server.log(f"JetStream: stepping {request.get('name')} down failed: {err}", "WRN")
 
     async def _meta_stepdown(self: ClusteredJetStream, reply: str) -> None:
         kind = "meta_leader_stepdown_response"

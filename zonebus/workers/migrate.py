@@ -20,6 +20,9 @@ generation) all go to exactly one local link and nowhere else; such a client is 
    authorization never move (their state is not all in the CONNECT options).
 Clients are handed only to a worker that accepts clients itself (`LocalMesh.serving_peers`): one still
 starting may not have the other workers' interest yet.
+A leaf node that upgrades on the WebSocket port of a worker other than 0 (which alone holds the leaf nodes)
+goes the same way before its 101 (`hand_over_leaf`, the server's `websocket_leaf_elsewhere` hook): the
+socket and the upgrade request's bytes; worker 0 runs the upgrade from those bytes (zonebus.server.websocket).
 Owned by the event loop thread.
 """
 
@@ -85,6 +88,8 @@ class Migrator:
         self.server.loop.add_reader(self.sock.fileno(), self._on_fd)
         self.server.loop.call_later(CHECK_EVERY, self._check)
         self.server.admission = self.admission
+        if self.mesh.index != 0:
+            self.server.websocket_leaf_elsewhere = self.hand_over_leaf
 
     # -- new clients: one max_connections for all workers, and as many clients on each -----------------
     def admission(self, conn: ClientConnection) -> bool:
@@ -156,6 +161,29 @@ class Migrator:
         self.moved_out += 1
         conn.close(abort=True)  # this process's descriptor only: the peer holds the connection now
 
+    def hand_over_leaf(self, transport: Any, head: bytes) -> bool:
+        """A leaf node's WebSocket upgrade request (`head`, not answered) reached this worker: its socket goes
+        to worker 0, which holds the leaf nodes. False when it cannot (no link to worker 0 yet)."""
+        link = self.mesh.links.get(0)
+        sock = transport.get_extra_info("socket")
+        if link is None or sock is None:
+            return False
+        self._next += 1
+        token = b"%d.%d" % (self.mesh.index, self._next)
+        fd = os.dup(sock.fileno())
+        try:
+            link.send_frame(_WIRE, json.dumps({"token": token.decode(), "wsleaf": True}).encode() + b"\n" + head)
+            self.sock.sendmsg([token], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))], 0,
+                              os.path.join(self.mesh.spec.directory, f"f{link.peer}.sock"))
+        except OSError as exc:
+            self.server.log(f"worker {self.mesh.index}: could not hand a websocket leaf node over: {exc}", "WRN")
+            return False
+        finally:
+            os.close(fd)
+        transport.abort()  # (this process's descriptor only)
+        self.server.log(f"worker {self.mesh.index}: websocket leafnode connection handed to worker 0")
+        return True
+
     def _hand_over(self, conn: ClientConnection, link: LocalLink, fresh: bool) -> bool:
         """Send `conn`'s socket to `link`'s worker: a `wmove` frame on the link (after all this client's
         messages forwarded before) and the descriptor on the datagram socket. A fresh connection (no INFO
@@ -213,6 +241,9 @@ class Migrator:
         state, leftover = self._states.pop(token)
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
+        if state.get("wsleaf"):
+            self.server.loop.create_task(self._adopt_leaf(sock, leftover))
+            return
         conn = _Adopted(self.server)
         conn.leftover = leftover
         conn.fresh = bool(state.get("fresh"))
@@ -224,3 +255,10 @@ class Migrator:
             conn.connected = conn.info_sent = True
             self.moved_in += 1
         self.server.loop.create_task(self.server.loop.connect_accepted_socket(lambda: conn, sock))
+
+    async def _adopt_leaf(self, sock: socket.socket, head: bytes) -> None:
+        """A leaf node's WebSocket socket from another worker: its upgrade runs here, from its request bytes."""
+        from zonebus.server.websocket import WebSocketSession
+
+        _, session = await self.server.loop.connect_accepted_socket(lambda: WebSocketSession(self.server, False), sock)
+        session.data_received(head)
