@@ -26,11 +26,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "jetstream_cluster_migrate": "JetStream over leaf nodes",
         "local_is_primary": "JetStream over leaf nodes",
     },
-    "jetstream": {
-        "encryption": "JetStream encryption at rest",
-        "cipher": "JetStream encryption at rest",
-        "key": "JetStream encryption at rest",
-    },
 }
 
 
