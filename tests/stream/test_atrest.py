@@ -19,6 +19,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import APIError, NotFoundError
 
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, check_config, check_config_both
 
 PAYLOAD = "RECOGNISABLE-PAYLOAD"
@@ -101,7 +102,7 @@ def _files_with(store: str, *needles: str) -> list[str]:
 EXPECTED = [f"{PAYLOAD}-{i}" for i in range(COUNT)]
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("cipher", ["chachapoly", "aes", ""])
 async def test_encrypted_store_restarts_whole_and_holds_no_plaintext(impl: str, cipher: str) -> None:
     store = tempfile.mkdtemp(prefix=f"zb-atrest-{impl}-")
@@ -131,7 +132,7 @@ def _snapshot(store: str) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in Path(store).rglob("*") if p.is_file()}
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(60)
 async def test_wrong_key_leaves_the_stream_unloaded_and_whole(impl: str) -> None:
     store = tempfile.mkdtemp(prefix=f"zb-atrest-{impl}-")
     with _start(impl, _config(store, key="right-key")) as server:
@@ -146,7 +147,7 @@ async def test_wrong_key_leaves_the_stream_unloaded_and_whole(impl: str) -> None
         assert await _read_back(server.url) == EXPECTED
 
 
-@pytest.mark.timeout(40)
+@pytest.mark.timeout(60)
 async def test_no_key_leaves_an_encrypted_stream_unloaded(impl: str) -> None:
     store = tempfile.mkdtemp(prefix=f"zb-atrest-{impl}-")
     with _start(impl, _config(store, key="right-key")) as server:
@@ -162,7 +163,7 @@ async def test_no_key_leaves_an_encrypted_stream_unloaded(impl: str) -> None:
             assert await _read_back(server.url) == EXPECTED
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 async def test_key_added_to_a_plain_store_encrypts_it(impl: str) -> None:
     store = tempfile.mkdtemp(prefix=f"zb-atrest-{impl}-")
     with _start(impl, _config(store)) as server:
@@ -179,7 +180,7 @@ async def test_key_added_to_a_plain_store_encrypts_it(impl: str) -> None:
             assert await _read_back(server.url) == EXPECTED
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 async def test_prev_key_opens_a_store_written_with_the_old_key(impl: str) -> None:
     store = tempfile.mkdtemp(prefix=f"zb-atrest-{impl}-")
     with _start(impl, _config(store, key="old-key")) as server:
@@ -215,3 +216,30 @@ def test_key_with_a_shared_store_is_refused(tmp_path: Path) -> None:
     done = check_config(tmp_path / "server.conf", f'jetstream {{ key: "k", shared_store: "file://{tmp_path}/s" }}\n')
     assert done.returncode != 0
     assert "encryption at rest covers the local file store only, not the shared store" in done.stderr
+
+
+@pytest.mark.timeout(60)
+async def test_durable_queue_group_log_is_encrypted(tmp_path: Path) -> None:
+    """zonebus's own durable queue groups (no nats-server counterpart): their log is sealed like a stream."""
+    store = tmp_path / "store"
+    conf = (f'jetstream {{ store_dir: "{store}", key: "queue-key" }}\n'
+            'queue_groups { workers: { subjects: ["orders.>"], ack: explicit, ack_wait: "5s" } }\n')
+    with ServerProcess("zonebus", conf) as server:  # stored first: nobody listens yet
+        nc = await nats.connect(server.url, allow_reconnect=False, connect_timeout=2)
+        js = nc.jetstream(timeout=5)
+        for i in range(20):
+            await js.publish("orders.new", f"{PAYLOAD}-{i}".encode())
+        await nc.close()
+    assert list(store.rglob("*.blk")) and _files_with(str(store), PAYLOAD, "orders.new") == []
+    with ServerProcess("zonebus", conf) as server:
+        nc = await nats.connect(server.url, allow_reconnect=False, connect_timeout=2)
+        got: list[str] = []
+
+        async def on_msg(m: nats.aio.msg.Msg) -> None:
+            got.append(m.data.decode())
+            await m.ack()
+
+        await nc.subscribe("orders.>", "workers", cb=on_msg)
+        await until(lambda: len(got) >= 20, "the member gets every stored message", timeout=15)
+        await nc.close()
+    assert sorted(got) == sorted(f"{PAYLOAD}-{i}" for i in range(20))

@@ -29,13 +29,14 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from typing import TYPE_CHECKING
 
 from zonebus.store.durability import fsync_dir, replace_file
+
+if TYPE_CHECKING:  # (`cryptography` is imported only once a key is configured: ~0.1 s a process otherwise)
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+
+    AEAD = ChaCha20Poly1305 | AESGCM
 
 KEY_FILE = "meta.key"
 CONVERTING_MARKER = "encrypting"
@@ -46,7 +47,6 @@ _KEY_MAGIC = b"ZBKEY01\n"
 _FILE_MAGIC = b"ZBSEAL1\n"  # a sealed document starts with this; a plaintext one (JSON) cannot
 _CIPHERS = {"chachapoly": 1, "aes": 2}
 _NAMES = {v: k for k, v in _CIPHERS.items()}
-AEAD = ChaCha20Poly1305 | AESGCM
 
 
 class AtRestKeyError(OSError):
@@ -55,11 +55,22 @@ class AtRestKeyError(OSError):
 
 
 def _derive(secret: bytes, info: bytes) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
 
 
 def _aead(cipher: str, key: bytes) -> AEAD:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+
     return ChaCha20Poly1305(key) if cipher == "chachapoly" else AESGCM(key)
+
+
+def _invalid_tag() -> type[Exception]:
+    from cryptography.exceptions import InvalidTag
+
+    return InvalidTag
 
 
 @dataclass
@@ -99,7 +110,7 @@ class StoreKeys:
         p = len(_FILE_MAGIC)
         try:
             return aead.decrypt(raw[p:p + NONCE], raw[p + NONCE:], _FILE_MAGIC + name.encode())
-        except InvalidTag:
+        except _invalid_tag():
             raise AtRestKeyError(f"{name}: sealed document does not decrypt (altered?)") from None
 
 
@@ -143,7 +154,7 @@ class AtRest:
         for i, kek in enumerate(self._keks):
             try:
                 seed = _aead(cipher, kek).decrypt(nonce, sealed, raw[:head_len])
-            except InvalidTag:
+            except _invalid_tag():
                 continue
             if i > 0:  # opened with prev_key: rotate, wrap it under the current key
                 replace_file(path, self._wrap(seed, cipher))

@@ -35,12 +35,16 @@ import struct
 import zlib
 from array import array
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zonebus.store import segindex
-from zonebus.store.atrest import AEAD, NONCE, OVERHEAD, AtRestKeyError, StoreKeys
+from zonebus.store.atrest import NONCE, OVERHEAD, AtRestKeyError, StoreKeys
 from zonebus.store.durability import GroupCommit, Waiter, fsync_dir, make_dirs
 from zonebus.store.msgstore import MsgStore
 from zonebus.store.segindex import SegIndex
+
+if TYPE_CHECKING:
+    from zonebus.store.atrest import AEAD
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,9 @@ class FileStore(MsgStore):
         self.dir = Path(directory)
         self.keys = keys  # encryption at rest (zonebus.store.atrest); None: plaintext, as fast as ever
         self._aeads: dict[int, AEAD] = {}  # segment number -> its records' AEAD (with keys)
+        if keys is not None:  # the sealed write and read in place of the plaintext ones
+            self._write = self._write_sealed  # type: ignore[method-assign]
+            self._read = self._read_sealed  # type: ignore[method-assign]
         self.sync_always = sync_always
         make_dirs(self.dir)  # (fsynced in either mode: a new stream or segment must not vanish whole)
         self.commit: GroupCommit | None = None
@@ -235,7 +242,7 @@ class FileStore(MsgStore):
             if size - off < HDR_LEN + 4:
                 break
             total, kind, seq, ts, slen, hlen, dlen = _HDR.unpack_from(data, off)
-            if (total != HDR_LEN + slen + hlen + dlen + 4 + _extra(kind) or off + total > size
+            if (total != HDR_LEN + slen + hlen + dlen + 4 + (OVERHEAD if kind == SMSG else 0) or off + total > size
                     or kind not in (MSG, DEL, MARK, SMSG)):
                 break
             end = off + total - 4
@@ -355,11 +362,16 @@ class FileStore(MsgStore):
     def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
         if self._offset >= self.segment_bytes:
             self._roll()
-        if self.keys is None:
-            off = self._append(encode(MSG, seq, ts, subject.encode(), hdrs or b"", data), seq)
-        else:
-            off = self._append(encode_sealed(self._aead(self._active), seq, ts, subject.encode(), hdrs or b"", data),
-                               seq)
+        off = self._append(encode(MSG, seq, ts, subject.encode(), hdrs or b"", data), seq)
+        self._live[self._active] += 1
+        return (self._active << SEG_SHIFT) | off
+
+    def _write_sealed(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
+        """`_write` with keys (set in its place, so that the plaintext path tests nothing)."""
+        if self._offset >= self.segment_bytes:
+            self._roll()
+        rec = encode_sealed(self._aead(self._active), seq, ts, subject.encode(), hdrs or b"", data)
+        off = self._append(rec, seq)
         self._live[self._active] += 1
         return (self._active << SEG_SHIFT) | off
 
@@ -368,25 +380,39 @@ class FileStore(MsgStore):
         fd = self._fds.get(n)
         if fd is None:
             return None
-        want = size - self.overhead + HDR_LEN + 4  # the record (with headers: 4 bytes more; sealed: OVERHEAD)
-        rec = os.pread(fd, want if self.keys is None else want + OVERHEAD, off)
+        rec = os.pread(fd, size - self.overhead + HDR_LEN + 4, off)  # the record (with headers: 4 bytes more)
         if len(rec) < HDR_LEN:
             return None
-        total, kind, rseq, _ts, slen, hlen, dlen = _HDR.unpack_from(rec, 0)
+        total, _k, rseq, _ts, slen, hlen, dlen = _HDR.unpack_from(rec, 0)
         if len(rec) < total:
             return None
         rec = rec[:total]
         if rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != _CRC.unpack_from(rec, total - 4)[0]:
             log.error("filestore %s: record for seq %d is corrupt", self.dir, seq)
             return None
-        if kind == SMSG:
-            plain = self._open(n, rec, 0, total)
-            if plain is None:
-                return None
-            return (plain[slen:slen + hlen] if hlen else None), plain[slen + hlen:]
         p = HDR_LEN + slen
         hdrs = rec[p : p + hlen] if hlen else None
         return hdrs, rec[p + hlen : p + hlen + dlen]
+
+    def _read_sealed(self, seq: int, loc: int, size: int) -> tuple[bytes | None, bytes] | None:
+        """`_read` with keys (set in its place): an SMSG record is opened (a MSG one read as it is)."""
+        n, off = loc >> SEG_SHIFT, loc & OFF_MASK
+        fd = self._fds.get(n)
+        if fd is None:
+            return None
+        rec = os.pread(fd, size - self.overhead + HDR_LEN + 4 + OVERHEAD, off)
+        if len(rec) < HDR_LEN:
+            return None
+        total, kind, rseq, _ts, slen, hlen, _dlen = _HDR.unpack_from(rec, 0)
+        if len(rec) < total:
+            return None
+        if kind != SMSG or rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != _CRC.unpack_from(
+                rec, total - 4)[0]:
+            return FileStore._read(self, seq, loc, size)  # (a plaintext record; or corrupt, which it reports)
+        plain = self._open(n, rec, 0, total)
+        if plain is None:
+            return None
+        return (plain[slen:slen + hlen] if hlen else None), plain[slen + hlen:]
 
     def _forget(self, seq: int, loc: int) -> None:
         n = loc >> SEG_SHIFT
