@@ -16,7 +16,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, StorageType
 from nats.js.errors import APIError, NotFoundError
 
 from zonebus.testing.polling import until
@@ -115,12 +115,12 @@ async def test_encrypted_store_restarts_whole_and_holds_no_plaintext(impl: str, 
     assert _files_with(store, PAYLOAD, SUBJECT) == []
 
 
-async def _create_refused(url: str) -> int | None:
+async def _create_refused(url: str, storage: StorageType = StorageType.FILE) -> int | None:
     """The err_code of creating the stream again (None: it was created)."""
     nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2)
     try:
         try:
-            await nc.jetstream(timeout=2).add_stream(name="ATR", subjects=["atr.>"])
+            await nc.jetstream(timeout=2).add_stream(name="ATR", subjects=["atr.>"], storage=storage)
         except APIError as exc:
             return exc.err_code
         return None
@@ -142,6 +142,7 @@ async def test_wrong_key_leaves_the_stream_unloaded_and_whole(impl: str) -> None
         assert await _stream_missing(server.url)
         if impl == "zonebus":  # and is not created over the old one (nats-server 2.15 answers 10049 too, but
             assert await _create_refused(server.url) == 10049  # removes the stream's directory: all is lost)
+            assert await _create_refused(server.url, StorageType.MEMORY) == 10049  # (it would replace the dir)
     assert _snapshot(store) == before
     with _start(impl, _config(store, key="right-key")) as server:
         assert await _read_back(server.url) == EXPECTED

@@ -294,9 +294,9 @@ class JetStreamService:
         return FileStore(directory / "msgs", sync_always=self._sync_always(), keys=keys)
 
     def create_stream(self, cfg: dict[str, Any]) -> Stream:
-        why = self.unrecovered.get(cfg["name"])
-        if why is not None:  # (a local one: its key did not open it; nats-server's create error, 10049)
-            shared = self.shared is not None
+        why, shared = self.unrecovered.get(cfg["name"]), self.shared is not None
+        # a local one (its key did not open it) is refused as a memory stream too: creating one removes the dir
+        if why is not None and (cfg["storage"] == "file" or not shared):
             raise JSError("stream_store_failed" if shared else "stream_create_failed",
                           err=f"stream {cfg['name']} is {'on the shared store' if shared else 'in the store directory'}"
                               f" but could not be recovered ({why}); not overwriting it")
