@@ -83,7 +83,9 @@ class JetStreamExtension:
         server.info_extras["jetstream"] = True
         if js.domain:
             server.info_extras["domain"] = js.domain
+        cipher = {"chachapoly": "ChaCha20-Poly1305", "aes": "AES-GCM"}[js.encryption_cipher]  # (nats-server's names)
         server.log(f"JetStream enabled, store {js.store_dir}"
+                   + (f", encrypted at rest ({cipher})" if js.encryption_key else "")
                    + (f", accounts {sorted(self.services)}" if "" not in self.services else ""))
 
     async def stop(self) -> None:

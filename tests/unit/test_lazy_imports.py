@@ -21,7 +21,7 @@ import pytest
 from zonebus.testing.processes import ServerProcess
 
 # what a server without cluster/gateway/jetstream/queue groups/ledger/monitoring must not load
-HEAVY = ("pysyncobj", "pyarrow", "pyspark", "aiohttp", "boto3", "numpy", "nacl", "bcrypt")
+HEAVY = ("pysyncobj", "pyarrow", "pyspark", "aiohttp", "boto3", "numpy", "nacl", "bcrypt", "cryptography")
 EXTENSIONS = ("zonebus.meta", "zonebus.stream", "zonebus.queue", "zonebus.zonerouter", "zonebus.cluster",
               "zonebus.gateway", "zonebus.pipeline", "zonebus.server.monitor")
 

@@ -1,7 +1,9 @@
-"""The `jetstream {}` block: stores, the shared store and its S3 client, group commit, and the zone router."""
+"""The `jetstream {}` block: stores, encryption at rest, the shared store and its S3 client, group commit, and the
+zone router."""
 
 from __future__ import annotations
 
+import json
 from urllib.parse import urlsplit
 
 from zonebus.config.convert import BadValue, expected, get_duration, get_map, get_storage_size, get_str, show
@@ -70,6 +72,17 @@ def _domain(js: JetStreamOptions, v: Value, errors: Errors) -> None:
     js.domain = name
 
 
+def _cipher(js: JetStreamOptions, v: Value, errors: Errors) -> None:
+    """nats-server's names, any case: `chachapoly` (or `chacha`, its default) and `aes` (AES-GCM)."""
+    word = get_str(v).lower()
+    if word in ("chacha", "chachapoly"):
+        js.encryption_cipher = "chachapoly"
+    elif word == "aes":
+        js.encryption_cipher = "aes"
+    else:
+        raise BadValue(f"Unknown cipher type: {json.dumps(get_str(v))}", v)
+
+
 def _router_linger(v: Value) -> float:
     seconds = get_duration(v)
     if not 0 <= seconds <= 0.001:
@@ -116,6 +129,13 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "max_file": setter("max_file_store", get_storage_size),
     "sync_interval": _sync_interval,
     "sync": _sync_interval,  # nats-server's other spelling
+    "key": str_field("encryption_key"),  # encryption at rest: nats-server's three spellings of each key
+    "ek": str_field("encryption_key"),
+    "encryption_key": str_field("encryption_key"),
+    "prev_key": str_field("prev_encryption_key"),
+    "prev_ek": str_field("prev_encryption_key"),
+    "prev_encryption_key": str_field("prev_encryption_key"),
+    "cipher": _cipher,
     "shared_store": _shared_store,
     "shared_store_linger": setter("shared_store_linger", get_duration),
     "shared_store_batch": _positive_size("shared_store_batch"),
@@ -148,5 +168,9 @@ def read_jetstream(opts: ServerOptions, v: Value, errors: Errors) -> None:
         apply_handlers(v.value, _JETSTREAM_HANDLERS, js, errors, "jetstream")
         if js.zone_router and not js.shared_store:
             errors.add(v, "zone_router: the zone router needs a shared store (jetstream { shared_store })")
+        if js.encryption_key and js.shared_store:
+            errors.add(v, "key: encryption at rest covers the local file store only, not the shared store "
+                          "(jetstream { shared_store }): its batches, documents and the zone router's channel "
+                          "objects would be written in clear; remove one of them")
     else:
         raise expected("map, bool or string to define JetStream", v)

@@ -19,11 +19,6 @@ UNSUPPORTED: dict[str, dict[str, str]] = {
         "trusted": "operator JWT (decentralised) authentication",
         "ocsp": "OCSP stapling",
     },
-    "jetstream": {
-        "encryption": "JetStream encryption at rest",
-        "cipher": "JetStream encryption at rest",
-        "key": "JetStream encryption at rest",
-    },
 }
 
 

@@ -24,6 +24,7 @@ REGISTRY: dict[str, tuple[int, int, str]] = {
     "stream_invalid_config": (500, 10052, "{err}"),
     "stream_replicas_not_supported": (500, 10074, "replicas > 1 not supported in non-clustered mode"),
     "stream_store_failed": (503, 10077, "{err}"),
+    "stream_create_failed": (500, 10049, "{err}"),
     "stream_message_exceeds_max": (400, 10054, "message size exceeds maximum allowed"),
     "stream_msg_delete_failed": (500, 10057, "{err}"),
     "sequence_not_found": (400, 10043, "sequence {seq} not found"),

@@ -15,15 +15,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from zonebus.queue.model import Record, decode_origin, encode_origin
+from zonebus.store.atrest import AtRest, store_keys
 from zonebus.store.filestore import FileStore
 
 log = logging.getLogger(__name__)
 
 
 class GroupLog:
-    def __init__(self, base: str, group: str, sync_always: bool = True) -> None:
+    def __init__(self, base: str, group: str, sync_always: bool = True, atrest: AtRest | None = None) -> None:
         self.dir = Path(base) / "queues" / group
-        self.store = FileStore(self.dir, sync_always=sync_always)
+        # with encryption at rest, sealed as a stream's store is (AtRestKeyError, an OSError, for a wrong key)
+        keys = store_keys(atrest, self.dir)
+        self.store = FileStore(self.dir, sync_always=sync_always, keys=keys)
+        if keys is not None and keys.converting:
+            keys.finish_conversion()
 
     def append(self, subject: str, hdrs: bytes | None, payload: bytes, origin: str, zone: str) -> int:
         seq, _ts = self.store.store(subject, encode_origin(origin, zone, hdrs), payload)

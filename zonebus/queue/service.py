@@ -43,6 +43,7 @@ from zonebus.queue.log import GroupLog
 from zonebus.queue.model import durable_groups, parse_ack_subject, pub_ack, stream_name
 from zonebus.server.connection import CLIENT, WORKER
 from zonebus.server.internal import InternalClient
+from zonebus.store.atrest import AtRest, configured
 
 if TYPE_CHECKING:
     from zonebus.cluster.manager import ClusterManager
@@ -146,6 +147,10 @@ class QueueService:
             except OSError as exc:
                 self.server.log(f"queue group {d.spec.name}: fsync of its log failed: {exc}", "ERR")
 
+    def _atrest(self) -> AtRest | None:
+        js = self.server.opts.jetstream
+        return configured(js.encryption_key, js.encryption_cipher, js.prev_encryption_key)
+
     def base_dir(self) -> str:
         js = self.server.opts.jetstream
         if js.shared_store.startswith("file://"):
@@ -231,7 +236,7 @@ class QueueService:
         spec = self.specs[name]
         self._end_handoff(name)  # its messages are in the log this server leads now
         try:
-            log = GroupLog(self.base_dir(), name, self._sync_always())
+            log = GroupLog(self.base_dir(), name, self._sync_always(), self._atrest())
         except OSError as exc:
             self.server.log(f"queue group {name}: cannot open its log: {exc}", "ERR")
             return
@@ -309,7 +314,7 @@ class QueueService:
                     self._handoff_check.discard(name)
                     continue
                 try:
-                    log = self.handoffs[name] = GroupLog(self.base_dir(), name, self._sync_always())
+                    log = self.handoffs[name] = GroupLog(self.base_dir(), name, self._sync_always(), self._atrest())
                 except OSError as exc:
                     self.server.log(f"queue group {name}: cannot open its former log: {exc}", "ERR")
                     continue

@@ -5,10 +5,12 @@ Layout: `<dir>/<n>.blk`, n = 1, 2, ... Every record is
     total_len u32 | kind u8 | seq u64 | ts i64 | subj_len u16 | hdr_len u32 | data_len u32
     | subject | headers | data | crc32 u32 (over everything before it)
 
-kinds: MSG; DEL (one sequence removed); MARK (every sequence below `seq` is gone, and the last sequence
-is at least `ts`). Removals are appended to the active segment, so a segment is only deleted when it and
-every older segment hold no live message: a tombstone never outlives its target's segment. Each new segment
-starts with a MARK so the last sequence survives even when every message is gone.
+kinds: MSG; SMSG (a MSG sealed, with encryption at rest: `nonce | AEAD(subject | headers | data)` in place of
+the three, the header as associated data; the lengths stay those of the plaintext); DEL (one sequence
+removed); MARK (every sequence below `seq` is gone, and the last sequence is at least `ts`). Removals are
+appended to the active segment, so a segment is only deleted when it and every older segment hold no live
+message: a tombstone never outlives its target's segment. Each new segment starts with a MARK so the last
+sequence survives even when every message is gone.
 
 Recovery reads segments in order and stops a segment at the first short or corrupt record, truncating the
 file there (a torn tail after a crash). A record is written with `os.write` (to the kernel: it survives a
@@ -17,6 +19,12 @@ consumers: `visible_seq` is the last fsynced sequence and `ack_when_durable` wai
 (`zonebus.store.durability`: one fsync in a thread per batch of appends). Without it (an explicit lazy
 `sync_interval`) a power loss can take what the OS had not written back. New directories and segment files are
 fsynced into their directory in both modes.
+
+With `keys` (zonebus.store.atrest) every message is written as SMSG, sealed with its segment's key, and the
+`.idx` files are sealed whole; a store that may still hold plaintext (`keys.converting`: a `key` added to an
+existing store, or such a conversion cut short by a crash) is converted first: each segment re-written sealed
+(to a temporary file, renamed over it), the indexes dropped; the keys' owner ends the conversion
+(`finish_conversion`) once its own documents are sealed too. Without keys nothing of this runs.
 """
 
 from __future__ import annotations
@@ -27,18 +35,23 @@ import struct
 import zlib
 from array import array
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from zonebus.store import segindex
+from zonebus.store.atrest import NONCE, OVERHEAD, AtRestKeyError, StoreKeys
 from zonebus.store.durability import GroupCommit, Waiter, fsync_dir, make_dirs
 from zonebus.store.msgstore import MsgStore
 from zonebus.store.segindex import SegIndex
+
+if TYPE_CHECKING:
+    from zonebus.store.atrest import AEAD
 
 log = logging.getLogger(__name__)
 
 _HDR = struct.Struct("<IBQqHII")
 _CRC = struct.Struct("<I")
 HDR_LEN = _HDR.size  # 31
-MSG, DEL, MARK = 1, 2, 3
+MSG, DEL, MARK, SMSG = 1, 2, 3, 4
 SEG_SHIFT = 40
 OFF_MASK = (1 << SEG_SHIFT) - 1
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
@@ -49,6 +62,20 @@ def encode(kind: int, seq: int, ts: int, subject: bytes = b"", hdrs: bytes = b""
     head = _HDR.pack(total, kind, seq, ts, len(subject), len(hdrs), len(data))
     body = b"".join((head, subject, hdrs, data))
     return body + _CRC.pack(zlib.crc32(body))
+
+
+def encode_sealed(aead: AEAD, seq: int, ts: int, subject: bytes, hdrs: bytes, data: bytes) -> bytes:
+    """An SMSG record: `encode`'s MSG with subject, headers and data sealed (random nonce, header as AAD)."""
+    total = HDR_LEN + len(subject) + len(hdrs) + len(data) + OVERHEAD + 4
+    head = _HDR.pack(total, SMSG, seq, ts, len(subject), len(hdrs), len(data))
+    nonce = os.urandom(NONCE)
+    body = b"".join((head, nonce, aead.encrypt(nonce, b"".join((subject, hdrs, data)), head)))
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def _extra(kind: int) -> int:
+    """What a record of `kind` holds beyond header, subject, headers, data and CRC."""
+    return OVERHEAD if kind == SMSG else 0
 
 
 def encode_into(buf: bytearray, kind: int, seq: int, ts: int, subject: bytes, hdrs: bytes, data: bytes) -> None:
@@ -70,9 +97,14 @@ class FileStore(MsgStore):
         return len(subject) + (len(hdrs) + 4 if hdrs else 0) + len(data) + self.overhead
 
     def __init__(self, directory: str | Path, sync_always: bool = False,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, keys: StoreKeys | None = None) -> None:
         super().__init__()
         self.dir = Path(directory)
+        self.keys = keys  # encryption at rest (zonebus.store.atrest); None: plaintext, as fast as ever
+        self._aeads: dict[int, AEAD] = {}  # segment number -> its records' AEAD (with keys)
+        if keys is not None:  # the sealed write and read in place of the plaintext ones
+            self._write = self._write_sealed  # type: ignore[method-assign]
+            self._read = self._read_sealed  # type: ignore[method-assign]
         self.sync_always = sync_always
         make_dirs(self.dir)  # (fsynced in either mode: a new stream or segment must not vanish whole)
         self.commit: GroupCommit | None = None
@@ -86,6 +118,8 @@ class FileStore(MsgStore):
         self._removals: list[tuple[int, int, int]] = []  # DEL/MARK records of the active segment
         self.recovered_truncations = 0
         self.indexed_segments = 0  # segments recovered from their .idx file
+        if keys is not None:
+            self._encrypt_plaintext()
         self._recover()
         if sync_always:
             self.commit = GroupCommit(lambda: self._fds[self._active], self.index.last_seq)
@@ -107,6 +141,47 @@ class FileStore(MsgStore):
     def _idx_path(self, n: int) -> Path:
         return self.dir / f"{n}.idx"
 
+    def _aead(self, n: int) -> AEAD:
+        aead = self._aeads.get(n)
+        if aead is None:
+            aead = self._aeads[n] = self.keys.segment_aead(n)  # type: ignore[union-attr]  # (only with keys)
+        return aead
+
+    def _encrypt_plaintext(self) -> None:
+        """The store may hold plaintext (a key was just made for it, or a conversion was cut short): re-write
+        every segment sealed, and drop the (plaintext) indexes; recovery then scans the sealed segments."""
+        segs = self._segments()
+        if not segs or not self.keys.converting:  # type: ignore[union-attr]
+            return
+        log.warning("filestore %s: encrypting %d segment(s) written before the key was configured", self.dir,
+                    len(segs))
+        for n in segs:
+            out = bytearray()
+            data = self._path(n).read_bytes()
+            off = 0
+            while off + HDR_LEN + 4 <= len(data):
+                total, kind, seq, ts, slen, hlen, dlen = _HDR.unpack_from(data, off)
+                end = off + total - 4
+                if (kind not in (MSG, DEL, MARK, SMSG) or total != HDR_LEN + slen + hlen + dlen + 4 + _extra(kind)
+                        or off + total > len(data) or zlib.crc32(memoryview(data)[off:end]) != _CRC.unpack_from(
+                            data, end)[0]):
+                    break  # a torn tail: recovery would truncate it
+                if kind == MSG:
+                    p = off + HDR_LEN
+                    out += encode_sealed(self._aead(n), seq, ts, data[p:p + slen], data[p + slen:p + slen + hlen],
+                                         data[p + slen + hlen:end])
+                else:
+                    out += data[off:off + total]
+                off += total
+            tmp = self.dir / f"{n}.blk.tmp"
+            with open(tmp, "wb") as f:
+                f.write(out)
+                f.flush()
+                os.fsync(f.fileno())
+            self._idx_path(n).unlink(missing_ok=True)
+            tmp.replace(self._path(n))
+        fsync_dir(self.dir)
+
     def _recover(self) -> None:
         segs = self._segments()
         for n in segs:
@@ -126,7 +201,7 @@ class FileStore(MsgStore):
 
     def _load_index(self, n: int) -> int:
         """Load segment n from its index file when that is valid; returns the offset to scan from."""
-        seg = segindex.read(self._idx_path(n))
+        seg = segindex.read(self._idx_path(n), self.keys)
         idx = self.index
         size = os.fstat(self._fds[n]).st_size
         if seg is None or seg.covered > size or (len(seg.sids) and seg.base_seq <= idx.last_seq):
@@ -167,16 +242,24 @@ class FileStore(MsgStore):
             if size - off < HDR_LEN + 4:
                 break
             total, kind, seq, ts, slen, hlen, dlen = _HDR.unpack_from(data, off)
-            if total != HDR_LEN + slen + hlen + dlen + 4 or off + total > size or kind not in (MSG, DEL, MARK):
+            if (total != HDR_LEN + slen + hlen + dlen + 4 + (OVERHEAD if kind == SMSG else 0) or off + total > size
+                    or kind not in (MSG, DEL, MARK, SMSG)):
                 break
             end = off + total - 4
             (crc,) = _CRC.unpack_from(data, end)
             if zlib.crc32(memoryview(data)[off:end]) != crc:
                 break
-            if kind == MSG:
+            if kind in (MSG, SMSG):
                 if seq > idx.last_seq:
                     p = off + HDR_LEN
-                    subject = data[p : p + slen].decode()
+                    if kind == SMSG:
+                        plain = self._open(n, data, off, total)
+                        if plain is None:  # (never truncated: an intact record that does not open is no torn tail)
+                            raise AtRestKeyError(f"filestore {self.dir}: segment {n} holds a sealed record at "
+                                                 f"{base + off} that does not decrypt")
+                        subject = plain[:slen].decode()
+                    else:
+                        subject = data[p : p + slen].decode()
                     msize = slen + hlen + dlen + self.overhead + (4 if hlen else 0)
                     idx.add(seq, subject, msize, ts, (n << SEG_SHIFT) | (base + off))
                     self._seg_base.setdefault(n, seq)
@@ -190,6 +273,17 @@ class FileStore(MsgStore):
                         base + off)
             os.ftruncate(fd, base + off)
             self.recovered_truncations += 1
+
+    def _open(self, n: int, rec: bytes, off: int, total: int) -> bytes | None:
+        """An SMSG record's subject, headers and data; None (logged) when it does not decrypt."""
+        if self.keys is None:
+            raise AtRestKeyError(f"filestore {self.dir}: the store holds encrypted records and no key is configured")
+        p = off + HDR_LEN
+        try:
+            return self._aead(n).decrypt(rec[p:p + NONCE], rec[p + NONCE:off + total - 4], rec[off:p])
+        except Exception:
+            log.error("filestore %s: record at %d of segment %d does not decrypt", self.dir, off, n)
+            return None
 
     def _index_remove(self, seq: int) -> None:
         gone = self.index.remove(seq)
@@ -231,7 +325,7 @@ class FileStore(MsgStore):
                            {g: idx.subjects[g] for g in set(sids) if g >= 0})
         seg.removals = list(self._removals)
         try:
-            segindex.write(self._idx_path(n), seg)
+            segindex.write(self._idx_path(n), seg, self.keys)
         except OSError:
             log.exception("filestore %s: could not write index of segment %d", self.dir, n)
 
@@ -242,6 +336,7 @@ class FileStore(MsgStore):
             os.close(self._fds.pop(n))
             self._live.pop(n, None)
             self._seg_base.pop(n, None)
+            self._aeads.pop(n, None)
             for path in (self._idx_path(n), self._path(n)):  # the index first: never an index without data
                 try:
                     os.unlink(path)
@@ -271,6 +366,15 @@ class FileStore(MsgStore):
         self._live[self._active] += 1
         return (self._active << SEG_SHIFT) | off
 
+    def _write_sealed(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
+        """`_write` with keys (set in its place, so that the plaintext path tests nothing)."""
+        if self._offset >= self.segment_bytes:
+            self._roll()
+        rec = encode_sealed(self._aead(self._active), seq, ts, subject.encode(), hdrs or b"", data)
+        off = self._append(rec, seq)
+        self._live[self._active] += 1
+        return (self._active << SEG_SHIFT) | off
+
     def _read(self, seq: int, loc: int, size: int) -> tuple[bytes | None, bytes] | None:
         n, off = loc >> SEG_SHIFT, loc & OFF_MASK
         fd = self._fds.get(n)
@@ -289,6 +393,26 @@ class FileStore(MsgStore):
         p = HDR_LEN + slen
         hdrs = rec[p : p + hlen] if hlen else None
         return hdrs, rec[p + hlen : p + hlen + dlen]
+
+    def _read_sealed(self, seq: int, loc: int, size: int) -> tuple[bytes | None, bytes] | None:
+        """`_read` with keys (set in its place): an SMSG record is opened (a MSG one read as it is)."""
+        n, off = loc >> SEG_SHIFT, loc & OFF_MASK
+        fd = self._fds.get(n)
+        if fd is None:
+            return None
+        rec = os.pread(fd, size - self.overhead + HDR_LEN + 4 + OVERHEAD, off)
+        if len(rec) < HDR_LEN:
+            return None
+        total, kind, rseq, _ts, slen, hlen, _dlen = _HDR.unpack_from(rec, 0)
+        if len(rec) < total:
+            return None
+        if kind != SMSG or rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != _CRC.unpack_from(
+                rec, total - 4)[0]:
+            return FileStore._read(self, seq, loc, size)  # (a plaintext record; or corrupt, which it reports)
+        plain = self._open(n, rec, 0, total)
+        if plain is None:
+            return None
+        return (plain[slen:slen + hlen] if hlen else None), plain[slen + hlen:]
 
     def _forget(self, seq: int, loc: int) -> None:
         n = loc >> SEG_SHIFT

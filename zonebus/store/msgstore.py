@@ -10,9 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from zonebus.store.subject_index import MsgIndex
 from zonebus.subjects.patterns import matches
+
+if TYPE_CHECKING:
+    from zonebus.store.atrest import StoreKeys
 
 
 def now_ns() -> int:
@@ -47,6 +51,7 @@ class MsgStore:
     # told (first, last) when stored messages become durable after `store` returned (a store whose
     # `visible_seq` lags behind its last sequence); the stream announces them to its consumers then
     on_visible: Callable[[int, int], None] | None = None
+    keys: StoreKeys | None = None  # encryption at rest (a file store's; zonebus.store.atrest): None = plaintext
 
     def __init__(self) -> None:
         self.index = MsgIndex()

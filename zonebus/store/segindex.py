@@ -6,7 +6,9 @@ clean close. It covers the first `covered` bytes of the segment: recovery loads 
 records after `covered` (appended later, e.g. before a crash). It holds, for the contiguous sequence range
 written into the segment, the subject id (-1 = no longer stored), size, timestamp and location of each
 sequence, the subject table, and the removals (DEL / MARK records) the segment carries. A missing, stale or
-corrupt index (CRC, magic, sizes) is ignored and the segment is scanned instead.
+corrupt index (CRC, magic, sizes) is ignored and the segment is scanned instead. With encryption at rest
+(`keys`, zonebus.store.atrest) the whole file is sealed (it holds the subjects); one that does not open, or a
+plaintext one, is ignored the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import zlib
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from zonebus.store.atrest import AtRestKeyError, StoreKeys, is_sealed_file
 
 MAGIC = b"ZBIDX01\n"
 _HEAD = struct.Struct("<QQIII")  # covered bytes, base seq, slots, subjects, removals
@@ -38,7 +42,7 @@ class SegIndex:
     removals: list[tuple[int, int, int]] = field(default_factory=list)
 
 
-def write(path: Path, seg: SegIndex) -> None:
+def write(path: Path, seg: SegIndex, keys: StoreKeys | None = None) -> None:
     if not _LITTLE:
         return  # arrays are stored little-endian; other machines simply scan
     parts = [MAGIC, _HEAD.pack(seg.covered, seg.base_seq, len(seg.sids), len(seg.subjects), len(seg.removals))]
@@ -48,21 +52,31 @@ def write(path: Path, seg: SegIndex) -> None:
     parts += [seg.sids.tobytes(), seg.sizes.tobytes(), seg.tss.tobytes(), seg.locs.tobytes()]
     parts += [_REM.pack(*r) for r in seg.removals]
     body = b"".join(parts)
+    raw = body + struct.pack("<I", zlib.crc32(body))
+    if keys is not None:
+        raw = keys.seal_file(path.name, raw)
     tmp = path.with_suffix(".idx.tmp")
     with open(tmp, "wb") as f:
-        f.write(body + struct.pack("<I", zlib.crc32(body)))
+        f.write(raw)
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(path)
 
 
-def read(path: Path) -> SegIndex | None:
+def read(path: Path, keys: StoreKeys | None = None) -> SegIndex | None:
     if not _LITTLE:
         return None
     try:
         raw = path.read_bytes()
     except OSError:
         return None
+    if keys is not None:
+        if not is_sealed_file(raw):
+            return None
+        try:
+            raw = keys.open_file(path.name, raw)
+        except AtRestKeyError:
+            return None
     if len(raw) < len(MAGIC) + _HEAD.size + 4 or not raw.startswith(MAGIC):
         return None
     body, (crc,) = raw[:-4], struct.unpack("<I", raw[-4:])

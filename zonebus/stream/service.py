@@ -6,11 +6,13 @@ flush, inactive consumers). Everything runs on the server's event loop; callback
 an `os.write` of one record.
 
 On-disk layout: `<store_dir>/jetstream/streams/<stream>/{meta.json, msgs/<n>.blk + <n>.idx,
-consumers/<consumer>/{meta.json,state.json}}`. Memory streams are not written: like nats-server's, they do not
-survive a restart. With `shared_store` set, file-storage streams live on the shared store instead
-(`zonebus.store.shared`; messages, stream config and consumer documents), `<store_dir>/jetstream/shared-cache`
-only caches their batches, and the server takes every stream found there over at start (a lone server owns
-the whole shared store). Their PubAcks go out once the message is durable on the shared store.
+consumers/<consumer>/{meta.json,state.json}}` (with `jetstream { key }`, also `meta.key`, the stream's wrapped data
+key: records, indexes and those JSON documents are then sealed, zonebus.store.atrest). Memory streams are not
+written: like nats-server's, they do not survive a restart. With `shared_store` set, file-storage streams live on
+the shared store instead (`zonebus.store.shared`; messages, stream config and consumer documents),
+`<store_dir>/jetstream/shared-cache` only caches their batches, and the server takes every stream found there over
+at start (a lone server owns the whole shared store). Their PubAcks go out once the message is durable on the shared
+store.
 
 Consumer state is written 50 ms after it changes (and on stop), so a crash can forget the last acks: those
 messages are redelivered (at-least-once), never lost.
@@ -40,12 +42,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.jserrors import JSError
-from zonebus.store.durability import make_dirs, replace_file
+from zonebus.store.atrest import AtRestKeyError, StoreKeys, configured, store_keys
+from zonebus.store.durability import make_dirs
 from zonebus.store.filestore import FileStore
 from zonebus.store.memstore import MemStore
 from zonebus.store.msgstore import MsgStore, now_ns
 from zonebus.store.shared import CommitOptions, SharedStorage, SharedStore
-from zonebus.stream import direct, reads
+from zonebus.stream import direct, localdocs, reads
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.domain import DomainAPI
@@ -61,12 +64,6 @@ STATE_FLUSH_DELAY = 0.05
 BILLED_STATE_FLUSH_DELAY = 15.0  # a consumer's state on s3:// (a billed PUT each): every 15 s at most, not per ack
 HOUSEKEEPING_INTERVAL = 0.5
 STREAM_QUEUE = "$JSQ."  # with `stream_queue`: a stream's subscriptions join the queue group STREAM_QUEUE + name
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(path)
 
 
 class JetStreamService:
@@ -109,6 +106,8 @@ class JetStreamService:
         # zone router: every subscription of a stream joins the queue group `STREAM_QUEUE + name`, so that
         # routes tell a stream's interest apart from core subscribers' (its only member is the leader)
         self.stream_queue = False
+        # encryption at rest of the local file store (`jetstream { key, cipher, prev_key }`); None: plaintext
+        self.atrest = configured(opts.encryption_key, opts.encryption_cipher, opts.prev_encryption_key)
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -126,6 +125,9 @@ class JetStreamService:
         for d in sorted(p for p in self.root.iterdir() if p.is_dir() and not self.clustered):
             try:
                 self._recover_stream(d)
+            except AtRestKeyError as exc:  # as nats-server: the stream is not loaded, its files are kept
+                log.error("JetStream: stream %s not recovered: %s", d.name, exc)
+                self.unrecovered[d.name] = str(exc)
             except Exception:
                 log.exception("JetStream: could not recover stream from %s", d)
         if self.opts.shared_store:
@@ -284,16 +286,20 @@ class JetStreamService:
     def _stream_dir(self, name: str) -> Path:
         return self.root / name
 
-    def _open_store(self, cfg: dict[str, Any], directory: Path) -> MsgStore:
+    def _open_store(self, cfg: dict[str, Any], directory: Path, keys: StoreKeys | None = None) -> MsgStore:
         if cfg["storage"] == "memory":
             return MemStore()
-        return FileStore(directory / "msgs", sync_always=self._sync_always())
+        if keys is None and self.atrest is not None:
+            keys = self.atrest.open_dir(directory)
+        return FileStore(directory / "msgs", sync_always=self._sync_always(), keys=keys)
 
     def create_stream(self, cfg: dict[str, Any]) -> Stream:
-        why = self.unrecovered.get(cfg["name"]) if cfg["storage"] == "file" else None
-        if why is not None:
-            raise JSError("stream_store_failed", err=f"stream {cfg['name']} is on the shared store but could not "
-                                                     f"be recovered ({why}); not overwriting it")
+        why, shared = self.unrecovered.get(cfg["name"]), self.shared is not None
+        # a local one (its key did not open it) is refused as a memory stream too: creating one removes the dir
+        if why is not None and (cfg["storage"] == "file" or not shared):
+            raise JSError("stream_store_failed" if shared else "stream_create_failed",
+                          err=f"stream {cfg['name']} is {'on the shared store' if shared else 'in the store directory'}"
+                              f" but could not be recovered ({why}); not overwriting it")
         d = self._stream_dir(cfg["name"])
         if d.exists():
             shutil.rmtree(d, ignore_errors=True)
@@ -469,25 +475,32 @@ class JetStreamService:
         stream.sids.clear()
 
     def _recover_stream(self, d: Path) -> None:
-        meta = json.loads((d / "meta.json").read_text())
+        keys = store_keys(self.atrest, d)  # (AtRestKeyError: a wrong key, or none for an encrypted stream)
+        meta = localdocs.read(d / "meta.json", keys, "meta.json")
         cfg = meta["config"]
         if cfg["storage"] != "file":
             shutil.rmtree(d, ignore_errors=True)
             return
-        stream = Stream(self, cfg, meta["created"], self._open_store(cfg, d), d)
+        stream = Stream(self, cfg, meta["created"], self._open_store(cfg, d, keys), d)
+        if keys is not None and keys.converting:
+            stream.save_meta()  # a key added to a plain store: the documents are sealed from now on
         stream.rebuild_dedupe()
         self.streams[cfg["name"]] = stream
         cdir = d / "consumers"
         if cdir.is_dir():
             for cd in sorted(p for p in cdir.iterdir() if p.is_dir()):
                 try:
-                    cmeta = json.loads((cd / "meta.json").read_text())
-                    state_path = cd / "state.json"
-                    state = json.loads(state_path.read_text()) if state_path.exists() else None
+                    cmeta = localdocs.read(cd / "meta.json", keys, f"{cd.name}/meta.json")
+                    state = localdocs.read_if_there(cd / "state.json", keys, f"{cd.name}/state.json")
                     cons = Consumer(stream, cmeta["name"], cmeta["config"], cmeta["created"], True, state)
                     stream.consumers[cons.name] = cons
+                    if keys is not None and keys.converting:
+                        self._save_consumer_meta(cons)
+                        self._write_state(cons)
                 except Exception:
                     log.exception("JetStream: could not recover consumer from %s", cd)
+        if keys is not None and keys.converting:
+            keys.finish_conversion()  # (its records, by the file store; its documents, above)
         if cfg["max_age"]:
             stream.schedule_age_check()
 
@@ -532,7 +545,8 @@ class JetStreamService:
             return
         d = self._consumer_dir(cons)
         make_dirs(d)  # fsynced, as the stream's meta.json: a created consumer survives a power loss (its state
-        replace_file(d / "meta.json", json.dumps(doc).encode())  # file is not: acks may come back as redeliveries
+        # file is not: acks may come back as redeliveries)
+        localdocs.write_durably(d / "meta.json", doc, cons.stream.store.keys, f"{d.name}/meta.json")
 
     def _write_state(self, cons: Consumer) -> None:
         shared = self._shared_of(cons.stream)
@@ -541,7 +555,8 @@ class JetStreamService:
             return
         d = self._consumer_dir(cons)
         if d.is_dir():
-            _write_json(d / "state.json", cons.state_dict())
+            keys = cons.stream.store.keys
+            localdocs.write_fast(d / "state.json", cons.state_dict(), keys, f"{d.name}/state.json")
 
     def schedule_state_flush(self, cons: Consumer) -> None:
         """Write the consumer's state soon: within 50 ms, or within 15 s on a store that bills each request

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.jserrors import JSError
-from zonebus.store.durability import make_dirs, replace_file
+from zonebus.store.durability import make_dirs
 from zonebus.store.msgstore import MsgStore, now_ns
-from zonebus.stream import limits
+from zonebus.stream import limits, localdocs
 from zonebus.stream.config import format_time
 from zonebus.stream.sources import SourceLink
 from zonebus.stream.transform import SubjectTransform, compile_transform
@@ -107,7 +107,8 @@ class Stream:
         if self.dir is None:
             return
         make_dirs(self.dir)  # fsynced: a power loss must not take a stream whose messages were acknowledged
-        replace_file(self.dir / "meta.json", json.dumps({"config": self.cfg, "created": self.created}).encode())
+        localdocs.write_durably(self.dir / "meta.json", {"config": self.cfg, "created": self.created}, self.store.keys,
+                                "meta.json")
 
     def update_config(self, cfg: dict[str, Any]) -> None:
         sources_changed = cfg.get("sources") != self.cfg.get("sources")
