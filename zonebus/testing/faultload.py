@@ -126,13 +126,19 @@ async def read_back(nc: nats.NATS, stream: str, durable: str = "readback", timeo
     """(sequence, payload) of every message of `stream`, in order, through a new pull consumer; with `partial`,
     what was read by the deadline instead of a TimeoutError (a campaign's checker then counts the rest)."""
     js = nc.jetstream(timeout=5)
-    info = await js.stream_info(stream)
-    want = info.state.messages
-    await js.add_consumer(stream, ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.NONE,
-                                                 deliver_policy=DeliverPolicy.ALL))
+    deadline = time.monotonic() + timeout
+    while True:  # (10008 "temporarily unavailable" while the meta group settles after a partition heals)
+        try:
+            want = (await js.stream_info(stream)).state.messages
+            await js.add_consumer(stream, ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.NONE,
+                                                         deliver_policy=DeliverPolicy.ALL))
+            break
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
     sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
     out: list[tuple[int, bytes]] = []
-    deadline = time.monotonic() + timeout
     while len(out) < want:
         if time.monotonic() > deadline:
             if partial:

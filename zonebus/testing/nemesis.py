@@ -19,9 +19,14 @@ how long publishing was unavailable and how long it took to recover:
 - `cut`: one route cut (the target and one other server; the third still reaches both);
 - `oneway`: a one-way partition: every byte the target sends to one other server is held (`stall`), its
   routes stay open, what the other sends it flows;
-- `damage`: one object of the shared store on the S3 stand-in damaged (`zonebus.testing.storedamage`: a bit
-  flipped in, or a torn copy of, a stored batch object, or a stream's newest claim object deleted); nothing
-  to heal: the fault's seconds are waited, then recovery is measured as for the others;
+- `damage`: a stream's newest claim object deleted from the shared store on the S3 stand-in
+  (`zonebus.testing.storedamage`), which zonebus is built to survive (a new leader then asks every live member
+  for the fenced writer); nothing to heal: the fault's seconds are waited, then recovery is measured as for
+  the others;
+- `damage-batch`: a bit flipped in, or a torn copy of, a stored batch object of a stream: the store holds the
+  only durable copy once a batch is stored (with the writer's cache), so a reader without a copy refuses the
+  object by name and cannot read past it (tests/storage/test_damaged_s3.py): the acknowledged messages from
+  that batch on are lost to it. Like `powerloss-all`, a fault that loses data by design: not in the default mix;
 - `clock`: the target's wall clock (its supervisor and workers) jumps by tens of seconds to minutes, forward
   or back (`zonebus.testing.clockshift`; the monotonic clock is left alone), for the fault's seconds, then
   back to the right time. Partitions and the clock fault need `routes` (the route proxy) and `clocks` (a
@@ -63,7 +68,7 @@ STORAGE_FAULTS = {
 }
 SLOW_MS = (2000.0, 4000.0)  # p50 / p99 milliseconds per request while storage is slow
 PARTITIONS = ("isolate", "cut", "oneway")
-DAMAGE = "damage"
+DAMAGE = {"damage": ("claim",), "damage-batch": ("flip", "torn")}  # fault -> `storedamage` kinds
 CLOCK = "clock"
 CLOCK_JUMPS = (30.0, 600.0)  # a clock fault's jump, seconds (either way), drawn log-uniformly in this range
 
@@ -102,7 +107,7 @@ class Nemesis:
         out = [k for k in wanted if k in PROCESS_FAULTS or (self.proxy is not None and
                                                             (k in STORAGE_FAULTS or k == "s3-slow"))
                or (k in (POWER_LOSS, POWER_LOSS_ALL) and set(self.mounts) >= set(self.servers))
-               or (k in PARTITIONS and self.routes is not None) or (k == DAMAGE and self.damage is not None)
+               or (k in PARTITIONS and self.routes is not None) or (k in DAMAGE and self.damage is not None)
                or (k == CLOCK and set(self.clocks) >= set(self.servers))]
         return out
 
@@ -116,7 +121,7 @@ class Nemesis:
 
     # -- one fault -----------------------------------------------------------------------------------
     async def inject(self, kind: str, seconds: float, recover_within: float = 60.0) -> Fault:
-        storage = kind.startswith("s3") or kind == DAMAGE
+        storage = kind.startswith("s3") or kind in DAMAGE
         target = "storage" if storage else "all" if kind == POWER_LOSS_ALL else await self._target()
         f = Fault(kind, target, time.monotonic())
         if kind == "kill":
@@ -143,9 +148,9 @@ class Nemesis:
                 send_signal(pids, signal.SIGCONT)
         elif kind in PARTITIONS:
             await self._partition(f, seconds)
-        elif kind == DAMAGE:
+        elif kind in DAMAGE:
             assert self.damage is not None
-            f.detail = await asyncio.to_thread(self.damage.hit, self.rng)
+            f.detail = await asyncio.to_thread(self.damage.hit, self.rng, DAMAGE[kind])
             await asyncio.sleep(seconds)
         elif kind == CLOCK:
             lo, hi = CLOCK_JUMPS

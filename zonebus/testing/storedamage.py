@@ -3,9 +3,9 @@
 counted): the object is read, damaged and written back, as bit rot or a torn write would leave it.
 
     damage = StoreDamage(s3, "zb/")          # a `zonebus.testing.motos3.MotoS3`, the store's key prefix
-    what = damage.hit(rng)                   # e.g. "flip bit 3 of byte 1021 of zb/streams/S/log/...blk"
+    what = damage.hit(rng, ("flip", "torn"))  # e.g. "flipped bit 3 of byte 1021 of 4096 in zb/streams/S/log/...blk"
 
-The kinds (`KINDS`), one drawn per hit among those with an object to hit:
+The kinds (`KINDS`), one drawn per hit among those asked for that have an object to hit:
 - `flip`: one bit of a batch object (`streams/<s>/log/<batch>.<epoch>.blk`) at a uniformly drawn offset: bit
   rot hits any byte of any object;
 - `torn`: a batch object cut short to a drawn fraction of its bytes (a torn write);
@@ -36,16 +36,17 @@ class StoreDamage:
     def _keys(self, suffix: str, folder: str) -> list[str]:
         return [k for k in self.s3.keys(f"{self.prefix}streams/") if k.endswith(suffix) and f"/{folder}/" in k]
 
-    def hit(self, rng: random.Random) -> str:
-        """Damage one object (blocking: run it in a thread); what was done, or why nothing was."""
+    def hit(self, rng: random.Random, kinds: tuple[str, ...] = KINDS) -> str:
+        """Damage one object of one of `kinds` (blocking: run it in a thread); what was done, or why nothing
+        was."""
         if self._client is None:
             self._client = self.s3.client(direct=True)
         batches = self._keys(".blk", "log")
         claims = self._keys(".claim", "epochs")
-        kinds = [k for k in KINDS if (claims if k == "claim" else batches)]
-        if not kinds:
-            what = "nothing to damage: no batch or claim object stored yet"
-        elif (kind := rng.choice(kinds)) == "claim":
+        can = [k for k in kinds if (claims if k == "claim" else batches)]
+        if not can:
+            what = f"nothing to damage: no object for {'/'.join(kinds)} stored"
+        elif (kind := rng.choice(can)) == "claim":
             newest: dict[str, str] = {}
             for key in claims:  # (names are zero-padded: the highest sorts last)
                 stream = key.rsplit("/epochs/", 1)[0]
