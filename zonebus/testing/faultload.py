@@ -145,7 +145,13 @@ async def read_back(nc: nats.NATS, stream: str, durable: str = "readback", timeo
                 break
             raise TimeoutError(f"{stream}: read back {len(out)} of {want} messages")
         try:
-            out.extend((m.metadata.sequence.stream, m.data) for m in await sub.fetch(500, timeout=2))
+            for m in await sub.fetch(500, timeout=2):
+                try:
+                    out.append((m.metadata.sequence.stream, m.data))
+                except nats.errors.NotJSMessageError:  # (what was delivered, for the report)
+                    raise RuntimeError(f"{stream}: a delivery without JetStream metadata after {len(out)} "
+                                       f"messages: subject {m.subject!r}, reply {m.reply!r}, headers "
+                                       f"{m.headers!r}, data {m.data[:100]!r}") from None
         except nats.errors.TimeoutError:
             continue
         except nats.js.errors.APIError:  # a 503 while the stream's leader settles after faults: ask again
