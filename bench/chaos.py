@@ -38,8 +38,9 @@ their own zone's server, and the S3 stand-in stays reachable from every zone, S3
 route, `oneway` holds every byte one server sends another; `damage` deletes the stream's newest claim object on
 the S3 stand-in (`zonebus.testing.storedamage`), `damage-batch` (not in the default mix: it loses data by design, as
 `powerloss-all`) flips a bit in or tears one of its stored batch objects: every zone but the one whose server
-cached the object then reads the stream only up to it (campaign seed 1, 2026-11-29: z1 and z3 read 500 of 4,560
-messages, z2 all of them; the other servers log `LayoutError ... batch object shorter than its header`); `clock`
+cached the object then reads the stream only up to it, and that server alone can lead it (2026-11-29, seed 1: z1
+and z3 read 500 of 4,560 messages, z2 all of them; seed 4, batch 1 torn: z1 and z3 read 0 of 2,969, and each
+failover to s1 ended back on s2; the others log `LayoutError ... batch object shorter than its header`); `clock`
 jumps one zonebus server's wall clock (supervisor and workers; not the monotonic clock) by 30 s to 10 min either
 way for the fault's seconds (`zonebus.testing.clockshift`; not on nats-server, whose Go runtime reads the clock
 through the vDSO). A zone whose read-back stops short (a damaged object it cannot read past) counts what it did
