@@ -16,8 +16,9 @@ Setups (`--only`):
   (2 min) and `sync_interval: always`.
 Workload: one writer per zone, connected to its own zone's server, publishing unique values `<writer>:<n>` and
 awaiting each PubAck (a timeout or an error counts as a failed publish, an unknown outcome). The nemesis injects
-one fault at a time (`--faults`: kill, pause, powerloss, s3-503, s3-reset, s3-timeout, s3-slow; storage faults
-only where there is an S3 store), heals it, waits until every writer is acknowledged again, then rests. Afterwards every
+one fault at a time (`--faults`: kill, pause, powerloss, s3-503, s3-reset, s3-timeout, s3-slow, isolate, damage,
+clock by default; powerloss-all, damage-batch, cut, oneway on request; storage faults and damage only where there
+is an S3 store), heals it, waits until every writer is acknowledged again, then rests. Afterwards every
 zone reads the stream back through its own server, and the checker reports acked, failed, lost (split into
 prefix / middle / postfix per writer), unexpected, duplicates, order, whether every zone read the same log, the
 longest stretch without any PubAck after a fault (unavailability) and the recovery time after healing.
@@ -31,6 +32,20 @@ before it reports holding it (`zonebus.zonerouter.heldtail`), so the restarted s
 from the replicas' disks (before that file, losing power everywhere lost them; `--zone-router-ack storage`
 acknowledges after the PUT instead); nats-server R3 with its default `sync_interval` forgets whatever it did
 not fsync, the stream itself included.
+
+Partitions, damage and the clock (`zonebus.testing.nemesis`): `isolate` cuts the target's zone off from the
+others (every route between its server and the others reset and refused, through the route proxies; clients keep
+their own zone's server, and the S3 stand-in stays reachable from every zone, S3 being regional); `cut` cuts one
+route, `oneway` holds every byte one server sends another; `damage` deletes the stream's newest claim object on
+the S3 stand-in (`zonebus.testing.storedamage`), `damage-batch` (not in the default mix: it loses data by design, as
+`powerloss-all`) flips a bit in or tears one of its stored batch objects: every zone but the one whose server
+cached the object then reads the stream only up to it, and that server alone can lead it (2026-11-29, seed 1: z1
+and z3 read 500 of 4,560 messages, z2 all of them; seed 4, batch 1 torn: z1 and z3 read 0 of 2,969, and each
+failover to s1 ended back on s2; the others log `LayoutError ... batch object shorter than its header`); `clock`
+jumps one zonebus server's wall clock (supervisor and workers; not the monotonic clock) by 30 s to 10 min either
+way for the fault's seconds (`zonebus.testing.clockshift`; not on nats-server, whose Go runtime reads the clock
+through the vDSO). A zone whose read-back stops short (a damaged object it cannot read past) counts what it did
+read: the checker then reports the rest as lost and the zones as disagreeing.
 
 A second workload (`--workloads kv`): KV compare-and-set (`zonebus.testing.kvload`): one client per zone doing
 reads, puts and `update`s with the last revision it saw on three keys of one bucket (history 1, no direct gets;
@@ -76,14 +91,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nats  # noqa: E402
 import nats.js.errors  # noqa: E402
 
+from zonebus.testing.clockshift import ClockShift  # noqa: E402
 from zonebus.testing.dqload import DQCheck, GroupMember, PullMember, dq_check, unprocessed  # noqa: E402
 from zonebus.testing.faultload import FaultPublisher, read_back  # noqa: E402
 from zonebus.testing.jsapi import api  # noqa: E402
 from zonebus.testing.kvload import KVCheck, KVClient, bucket_stream, check_history  # noqa: E402
 from zonebus.testing.motos3 import MotoS3, proxied_s3  # noqa: E402
-from zonebus.testing.nemesis import POWER_LOSS, POWER_LOSS_ALL, Fault, Nemesis, QueueCheck, queue_check  # noqa: E402
+from zonebus.testing.nemesis import (  # noqa: E402
+    CLOCK,
+    POWER_LOSS,
+    POWER_LOSS_ALL,
+    Fault,
+    Nemesis,
+    QueueCheck,
+    queue_check,
+)
 from zonebus.testing.polling import until  # noqa: E402
 from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable  # noqa: E402
+from zonebus.testing.storedamage import StoreDamage  # noqa: E402
 from zonebus.testing.zonecluster import ZoneCluster, stream_led_in  # noqa: E402
 
 BUCKET = "zonebus-chaos"
@@ -99,8 +124,11 @@ LEADER = "s2"
 FAILOVER = 3.0  # zonebus's default failover_timeout
 SETUPS = ("zonebus", "zonebus-r3", "zonebus-file", "nats", "nats-always")
 NO_STREAMS = {"zonebus-r3"}  # no shared store: zonebus refuses file streams in a cluster (only dq runs)
-ALL_FAULTS = "kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow"  # the default: one server at a time
-KNOWN_FAULTS = f"{ALL_FAULTS},powerloss-all"  # and every server losing power at once
+ALL_FAULTS = ("kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow,isolate,damage,clock")  # the default:
+# one server (or object) at a time
+KNOWN_FAULTS = f"{ALL_FAULTS},powerloss-all,damage-batch,cut,oneway"  # every server losing power at once, a
+# stored batch object damaged (both lose data by design); one route cut or held one way
+STORE_ROOT = "zb/"  # the shared store's root in the bucket (setup zonebus)
 
 
 def log(msg: str) -> None:
@@ -124,12 +152,26 @@ def power_mounts(stack: ExitStack, tmp: Path, n: int, faults: list[str]) -> dict
     return mounts
 
 
+@dataclasses.dataclass
+class Setup:
+    cluster: ZoneCluster
+    s3: MotoS3 | None
+    mounts: dict[str, PowerLossMount]  # server -> its store's power-loss file system (`powerloss`)
+    clocks: dict[str, ClockShift]  # server -> its wall clock's offset (`clock`, zonebus servers only)
+
+
 def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str], ack: str = "replicas", group: bool = False
-          ) -> tuple[ZoneCluster, MotoS3 | None, dict[str, PowerLossMount]]:
+          ) -> Setup:
     """The setup's three servers (with the durable queue group `chaos` on zonebus when `group`), each store on
-    its own power-loss file system when the faults include power loss."""
+    its own power-loss file system when the faults include power loss, each zonebus server's wall clock
+    shiftable when they include `clock`."""
     s3 = None
     mounts = power_mounts(stack, tmp, 3, faults)
+    clocks = ({i: ClockShift(tmp / f"clock-{i + 1}") for i in range(3)}
+              if CLOCK in faults and setup.startswith("zonebus") else {})
+    if CLOCK in faults and not clocks:
+        log(f"{setup}: no clock fault: nats-server (Go) reads the clock through the vDSO, out of the shift's reach")
+    shift = (lambda i: clocks[i].env()) if clocks else None
 
     def store(i: int, t: Path) -> Path:  # on the server's power-loss file system when there is one
         return mounts[i].mountpoint if i in mounts else t
@@ -139,14 +181,14 @@ def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str], ack: str =
     if setup in ("zonebus-r3", "zonebus-file"):  # zonebus's defaults; the second with a file:// shared store
         shared = f', shared_store: "file://{tmp}/shared"' if setup == "zonebus-file" else ""
         cluster = ZoneCluster(setup, "zonebus", lambda i, t: f'jetstream {{ store_dir: "{store(i, t)}/z{i + 1}"'
-                              f'{shared} }}' + groups)
+                              f'{shared} }}' + groups, server_env=shift)
     elif setup == "zonebus":
         s3 = stack.enter_context(proxied_s3(BUCKET, latency=True, process=True))
         ep, region = s3.endpoint, s3.region
         cluster = ZoneCluster(setup, "zonebus", lambda i, t: (
             f'jetstream {{ store_dir: "{store(i, t)}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
             f'zone_router: true, zone_router_ack: {ack}, s3 {{ endpoint: "{ep}", region: "{region}" }} }}'
-            + groups), env=s3.env(endpoint=False))
+            + groups), env=s3.env(endpoint=False), server_env=shift)
     else:
         sync = ', sync_interval: "always"' if setup == "nats-always" else ""
         cluster = ZoneCluster(setup, "nats", lambda i, t: f'jetstream {{ store_dir: "{store(i, t)}/n{i + 1}"{sync} }}',
@@ -155,7 +197,8 @@ def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str], ack: str =
     cluster.start(tmp)
     if setup == "zonebus":
         cluster.wait_router_mapping()
-    return cluster, s3, {cluster.names[i]: m for i, m in mounts.items()}
+    return Setup(cluster, s3, {cluster.names[i]: m for i, m in mounts.items()},
+                 {cluster.names[i]: c for i, c in clocks.items()})
 
 
 def workdir(stack: ExitStack, label: str, args: argparse.Namespace) -> Path:
@@ -167,12 +210,12 @@ def workdir(stack: ExitStack, label: str, args: argparse.Namespace) -> Path:
     return Path(td)
 
 
-async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 | None,
-                       mounts: dict[str, PowerLossMount], stream: str, writers: list, args: argparse.Namespace,
+async def under_faults(label: str, run: Setup, stream: str, writers: list, args: argparse.Namespace,
                        leader_api: str = "") -> list[Fault]:
     """Run `writers` (each with `run(stop)`) while the nemesis injects faults (the stream's leader, or the
     leader `leader_api`'s INFO names, or with `stream` "" the durable queue group's primary, is its favourite
     target); returns the faults."""
+    cluster, s3 = run.cluster, run.s3
     servers = dict(zip(cluster.names, cluster.servers, strict=True))
     watch = await nats.connect(servers=[s.url for s in cluster.servers], max_reconnect_attempts=-1,
                                reconnect_time_wait=0.2)
@@ -183,7 +226,9 @@ async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 
         info = leader_api or f"$JS.API.STREAM.INFO.{stream}"
         return (await api(watch, info, timeout=2.0))["cluster"]["leader"]
 
-    nemesis = Nemesis(servers, writers, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed, mounts)
+    nemesis = Nemesis(servers, writers, s3.proxy if s3 is not None else None, FAILOVER, leader, args.seed,
+                      run.mounts, routes=cluster.proxy, damage=StoreDamage(s3, STORE_ROOT) if s3 is not None else None,
+                      clocks=run.clocks)
     stop = asyncio.Event()
     tasks = [asyncio.create_task(w.run(stop)) for w in writers]
     try:
@@ -197,8 +242,8 @@ async def under_faults(setup: str, label: str, cluster: ZoneCluster, s3: MotoS3 
 
 async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, list[Fault]]:
     with ExitStack() as stack:
-        cluster, s3, mounts = start(setup, stack, workdir(stack, setup, args), args.faults.split(","),
-                                     args.zone_router_ack)
+        run = start(setup, stack, workdir(stack, setup, args), args.faults.split(","), args.zone_router_ack)
+        cluster = run.cluster
         cfg: dict = {"name": STREAM, "subjects": ["chaos.>"], "storage": "file"}
         cfg |= {"num_replicas": 1, "placement": {"tags": ["az:z2"]}} if setup == "zonebus" else {"num_replicas": 3}
         led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
@@ -206,12 +251,13 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
         pubs = [FaultPublisher([s.url], f"w{k + 1}", f"chaos.w{k + 1}", zone=f"z{k + 1}")
                 for k, s in enumerate(cluster.servers)]
         t0 = time.monotonic()
-        faults = await under_faults(setup, setup, cluster, s3, mounts, STREAM, pubs, args)
+        faults = await under_faults(setup, run, STREAM, pubs, args)
         reads = {}
         for k, s in enumerate(cluster.servers):  # every zone reads through its own server
             nc = await nats.connect(s.url, name=f"reader?az=z{k + 1}")
             try:
-                reads[f"z{k + 1}"] = await read_back(nc, STREAM, durable=f"readback_z{k + 1}", timeout=60)
+                reads[f"z{k + 1}"] = await read_back(nc, STREAM, durable=f"readback_z{k + 1}", timeout=60,
+                                                     partial=True)
             except nats.js.errors.NotFoundError:  # the stream itself is gone: everything acked is lost
                 log(f"{setup}: z{k + 1} reads no stream {STREAM}: stream not found")
                 reads[f"z{k + 1}"] = []
@@ -240,8 +286,9 @@ async def dq_campaign(setup: str, args: argparse.Namespace) -> tuple[DQCheck, li
     """The durable queue group workload: writers in every zone, members in every zone acking what they
     process; after the faults, wait until every acked message was processed (or `DRAIN_TIMEOUT`), check."""
     with ExitStack() as stack:
-        cluster, s3, mounts = start(setup, stack, workdir(stack, f"{setup} dq", args), args.faults.split(","),
-                                    args.zone_router_ack, group=setup.startswith("zonebus"))
+        run = start(setup, stack, workdir(stack, f"{setup} dq", args), args.faults.split(","),
+                    args.zone_router_ack, group=setup.startswith("zonebus"))
+        cluster = run.cluster
         stream = ""
         if setup.startswith("nats"):
             stream = DQ_STREAM
@@ -272,7 +319,7 @@ async def dq_campaign(setup: str, args: argparse.Namespace) -> tuple[DQCheck, li
                 for k, s in enumerate(cluster.servers)]
         try:
             leader_api = f"$JS.API.CONSUMER.INFO.{DQ_STREAM}.{GROUP}" if stream else ""
-            faults = await under_faults(setup, f"{setup} dq", cluster, s3, mounts, stream, pubs, args, leader_api)
+            faults = await under_faults(f"{setup} dq", run, stream, pubs, args, leader_api)
             t = time.monotonic()
             try:
                 await until(lambda: unprocessed(pubs, members) == 0, "every acked message processed",
@@ -306,14 +353,14 @@ async def dq_campaign(setup: str, args: argparse.Namespace) -> tuple[DQCheck, li
 async def kv_campaign(setup: str, args: argparse.Namespace) -> tuple[KVCheck, list[Fault]]:
     """The KV workload under the same faults; its history checked for linearizability."""
     with ExitStack() as stack:
-        cluster, s3, mounts = start(setup, stack, workdir(stack, f"{setup} kv", args),
-                                     args.faults.split(","), args.zone_router_ack)
+        run = start(setup, stack, workdir(stack, f"{setup} kv", args), args.faults.split(","), args.zone_router_ack)
+        cluster = run.cluster
         cfg = bucket_stream(BUCKET_KV, 1, ["az:z2"]) if setup == "zonebus" else bucket_stream(BUCKET_KV, 3)
         led = await stream_led_in(cluster.servers[1].url, cfg, LEADER, setup)
         log(f"{setup} kv: bucket {BUCKET_KV} led by {led}")
         clients = [KVClient([s.url], f"c{k + 1}", BUCKET_KV, KEYS, zone=f"z{k + 1}", seed=args.seed)
                    for k, s in enumerate(cluster.servers)]
-        faults = await under_faults(setup, f"{setup} kv", cluster, s3, mounts, f"KV_{BUCKET_KV}", clients, args)
+        faults = await under_faults(f"{setup} kv", run, f"KV_{BUCKET_KV}", clients, args)
         t = time.monotonic()
         kv = await asyncio.to_thread(check_history, clients)
         log(f"{setup} kv: {kv.line()} (checked in {time.monotonic() - t:.1f} s)")

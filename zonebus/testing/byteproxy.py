@@ -12,9 +12,18 @@ so that a caller who knows its servers' pids can name both ends.
 listening ports, and the local ports of the proxy's own outgoing connections), so that a caller can check
 that no route bypasses the proxies.
 
+Partitions (the chaos campaigns' nemesis, `zonebus.testing.nemesis`): `block(pairs)` cuts the links of the
+given (src, dst) pairs: their live connections are reset and new ones are closed as soon as they are accepted
+(the dialler sees a refused route and retries), both directions of the route, as a cut cable; `stall(flows)`
+holds every byte flowing from one named server to another (on the links of either pair, whoever dialled):
+the pump stops reading, so the bytes wait in the kernel's buffers and then the sender's, as a one-way
+partition leaves a TCP connection; `heal()` lifts every block and stall (held bytes then flow on).
+
 For benchmarks the proxy runs in its own process, so that it does not share an event loop (or the GIL) with
 the load generator: `ProxyProcess` drives `python -m zonebus.testing.byteproxy`, which takes one JSON command
-per line on stdin and answers one JSON line on stdout.
+per line on stdin and answers one JSON line on stdout: `add` {src, dst, target} -> {port}; `counts` ->
+{counts, route_ports, connections}; `reset`; `block` {pairs: [[src, dst], ...]} and `stall` {flows: [[from, to],
+...]} -> {closed: connections reset}; `heal` -> {ok}.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ class _Link:
     port: int = 0
     upstream_ports: set[int] = field(default_factory=set)
     accepted: int = 0
+    live: set[asyncio.StreamWriter] = field(default_factory=set)  # the dialling side of each open connection
 
 
 class ByteProxy:
@@ -64,6 +74,9 @@ class ByteProxy:
         self.links: list[_Link] = []
         self._tasks: set[asyncio.Task] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self.blocked: set[tuple[str, str]] = set()  # links (src, dst) that take no connection
+        self.stalled: set[tuple[str, str]] = set()  # flows (from, to) whose bytes are held
+        self._healed = asyncio.Event()
 
     async def add(self, src: str, dst: str, target_port: int, listen_port: int = 0) -> int:
         """Listen on 127.0.0.1:listen_port (0: any free port) and forward to 127.0.0.1:target_port; returns
@@ -90,6 +103,28 @@ class ByteProxy:
         """Connections accepted so far, over all links."""
         return sum(link.accepted for link in self.links)
 
+    def block(self, pairs: list[tuple[str, str]]) -> int:
+        """Cut the links (src, dst) of `pairs`: reset their live connections, refuse new ones until `heal()`;
+        returns how many connections were reset."""
+        self.blocked |= set(pairs)
+        closed = 0
+        for link in self.links:
+            if (link.src, link.dst) in self.blocked:
+                for w in list(link.live):
+                    _abort(w)
+                    closed += 1
+        return closed
+
+    def stall(self, flows: list[tuple[str, str]]) -> None:
+        """Hold the bytes of the flows (from, to) until `heal()` (a one-way partition)."""
+        self.stalled |= set(flows)
+        self._healed.clear()
+
+    def heal(self) -> None:
+        self.blocked.clear()
+        self.stalled.clear()
+        self._healed.set()
+
     async def close(self) -> None:
         for link in self.links:
             if link.server is not None:
@@ -110,6 +145,10 @@ class ByteProxy:
 
     async def _serve(self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link.accepted += 1
+        if (link.src, link.dst) in self.blocked:
+            _abort(writer)
+            return
+        link.live.add(writer)
         self._writers.add(writer)
         src = link.src
         if src == ANYONE:
@@ -133,6 +172,7 @@ class ByteProxy:
                 with contextlib.suppress(OSError, asyncio.CancelledError):
                     await up_writer.wait_closed()
         finally:
+            link.live.discard(writer)
             self._writers.discard(writer)
             writer.close()
             with contextlib.suppress(OSError, asyncio.CancelledError):
@@ -145,6 +185,8 @@ class ByteProxy:
                 data = await reader.read(CHUNK)
                 if not data:
                     break
+                while key in self.stalled:  # (held in hand; no more is read meanwhile)
+                    await self._healed.wait()
                 counts[key] += len(data)
                 writer.write(data)
                 if writer.transport.get_write_buffer_size() > CHUNK:
@@ -153,6 +195,12 @@ class ByteProxy:
                 writer.write_eof()
         except (OSError, RuntimeError):
             writer.close()  # a reset on one side: close the other side too
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    """Reset the connection (RST), as a cut route shows to both ends."""
+    with contextlib.suppress(OSError, RuntimeError):
+        writer.transport.abort()
 
 
 # -- a proxy in its own process ----------------------------------------------------------------------
@@ -174,6 +222,14 @@ async def _serve_stdin() -> None:
                      "route_ports": sorted(proxy.route_ports()), "connections": proxy.connections()}
         elif op == "reset":
             proxy.reset()
+            reply = {"ok": True}
+        elif op == "block":
+            reply = {"closed": proxy.block([(s, d) for s, d in cmd["pairs"]])}
+        elif op == "stall":
+            proxy.stall([(s, d) for s, d in cmd["flows"]])
+            reply = {"closed": 0}
+        elif op == "heal":
+            proxy.heal()
             reply = {"ok": True}
         else:
             reply = {"error": f"unknown op {op!r}"}
@@ -212,6 +268,17 @@ class ProxyProcess:
 
     def reset(self) -> None:
         self._call(op="reset")
+
+    def block(self, pairs: list[tuple[str, str]]) -> int:
+        """Cut these links (src, dst): live connections reset, new ones refused until `heal()`."""
+        return int(self._call(op="block", pairs=[list(p) for p in pairs])["closed"])
+
+    def stall(self, flows: list[tuple[str, str]]) -> None:
+        """Hold the bytes from `from` to `to` of each flow until `heal()`."""
+        self._call(op="stall", flows=[list(f) for f in flows])
+
+    def heal(self) -> None:
+        self._call(op="heal")
 
     def stop(self) -> None:
         stop_child(self.proc)

@@ -122,21 +122,36 @@ async def run_phases(proxy: S3Proxy | None, pubs: list[FaultPublisher],
 
 
 async def read_back(nc: nats.NATS, stream: str, durable: str = "readback", timeout: float = 30.0,
-                    ) -> list[tuple[int, bytes]]:
-    """(sequence, payload) of every message of `stream`, in order, through a new pull consumer."""
+                    partial: bool = False) -> list[tuple[int, bytes]]:
+    """(sequence, payload) of every message of `stream`, in order, through a new pull consumer; with `partial`,
+    what was read by the deadline instead of a TimeoutError (a campaign's checker then counts the rest)."""
     js = nc.jetstream(timeout=5)
-    info = await js.stream_info(stream)
-    want = info.state.messages
-    await js.add_consumer(stream, ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.NONE,
-                                                 deliver_policy=DeliverPolicy.ALL))
+    deadline = time.monotonic() + timeout
+    while True:  # (10008 "temporarily unavailable" while the meta group settles after a partition heals)
+        try:
+            want = (await js.stream_info(stream)).state.messages
+            await js.add_consumer(stream, ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.NONE,
+                                                         deliver_policy=DeliverPolicy.ALL))
+            break
+        except nats.js.errors.ServiceUnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
     sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
     out: list[tuple[int, bytes]] = []
-    deadline = time.monotonic() + timeout
     while len(out) < want:
         if time.monotonic() > deadline:
+            if partial:
+                break
             raise TimeoutError(f"{stream}: read back {len(out)} of {want} messages")
         try:
-            out.extend((m.metadata.sequence.stream, m.data) for m in await sub.fetch(500, timeout=2))
+            for m in await sub.fetch(500, timeout=2):
+                try:
+                    out.append((m.metadata.sequence.stream, m.data))
+                except nats.errors.NotJSMessageError:  # (what was delivered, for the report)
+                    raise RuntimeError(f"{stream}: a delivery without JetStream metadata after {len(out)} "
+                                       f"messages: subject {m.subject!r}, reply {m.reply!r}, headers "
+                                       f"{m.headers!r}, data {m.data[:100]!r}") from None
         except nats.errors.TimeoutError:
             continue
         except nats.js.errors.APIError:  # a 503 while the stream's leader settles after faults: ask again

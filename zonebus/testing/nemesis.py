@@ -12,7 +12,25 @@ how long publishing was unavailable and how long it took to recover:
   is on a `zonebus.testing.powerloss.PowerLossMount`, given per server as `mounts`), mount what survived again
   and restart the server on it: a machine losing power, as Jepsen simulates it with LazyFS;
 - `powerloss-all`: the same on every server at once (a data centre losing power): only what was fsynced
-  anywhere survives.
+  anywhere survives;
+- `isolate`: the target's zone cut off from the others (with one server per zone: every route between the
+  target and another server reset and refused, `zonebus.testing.byteproxy`'s `block`); clients stay connected
+  to their own zone's server and the shared store stays reachable from every zone (S3 is regional);
+- `cut`: one route cut (the target and one other server; the third still reaches both);
+- `oneway`: a one-way partition: every byte the target sends to one other server is held (`stall`), its
+  routes stay open, what the other sends it flows;
+- `damage`: a stream's newest claim object deleted from the shared store on the S3 stand-in
+  (`zonebus.testing.storedamage`), which zonebus is built to survive (a new leader then asks every live member
+  for the fenced writer); nothing to heal: the fault's seconds are waited, then recovery is measured as for
+  the others;
+- `damage-batch`: a bit flipped in, or a torn copy of, a stored batch object of a stream: the store holds the
+  only durable copy once a batch is stored (with the writer's cache), so a reader without a copy refuses the
+  object by name and cannot read past it (tests/storage/test_damaged_s3.py): the acknowledged messages from
+  that batch on are lost to it. Like `powerloss-all`, a fault that loses data by design: not in the default mix;
+- `clock`: the target's wall clock (its supervisor and workers) jumps by tens of seconds to minutes, forward
+  or back (`zonebus.testing.clockshift`; the monotonic clock is left alone), for the fault's seconds, then
+  back to the right time. Partitions and the clock fault need `routes` (the route proxy) and `clocks` (a
+  `ClockShift` per server, given at its start): where one is missing, `kinds` leaves the fault out.
 
 The checker is Jepsen's queue checker over `faultload.FaultPublisher` histories: lost = acknowledged and not
 read, unexpected = read and never attempted; lost values are split per writer into prefix, middle and postfix
@@ -32,10 +50,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zonebus.testing.byteproxy import ProxyProcess
+from zonebus.testing.clockshift import ClockShift
 from zonebus.testing.faultload import FaultPublisher, Report, Writer, all_acked_since, check
 from zonebus.testing.powerloss import PowerLossMount
 from zonebus.testing.processes import ServerProcess
 from zonebus.testing.s3proxy import S3Proxy
+from zonebus.testing.storedamage import StoreDamage
 
 PROCESS_FAULTS = ("kill", "pause")
 POWER_LOSS = "powerloss"
@@ -46,6 +67,10 @@ STORAGE_FAULTS = {
     "s3-timeout": {"timeout": 0.3, "hold": 8.0},
 }
 SLOW_MS = (2000.0, 4000.0)  # p50 / p99 milliseconds per request while storage is slow
+PARTITIONS = ("isolate", "cut", "oneway")
+DAMAGE = {"damage": ("claim",), "damage-batch": ("flip", "torn")}  # fault -> `storedamage` kinds
+CLOCK = "clock"
+CLOCK_JUMPS = (30.0, 600.0)  # a clock fault's jump, seconds (either way), drawn log-uniformly in this range
 
 
 @dataclass
@@ -57,6 +82,7 @@ class Fault:
     recovered: float = 0.0  # every publisher acknowledged again (0: not within the wait)
     unavailable: float = 0.0  # the longest stretch without any PubAck, from the fault to recovery
     dropped: dict[str, int] = field(default_factory=dict)  # powerloss: what the file system dropped
+    detail: str = ""  # what exactly was done (the other end of a cut, the damaged object, the clock's jump)
 
     @property
     def recovery(self) -> float:
@@ -66,9 +92,13 @@ class Fault:
 class Nemesis:
     def __init__(self, servers: dict[str, ServerProcess], pubs: Sequence[Writer], proxy: S3Proxy | None,
                  failover: float, leader: Callable[[], Any] | None = None, seed: int = 1,
-                 mounts: dict[str, PowerLossMount] | None = None) -> None:
+                 mounts: dict[str, PowerLossMount] | None = None, routes: ProxyProcess | None = None,
+                 damage: StoreDamage | None = None, clocks: dict[str, ClockShift] | None = None) -> None:
         self.servers, self.pubs, self.proxy, self.failover = servers, pubs, proxy, failover
         self.mounts = mounts or {}  # server -> the power-loss file system its store is on (`powerloss`)
+        self.routes = routes  # the proxy every route goes through, links named by server (partitions)
+        self.damage = damage  # the shared store's objects on the S3 stand-in (`damage`)
+        self.clocks = clocks or {}  # server -> its wall clock's offset file (`clock`)
         self.leader = leader  # async () -> the stream leader's name (the favourite target), or None
         self.rng = random.Random(seed)
         self.faults: list[Fault] = []
@@ -76,7 +106,9 @@ class Nemesis:
     def kinds(self, wanted: list[str]) -> list[str]:
         out = [k for k in wanted if k in PROCESS_FAULTS or (self.proxy is not None and
                                                             (k in STORAGE_FAULTS or k == "s3-slow"))
-               or (k in (POWER_LOSS, POWER_LOSS_ALL) and set(self.mounts) >= set(self.servers))]
+               or (k in (POWER_LOSS, POWER_LOSS_ALL) and set(self.mounts) >= set(self.servers))
+               or (k in PARTITIONS and self.routes is not None) or (k in DAMAGE and self.damage is not None)
+               or (k == CLOCK and set(self.clocks) >= set(self.servers))]
         return out
 
     async def _target(self) -> str:
@@ -89,7 +121,8 @@ class Nemesis:
 
     # -- one fault -----------------------------------------------------------------------------------
     async def inject(self, kind: str, seconds: float, recover_within: float = 60.0) -> Fault:
-        target = "storage" if kind.startswith("s3") else "all" if kind == POWER_LOSS_ALL else await self._target()
+        storage = kind.startswith("s3") or kind in DAMAGE
+        target = "storage" if storage else "all" if kind == POWER_LOSS_ALL else await self._target()
         f = Fault(kind, target, time.monotonic())
         if kind == "kill":
             server = self.servers[target]
@@ -113,6 +146,21 @@ class Nemesis:
                 await asyncio.sleep(max(seconds, self.failover + 2.0))
             finally:
                 send_signal(pids, signal.SIGCONT)
+        elif kind in PARTITIONS:
+            await self._partition(f, seconds)
+        elif kind in DAMAGE:
+            assert self.damage is not None
+            f.detail = await asyncio.to_thread(self.damage.hit, self.rng, DAMAGE[kind])
+            await asyncio.sleep(seconds)
+        elif kind == CLOCK:
+            lo, hi = CLOCK_JUMPS
+            jump = self.rng.choice((-1, 1)) * round(lo * (hi / lo) ** self.rng.random())
+            f.detail = f"wall clock {jump:+.0f} s"
+            self.clocks[target].jump(jump)
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                self.clocks[target].jump(0.0)
         elif kind == "s3-slow":
             assert self.proxy is not None
             before = await asyncio.to_thread(self.proxy.latency)
@@ -139,6 +187,24 @@ class Nemesis:
         self.faults.append(f)
         return f
 
+    async def _partition(self, f: Fault, seconds: float) -> None:
+        """`isolate`, `cut` or `oneway` from `f.target` for `seconds`, then heal."""
+        assert self.routes is not None
+        others = sorted(set(self.servers) - {f.target})
+        if f.kind == "isolate":
+            pairs = [p for o in others for p in ((f.target, o), (o, f.target))] + [("gossip", f.target)]
+        else:
+            other = self.rng.choice(others)
+            pairs = [(f.target, other), (other, f.target)]
+            f.detail = f"{'route' if f.kind == 'cut' else 'bytes'} to {other}"
+        try:
+            if f.kind == "oneway":
+                await asyncio.to_thread(self.routes.stall, pairs[:1])
+            else:
+                await asyncio.to_thread(self.routes.block, pairs)
+            await asyncio.sleep(seconds)
+        finally:
+            await asyncio.to_thread(self.routes.heal)
 
     async def run(self, kinds: list[str], seconds: float, quiet: float = 3.0, fault_seconds: float = 5.0,
                   progress: Callable[[str], None] = lambda _m: None) -> list[Fault]:
@@ -150,7 +216,8 @@ class Nemesis:
             f = await self.inject(self.rng.choice(kinds), fault_seconds)
             progress(f"{f.kind} {f.target}: healed after {f.healed - f.started:.1f} s, publishing back "
                      f"{f.recovery:.1f} s later, longest stretch without a PubAck {f.unavailable:.1f} s"
-                     + (f"; the file system dropped {f.dropped}" if f.dropped else ""))
+                     + (f"; the file system dropped {f.dropped}" if f.dropped else "")
+                     + (f"; {f.detail}" if f.detail else ""))
         return self.faults
 
 

@@ -8,7 +8,8 @@ server i's `jetstream {}` block), each route through a `zonebus.testing.byteprox
 included); with `per_zone=2` servers s1, s2 are in z1, s3, s4 in z2 and so on, `impls` gives each server's
 implementation (a mixed cluster), and `bytes_into(zone)` counts what entered a zone's servers from others.
 For nats-server the gossiped route URLs point at proxies too (`advertise`), so that no route bypasses them.
-`prefix`, `cluster`, `proxy` and `js` let several of them form a supercluster (`zonebus.testing.zonesuper`):
+`server_env(i)` adds environment variables of server i's own (`zonebus.testing.clockshift`). `prefix`, `cluster`,
+`proxy` and `js` let several of them form a supercluster (`zonebus.testing.zonesuper`):
 server names (`a1`..), the cluster name, a proxy shared with the others (then `cross_zone()` counts only this
 cluster's routes), and nats-server without `-js`.
 `stream_led_in(...)` creates a stream and moves its leader to a given server (stepdowns, for replicated
@@ -36,9 +37,11 @@ class ZoneCluster:
     def __init__(self, label: str, impl: str, jetstream: Callable[[int, Path], str], zones: int = 3,
                  cluster_extra: str = "", env: dict[str, str] | None = None, per_zone: int = 1,
                  impls: list[str] | None = None, prefix: str = "s", cluster: str = "bench",
-                 proxy: ProxyProcess | None = None, js: bool = True) -> None:
+                 proxy: ProxyProcess | None = None, js: bool = True,
+                 server_env: Callable[[int], dict[str, str]] | None = None) -> None:
         self.label, self.impl, self.jetstream, self.zones = label, impl, jetstream, zones
         self.cluster_extra, self.env, self.per_zone = cluster_extra, env, per_zone
+        self.server_env = server_env  # server i -> environment of its own, over `env` (a clock shift)
         self.impls = impls or [impl] * (zones * per_zone)
         self.servers: list[ServerProcess] = []
         self.prefix, self.cluster, self.js = prefix, cluster, js
@@ -76,7 +79,8 @@ class ZoneCluster:
             workdir.mkdir(parents=True, exist_ok=True)
             self.servers.append(ServerProcess(impl, conf, http_port=free_port(), workdir=workdir,
                                               extra_args=["-js"] if impl == "nats" and self.js else [],
-                                              env=self.env))
+                                              env={**(self.env or {}), **self.server_env(i)}
+                                              if self.server_env else self.env))
         start_parallel(self.servers, timeout=timeout)
 
     def stop(self) -> None:
