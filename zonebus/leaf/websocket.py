@@ -34,7 +34,7 @@ from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from zonebus.protocol.urls import leaf_url, leaf_ws_path
-from zonebus.server.websocket import NO_MASKING_HEADER, FramedTransport
+from zonebus.server.websocket import NO_MASKING_HEADER, FramedTransport, WebSocketPump
 
 if TYPE_CHECKING:
     from zonebus.leaf.connection import LeafConnection
@@ -61,7 +61,7 @@ class LeafClientProtocol(ClientProtocol):
             self.writes.append(frame.serialize(mask=False, extensions=self.extensions))
 
 
-class LeafDialSession(asyncio.Protocol):
+class LeafDialSession(WebSocketPump):
     """The socket of a leaf dialling a WebSocket hub: the upgrade, then frames to and from its connection.
     `upgraded` resolves once the hub answered (a `WebSocketDialError` when it refused)."""
 
@@ -117,20 +117,8 @@ class LeafDialSession(asyncio.Protocol):
         elif not self.upgraded.done():
             self.upgraded.set_exception(ConnectionError(f"connection closed before the upgrade: {exc or 'EOF'}"))
 
-    def pause_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.conn is not None:
-            self.conn.resume_writing()
-
-    def send_pending(self) -> None:
-        for chunk in self.ws.data_to_send():
-            if chunk:
-                self.raw.write(chunk)
-            else:
-                self.raw.close()
+    def inner(self) -> asyncio.Protocol | None:
+        return self.conn
 
     # -- the upgrade -----------------------------------------------------------------------------------
     def _upgraded(self, response: Response) -> None:

@@ -157,7 +157,38 @@ class FramedTransport(asyncio.Transport):
         self.raw.abort()
 
 
-class WebSocketSession(asyncio.Protocol):
+class WebSocketPump(asyncio.Protocol):
+    """What a WebSocket socket's protocol does for the NATS connection inside it, on either end (this accepted
+    session, and a leaf dialling a hub: `zonebus.leaf.websocket`): pass flow control on, and write out what the
+    WebSocket protocol has (closing the socket at its end of stream)."""
+
+    ws: Any  # the websockets sans-I/O protocol
+    raw: asyncio.Transport
+
+    def inner(self) -> asyncio.Protocol | None:
+        """The NATS connection inside, once there is one."""
+        raise NotImplementedError
+
+    def pause_writing(self) -> None:
+        conn = self.inner()
+        if conn is not None:
+            conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        conn = self.inner()
+        if conn is not None:
+            conn.resume_writing()
+
+    def send_pending(self) -> None:
+        """Write what the WebSocket protocol has for the socket; close it at the protocol's end of stream."""
+        for chunk in self.ws.data_to_send():
+            if chunk:
+                self.raw.write(chunk)
+            else:
+                self.raw.close()
+
+
+class WebSocketSession(WebSocketPump):
     """One accepted WebSocket connection: its handshake, then frames to and from its `WebSocketClient`."""
 
     def __init__(self, server: Server, secure: bool) -> None:
@@ -219,21 +250,8 @@ class WebSocketSession(asyncio.Protocol):
         if self.client is not None:
             self.client.connection_lost(exc)
 
-    def pause_writing(self) -> None:
-        if self.client is not None:
-            self.client.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.client is not None:
-            self.client.resume_writing()
-
-    def send_pending(self) -> None:
-        """Write what the WebSocket protocol has for the socket; close it at the protocol's end of stream."""
-        for chunk in self.ws.data_to_send():
-            if chunk:
-                self.raw.write(chunk)
-            else:
-                self.raw.close()
+    def inner(self) -> asyncio.Protocol | None:
+        return self.client
 
     # -- the handshake ---------------------------------------------------------------------------------
     def _upgrade(self, request: Request) -> None:
