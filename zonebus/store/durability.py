@@ -61,15 +61,20 @@ def make_dirs(path: str | Path) -> None:
         fsync_dir(probe)
 
 
+def write_synced(fd: int, data: bytes) -> None:
+    """Write all of `data` to the open file `fd`, then fsync it."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
 def replace_file(path: Path, data: bytes) -> None:
     """Write `path` whole and durably: a temporary file, fsynced, renamed over it, the directory fsynced."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        write_synced(fd, data)
     finally:
         os.close(fd)
     os.replace(tmp, path)

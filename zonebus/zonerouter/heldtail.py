@@ -32,7 +32,7 @@ import zlib
 from pathlib import Path
 
 from zonebus.store import sharedlayout as L
-from zonebus.store.durability import fsync_dir, make_dirs, replace_file
+from zonebus.store.durability import fsync_dir, make_dirs, replace_file, write_synced
 
 log = logging.getLogger(__name__)
 
@@ -173,10 +173,7 @@ class HeldTail:
             data = b"".join(frames)
             fd = os.open(self._file(key), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                write_synced(fd, data)
             finally:
                 os.close(fd)
             created = created or key not in self._files
