@@ -4,18 +4,21 @@ One scenario, run unchanged on nats-server -js and zonebus -js (the session's sh
 config checks on create and update, increments (+, -, zero, beyond 64 bits) and their PubAck `val`, the
 stored `{"val": ...}` read back by STREAM.MSG.GET, and every publish error (no `Nats-Incr`, a bad increment,
 a payload, headers a counter refuses, `Nats-Incr` on a plain stream). Replies are compared after
-normalisation (times dropped).
+normalisation (times and the source header's server hash dropped). A second scenario sources two counter
+streams into a third, which sums them per subject (`Nats-Counter-Sources`).
 """
 
 from __future__ import annotations
 
 import base64
 import itertools
+import re
 
 import nats
 import pytest
 
 from tests.stream.kit_scenarios import Probe, strip_replies
+from zonebus.testing.polling import until
 
 _counter = itertools.count()
 BIG = "123456789012345678901234567890"
@@ -30,6 +33,7 @@ async def read_last(p: Probe, stream: str, subject: str) -> None:
         return
     data = base64.b64decode(msg.get("data", "")).decode()
     hdrs = base64.b64decode(msg.get("hdrs", "")).decode() if msg.get("hdrs") else ""
+    hdrs = re.sub(r"(Nats-Stream-Source: [^\r]*) [^ \r]+\r", r"\1 <server hash>\r", hdrs)
     p.note("get", subject, msg["seq"], data, hdrs)
 
 
@@ -87,11 +91,40 @@ async def counters(p: Probe) -> None:
     await p.call(f"STREAM.DELETE.{s}")
 
 
+async def wait_last_seq(p: Probe, stream: str, seq: int) -> None:
+    async def reached() -> bool:
+        return (await p.api(f"STREAM.INFO.{stream}")).get("state", {}).get("last_seq", 0) >= seq
+
+    await until(reached, f"{stream} to hold {seq} messages", 10)
+
+
+async def sourced_counters(p: Probe) -> None:
+    """Two counter streams sourced into a third: it sums them per subject (Nats-Counter-Sources)."""
+    one, two, agg = f"ONE{p.tag}", f"TWO{p.tag}", f"AGG{p.tag}"
+    for s in (one, two):
+        await p.call(f"STREAM.CREATE.{s}", {"name": s, "subjects": [f"{s.lower()}.>"], "allow_msg_counter": True},
+                     keep=("config",))
+    await p.pub(f"{one.lower()}.x", b"", {"Nats-Incr": "5"})
+    await p.pub(f"{two.lower()}.x", b"", {"Nats-Incr": "7"})
+    await p.call(f"STREAM.CREATE.{agg}", {
+        "name": agg, "allow_msg_counter": True,
+        "sources": [{"name": one, "subject_transforms": [{"src": f"{one.lower()}.>", "dest": f"{agg.lower()}.>"}]},
+                    {"name": two, "subject_transforms": [{"src": f"{two.lower()}.>", "dest": f"{agg.lower()}.>"}]}],
+    }, keep=("config",))
+    await wait_last_seq(p, agg, 2)
+    await p.pub(f"{one.lower()}.x", b"", {"Nats-Incr": "-2"})
+    await wait_last_seq(p, agg, 3)
+    await read_last(p, agg, f"{agg.lower()}.x")
+    for s in (agg, one, two):
+        await p.call(f"STREAM.DELETE.{s}")
+
+
 async def run(url: str, tag: str) -> list:
     nc = await nats.connect(url, allow_reconnect=False)
     try:
         p = Probe(nc, tag)
         await counters(p)
+        await sourced_counters(p)
         return strip_replies(p.notes)
     finally:
         await nc.close()
@@ -104,7 +137,7 @@ def first_difference(a: list, b: list) -> str:
     return f"lengths differ: {len(a)} vs {len(b)}"
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(30)
 async def test_counters_as_nats_server(js_servers) -> None:
     tag = f"c{next(_counter)}"
     ref = await run(js_servers["nats"].url, tag)
