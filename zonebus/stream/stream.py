@@ -6,6 +6,8 @@ The stream owns its store and its consumers. Every stored message is announced t
 Also here, as nats-server 2.11+ has them: the `subject_transform` applied to incoming subjects, sealed streams,
 per-message TTLs (`Nats-TTL`: a heap of expiry times; `never` spares a message from `max_age`) and the subject
 delete markers left when a subject's last message ages out (`subject_delete_marker_ttl`).
+Message counters (`allow_msg_counter`, `Nats-Incr`) are `zonebus.stream.counters`'; a stream without them
+pays one flag check per publish.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.protocol.jserrors import JSError
 from zonebus.store.durability import make_dirs
 from zonebus.store.msgstore import MsgStore, now_ns
-from zonebus.stream import limits, localdocs
+from zonebus.stream import counters, limits, localdocs
 from zonebus.stream.config import format_time
 from zonebus.stream.sources import SourceLink
 from zonebus.stream.transform import SubjectTransform, compile_transform
@@ -74,6 +76,7 @@ class Stream:
         self._last_msg_id = ""
         self._age_timer: asyncio.TimerHandle | None = None
         self._transform = _transform_of(cfg)
+        self._counter = bool(cfg.get("allow_msg_counter"))  # (fixed at creation: an update may not change it)
         self._ttls: list[tuple[int, int]] = []  # heap of (expiry ns, seq) of messages with a Nats-TTL
         self._never: set[int] = set()  # messages with `Nats-TTL: never`: max_age spares them
         self._ttl_timer: asyncio.TimerHandle | None = None
@@ -169,11 +172,17 @@ class Stream:
             if self._transform is not None:
                 subject = self._transform.apply(subject)
         size = len(data) + (len(hdrs) if hdrs else 0)
-        if 0 < cfg["max_msg_size"] < size:
+        if 0 < cfg["max_msg_size"] < size and not self._counter:  # (a counter's: once its body is made)
             return _pub_error(self.name, JSError("stream_message_exceeds_max")), 0
         h = parse_headers(hdrs) if hdrs else {}
         msg_id = ""
+        incr: int | None = None
         if h:
+            if counters.INCR in h:  # checked first, as nats-server does
+                found = counters.check_incr(h, self._counter, data, internal)
+                if isinstance(found, JSError):
+                    return _pub_error(self.name, found), 0
+                incr = found
             exp = h.get("Nats-Expected-Stream")
             if exp is not None and exp != self.name:
                 return _pub_error(self.name, JSError("stream_not_match")), 0
@@ -195,6 +204,16 @@ class Stream:
             if parsed is None:
                 return _pub_error(self.name, JSError("message_ttl_invalid")), 0
             ttl = parsed
+        counter_val = ""
+        if self._counter:
+            if incr is None:
+                return _pub_error(self.name, JSError("message_incr_missing")), 0
+            made = counters.apply(self.store, subject, hdrs, data, h, incr)
+            if isinstance(made, JSError):
+                return _pub_error(self.name, made), 0
+            hdrs, data, counter_val = made
+            if 0 < cfg["max_msg_size"] < len(data) + (len(hdrs) if hdrs else 0):
+                return _pub_error(self.name, JSError("stream_message_exceeds_max")), 0
         err = self._check_discard_new(subject, hdrs, data) if cfg["discard"] == "new" else None
         if err is not None:
             return _pub_error(self.name, err), 0
@@ -223,6 +242,8 @@ class Stream:
         # else: announced to the consumers by on_visible once durable
         if cfg["max_age"] and self._age_timer is None:
             self.schedule_age_check()
+        if counter_val:
+            return b'%b%d,"val":"%b"}' % (self._ack_head, seq, counter_val.encode()), seq
         return b"%b%d}" % (self._ack_head, seq), seq
 
     # -- sources ---------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from zonebus.protocol.jserrors import JSError, invalid_config
+from zonebus.stream import counters
 from zonebus.stream.sources import normalize_sources
 from zonebus.stream.subjects import valid_name, valid_subject
 from zonebus.stream.transform import compile_transform
@@ -91,6 +92,7 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
     if dup:
         cfg["duplicate_window"] = dup
     cfg["compression"] = req.get("compression", "none")
+    counters.check_config(req, cfg["discard"], cfg["retention"])
     if req.get("discard_new_per_subject"):
         if cfg["discard"] != "new":
             raise invalid_config("discard new per subject requires discard new policy to be set")
@@ -137,6 +139,7 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         raise invalid_config("stream configuration update can not change template ownership")
     if old.get("sealed") and not new.get("sealed"):
         raise invalid_config("stream configuration update can not unseal a sealed stream")
+    counters.check_update(old, new)
 
 
 def equivalent(a: dict[str, Any], b: dict[str, Any]) -> bool:
