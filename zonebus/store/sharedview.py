@@ -170,7 +170,7 @@ class SharedView(MsgStore):
             try:
                 self._apply_batch(b, e, self._fetch(b, e))
             except L.LayoutError as exc:  # name the object: damaged data on the store is for an operator to see
-                raise L.LayoutError(f"{self._key(b, e)}: {exc}") from exc
+                raise L.DamagedBatch(f"{self._key(b, e)}: {exc}", b, e) from exc
             n += 1
         self.top_epoch = chain.top_epoch
         self.pending_takeover = chain.pending
@@ -341,11 +341,7 @@ class SharedView(MsgStore):
         except OSError:
             return None
         try:
-            head = L.read_header(data)
-            if head.batch != b or head.epoch != e:
-                raise L.LayoutError(f"it holds batch {head.batch} of epoch {head.epoch}")
-            for _rec in L.iter_records(data):
-                pass
+            L.check_batch(data, b, e)
         except L.LayoutError as exc:
             log.warning("shared store %s: cached copy %s is damaged (%s); reading the shared store's object",
                         self.stream, path, exc)
