@@ -4,7 +4,8 @@ publishers awaiting PubAcks.
 - A batch object damaged in the bucket under a 3-server cluster: a reader (`SharedView`, this process) refuses
   it naming the object; servers without a copy answer the stream's requests with a JetStream error (10077);
   the server that wrote it keeps a checked copy in its cache (on s3:// a writer caches what it uploads), so
-  when the stream is stepped down back to it, it serves every acknowledged message again.
+  when the stream is stepped down back to it, it serves every acknowledged message again. Without the zone
+  router nothing repairs the object (the next test: with it, the writer puts its copy back when a proxy asks).
 - Batch objects damaged in the bucket under the zone router (three zones, the stream led in z2, acks once stored):
   one torn, one with a flipped bit, before z1's and z3's proxies ever read the stream. Their snapshots find the
   objects damaged, ask the leader (the writer, with its checked copy) to repair them (`readframes.Repair`),
