@@ -281,7 +281,8 @@ class SharedView(MsgStore):
         """Index the records of batch `b`: all of an object (`start` -1), or a part's from offset `start`."""
         idx = self.index
         loc0 = b << L.LOC_SHIFT
-        records = L.iter_records(data) if start < 0 else L.iter_records_from(data, start, b)  # type: ignore[arg-type]
+        # (a whole object is checked to its end before any record is indexed: a damaged one leaves the view as it was)
+        records = list(L.iter_records(data)) if start < 0 else L.iter_records_from(data, start, b)  # type: ignore[arg-type]
         for off, kind, seq, ts, slen, hlen, dlen in records:
             if kind == L.MSG:
                 if seq <= idx.last_seq:

@@ -78,7 +78,7 @@ class Snapshot:
         self.stats = {"polls": 0, "batches": 0, "reloads": 0, "gets": 0, "get_bytes": 0, "inline": 0,
                       "tail_parts": 0, "tail_bytes": 0, "tail_resets": 0, "tail_ref_misses": 0,
                       "repairs_asked": 0, "repaired": 0}
-        self._reload_due = False  # the last reload failed part way
+        self._resume = False  # a load stopped at a damaged object: continue from it (`_refresh`), not from scratch
         self._repaired: asyncio.Future | None = None  # the leader's answer to a repair request
         self._repair_after: dict[tuple[int, int], float] = {}  # (batch, epoch) -> no new request before
         self._dctx = zstandard.ZstdDecompressor()  # used on the worker thread only
@@ -115,13 +115,14 @@ class Snapshot:
     async def _run(self) -> None:
         while True:
             try:
-                await self._in_thread(self._reload)
+                await self._in_thread(self._refresh if self._resume else self._reload)
                 await self._in_thread(self._replay_held)
                 break
             except Exception as exc:  # the store may be briefly unreachable: try again
                 log.warning("zone router: loading the snapshot of %s failed: %r", self.stream, exc)
                 if isinstance(exc, L.DamagedBatch) and await self._repair(exc):
-                    continue
+                    continue  # (the view continues from the repaired object: `_resume`)
+                self._resume = False
                 await asyncio.sleep(0.5)
         self.loaded.set()
         while not self.idle:
@@ -187,9 +188,12 @@ class Snapshot:
 
     # -- worker thread -------------------------------------------------------------------------------
     def _reload(self) -> None:
-        self._reload_due = True  # until it completes: a damaged object may have left a batch half applied
-        self.view.reload()
-        self._reload_due = False
+        try:
+            self.view.reload()
+        except L.DamagedBatch:
+            self._resume = True  # the view holds the chain up to that object: continue from it once repaired
+            raise
+        self._resume = False
         self.stats["reloads"] += 1
         self._note()
 
@@ -225,8 +229,8 @@ class Snapshot:
 
     def _apply(self, snap: rf.Snap) -> None:
         view = self.view
-        if self._reload_due:
-            self._reload()
+        if self._resume:
+            self._refresh()
         if snap.epoch < self.min_epoch:
             return  # a writer that a newer one fenced (it took this view's tail)
         if view.part_position()[2] and view.part_epoch != snap.epoch:
@@ -360,7 +364,12 @@ class Snapshot:
         return self.has(batch, offset, epoch)
 
     def _refresh(self) -> None:
-        self.view.refresh()
+        try:
+            self.view.refresh()
+        except L.DamagedBatch:
+            self._resume = True
+            raise
+        self._resume = False
         self.stats["reloads"] += 1
         self._note()
 
