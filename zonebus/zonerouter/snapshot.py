@@ -79,6 +79,7 @@ class Snapshot:
                       "tail_parts": 0, "tail_bytes": 0, "tail_resets": 0, "tail_ref_misses": 0,
                       "repairs_asked": 0, "repaired": 0}
         self._resume = False  # a load stopped at a damaged object: continue from it (`_refresh`), not from scratch
+        self._progress = 0.0  # when the last repair this snapshot asked for was done
         self._repaired: asyncio.Future | None = None  # the leader's answer to a repair request
         self._repair_after: dict[tuple[int, int], float] = {}  # (batch, epoch) -> no new request before
         self._dctx = zstandard.ZstdDecompressor()  # used on the worker thread only
@@ -177,10 +178,22 @@ class Snapshot:
         self._repaired = None
         if status in (rf.REPAIR_DONE, rf.REPAIR_WHOLE):
             self.stats["repaired"] += 1
+            self._progress = time.monotonic()
             self._repair_after.pop(key, None)
             return True
         self._repair_after[key] = time.monotonic() + REPAIR_BACKOFF
         return False
+
+    async def _wait_loaded(self) -> None:
+        """Until the first load completed; TimeoutError after `WAIT` * 5 seconds without progress (a repaired
+        object counts: a load that repairs objects one after the other is not stuck)."""
+        start = time.monotonic()
+        while not self.loaded.is_set():
+            left = max(start, self._progress) + WAIT * 5 - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the snapshot of {self.stream} is not loaded")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.loaded.wait(), left)
 
     def on_repaired(self, answer: rf.Repair) -> None:
         if self._repaired is not None and not self._repaired.done():
@@ -329,8 +342,7 @@ class Snapshot:
     async def read(self, seqs: list[int]) -> list[StoredMsg | None]:
         """The stored messages `seqs` (None for one that is gone), once the view holds them."""
         self.used = time.monotonic()
-        if not self.loaded.is_set():
-            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        await self._wait_loaded()
         want = max(seqs) if seqs else 0
         deadline = time.monotonic() + WAIT
         while self.last_seq < want and time.monotonic() < deadline:
@@ -352,8 +364,7 @@ class Snapshot:
         """Wait until the view `has` that position (the poll brings it; after `WAIT`, a listing); False when it
         still has not."""
         self.used = time.monotonic()
-        if not self.loaded.is_set():
-            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        await self._wait_loaded()
         deadline = time.monotonic() + WAIT
         while not self.has(batch, offset, epoch) and time.monotonic() < deadline:
             self._changed.clear()
@@ -383,8 +394,7 @@ class Snapshot:
     async def direct_get(self, key: str, payload: bytes) -> list[tuple[bytes, bytes]]:
         """The frames of a direct get, answered from the view (`zonebus.stream.direct`)."""
         self.used = time.monotonic()
-        if not self.loaded.is_set():
-            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        await self._wait_loaded()
         return await self._in_thread(direct.answer, SimpleNamespace(name=self.stream, store=self.view), key,
                                      payload)
 
