@@ -185,15 +185,18 @@ class Snapshot:
         return False
 
     async def _wait_loaded(self) -> None:
-        """Until the first load completed; TimeoutError after `WAIT` * 5 seconds without progress (a repaired
-        object counts: a load that repairs objects one after the other is not stuck)."""
-        start = time.monotonic()
+        """Until the first load completed; TimeoutError after `WAIT` * 5 seconds without progress (a batch
+        applied or an object repaired: a long log read object by object, or repaired one object after the
+        other, is not stuck)."""
+        last, seen = time.monotonic(), self.view.next_batch
         while not self.loaded.is_set():
-            left = max(start, self._progress) + WAIT * 5 - time.monotonic()
+            if self.view.next_batch != seen:  # (an int the worker thread moves on: read as it is)
+                last, seen = time.monotonic(), self.view.next_batch
+            left = max(last, self._progress) + WAIT * 5 - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"the snapshot of {self.stream} is not loaded")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.loaded.wait(), left)
+                await asyncio.wait_for(self.loaded.wait(), min(left, 1.0))
 
     def on_repaired(self, answer: rf.Repair) -> None:
         if self._repaired is not None and not self._repaired.done():
