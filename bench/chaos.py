@@ -41,7 +41,15 @@ the S3 stand-in (`zonebus.testing.storedamage`), `damage-batch` (not in the defa
 `powerloss-all`) flips a bit in or tears one of its stored batch objects: every zone but the one whose server
 cached the object then reads the stream only up to it, and that server alone can lead it (2026-11-29, seed 1: z1
 and z3 read 500 of 4,560 messages, z2 all of them; seed 4, batch 1 torn: z1 and z3 read 0 of 2,969, and each
-failover to s1 ended back on s2; the others log `LayoutError ... batch object shorter than its header`); `clock`
+failover to s1 ended back on s2; the others log `LayoutError ... batch object shorter than its header`). Since
+the zone router's repair (a proxy that finds an object damaged asks the writer, which PUTs its checked copy
+back: `zonebus.zonerouter.readframes` frames 18/19) a proxy reads past it; `--faults damage-batch --seed 4`:
+with the default `zone_router_ack: replicas` the proxies' snapshots hold the tail before any damage and never
+read the objects again (0 lost before and after: the objects stay damaged in the bucket); with
+`--zone-router-ack storage` (snapshots loaded from the store at the read-back) z1 and z3 read 0 of 1,507 before,
+every one of 1,743 after (7 objects repaired). Still not in the default mix: only the writer that uploaded an object
+holds a copy, so a kill or power loss of that writer (the default mix) before a proxy finds the damage leaves
+it unrepaired; `clock`
 jumps one zonebus server's wall clock (supervisor and workers; not the monotonic clock) by 30 s to 10 min either
 way for the fault's seconds (`zonebus.testing.clockshift`; not on nats-server, whose Go runtime reads the clock
 through the vDSO). A zone whose read-back stops short (a damaged object it cannot read past) counts what it did
@@ -127,7 +135,8 @@ NO_STREAMS = {"zonebus-r3"}  # no shared store: zonebus refuses file streams in 
 ALL_FAULTS = ("kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow,isolate,damage,clock")  # the default:
 # one server (or object) at a time
 KNOWN_FAULTS = f"{ALL_FAULTS},powerloss-all,damage-batch,cut,oneway"  # every server losing power at once, a
-# stored batch object damaged (both lose data by design); one route cut or held one way
+# stored batch object damaged (the first loses data by design; the second is repaired from the writer's copy
+# while that writer leads, see above); one route cut or held one way
 STORE_ROOT = "zb/"  # the shared store's root in the bucket (setup zonebus)
 
 

@@ -4,7 +4,13 @@ publishers awaiting PubAcks.
 - A batch object damaged in the bucket under a 3-server cluster: a reader (`SharedView`, this process) refuses
   it naming the object; servers without a copy answer the stream's requests with a JetStream error (10077);
   the server that wrote it keeps a checked copy in its cache (on s3:// a writer caches what it uploads), so
-  when the stream is stepped down back to it, it serves every acknowledged message again.
+  when the stream is stepped down back to it, it serves every acknowledged message again. Without the zone
+  router nothing repairs the object (the next test: with it, the writer puts its copy back when a proxy asks).
+- Batch objects damaged in the bucket under the zone router (three zones, the stream led in z2, acks once stored):
+  one torn, one with a flipped bit, before z1's and z3's proxies ever read the stream. Their snapshots find the
+  objects damaged, ask the leader (the writer, with its checked copy) to repair them (`readframes.Repair`),
+  and read them again: every zone reads every acknowledged message back, the objects in the bucket are whole
+  again, and the leader counted one repair per object.
 - Claim objects deleted under a replicated tail: three zones, acknowledged from the replicas while the
   stream's log object fills (`zone_router_tier` 30 s: nothing stored before the kill). The test deletes every
   `epochs/<n>.claim` of the stream, then kills the leader (-9). A new leader reads the fenced writer's name
@@ -41,6 +47,95 @@ FULL = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}
 def damaged_s3() -> Iterator[MotoS3]:
     with proxied_s3("zonebus-damaged", seed=4) as s3:
         yield s3
+
+
+async def _publish(url: str, n: int) -> list[int]:
+    nc = await nats.connect(url, name="pub?az=z2")
+    try:
+        js = nc.jetstream(timeout=10)
+        seqs: list[int] = []
+        for start in range(0, n, 50):  # a few rounds: a few batch objects
+            acks = await asyncio.gather(*(js.publish(f"rpr.{i}", f"m{i}".encode()) for i in range(start, start + 50)))
+            seqs += [a.seq for a in acks]
+        return seqs
+    finally:
+        await nc.close()
+
+
+def _damage(s3: MotoS3, keys: list[str]) -> list[str]:
+    """Tear the first object (half of it kept), flip a payload bit of the last one; what was done."""
+    client = s3.client(direct=True)
+    done = []
+    for i, key in enumerate([keys[0], keys[-1]] if len(keys) > 1 else keys):
+        raw = bytearray(client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+        if i == 0:
+            raw = raw[: len(raw) // 2]
+            done.append(f"tore {key}")
+        else:
+            raw[-5] ^= 1  # the last payload byte of its last message
+            done.append(f"flipped a bit of {key}")
+        client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(raw))
+    return done
+
+
+def _whole(s3: MotoS3, keys: list[str]) -> list[str]:
+    """The keys whose objects fail the layout's checks."""
+    client = s3.client(direct=True)
+    bad = []
+    for key in keys:
+        b, e = L.parse_pair(key.rsplit("/", 1)[1], ".blk") or (0, 0)
+        try:
+            L.check_batch(client.get_object(Bucket=s3.bucket, Key=key)["Body"].read(), b, e)
+        except L.LayoutError:
+            bad.append(key)
+    return bad
+
+
+@pytest.mark.timeout(60)
+async def test_damaged_batch_repaired_through_zone_router(tmp_path: Path, damaged_s3: MotoS3) -> None:
+    prefix = f"rpr-{tmp_path.name}"
+    extra = (f', zone_router_ack: "storage", s3 {{ endpoint: "{damaged_s3.endpoint}", '
+             f'region: "{damaged_s3.region}" }}')
+    zoned = start_zoned(tmp_path, LAYOUT, shared=f"s3://{damaged_s3.bucket}/{prefix}", js_extra=extra,
+                        env=damaged_s3.env(endpoint=False))
+    s = zoned.servers
+    log_prefix = f"{prefix}/streams/RPR/log/"
+    n = 200
+    try:
+        await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
+        nc = await nats.connect(s["b1"].url, name="admin?az=z2")
+        try:
+            resp = await create_stream_retrying(nc, {"name": "RPR", "subjects": ["rpr.>"], "storage": "file",
+                                                     "placement": {"tags": ["az:z2"]}}, time.monotonic() + 15, "RPR")
+            assert resp["cluster"]["leader"] == "b1", resp
+        finally:
+            await nc.close()
+        seqs = await _publish(s["b1"].url, n)  # acknowledged once stored: the objects are in the bucket
+        assert sorted(seqs) == list(range(1, n + 1))
+        keys = sorted(k for k in damaged_s3.keys(log_prefix) if k.endswith(".blk"))
+        assert len(keys) >= 2, keys
+        done = await asyncio.to_thread(_damage, damaged_s3, keys)
+        assert len(await asyncio.to_thread(_whole, damaged_s3, keys)) == 2
+        read: dict[str, list[bytes]] = {}
+        for name, zone in (("a1", "z1"), ("c1", "z3"), ("b1", "z2")):  # z1 and z3 through their proxies
+            rc = await nats.connect(s[name].url, name=f"rd-{zone}?az={zone}")
+            try:
+                read[zone] = [data for _seq, data in await read_back(rc, "RPR", durable=f"rd-{zone}", timeout=20)]
+            finally:
+                await rc.close()
+        bad = await asyncio.to_thread(_whole, damaged_s3, keys)
+        serving = router_info(s["b1"])["serving"]
+        repaired = {x: router_info(s[x])["reader"]["snapshots"]["RPR"]["repaired"] for x in ("a1", "c1")}
+    finally:
+        zoned.stop()
+    print(f"{'; '.join(done)}: repairs {serving['repairs']} (requests {serving['repair_requests']}), "
+          f"repaired per proxy {repaired}, reads per zone {({z: len(v) for z, v in read.items()})}")
+    want = [f"m{i}".encode() for i in range(n)]
+    assert read == {"z1": want, "z3": want, "z2": want}, {z: len(v) for z, v in read.items()}
+    assert bad == [], bad
+    assert serving["repairs"] == 2 and serving["repairs_failed"] == 0, serving
+    assert "rewrote it from this writer's checked copy" in s["b1"].log()
+    assert sum(repaired.values()) >= 2, repaired  # each damaged object held a proxy up until it was put back
 
 
 async def _info(nc: nats.NATS, stream: str) -> dict:

@@ -14,9 +14,18 @@ from zonebus.zonerouter import records, tailrecovery
 def test_every_frame_kind_is_used_once() -> None:
     kinds = [records.LINK, records.ANSWER, records.HANDOFF, records.BYE, records.INLINE, records.STREAMED,
              rf.POLL, rf.SNAP, rf.PULL, rf.DELIVER, rf.ACKS, rf.ACKED, rf.API, rf.SYNC, rf.SYNCED,
-             tailrecovery.TAILQ, tailrecovery.TAIL]
+             rf.REPAIR, rf.REPAIRED, tailrecovery.TAILQ, tailrecovery.TAIL]
     assert len(set(kinds)) == len(kinds), sorted(kinds)
     assert records.kind_of(rf.Sync(7, "S").encode()) == rf.SYNC != records.INLINE
+
+
+@pytest.mark.timeout(10)
+def test_repair_frames_round_trip() -> None:
+    """A proxy's repair request names a damaged batch object; the leader's answer adds the outcome."""
+    ask = rf.Repair("ORDERS", 12, 3)
+    assert records.kind_of(ask.encode()) == rf.REPAIR and rf.Repair.decode(ask.encode()) == ask
+    done = rf.Repair("ORDERS", 12, 3, rf.REPAIR_NO_COPY)
+    assert records.kind_of(done.encode()) == rf.REPAIRED and rf.Repair.decode(done.encode()) == done
 
 
 @pytest.mark.timeout(10)

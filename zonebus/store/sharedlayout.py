@@ -50,6 +50,16 @@ class LayoutError(Exception):
     """The shared store holds something this version cannot read (unknown layout version, corrupt object)."""
 
 
+class DamagedBatch(LayoutError):
+    """A batch object of the log fails its checks (cut short, a flipped bit): which one, so that the writer,
+    which keeps a checked copy, can put the good bytes back (a repair, `SharedStore.repair_batch`)."""
+
+    def __init__(self, message: str, batch: int, epoch: int) -> None:
+        super().__init__(message)
+        self.batch = batch
+        self.epoch = epoch
+
+
 def layout_doc() -> bytes:
     return json.dumps({"format": FORMAT, "version": VERSION}).encode()
 
@@ -167,6 +177,15 @@ def iter_records(data: bytes) -> Iterator[tuple[int, int, int, int, int, int, in
         raise LayoutError(f"batch {head.batch}: truncated record at {end}")
     if end != len(data):
         raise LayoutError(f"batch {head.batch}: {len(data) - end} bytes after the last record")
+
+
+def check_batch(data: bytes, batch: int, epoch: int) -> None:
+    """The whole object `batch.epoch` checked: header, name, every record's checksum; LayoutError when it fails."""
+    head = read_header(data)
+    if head.batch != batch or head.epoch != epoch:
+        raise LayoutError(f"it holds batch {head.batch} of epoch {head.epoch}")
+    for _rec in iter_records(data):
+        pass
 
 
 def iter_records_from(data: bytes | bytearray, start: int, batch: int = 0,

@@ -196,6 +196,40 @@ class SharedStore(ReplicatedTail, WriterFencing, BaseMoves, GroupCommit, SharedV
             return pend.data if pend.data is not None else bytes(pend.buf)
         return super()._batch_bytes(b)
 
+    def repair_batch(self, b: int, e: int, recent: bytes | None = None) -> str:
+        """A reader found the object of batch `b` (epoch `e`) damaged on the store: put the good bytes back, an
+        unconditional PUT over it, from a copy that passes every check of the layout (`recent`, the bytes this
+        writer holds in memory, taken on the loop thread, or its cache directory's copy); never anything else.
+        Blocking (run it in a thread). "repaired", "whole" (the store's object passes: nothing written),
+        "gone" (not in this writer's chain any more, or the object is not there: nothing written) or
+        "no copy" (no checked copy here)."""
+        if b < self.chain_start or self.batches.get(b) != e:
+            return "gone"
+        key = self._key(b, e)
+        try:
+            L.check_batch(self.objects.get(key), b, e)
+            return "whole"
+        except FileNotFoundError:
+            return "gone"  # (deleted by a base move: never written back)
+        except L.LayoutError:
+            pass
+        good = None
+        if recent is not None:
+            try:
+                L.check_batch(recent, b, e)
+                good = recent
+            except L.LayoutError:
+                pass
+        path = self._cache_path(b, e)
+        if good is None and path is not None:
+            good = self._cached(path, b, e)  # checked whole (deleted when damaged)
+        if good is None:
+            return "no copy"
+        self.objects.put(key, good)  # overwrite: the create-only name exists (damaged)
+        log.warning("shared store %s: batch object %s was damaged on the store; put back from the writer's "
+                    "checked copy (%d bytes)", self.stream, key, len(good))
+        return "repaired"
+
     def ack_when_durable(self, seq: int, cb: DurableCallback) -> bool:
         """Call `cb(None)` once `seq` is durable (or `cb(error)`); False (no call) when it already is."""
         if seq <= self.durable_seq:

@@ -170,7 +170,7 @@ class SharedView(MsgStore):
             try:
                 self._apply_batch(b, e, self._fetch(b, e))
             except L.LayoutError as exc:  # name the object: damaged data on the store is for an operator to see
-                raise L.LayoutError(f"{self._key(b, e)}: {exc}") from exc
+                raise L.DamagedBatch(f"{self._key(b, e)}: {exc}", b, e) from exc
             n += 1
         self.top_epoch = chain.top_epoch
         self.pending_takeover = chain.pending
@@ -281,7 +281,8 @@ class SharedView(MsgStore):
         """Index the records of batch `b`: all of an object (`start` -1), or a part's from offset `start`."""
         idx = self.index
         loc0 = b << L.LOC_SHIFT
-        records = L.iter_records(data) if start < 0 else L.iter_records_from(data, start, b)  # type: ignore[arg-type]
+        # (a whole object is checked to its end before any record is indexed: a damaged one leaves the view as it was)
+        records = list(L.iter_records(data)) if start < 0 else L.iter_records_from(data, start, b)  # type: ignore[arg-type]
         for off, kind, seq, ts, slen, hlen, dlen in records:
             if kind == L.MSG:
                 if seq <= idx.last_seq:
@@ -341,11 +342,7 @@ class SharedView(MsgStore):
         except OSError:
             return None
         try:
-            head = L.read_header(data)
-            if head.batch != b or head.epoch != e:
-                raise L.LayoutError(f"it holds batch {head.batch} of epoch {head.epoch}")
-            for _rec in L.iter_records(data):
-                pass
+            L.check_batch(data, b, e)
         except L.LayoutError as exc:
             log.warning("shared store %s: cached copy %s is damaged (%s); reading the shared store's object",
                         self.stream, path, exc)

@@ -117,6 +117,11 @@ class Reader:
         if s is not None:
             s.on_snap(snap)
 
+    def on_repaired(self, answer: rf.Repair) -> None:
+        s = self.snapshots.get(answer.stream)
+        if s is not None:
+            s.on_repaired(answer)
+
     # -- pull requests -------------------------------------------------------------------------------
     def pull(self, stream: str, consumer: str, reply: str, body: bytes, leader: str) -> bool:
         """Serve one pull request through `leader`; False when it cannot be sent (the caller forwards it)."""

@@ -25,6 +25,14 @@ Cross zones (proxy <-> leader), all small:
   (optional) offset u32 and writer epoch u64: of that batch, the bytes a replicated tail must hold, written by
   that writer (after a failover the new writer's tail has other bytes at the same offsets).
 
+- 18 repair (proxy -> leader): stream, batch u64, epoch u64: the proxy found that batch object damaged on the
+  store (a `sharedlayout.DamagedBatch`: cut short, a flipped bit); the leader, the stream's writer, checks its
+  own copy (memory or cache directory) and PUTs it back over the object (never bytes that fail the layout's
+  checks);
+- 19 repaired (leader -> proxy): stream, batch u64, epoch u64, status u8 (`REPAIR_*`: 0 put back, 1 not led here,
+  2 the store's object is whole, 3 no checked copy here, 4 not in the chain any more, 5 the PUT failed); the
+  proxy then polls again and reads the object from the store anew.
+
 Inside one zone:
 - 11 API hand-off (a server -> its zone's proxy): a client's pull request or ack, as subject, reply,
   headers and payload (u16, u16, u32, u32 lengths first).
@@ -40,8 +48,10 @@ from dataclasses import dataclass
 from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
 
 POLL, SNAP, PULL, DELIVER, ACKS, ACKED, API, SYNC, SYNCED = 5, 6, 7, 8, 9, 10, 11, 12, 13
+REPAIR, REPAIRED = 18, 19  # (14 and 17 are `records`' inline batches, 15-16 `tailrecovery`'s)
 DONE, HEADERS_ONLY = 1, 2
 SNAP_OK, SNAP_NOT_LEADER = 0, 1
+REPAIR_DONE, REPAIR_NOT_LEADER, REPAIR_WHOLE, REPAIR_NO_COPY, REPAIR_GONE, REPAIR_FAILED = 0, 1, 2, 3, 4, 5
 
 _U8, _U16, _U32, _U64 = struct.Struct("!B"), struct.Struct("!H"), struct.Struct("!I"), struct.Struct("!Q")
 _PAIR = struct.Struct("!QQ")
@@ -205,6 +215,25 @@ class Synced:
         sid, status, batch = r.take(_SYNCED)
         offset = r.take(_U32)[0] if r.left() else 0
         return cls(sid, status, batch, offset, r.take(_U64)[0] if r.left() else 0)
+
+
+@dataclass(frozen=True)
+class Repair:
+    stream: str
+    batch: int
+    epoch: int
+    status: int = -1  # -1: the request (14); else the answer (15) with its `REPAIR_*` status
+
+    def encode(self) -> bytes:
+        if self.status < 0:
+            return _head(REPAIR) + _s(self.stream) + _PAIR.pack(self.batch, self.epoch)
+        return _head(REPAIRED) + _s(self.stream) + _PAIR.pack(self.batch, self.epoch) + _U8.pack(self.status)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Repair:
+        r = _Reader(frame)
+        stream, (batch, epoch) = r.text(), r.take(_PAIR)
+        return cls(stream, batch, epoch, r.take(_U8)[0] if r.left() else -1)
 
 
 @dataclass(frozen=True)

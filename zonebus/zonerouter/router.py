@@ -453,6 +453,8 @@ class ZoneRouter:
                 self.reader.on_acked(rf.acked_id(frame))
             elif kind == rf.SYNCED:
                 self.reader.on_synced(rf.Synced.decode(frame))
+            elif kind == rf.REPAIRED:
+                self.reader.on_repaired(rf.Repair.decode(frame))
             elif kind == rf.API:
                 h = rf.ApiHandoff.decode(frame)
                 self._serve_api(h.subject, h.reply, h.headers or None, h.payload)

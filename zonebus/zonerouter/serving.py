@@ -20,6 +20,9 @@
 - Syncs (a proxy answers a `STREAM.MSG.GET` from its snapshot): the stream's newest batch (maybe still open),
   at once; the proxy answers once its view has applied that batch, so it shows every change made before
   (what was acknowledged, deletes included).
+- Repairs: a proxy found a batch object damaged on the store (`readframes.Repair`); this writer checks its own
+  copy and PUTs it back over the object (`SharedStore.repair_batch`, in a thread; one at a time per object),
+  logs a warning naming the object and counts it (`repairs`), then answers the proxy with the outcome.
 Runs on the event loop.
 """
 
@@ -105,7 +108,9 @@ class ReadServer:
         self._waits: set[asyncio.Task[None]] = set()
         self.stats = {"polls": 0, "snap_bytes": 0, "inline_batches": 0, "pulls": 0, "delivered": 0,
                       "deliver_bytes": 0, "acks": 0, "syncs": 0, "tail_parts": 0, "tail_bytes": 0,
-                      "tail_wire_bytes": 0, "tail_refs": 0}
+                      "tail_wire_bytes": 0, "tail_refs": 0, "repair_requests": 0, "repairs": 0,
+                      "repairs_failed": 0}
+        self._repairing: dict[tuple[str, int, int], list[str]] = {}  # object -> the proxies waiting for it
 
     # -- snapshots -----------------------------------------------------------------------------------
     def _store(self, name: str) -> Any:
@@ -380,6 +385,45 @@ class ReadServer:
         self.stats["syncs"] += 1
         self.send(peer, answer.encode())
 
+    # -- repairs -------------------------------------------------------------------------------------
+    def on_repair(self, peer: str, req: rf.Repair) -> None:
+        self.stats["repair_requests"] += 1
+        store = self._store(req.stream)
+        if store is None or not hasattr(store, "repair_batch"):
+            self.send(peer, rf.Repair(req.stream, req.batch, req.epoch, rf.REPAIR_NOT_LEADER).encode())
+            return
+        key = (req.stream, req.batch, req.epoch)
+        waiting = self._repairing.get(key)
+        if waiting is not None:  # one repair at a time per object: this proxy hears its outcome too
+            if peer not in waiting:
+                waiting.append(peer)
+            return
+        self._repairing[key] = [peer]
+        task = asyncio.get_running_loop().create_task(self._repair(store, key))
+        self._waits.add(task)
+        task.add_done_callback(self._waits.discard)
+
+    async def _repair(self, store: Any, key: tuple[str, int, int]) -> None:
+        name, b, e = key
+        try:
+            outcome = await asyncio.to_thread(store.repair_batch, b, e, store.recent_batch(b))
+        except Exception as exc:  # the store failed the GET or the PUT: the proxy asks again
+            log.warning("zone router: repairing batch %d.%d of %s failed: %r", b, e, name, exc)
+            outcome = "failed"
+        status = {"repaired": rf.REPAIR_DONE, "whole": rf.REPAIR_WHOLE, "no copy": rf.REPAIR_NO_COPY,
+                  "gone": rf.REPAIR_GONE}.get(outcome, rf.REPAIR_FAILED)
+        peers = self._repairing.pop(key, [])
+        if status == rf.REPAIR_DONE:
+            self.stats["repairs"] += 1
+            log.warning("zone router: batch object %s of stream %s was damaged on the store (reported by %s); "
+                        "rewrote it from this writer's checked copy", store.batch_key(b, e), name, ", ".join(peers))
+        elif status in (rf.REPAIR_NO_COPY, rf.REPAIR_FAILED):
+            self.stats["repairs_failed"] += 1
+            log.warning("zone router: batch object %s of stream %s is damaged on the store and could not be "
+                        "repaired here: %s", store.batch_key(b, e), name, outcome)
+        for peer in peers:
+            self.send(peer, rf.Repair(name, b, e, status).encode())
+
     def frame(self, peer: str, kind: int, frame: bytes) -> bool:
         """Dispatch a read-path frame meant for the leader side; False when `kind` is not one."""
         try:
@@ -391,6 +435,8 @@ class ReadServer:
                 self.on_acks(peer, rf.Acks.decode(frame))
             elif kind == rf.SYNC:
                 self.on_sync(peer, rf.Sync.decode(frame))
+            elif kind == rf.REPAIR:
+                self.on_repair(peer, rf.Repair.decode(frame))
             else:
                 return False
         except (RecordError, UnicodeDecodeError) as exc:

@@ -18,6 +18,11 @@ A pinned snapshot (a replica, `pinned`) never stops for idleness. `read(seqs)` w
 sequences (or gives up after `WAIT`, reloading once) and returns the stored messages; `direct_get` answers a
 direct get from the view; `caught_up(batch)` waits until the view applied a batch the leader named (a sync)
 and `msg_get` answers a `STREAM.MSG.GET` from the view. The loop stops after `IDLE` seconds without use.
+A batch object that fails its checks (`sharedlayout.DamagedBatch`: a GET'd object is checked whole before any
+of it is applied; a reload names the object it stopped at) is repaired: the snapshot asks the leader, the
+stream's writer, to put its checked copy back (`readframes.Repair`) and reads the object again once it did
+(`repairs_asked`, `repaired` in its stats); an object the leader could not repair is asked for again after
+`REPAIR_BACKOFF`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ log = logging.getLogger(__name__)
 
 HOLD_MS = 100
 ANSWER_TIMEOUT = 1.0  # an answer later than hold + this: poll again
+REPAIR_TIMEOUT = 10.0  # seconds to wait for the leader's answer to a repair request (a GET and a PUT)
+REPAIR_BACKOFF = 2.0  # seconds before asking again for an object the leader could not repair
 WAIT = 2.0  # seconds a read waits for its sequences to reach the view
 IDLE = 30.0
 REFS_OFF = 30.0  # seconds of whole records after a reference this proxy could not rebuild
@@ -69,7 +76,12 @@ class Snapshot:
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.stats = {"polls": 0, "batches": 0, "reloads": 0, "gets": 0, "get_bytes": 0, "inline": 0,
-                      "tail_parts": 0, "tail_bytes": 0, "tail_resets": 0, "tail_ref_misses": 0}
+                      "tail_parts": 0, "tail_bytes": 0, "tail_resets": 0, "tail_ref_misses": 0,
+                      "repairs_asked": 0, "repaired": 0}
+        self._resume = False  # a load stopped at a damaged object: continue from it (`_refresh`), not from scratch
+        self._progress = 0.0  # when the last repair this snapshot asked for was done
+        self._repaired: asyncio.Future | None = None  # the leader's answer to a repair request
+        self._repair_after: dict[tuple[int, int], float] = {}  # (batch, epoch) -> no new request before
         self._dctx = zstandard.ZstdDecompressor()  # used on the worker thread only
         self.pinned = False  # a replica of the stream's tail: runs while the stream is led in another zone
         self.writer_epoch = 0  # the epoch of the writer whose answers this view follows
@@ -104,11 +116,14 @@ class Snapshot:
     async def _run(self) -> None:
         while True:
             try:
-                await self._in_thread(self._reload)
+                await self._in_thread(self._refresh if self._resume else self._reload)
                 await self._in_thread(self._replay_held)
                 break
             except Exception as exc:  # the store may be briefly unreachable: try again
                 log.warning("zone router: loading the snapshot of %s failed: %r", self.stream, exc)
+                if isinstance(exc, L.DamagedBatch) and await self._repair(exc):
+                    continue  # (the view continues from the repaired object: `_resume`)
+                self._resume = False
                 await asyncio.sleep(0.5)
         self.loaded.set()
         while not self.idle:
@@ -138,16 +153,63 @@ class Snapshot:
                 await self._in_thread(self._apply, snap)
             except Exception as exc:
                 log.warning("zone router: applying the snapshot of %s failed: %r", self.stream, exc)
-                await asyncio.sleep(0.05)
+                if not (isinstance(exc, L.DamagedBatch) and await self._repair(exc)):
+                    await asyncio.sleep(0.05)
             self._changed.set()
 
     def on_snap(self, snap: rf.Snap) -> None:
         if self._answer is not None and not self._answer.done():
             self._answer.set_result(snap)
 
+    async def _repair(self, exc: L.DamagedBatch) -> bool:
+        """A batch object failed its checks: ask the leader (the writer, which keeps a checked copy) to put it
+        back (`readframes.Repair`); True when it did (or found it whole): read it again at once. Otherwise the
+        caller backs off, and the next failure asks again (after `REPAIR_BACKOFF`)."""
+        leader = self.leader()
+        key = (exc.batch, exc.epoch)
+        if leader is None or time.monotonic() < self._repair_after.get(key, 0.0):
+            return False
+        self.stats["repairs_asked"] += 1
+        self._repaired = asyncio.get_running_loop().create_future()
+        status = -1
+        if self.send(leader, rf.Repair(self.stream, exc.batch, exc.epoch).encode()):
+            with contextlib.suppress(TimeoutError):
+                status = (await asyncio.wait_for(self._repaired, REPAIR_TIMEOUT)).status
+        self._repaired = None
+        if status in (rf.REPAIR_DONE, rf.REPAIR_WHOLE):
+            self.stats["repaired"] += 1
+            self._progress = time.monotonic()
+            self._repair_after.pop(key, None)
+            return True
+        self._repair_after[key] = time.monotonic() + REPAIR_BACKOFF
+        return False
+
+    async def _wait_loaded(self) -> None:
+        """Until the first load completed; TimeoutError after `WAIT` * 5 seconds without progress (a batch
+        applied or an object repaired: a long log read object by object, or repaired one object after the
+        other, is not stuck)."""
+        last, seen = time.monotonic(), self.view.next_batch
+        while not self.loaded.is_set():
+            if self.view.next_batch != seen:  # (an int the worker thread moves on: read as it is)
+                last, seen = time.monotonic(), self.view.next_batch
+            left = max(last, self._progress) + WAIT * 5 - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the snapshot of {self.stream} is not loaded")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.loaded.wait(), min(left, 1.0))
+
+    def on_repaired(self, answer: rf.Repair) -> None:
+        if self._repaired is not None and not self._repaired.done():
+            self._repaired.set_result(answer)
+
     # -- worker thread -------------------------------------------------------------------------------
     def _reload(self) -> None:
-        self.view.reload()
+        try:
+            self.view.reload()
+        except L.DamagedBatch:
+            self._resume = True  # the view holds the chain up to that object: continue from it once repaired
+            raise
+        self._resume = False
         self.stats["reloads"] += 1
         self._note()
 
@@ -183,6 +245,8 @@ class Snapshot:
 
     def _apply(self, snap: rf.Snap) -> None:
         view = self.view
+        if self._resume:
+            self._refresh()
         if snap.epoch < self.min_epoch:
             return  # a writer that a newer one fenced (it took this view's tail)
         if view.part_position()[2] and view.part_epoch != snap.epoch:
@@ -208,6 +272,10 @@ class Snapshot:
                 data = view.objects.get(view.batch_key(b, e))
                 self.stats["gets"] += 1
                 self.stats["get_bytes"] += len(data)
+                try:  # checked whole before any of it is applied: a damaged object leaves the view as it was
+                    L.check_batch(data, b, e)
+                except L.LayoutError as exc:
+                    raise L.DamagedBatch(f"{view.batch_key(b, e)}: {exc}", b, e) from exc
             try:
                 view.apply_batch(b, e, data)
             except L.LayoutError:  # it does not continue the part the tail brought (a new writer's batch)
@@ -277,8 +345,7 @@ class Snapshot:
     async def read(self, seqs: list[int]) -> list[StoredMsg | None]:
         """The stored messages `seqs` (None for one that is gone), once the view holds them."""
         self.used = time.monotonic()
-        if not self.loaded.is_set():
-            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        await self._wait_loaded()
         want = max(seqs) if seqs else 0
         deadline = time.monotonic() + WAIT
         while self.last_seq < want and time.monotonic() < deadline:
@@ -300,8 +367,7 @@ class Snapshot:
         """Wait until the view `has` that position (the poll brings it; after `WAIT`, a listing); False when it
         still has not."""
         self.used = time.monotonic()
-        if not self.loaded.is_set():
-            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        await self._wait_loaded()
         deadline = time.monotonic() + WAIT
         while not self.has(batch, offset, epoch) and time.monotonic() < deadline:
             self._changed.clear()
@@ -312,7 +378,12 @@ class Snapshot:
         return self.has(batch, offset, epoch)
 
     def _refresh(self) -> None:
-        self.view.refresh()
+        try:
+            self.view.refresh()
+        except L.DamagedBatch:
+            self._resume = True
+            raise
+        self._resume = False
         self.stats["reloads"] += 1
         self._note()
 
@@ -326,8 +397,7 @@ class Snapshot:
     async def direct_get(self, key: str, payload: bytes) -> list[tuple[bytes, bytes]]:
         """The frames of a direct get, answered from the view (`zonebus.stream.direct`)."""
         self.used = time.monotonic()
-        if not self.loaded.is_set():
-            await asyncio.wait_for(self.loaded.wait(), WAIT * 5)
+        await self._wait_loaded()
         return await self._in_thread(direct.answer, SimpleNamespace(name=self.stream, store=self.view), key,
                                      payload)
 
