@@ -110,6 +110,26 @@ def strip_replies(notes: Any) -> Any:
     return notes
 
 
+async def run_scenarios(url: str, tag: str, *scenarios: Any) -> list:
+    """Run `scenarios` one after the other on the server at `url` through one Probe; its notes, replies left out."""
+    nc = await nats.connect(url, allow_reconnect=False)
+    try:
+        p = Probe(nc, tag)
+        for scenario in scenarios:
+            await scenario(p)
+        return strip_replies(p.notes)
+    finally:
+        await nc.close()
+
+
+def first_difference(a: list, b: list) -> str:
+    """Where nats-server's notes (`a`) and zonebus's (`b`) part."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"step {i}:\n  nats-server: {x}\n  zonebus:     {y}"
+    return f"lengths differ: {len(a)} vs {len(b)}"
+
+
 # -- scenarios --------------------------------------------------------------------------------------------
 
 async def stream_lifecycle(p: Probe) -> None:

@@ -14,10 +14,9 @@ import base64
 import itertools
 import re
 
-import nats
 import pytest
 
-from tests.stream.kit_scenarios import Probe, strip_replies
+from tests.stream.kit_scenarios import Probe, first_difference, run_scenarios
 from zonebus.testing.polling import until
 
 _counter = itertools.count()
@@ -119,27 +118,9 @@ async def sourced_counters(p: Probe) -> None:
         await p.call(f"STREAM.DELETE.{s}")
 
 
-async def run(url: str, tag: str) -> list:
-    nc = await nats.connect(url, allow_reconnect=False)
-    try:
-        p = Probe(nc, tag)
-        await counters(p)
-        await sourced_counters(p)
-        return strip_replies(p.notes)
-    finally:
-        await nc.close()
-
-
-def first_difference(a: list, b: list) -> str:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return f"step {i}:\n  nats-server: {x}\n  zonebus:     {y}"
-    return f"lengths differ: {len(a)} vs {len(b)}"
-
-
 @pytest.mark.timeout(30)
 async def test_counters_as_nats_server(js_servers) -> None:
     tag = f"c{next(_counter)}"
-    ref = await run(js_servers["nats"].url, tag)
-    got = await run(js_servers["zonebus"].url, tag)
+    ref = await run_scenarios(js_servers["nats"].url, tag, counters, sourced_counters)
+    got = await run_scenarios(js_servers["zonebus"].url, tag, counters, sourced_counters)
     assert got == ref, first_difference(ref, got)

@@ -9,36 +9,18 @@ from __future__ import annotations
 
 import itertools
 
-import nats
 import pytest
 
 from tests.stream import kit_scenarios
-from tests.stream.kit_scenarios import Probe, strip_replies
+from tests.stream.kit_scenarios import first_difference, run_scenarios
 
 _counter = itertools.count()
-
-
-async def run(url: str, scenario, tag: str) -> list:
-    nc = await nats.connect(url, allow_reconnect=False)
-    try:
-        p = Probe(nc, tag)
-        await scenario(p)
-        return strip_replies(p.notes)
-    finally:
-        await nc.close()
-
-
-def first_difference(a: list, b: list) -> str:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return f"step {i}:\n  nats-server: {x}\n  zonebus:     {y}"
-    return f"lengths differ: {len(a)} vs {len(b)}"
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("scenario", kit_scenarios.ALL, ids=lambda f: f.__name__)
 async def test_same_results_as_nats_server(js_servers, scenario) -> None:
     tag = f"{scenario.__name__[:6]}{next(_counter)}".replace("_", "")
-    ref = await run(js_servers["nats"].url, scenario, tag)
-    got = await run(js_servers["zonebus"].url, scenario, tag)
+    ref = await run_scenarios(js_servers["nats"].url, tag, scenario)
+    got = await run_scenarios(js_servers["zonebus"].url, tag, scenario)
     assert got == ref, first_difference(ref, got)
