@@ -23,9 +23,10 @@ from pathlib import Path
 import nats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from jetstream import WINDOW, publish_window  # noqa: E402
+
 from zonebus.testing.processes import ServerProcess  # noqa: E402
 
-WINDOW = 256
 SETTINGS = {"no key": "", "chachapoly": 'key: "bench-key", cipher: chachapoly',
             "aes": 'key: "bench-key", cipher: aes'}
 
@@ -43,15 +44,7 @@ async def run(url: str, n: int, size: int, latency_msgs: int) -> tuple[float, fl
         js = nc.jetstream(timeout=30)
         await js.add_stream(name="BENCH", subjects=["bench.>"])
         payload = b"x" * size
-        t0 = time.perf_counter()
-        pending: list[asyncio.Future] = []
-        for i in range(n):
-            pending.append(await js.publish_async(f"bench.{i % 16}", payload, wait_stall=30))
-            if len(pending) >= WINDOW:
-                await asyncio.gather(*pending)
-                pending.clear()
-        await asyncio.gather(*pending)
-        rate = n / (time.perf_counter() - t0)
+        rate = n / await publish_window(js, n, payload)
         lat = []
         for i in range(latency_msgs):
             t = time.perf_counter()
