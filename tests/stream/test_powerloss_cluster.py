@@ -22,7 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.polling import until
-from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable, loss_report
+from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable, loss_report, power_cycle
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 pytestmark = pytest.mark.timeout(240)
@@ -114,12 +114,7 @@ async def test_every_server_loses_power_and_nothing_acknowledged_is_lost(tmp_pat
     try:
         start_parallel(servers, timeout=60)
         acked, attempted = await _publish([s.url for s in servers])
-        for s in servers:
-            s.kill()
-        dropped = [m.power_loss() for m in mounts]
-        for m in mounts:
-            m.start()
-        start_parallel(servers, timeout=60)
+        dropped = power_cycle(servers, mounts)
         read = await _read_back([s.url for s in servers])
     finally:
         for s in servers:

@@ -28,7 +28,7 @@ from zonebus.testing.faultload import FaultPublisher, check, read_back
 from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, moto_s3_server
 from zonebus.testing.polling import until
-from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable
+from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable, power_cycle
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 pytestmark = pytest.mark.timeout(300)
@@ -113,12 +113,7 @@ async def test_every_server_loses_power_and_the_replicated_tail_survives(tmp_pat
         start_parallel(servers, timeout=60)
         pubs = await _publish(servers)
         held = {n: router_info(s)["reader"].get("held_bytes", 0) for n, s in zip(NAMES, servers, strict=True)}
-        for s in servers:
-            s.kill()
-        dropped = [m.power_loss() for m in mounts]
-        for m in mounts:
-            m.start()
-        start_parallel(servers, timeout=60)
+        dropped = power_cycle(servers, mounts)
         reads = {f"z{i + 1}": await _read_in_zone(s, f"z{i + 1}") for i, s in enumerate(servers)}
         recovered = sum(router_info(s)["tail"]["recovered_bytes"] for s in servers)
     finally:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from zonebus.testing.polling import wait_until
+from zonebus.testing.processes import ServerProcess, start_parallel
 
 try:
     import mfusepy
@@ -475,3 +476,15 @@ class PowerLossMount:
 
 if __name__ == "__main__":
     main()
+
+
+def power_cycle(servers: list[ServerProcess], mounts: list[PowerLossMount], timeout: float = 60.0) -> list[dict]:
+    """Every server loses power at once: kill them all, drop what each file system holds unsynced, mount what
+    survived, and start the servers again together. What each file system dropped, per mount."""
+    for server in servers:
+        server.kill()
+    dropped = [m.power_loss() for m in mounts]
+    for m in mounts:
+        m.start()
+    start_parallel(servers, timeout=timeout)
+    return dropped
