@@ -73,9 +73,21 @@ def encode_sealed(aead: AEAD, seq: int, ts: int, subject: bytes, hdrs: bytes, da
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def _extra(kind: int) -> int:
-    """What a record of `kind` holds beyond header, subject, headers, data and CRC."""
-    return OVERHEAD if kind == SMSG else 0
+def whole_record(data: bytes, off: int, size: int) -> tuple[int, int, int, int, int, int, int] | None:
+    """The header (total, kind, seq, ts, subject, headers and data lengths) of the record at `off` of `data`'s
+    first `size` bytes when that record is whole (known kind, consistent lengths, matching CRC); None at a torn
+    or corrupt one, where recovery stops."""
+    if size - off < HDR_LEN + 4:
+        return None
+    head = _HDR.unpack_from(data, off)
+    total, kind, _seq, _ts, slen, hlen, dlen = head
+    if (kind not in (MSG, DEL, MARK, SMSG) or off + total > size
+            or total != HDR_LEN + slen + hlen + dlen + 4 + (OVERHEAD if kind == SMSG else 0)):
+        return None
+    end = off + total - 4
+    if zlib.crc32(memoryview(data)[off:end]) != _CRC.unpack_from(data, end)[0]:
+        return None
+    return head
 
 
 def encode_into(buf: bytearray, kind: int, seq: int, ts: int, subject: bytes, hdrs: bytes, data: bytes) -> None:
@@ -159,13 +171,9 @@ class FileStore(MsgStore):
             out = bytearray()
             data = self._path(n).read_bytes()
             off = 0
-            while off + HDR_LEN + 4 <= len(data):
-                total, kind, seq, ts, slen, hlen, dlen = _HDR.unpack_from(data, off)
+            while (head := whole_record(data, off, len(data))) is not None:  # (a torn tail: recovery truncates it)
+                total, kind, seq, ts, slen, hlen, dlen = head
                 end = off + total - 4
-                if (kind not in (MSG, DEL, MARK, SMSG) or total != HDR_LEN + slen + hlen + dlen + 4 + _extra(kind)
-                        or off + total > len(data) or zlib.crc32(memoryview(data)[off:end]) != _CRC.unpack_from(
-                            data, end)[0]):
-                    break  # a torn tail: recovery would truncate it
                 if kind == MSG:
                     p = off + HDR_LEN
                     out += encode_sealed(self._aead(n), seq, ts, data[p:p + slen], data[p + slen:p + slen + hlen],
@@ -239,16 +247,10 @@ class FileStore(MsgStore):
         size -= start
         base = start
         while off < size:
-            if size - off < HDR_LEN + 4:
+            head = whole_record(data, off, size)
+            if head is None:
                 break
-            total, kind, seq, ts, slen, hlen, dlen = _HDR.unpack_from(data, off)
-            if (total != HDR_LEN + slen + hlen + dlen + 4 + (OVERHEAD if kind == SMSG else 0) or off + total > size
-                    or kind not in (MSG, DEL, MARK, SMSG)):
-                break
-            end = off + total - 4
-            (crc,) = _CRC.unpack_from(data, end)
-            if zlib.crc32(memoryview(data)[off:end]) != crc:
-                break
+            total, kind, seq, ts, slen, hlen, dlen = head
             if kind in (MSG, SMSG):
                 if seq > idx.last_seq:
                     p = off + HDR_LEN
