@@ -168,21 +168,28 @@ class Migrator:
         sock = transport.get_extra_info("socket")
         if link is None or sock is None:
             return False
+        try:
+            self._pass_socket(link, sock, {"wsleaf": True}, head)
+        except OSError as exc:
+            self.server.log(f"worker {self.mesh.index}: could not hand a websocket leaf node over: {exc}", "WRN")
+            return False
+        transport.abort()  # (this process's descriptor only)
+        self.server.log(f"worker {self.mesh.index}: websocket leafnode connection handed to worker 0")
+        return True
+
+    def _pass_socket(self, link: LocalLink, sock: socket.socket, state: dict[str, Any], tail: bytes) -> None:
+        """Under a new token: `state` (then `tail`, the bytes read and not handled yet) as a `wmove` frame on
+        `link`, then a duplicate of `sock`'s descriptor on the datagram socket to `link`'s worker; OSError when
+        either fails."""
         self._next += 1
         token = b"%d.%d" % (self.mesh.index, self._next)
         fd = os.dup(sock.fileno())
         try:
-            link.send_frame(_WIRE, json.dumps({"token": token.decode(), "wsleaf": True}).encode() + b"\n" + head)
+            link.send_frame(_WIRE, json.dumps({"token": token.decode(), **state}).encode() + b"\n" + tail)
             self.sock.sendmsg([token], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))], 0,
                               os.path.join(self.mesh.spec.directory, f"f{link.peer}.sock"))
-        except OSError as exc:
-            self.server.log(f"worker {self.mesh.index}: could not hand a websocket leaf node over: {exc}", "WRN")
-            return False
         finally:
             os.close(fd)
-        transport.abort()  # (this process's descriptor only)
-        self.server.log(f"worker {self.mesh.index}: websocket leafnode connection handed to worker 0")
-        return True
 
     def _hand_over(self, conn: ClientConnection, link: LocalLink, fresh: bool) -> bool:
         """Send `conn`'s socket to `link`'s worker: a `wmove` frame on the link (after all this client's
@@ -192,21 +199,14 @@ class Migrator:
         sock = transport.get_extra_info("socket") if transport is not None else None
         if sock is None:
             return False
-        self._next += 1
-        token = b"%d.%d" % (self.mesh.index, self._next)
-        state = {"token": token.decode(), "fresh": fresh}
+        state: dict[str, Any] = {"fresh": fresh}
         if not fresh:
             state.update(connect=conn.connect_opts, **{k: getattr(conn, k) for k in _FLAGS})
-        fd = os.dup(sock.fileno())
         try:
-            link.send_frame(_WIRE, json.dumps(state).encode() + b"\n" + (b"" if fresh else conn.parser.unparsed()))
-            self.sock.sendmsg([token], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))], 0,
-                              os.path.join(self.mesh.spec.directory, f"f{link.peer}.sock"))
+            self._pass_socket(link, sock, state, b"" if fresh else conn.parser.unparsed())
         except OSError as exc:
             self.server.log(f"worker {self.mesh.index}: could not hand client {conn.cid} over: {exc}", "WRN")
             return False
-        finally:
-            os.close(fd)
         if fresh:
             conn.closed = True  # never admitted here: no INFO, no counts
             transport.abort()
