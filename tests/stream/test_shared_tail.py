@@ -104,3 +104,47 @@ def test_a_new_writer_takes_the_dead_writers_tail_from_a_replica(tmp_path: Path)
     # the dead writer's own PUT of its next slot now fails: the new writer fenced it
     w.store("s.late", None, b"late")
     assert not w.flush(1)
+
+
+def test_a_takeover_that_failed_after_fencing_is_retried_from_the_fenced_slot(tmp_path: Path) -> None:
+    """A takeover fences the dead writer (an empty batch of its epoch in its next slot), then fails: a live
+    replica did not give the tail in time. The retry finds that empty batch in the chain; it must still ask the
+    replicas for the dead writer's tail from that slot, not the one after it (which held nothing: 5 of 5
+    acknowledged messages were lost that way)."""
+    storage = _storage(tmp_path)
+    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
+    objects = ObjectStore.from_url(f"file://{tmp_path}/store")
+    w.store("s.0", None, b"stored")
+    assert w.flush(5)
+    view = SharedView(objects, "S", load=True)
+    w.on_replica("r1", w.epoch, w.next_batch, 0)
+    for i in range(1, 6):
+        w.store(f"s.{i}", None, f"tail{i}".encode())
+    for b, e, off, header, chunk in w.tail_parts(*view.part_position()[1:]):
+        assert view.apply_part(b, e, off, header, chunk)
+    w.on_replica("r1", w.epoch, *view.part_position()[1:])
+    assert w.visible_seq() == 6
+
+    asked = []
+
+    def silent_replica(stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
+        asked.append((epoch, batch))
+        view.tail_records(epoch, batch)  # asked: it stops taking the old writer's records, then goes silent
+        raise OSError("r1 did not give the tail of S")
+
+    with pytest.raises(OSError):
+        _storage(tmp_path, silent_replica).takeover("S", writer="w2")
+
+    def replica(stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
+        asked.append((epoch, batch))
+        return view.tail_records(epoch, batch)
+
+    new = _storage(tmp_path, replica).takeover("S", writer="w3")
+    assert asked == [(w.epoch, 2), (w.epoch, 2)]
+    assert new.index.last_seq == 6
+    fresh = SharedView(objects, "S", load=True)
+    assert _payloads(fresh, 6) == [b"stored"] + [f"tail{i}".encode() for i in range(1, 6)]
+    seq, _ts = new.store("s.7", None, b"after")
+    assert seq == 7
+    assert new.flush(5)
+    assert _payloads(SharedView(objects, "S", load=True), 7)[-1] == b"after"

@@ -66,8 +66,8 @@ class WriterFencing:
                          f"by epoch {self.epoch} gave up")
         recovered = b""
         if chain.top_epoch and self.tail_source is not None:  # what the fenced writer acknowledged from replicas
-            recovered = self.tail_source(self.stream, chain.top_epoch, self.next_batch, self.epoch,
-                                         self._claim_writer(chain.top_epoch))
+            recovered = self.tail_source(self.stream, chain.top_epoch, self._tail_start(chain.top_epoch),
+                                         self.epoch, self._claim_writer(chain.top_epoch))
         seal = dict(info, prev=chain.top_epoch, start_batch=self.next_batch, next_seq=self.index.last_seq + 1)
         self.objects.put(self._epochs_key("seal"), json.dumps(seal).encode())
         self._check_fence()
@@ -80,6 +80,21 @@ class WriterFencing:
         self.prune_cache()
 
     FENCE_ATTEMPTS = 100
+
+    def _tail_start(self: SharedStore, epoch: int) -> int:
+        """The first slot of writer `epoch`'s tail: `next_batch`, or the first of the empty batches of that epoch
+        that end the chain. A writer stores no empty batch; a takeover's fence is one, and a takeover that failed
+        after fencing (a replica did not give the tail in time) left it in the chain, in the slot the writer's
+        unstored records were for: its retry asks for them from there."""
+        b = self.next_batch
+        while b - 1 >= self.chain_start and self.batches.get(b - 1) == epoch:
+            try:
+                if L.read_header(self._fetch(b - 1, epoch)).nrec:
+                    break
+            except (FileNotFoundError, L.LayoutError):
+                break
+            b -= 1
+        return b
 
     def _claim_writer(self: SharedStore, epoch: int) -> str:
         try:
