@@ -45,7 +45,8 @@ _LEVEL = 3
 class _Flow:
     rate: float = 0.0  # payload bytes per second, moving average
     last: float = field(default_factory=time.monotonic)
-    ratio: float = 0.5  # compressed / raw, moving average over batches
+    ratio: float = 0.5  # compressed / raw, moving average over batches (the first batch measured sets it)
+    measured: int = 0  # batches measured
     path: str = STORAGE
     why: str = ""
     batches: dict[str, int] = field(default_factory=lambda: {STORAGE: 0, LINK: 0})
@@ -132,7 +133,9 @@ class PathChooser:
     def _note_ratio(self, leader: str, raw: int, packed: int) -> None:
         """A batch of `raw` bytes compressed to `packed`: the flow's ratio, a moving average over batches."""
         f = self._flow(leader)
-        f.ratio = 0.8 * f.ratio + 0.2 * (packed / max(raw, 1))
+        r = packed / max(raw, 1)
+        f.ratio = r if not f.measured else 0.8 * f.ratio + 0.2 * r
+        f.measured += 1
 
     def compress(self, leader: str, data: bytes) -> bytes:
         out = self._cctx.compress(data)
@@ -171,10 +174,12 @@ class PathChooser:
         self._out.pop(peer, None)
         self._in.pop(peer, None)
 
-    def sample(self, leader: str, data: bytes, n: int) -> None:
-        """On the storage path, measure the ratio on one batch in 16 (the link path measures every one)."""
-        if n % 16 == 0:
-            self.compress(leader, data)
+    def sample(self, leader: str, data: bytes) -> None:
+        """On the storage path, measure the ratio the link path would get on this batch: as the next block of one
+        zstd stream, as the link sends its batches (a batch compressed alone, or the first guess of 0.5, put the
+        break-even size at half the true one for JSON, so that objects went to storage where the link was
+        cheaper)."""
+        self.measure(leader, data)
 
     def measure(self, leader: str, data: bytes) -> None:
         """A batch that stays on this server (the leader is here: its replicated tail carries the records,

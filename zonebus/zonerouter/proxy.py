@@ -171,7 +171,7 @@ class Proxy:
             self.stats["inline_batches"] += 1
             self._send_ready(target)
             return
-        self.paths.sample(leader, data, self.stats["batches"])
+        self.paths.sample(leader, data)
         b.state = "uploading"
         task = asyncio.get_running_loop().create_task(self._upload(target, b, data))
         self.tasks.add(task)
