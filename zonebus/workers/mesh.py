@@ -61,7 +61,9 @@ READY = "wready"  # the sender's node started: all its start-up interest came be
 _READY = READY.encode()
 USER = "worker"
 LINK_PENDING = 256 * 1024 * 1024  # bytes queued to a peer worker before its link is cut
-HOLD_MAX = 2.0  # seconds a PONG is held at most when a peer does not confirm (it is stuck or dying)
+HOLD_MAX = 10.0  # seconds a PONG is held at most when a peer does not confirm (it is stuck or dying); a loaded
+# machine can keep a live worker from confirming for 2 s, and a PONG let go before that breaks flush()'s promise
+# (the subscription is in place): a core queue subscriber then missed a publish made right after its flush
 _LOCAL = (CLIENT, INTERNAL)
 _RELAYED = (ROUTE, LEAF)  # the relaying worker's links whose interest it tells the others (their members elsewhere)
 _NOT_MESSAGES = (_SYNC, b"wstats", b"wmove", _REMOTE, _URLS, _READY, _LEAFQ)
