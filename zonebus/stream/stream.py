@@ -7,7 +7,7 @@ Also here, as nats-server 2.11+ has them: the `subject_transform` applied to inc
 per-message TTLs (`Nats-TTL`: a heap of expiry times; `never` spares a message from `max_age`) and the subject
 delete markers left when a subject's last message ages out (`subject_delete_marker_ttl`).
 Message counters (`allow_msg_counter`, `Nats-Incr`) are `zonebus.stream.counters`'; a stream without them
-pays one flag check per publish.
+pays one flag check per publish. Message schedules (`allow_msg_schedules`) are `zonebus.stream.schedules`'.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.protocol.jserrors import JSError
 from zonebus.store.durability import make_dirs
 from zonebus.store.msgstore import MsgStore, now_ns
-from zonebus.stream import counters, limits, localdocs
+from zonebus.stream import counters, limits, localdocs, schedules
 from zonebus.stream.config import format_time
 from zonebus.stream.sources import SourceLink
 from zonebus.stream.transform import SubjectTransform, compile_transform
@@ -81,6 +81,7 @@ class Stream:
         self._never: set[int] = set()  # messages with `Nats-TTL: never`: max_age spares them
         self._ttl_timer: asyncio.TimerHandle | None = None
         self._ttl_due = 0
+        self.schedules = schedules.Schedules(self)  # (`allow_msg_schedules`; idle without it)
         self.sourced_by: list[SourceLink] = []  # links of the streams sourcing this one
         self.sources: list[SourceLink] = []
         self.closed = False
@@ -204,6 +205,11 @@ class Stream:
             if parsed is None:
                 return _pub_error(self.name, JSError("message_ttl_invalid")), 0
             ttl = parsed
+        if hdrs and not internal and schedules.MARK in hdrs:
+            checked = schedules.check_publish(self, subject, hdrs)
+            if isinstance(checked, JSError):
+                return _pub_error(self.name, checked), 0
+            hdrs, h["Nats-Rollup"] = checked, schedules.header(checked, "Nats-Rollup") or ""
         counter_val = ""
         if self._counter:
             if incr is None:
@@ -230,6 +236,7 @@ class Stream:
         self._last_msg_id = msg_id
         if h and cfg.get("allow_rollup_hdrs") and h.get("Nats-Rollup") in ("sub", "all"):
             self._rollup(seq, subject, h["Nats-Rollup"])
+        self.schedules.on_stored(seq, ts, subject, hdrs)
         if cfg["max_msgs_per_subject"] > 0 or cfg["max_msgs"] > 0 or cfg["max_bytes"] > 0:
             self._enforce_limits(subject)
         if cfg["retention"] == "interest" and not self._has_interest(subject):
@@ -351,6 +358,7 @@ class Stream:
         if not idx.msgs:
             return
         self._rebuild_ttls()
+        self.schedules.rebuild()
         start = idx.seq_at_time(now_ns() - self.cfg.get("duplicate_window", 0)) or idx.last_seq + 1
         start = max(start, idx.last_seq - limit + 1)
         for seq in idx.live_seqs(start):
@@ -564,6 +572,7 @@ class Stream:
             if t is not None:
                 t.cancel()
         self._age_timer = self._ttl_timer = None
+        self.schedules.stop()
         for link in self.sources:
             link.stop()
         for link in list(self.sourced_by):

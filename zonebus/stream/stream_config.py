@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from zonebus.protocol.jserrors import JSError, invalid_config
-from zonebus.stream import counters
+from zonebus.stream import counters, schedules
 from zonebus.stream.sources import normalize_sources
 from zonebus.stream.subjects import valid_name, valid_subject
 from zonebus.stream.transform import compile_transform
@@ -50,6 +50,8 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
     if replicas > 1 and not clustered:
         raise JSError("stream_replicas_not_supported")
     if req.get("mirror"):
+        if req.get("allow_msg_schedules"):
+            raise JSError("mirror_with_msg_schedules")
         raise invalid_config("stream mirrors are not supported by zonebus")
     sources = normalize_sources(req.get("sources") or [])
     cfg: dict[str, Any] = {"name": name}
@@ -115,6 +117,7 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         # markers are per-message TTL'd rollups: nats-server turns both on (and purges back on)
         cfg["allow_msg_ttl"] = cfg["allow_rollup_hdrs"] = True
         cfg["deny_purge"] = False
+    schedules.check_config(req, cfg)
     if req.get("subject_transform"):
         compile_transform(req["subject_transform"])
     cfg["consumer_limits"] = req.get("consumer_limits") or {}
@@ -140,6 +143,7 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
     if old.get("sealed") and not new.get("sealed"):
         raise invalid_config("stream configuration update can not unseal a sealed stream")
     counters.check_update(old, new)
+    schedules.check_update(old, new)
 
 
 def equivalent(a: dict[str, Any], b: dict[str, Any]) -> bool:
