@@ -7,7 +7,7 @@ Also here, as nats-server 2.11+ has them: the `subject_transform` applied to inc
 per-message TTLs (`Nats-TTL`: a heap of expiry times; `never` spares a message from `max_age`) and the subject
 delete markers left when a subject's last message ages out (`subject_delete_marker_ttl`).
 Message counters (`allow_msg_counter`, `Nats-Incr`) are `zonebus.stream.counters`'; a stream without them
-pays one flag check per publish.
+pays one flag check per publish. Atomic batches (`Nats-Batch-Id`) are `zonebus.stream.atomic`'s.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from zonebus.protocol.jserrors import JSError
 from zonebus.store.durability import make_dirs
 from zonebus.store.msgstore import MsgStore, now_ns
 from zonebus.stream import counters, limits, localdocs
+from zonebus.stream.atomic import BATCH_ID, AtomicBatches
 from zonebus.stream.config import format_time
 from zonebus.stream.sources import SourceLink
 from zonebus.stream.transform import SubjectTransform, compile_transform
@@ -83,6 +84,7 @@ class Stream:
         self._ttl_due = 0
         self.sourced_by: list[SourceLink] = []  # links of the streams sourcing this one
         self.sources: list[SourceLink] = []
+        self.batches = AtomicBatches(self)
         self.closed = False
         self.deleted = False  # closed for good (deleted), not only released to another server
         domain = service.opts.domain  # (nats-server's PubAck names the JetStream domain)
@@ -117,6 +119,8 @@ class Stream:
         sources_changed = cfg.get("sources") != self.cfg.get("sources")
         self.cfg = cfg
         self._transform = _transform_of(cfg)
+        if not cfg.get("allow_atomic"):
+            self.batches.clear()
         if sources_changed:
             self._start_sources()
         self.save_meta()
@@ -143,10 +147,7 @@ class Stream:
     def _durable_reply(self, reply: str, resp: bytes, err: str | None) -> None:
         if err is not None:
             resp = _pub_error(self.name, JSError("stream_store_failed", err=err))
-        if self._reply is None or (self.service.tap is not None and reply.startswith(self.service.tap_prefix)):
-            self.service.send(reply, resp)
-        else:
-            self._reply(reply.encode(), resp)  # (as _send_ack, one call less per PubAck)
+        self._send_ack(reply, resp)
 
     def _send_ack(self, reply: str, resp: bytes) -> None:
         """A PubAck (or a publish error) to `reply`: as `service.send` does, on the internal client's short
@@ -166,6 +167,9 @@ class Stream:
         cfg = self.cfg
         if self.closed:
             raise JSError("stream_not_found")
+        h = parse_headers(hdrs) if hdrs else {}
+        if h.get(BATCH_ID) and not internal:  # (an empty id: no batch, as nats-server)
+            return self.batches.publish(subject, hdrs, data, h)
         if not internal:
             if cfg.get("sealed"):
                 return _pub_error(self.name, JSError("stream_sealed")), 0
@@ -174,7 +178,6 @@ class Stream:
         size = len(data) + (len(hdrs) if hdrs else 0)
         if 0 < cfg["max_msg_size"] < size and not self._counter:  # (a counter's: once its body is made)
             return _pub_error(self.name, JSError("stream_message_exceeds_max")), 0
-        h = parse_headers(hdrs) if hdrs else {}
         msg_id = ""
         incr: int | None = None
         if h:
@@ -222,6 +225,15 @@ class Stream:
         refused = self.store.write_error()
         if refused is not None:
             return _pub_error(self.name, JSError("stream_store_failed", err=refused)), 0
+        seq = self.store_checked(subject, hdrs, data, h, msg_id, ttl)
+        if counter_val:
+            return b'%b%d,"val":"%b"}' % (self._ack_head, seq, counter_val.encode()), seq
+        return b"%b%d}" % (self._ack_head, seq), seq
+
+    def store_checked(self, subject: str, hdrs: bytes | None, data: bytes, h: dict[str, str], msg_id: str,
+                      ttl: int) -> int:
+        """Store a message that passed the checks (its sequence); then dedupe, rollup, limits, retention."""
+        cfg = self.cfg
         seq, ts = self.store.store(subject, hdrs, data)
         if ttl:
             self._track_ttl(seq, ts, ttl)
@@ -242,9 +254,7 @@ class Stream:
         # else: announced to the consumers by on_visible once durable
         if cfg["max_age"] and self._age_timer is None:
             self.schedule_age_check()
-        if counter_val:
-            return b'%b%d,"val":"%b"}' % (self._ack_head, seq, counter_val.encode()), seq
-        return b"%b%d}" % (self._ack_head, seq), seq
+        return seq
 
     # -- sources ---------------------------------------------------------------------------------------
     def _start_sources(self) -> None:
@@ -560,6 +570,7 @@ class Stream:
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def _stop_timers(self) -> None:
+        self.batches.clear()
         for t in (self._age_timer, self._ttl_timer):
             if t is not None:
                 t.cancel()

@@ -48,6 +48,8 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         raise invalid_config("stream name is required and can not contain '.', '*', '>', '\\', '/'")
     replicas = req.get("num_replicas", 0)
     if replicas > 1 and not clustered:
+        if req.get("persist_mode") == "async":  # (nats-server checks the config first)
+            _check_async_persist(req)
         raise JSError("stream_replicas_not_supported")
     if req.get("mirror"):
         raise invalid_config("stream mirrors are not supported by zonebus")
@@ -93,6 +95,9 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         cfg["duplicate_window"] = dup
     cfg["compression"] = req.get("compression", "none")
     counters.check_config(req, cfg["discard"], cfg["retention"])
+    if req.get("persist_mode") == "async":  # ("default" is nats-server's zero value: not shown)
+        _check_async_persist(req)
+        cfg["persist_mode"] = "async"
     if req.get("discard_new_per_subject"):
         if cfg["discard"] != "new":
             raise invalid_config("discard new per subject requires discard new policy to be set")
@@ -119,7 +124,7 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         compile_transform(req["subject_transform"])
     cfg["consumer_limits"] = req.get("consumer_limits") or {}
     for key in ("placement", "republish", "subject_transform", "template_owner", "first_seq",
-                "subject_delete_marker_ttl", "persist_mode"):
+                "subject_delete_marker_ttl"):
         if req.get(key):
             cfg[key] = req[key]
     if sources:
@@ -127,6 +132,15 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
     if req.get("metadata"):
         cfg["metadata"] = dict(req["metadata"])
     return {k: cfg[k] for k in _ORDER if k in cfg}
+
+
+def _check_async_persist(req: dict[str, Any]) -> None:
+    if req.get("storage", "file") != "file":
+        raise invalid_config("async persist mode is only supported on file storage")
+    if req.get("num_replicas", 0) > 1:
+        raise invalid_config("async persist mode is not supported on replicated streams")
+    if req.get("allow_atomic"):
+        raise invalid_config("async persist mode is not supported with atomic batch publish")
 
 
 def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -140,6 +154,8 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
     if old.get("sealed") and not new.get("sealed"):
         raise invalid_config("stream configuration update can not unseal a sealed stream")
     counters.check_update(old, new)
+    if old.get("persist_mode") != new.get("persist_mode"):
+        raise invalid_config("stream configuration update can not change persist mode")
 
 
 def equivalent(a: dict[str, Any], b: dict[str, Any]) -> bool:
