@@ -210,7 +210,28 @@ async def persist_mode(p: Probe) -> None:
     await p.call(f"STREAM.DELETE.{s}")
 
 
-SCENARIOS = (atomic_commits, atomic_errors, atomic_counters_ttl, atomic_inflight, persist_mode)
+async def mirror_checks(p: Probe) -> None:
+    """The mirror configs nats-server refuses (zonebus has no mirrors: it refuses a valid one too, and so never
+    promotes one by removing `mirror`), and adding a mirror to a stream on update."""
+    o, m = f"MO{p.tag}", f"MM{p.tag}"
+    await p.call(f"STREAM.CREATE.{o}", {"name": o, "subjects": [f"{o.lower()}.>"], "max_msg_size": 100},
+                 keep=("config",))
+    mirror = {"name": o}
+    for extra in ({"first_seq": 5}, {"subjects": ["x.>"]}, {"sources": [{"name": o}]}, {"allow_msg_counter": True},
+                  {"allow_atomic": True}, {"allow_batched": True}, {"allow_msg_schedules": True},
+                  {"subject_delete_marker_ttl": 2_000_000_000}, {"max_msg_size": 50},
+                  {"mirror": {"name": o, "filter_subject": "a", "subject_transforms": [{"src": "b", "dest": "c"}]}},
+                  {"mirror": {"name": "bad.name"}}):
+        await p.call(f"STREAM.CREATE.{m}", {"name": m, "mirror": mirror, **extra})
+    await p.call(f"STREAM.UPDATE.{o}", {"name": o, "subjects": [f"{o.lower()}.>"], "max_msg_size": 100,
+                                        "mirror": {"name": "ELSEWHERE"}})
+    await p.call(f"STREAM.UPDATE.{o}", {"name": o, "max_msg_size": 100, "mirror": {"name": "ELSEWHERE"}})
+    await p.call(f"STREAM.UPDATE.{o}", {"name": o, "subjects": [f"{o.lower()}.>"], "max_msg_size": 100,
+                                        "mirror": None}, keep=("config",))
+    await p.call(f"STREAM.DELETE.{o}")
+
+
+SCENARIOS = (atomic_commits, atomic_errors, atomic_counters_ttl, atomic_inflight, persist_mode, mirror_checks)
 
 
 @pytest.mark.timeout(60)
