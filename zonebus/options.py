@@ -224,6 +224,12 @@ class JetStreamOptions:
     encryption_key: str = ""
     encryption_cipher: str = "chachapoly"
     prev_encryption_key: str = ""
+    # `limits { batch { max_inflight_per_stream, max_inflight_total, max_msgs, timeout } }`: atomic batch publish
+    # (zonebus.stream.atomic), nats-server's defaults
+    batch_max_inflight_per_stream: int = 50
+    batch_max_inflight_total: int = 1000
+    batch_max_msgs: int = 1000
+    batch_timeout: float = 10.0
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import nats
 import pytest
@@ -108,6 +109,49 @@ async def test_dedupe_and_expected_last_sequence_through_the_router(zoned) -> No
         assert before >= 4  # all of them went through c1's proxy
         info = await js.stream_info("DED")
         assert info.state.messages == 2
+    finally:
+        await nc.close()
+        await pub.close()
+
+
+@pytest.mark.timeout(60)
+async def test_atomic_batch_through_the_router(zoned) -> None:
+    """An atomic batch published in z3 to a stream led in z2: the staged messages' empty replies, the commit's
+    PubAck with `batch` and `count`, and a refused commit come back through the proxy as the leader made them."""
+    s = zoned.servers
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
+    nc = await nats.connect(s["b1"].url)
+    pub = await nats.connect(s["c1"].url)
+    try:
+        await stream_in_z2(nc, "ATM", ["atm.>"], allow_atomic=True)
+
+        async def routed() -> bool:  # c1 learns of the stream from the meta group a moment after b1
+            with contextlib.suppress(nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                msg = await pub.request("atm.probe", b"", timeout=2)
+                return b'"seq"' in msg.data
+            return False
+
+        await until(routed, "c1 routing the stream's subjects")
+        before = router_info(s["c1"])["proxy"]["msgs"]
+        probes = (await nc.jetstream().stream_info("ATM")).state.messages
+
+        async def batch(bid: str, extra: dict) -> list[bytes]:
+            replies = []
+            for i in (1, 2, 3):
+                h = {"Nats-Batch-Id": bid, "Nats-Batch-Sequence": str(i), **extra}
+                if i == 3:
+                    h["Nats-Batch-Commit"] = "1"
+                replies.append((await pub.request("atm.x", f"m{i}".encode(), timeout=10, headers=h)).data)
+            return replies
+
+        ok = await batch("b1", {})
+        assert ok[:2] == [b"", b""], ok
+        assert json.loads(ok[2]) == {"stream": "ATM", "seq": probes + 3, "batch": "b1", "count": 3}, ok
+        refused = await batch("b2", {"Nats-Msg-Id": "same"})
+        assert refused[:2] == [b"", b""] and json.loads(refused[2])["error"]["err_code"] == 10201, refused
+        assert router_info(s["c1"])["proxy"]["msgs"] - before == 6  # all of them went through c1's proxy
+        info = await nc.jetstream().stream_info("ATM")
+        assert info.state.messages == probes + 3
     finally:
         await nc.close()
         await pub.close()

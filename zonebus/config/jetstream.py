@@ -116,6 +116,20 @@ def _router_epoch(v: Value) -> float:
     return seconds
 
 
+_BATCH_LIMIT_HANDLERS: dict[str, Handler] = {
+    "max_inflight_per_stream": int_field("batch_max_inflight_per_stream", 1),
+    "max_inflight_total": int_field("batch_max_inflight_total", 1),
+    "max_msgs": int_field("batch_max_msgs", 1),
+    "timeout": setter("batch_timeout", get_duration),
+}
+
+
+def _limits(js: JetStreamOptions, v: Value, errors: Errors) -> None:
+    """`limits { batch { ... } }` (nats-server's other JetStream limits are not read)."""
+    apply_handlers(get_map(v), {"batch": lambda t, b, e: apply_handlers(get_map(b), _BATCH_LIMIT_HANDLERS, t, e)},
+                   js, errors)
+
+
 _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "enabled": bool_field("enabled"),
     "enable": bool_field("enabled"),
@@ -143,6 +157,7 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "shared_store_latency_budget": setter("shared_store_latency_budget", get_duration),
     "zone_router_latency_budget": setter("shared_store_latency_budget", get_duration),
     "s3": _s3,
+    "limits": _limits,
     "failover_timeout": setter("failover_timeout", get_duration),
     "zone_router": bool_field("zone_router"),
     "zone_router_linger": setter("zone_router_linger", _router_linger),

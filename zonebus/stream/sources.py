@@ -72,12 +72,13 @@ def server_hash(name: str) -> str:
 
 
 def _strip(hdrs: bytes | None) -> list[bytes]:
-    """Header lines of an origin message, minus its own source header and Nats-Expected-* checks."""
+    """Header lines of an origin message, minus its own source header, Nats-Expected-* checks and Nats-Batch-*
+    (an atomic batch's: a source copies messages one by one, as nats-server does)."""
     if not hdrs:
         return []
     lines = []
     for line in hdrs.split(b"\r\n")[1:]:
-        if not line or line.startswith(HEADER.encode() + b":") or line.startswith(b"Nats-Expected-"):
+        if not line or line.startswith((HEADER.encode() + b":", b"Nats-Expected-", b"Nats-Batch-")):
             continue
         lines.append(line)
     return lines

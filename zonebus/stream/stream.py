@@ -7,13 +7,13 @@ Also here, as nats-server 2.11+ has them: the `subject_transform` applied to inc
 per-message TTLs (`Nats-TTL`: a heap of expiry times; `never` spares a message from `max_age`) and the subject
 delete markers left when a subject's last message ages out (`subject_delete_marker_ttl`).
 Message counters (`allow_msg_counter`, `Nats-Incr`) are `zonebus.stream.counters`'; a stream without them
-pays one flag check per publish. Message schedules (`allow_msg_schedules`) are `zonebus.stream.schedules`'.
+pays one flag check per publish. Message schedules (`allow_msg_schedules`) are `zonebus.stream.schedules`';
+atomic batches (`Nats-Batch-Id`) are `zonebus.stream.atomic`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import json
 import logging
 import shutil
@@ -27,10 +27,12 @@ from zonebus.protocol.jserrors import JSError
 from zonebus.store.durability import make_dirs
 from zonebus.store.msgstore import MsgStore, now_ns
 from zonebus.stream import counters, limits, localdocs, schedules
+from zonebus.stream.atomic import BATCH_ID, AtomicBatches
 from zonebus.stream.config import format_time
+from zonebus.stream.expiry import Expiry
 from zonebus.stream.sources import SourceLink
 from zonebus.stream.transform import SubjectTransform, compile_transform
-from zonebus.stream.ttl import MARKER_REASON, NEVER, marker_headers, parse_msg_ttl
+from zonebus.stream.ttl import parse_msg_ttl
 
 if TYPE_CHECKING:
     from zonebus.stream.consumer import Consumer
@@ -61,7 +63,7 @@ def _pub_error(stream: str, err: JSError) -> bytes:
     return json.dumps({"error": err.to_dict(), "stream": stream, "seq": 0}, separators=(",", ":")).encode()
 
 
-class Stream:
+class Stream(Expiry):
     def __init__(self, service: JetStreamService, cfg: dict[str, Any], created: int, store: MsgStore,
                  directory: Path | None) -> None:
         self.service = service
@@ -84,6 +86,7 @@ class Stream:
         self.schedules = schedules.Schedules(self)  # (`allow_msg_schedules`; idle without it)
         self.sourced_by: list[SourceLink] = []  # links of the streams sourcing this one
         self.sources: list[SourceLink] = []
+        self.batches = AtomicBatches(self)
         self.closed = False
         self.deleted = False  # closed for good (deleted), not only released to another server
         domain = service.opts.domain  # (nats-server's PubAck names the JetStream domain)
@@ -118,6 +121,8 @@ class Stream:
         sources_changed = cfg.get("sources") != self.cfg.get("sources")
         self.cfg = cfg
         self._transform = _transform_of(cfg)
+        if not cfg.get("allow_atomic"):
+            self.batches.clear()
         if sources_changed:
             self._start_sources()
         self.save_meta()
@@ -144,10 +149,7 @@ class Stream:
     def _durable_reply(self, reply: str, resp: bytes, err: str | None) -> None:
         if err is not None:
             resp = _pub_error(self.name, JSError("stream_store_failed", err=err))
-        if self._reply is None or (self.service.tap is not None and reply.startswith(self.service.tap_prefix)):
-            self.service.send(reply, resp)
-        else:
-            self._reply(reply.encode(), resp)  # (as _send_ack, one call less per PubAck)
+        self._send_ack(reply, resp)
 
     def _send_ack(self, reply: str, resp: bytes) -> None:
         """A PubAck (or a publish error) to `reply`: as `service.send` does, on the internal client's short
@@ -167,6 +169,9 @@ class Stream:
         cfg = self.cfg
         if self.closed:
             raise JSError("stream_not_found")
+        h = parse_headers(hdrs) if hdrs else {}
+        if h.get(BATCH_ID) and not internal:  # (an empty id: no batch, as nats-server)
+            return self.batches.publish(subject, hdrs, data, h)
         if not internal:
             if cfg.get("sealed"):
                 return _pub_error(self.name, JSError("stream_sealed")), 0
@@ -175,7 +180,6 @@ class Stream:
         size = len(data) + (len(hdrs) if hdrs else 0)
         if 0 < cfg["max_msg_size"] < size and not self._counter:  # (a counter's: once its body is made)
             return _pub_error(self.name, JSError("stream_message_exceeds_max")), 0
-        h = parse_headers(hdrs) if hdrs else {}
         msg_id = ""
         incr: int | None = None
         if h:
@@ -228,6 +232,15 @@ class Stream:
         refused = self.store.write_error()
         if refused is not None:
             return _pub_error(self.name, JSError("stream_store_failed", err=refused)), 0
+        seq = self.store_checked(subject, hdrs, data, h, msg_id, ttl)
+        if counter_val:
+            return b'%b%d,"val":"%b"}' % (self._ack_head, seq, counter_val.encode()), seq
+        return b"%b%d}" % (self._ack_head, seq), seq
+
+    def store_checked(self, subject: str, hdrs: bytes | None, data: bytes, h: dict[str, str], msg_id: str,
+                      ttl: int) -> int:
+        """Store a message that passed the checks (its sequence); then dedupe, rollup, limits, retention."""
+        cfg = self.cfg
         seq, ts = self.store.store(subject, hdrs, data)
         if ttl:
             self._track_ttl(seq, ts, ttl)
@@ -249,9 +262,7 @@ class Stream:
         # else: announced to the consumers by on_visible once durable
         if cfg["max_age"] and self._age_timer is None:
             self.schedule_age_check()
-        if counter_val:
-            return b'%b%d,"val":"%b"}' % (self._ack_head, seq, counter_val.encode()), seq
-        return b"%b%d}" % (self._ack_head, seq), seq
+        return seq
 
     # -- sources ---------------------------------------------------------------------------------------
     def _start_sources(self) -> None:
@@ -426,105 +437,6 @@ class Stream:
             c.on_purged(removed, first)
         return len(removed)
 
-    def schedule_age_check(self) -> None:
-        if self._age_timer is not None:
-            self._age_timer.cancel()
-            self._age_timer = None
-        max_age = self.cfg["max_age"]
-        if not max_age or self.closed:
-            return
-        idx = self.store.index
-        seq = self._first_aging()
-        meta = idx.meta(seq) if seq else None
-        if meta is None:
-            return
-        due = (meta[2] + max_age - now_ns()) / 1e9
-        self._age_timer = self.service.loop.call_later(max(due, 0.001) + 0.001, self._expire_aged)
-
-    def _first_aging(self) -> int:
-        """The oldest message max_age applies to (not `Nats-TTL: never`), or 0."""
-        idx = self.store.index
-        if not idx.msgs:
-            return 0
-        if not self._never:
-            return idx.first_seq
-        for seq in idx.live_seqs(idx.first_seq):
-            if seq not in self._never:
-                return seq
-        return 0
-
-    def _expire_aged(self) -> None:
-        self._age_timer = None
-        horizon = now_ns() - self.cfg["max_age"]
-        idx = self.store.index
-        while True:
-            seq = self._first_aging()
-            meta = idx.meta(seq) if seq else None
-            if meta is None or meta[2] > horizon:
-                break
-            self._expire_msg(seq)
-        self.schedule_age_check()
-
-    # -- per-message TTL and subject delete markers ----------------------------------------------------
-    def _track_ttl(self, seq: int, ts: int, ttl: int) -> None:
-        if ttl == NEVER:
-            self._never.add(seq)
-            return
-        heapq.heappush(self._ttls, (ts + ttl * 1_000_000_000, seq))
-        self._arm_ttl()
-
-    def _arm_ttl(self) -> None:
-        if not self._ttls or self.closed:
-            return
-        due = self._ttls[0][0]
-        if self._ttl_timer is not None:
-            if self._ttl_due <= due:
-                return
-            self._ttl_timer.cancel()
-        self._ttl_due = due
-        self._ttl_timer = self.service.loop.call_later(max((due - now_ns()) / 1e9, 0.0) + 0.001, self._expire_ttls)
-
-    def _expire_ttls(self) -> None:
-        self._ttl_timer = None
-        now = now_ns()
-        while self._ttls and self._ttls[0][0] <= now:
-            _due, seq = heapq.heappop(self._ttls)
-            if self.store.index.has(seq):
-                self._expire_msg(seq)
-        self._arm_ttl()
-
-    def _expire_msg(self, seq: int) -> None:
-        """Remove an aged or TTL-expired message; with `subject_delete_marker_ttl`, leave a marker on its
-        subject when it was the subject's last message (markers themselves leave none)."""
-        sdm = self.cfg.get("subject_delete_marker_ttl", 0)
-        subject = None
-        if sdm:
-            msg = self.store.load(seq)
-            if msg is not None and not (msg.hdrs and MARKER_REASON in msg.hdrs):
-                subject = msg.subject
-        self.remove_msg(seq)
-        self._never.discard(seq)
-        if subject is not None:
-            left = self.store.index.subject_seqs(subject)
-            if left is None or not len(left):
-                self._process(subject, marker_headers(sdm), b"", internal=True)
-
-    def _rebuild_ttls(self) -> None:
-        if not self.cfg.get("allow_msg_ttl"):
-            return
-        idx = self.store.index
-        for seq in idx.live_seqs(idx.first_seq):
-            msg = self.store.load(seq)
-            if msg is None or not msg.hdrs or b"Nats-TTL" not in msg.hdrs:
-                continue
-            ttl = parse_msg_ttl(parse_headers(msg.hdrs).get("Nats-TTL", ""))
-            if ttl == NEVER:
-                self._never.add(seq)
-            elif ttl:
-                heapq.heappush(self._ttls, (msg.ts + ttl * 1_000_000_000, seq))
-        if self._ttls and self.service.loop is not None:
-            self._arm_ttl()
-
     # -- info ----------------------------------------------------------------------------------------
     def state(self, subjects_filter: str | None = None, deleted_details: bool = False) -> dict[str, Any]:
         st = self.store.state()
@@ -568,6 +480,7 @@ class Stream:
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def _stop_timers(self) -> None:
+        self.batches.clear()
         for t in (self._age_timer, self._ttl_timer):
             if t is not None:
                 t.cancel()

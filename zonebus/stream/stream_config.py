@@ -48,10 +48,13 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         raise invalid_config("stream name is required and can not contain '.', '*', '>', '\\', '/'")
     replicas = req.get("num_replicas", 0)
     if replicas > 1 and not clustered:
+        if req.get("persist_mode") == "async":  # (nats-server checks the config first)
+            _check_async_persist(req)
         raise JSError("stream_replicas_not_supported")
     if req.get("mirror"):
-        if req.get("allow_msg_schedules"):
-            raise JSError("mirror_with_msg_schedules")
+        _check_mirror(req, others)
+        if update:  # (no stream of zonebus is a mirror: adding one is a change)
+            raise JSError("stream_mirror_not_updatable")
         raise invalid_config("stream mirrors are not supported by zonebus")
     sources = normalize_sources(req.get("sources") or [])
     cfg: dict[str, Any] = {"name": name}
@@ -95,6 +98,9 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         cfg["duplicate_window"] = dup
     cfg["compression"] = req.get("compression", "none")
     counters.check_config(req, cfg["discard"], cfg["retention"])
+    if req.get("persist_mode") == "async":  # ("default" is nats-server's zero value: not shown)
+        _check_async_persist(req)
+        cfg["persist_mode"] = "async"
     if req.get("discard_new_per_subject"):
         if cfg["discard"] != "new":
             raise invalid_config("discard new per subject requires discard new policy to be set")
@@ -122,7 +128,7 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         compile_transform(req["subject_transform"])
     cfg["consumer_limits"] = req.get("consumer_limits") or {}
     for key in ("placement", "republish", "subject_transform", "template_owner", "first_seq",
-                "subject_delete_marker_ttl", "persist_mode"):
+                "subject_delete_marker_ttl"):
         if req.get(key):
             cfg[key] = req[key]
     if sources:
@@ -130,6 +136,39 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
     if req.get("metadata"):
         cfg["metadata"] = dict(req["metadata"])
     return {k: cfg[k] for k in _ORDER if k in cfg}
+
+
+def _check_mirror(req: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
+    """The mirror config checks nats-server runs (in its order) before zonebus refuses a mirror."""
+    mirror = req["mirror"]
+    if not isinstance(mirror, dict):
+        return
+    for key, err in (("first_seq", "mirror_with_first_seq"), ("subjects", "mirror_with_subjects"),
+                     ("sources", "mirror_with_sources"), ("allow_msg_counter", "mirror_with_counters"),
+                     ("allow_atomic", "mirror_with_atomic_publish"), ("allow_batched", "mirror_with_batch_publish"),
+                     ("allow_msg_schedules", "mirror_with_msg_schedules")):
+        if req.get(key):
+            raise JSError(err)
+    if mirror.get("filter_subject") and mirror.get("subject_transforms"):
+        raise JSError("mirror_multiple_filters_not_allowed")
+    if req.get("subject_delete_marker_ttl", 0) > 0:
+        raise invalid_config("subject delete markers forbidden on mirrors")
+    if not mirror.get("external"):
+        if not isinstance(mirror.get("name"), str) or not valid_name(mirror["name"]):
+            raise JSError("mirror_invalid_stream_name")
+        origin = others.get(mirror["name"])
+        size, origin_size = req.get("max_msg_size", 0), origin.get("max_msg_size", -1) if origin else -1
+        if origin is not None and size > 0 and origin_size > 0 and size < origin_size:
+            raise JSError("mirror_max_message_size_too_big")
+
+
+def _check_async_persist(req: dict[str, Any]) -> None:
+    if req.get("storage", "file") != "file":
+        raise invalid_config("async persist mode is only supported on file storage")
+    if req.get("num_replicas", 0) > 1:
+        raise invalid_config("async persist mode is not supported on replicated streams")
+    if req.get("allow_atomic"):
+        raise invalid_config("async persist mode is not supported with atomic batch publish")
 
 
 def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -144,6 +183,8 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         raise invalid_config("stream configuration update can not unseal a sealed stream")
     counters.check_update(old, new)
     schedules.check_update(old, new)
+    if old.get("persist_mode") != new.get("persist_mode"):
+        raise invalid_config("stream configuration update can not change persist mode")
 
 
 def equivalent(a: dict[str, Any], b: dict[str, Any]) -> bool:

@@ -124,7 +124,8 @@ class LeaderSide:
             outcomes.append(outcome)
             if outcome[0] != "err":
                 prev = last.get(m.stream)
-                last[m.stream] = (stream, max(int(outcome[1]), prev[1] if prev else 0))
+                seq = stream.store.index.last_seq if outcome[0] == "reply" else int(outcome[1])
+                last[m.stream] = (stream, max(seq, prev[1] if prev else 0))
                 if outcome[0] == "ok" and self.origins is not None and getattr(stream.store, "tiered", False):
                     self.origins.add(m.stream, int(outcome[1]), Origin(rec.source, rec.epoch, rec.offset, i, m, stored))
         if self.origins is not None:
@@ -151,9 +152,13 @@ def _append(stream: Any, m: batchfmt.Message) -> Outcome:
     except Exception:
         log.exception("zone router: storing a message on %s failed", m.subject)
         return "err", retry_error("store failure")
+    if not resp:  # a staged message of an atomic batch (zonebus.stream.atomic): its empty reply, as it is
+        return "reply", resp
     doc = json.loads(resp)
     if "error" in doc:
         return "err", resp
+    if "batch" in doc:  # the PubAck of an atomic batch's commit goes back as it is (answer entry ERR: verbatim)
+        return "reply", resp
     return ("dup" if doc.get("duplicate") else "ok"), int(doc["seq"])
 
 
