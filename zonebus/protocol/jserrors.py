@@ -154,6 +154,30 @@ REGISTRY: dict[str, tuple[int, int, str]] = {
     ),
     "consumer_overlapping_filters": (400, 10138, "consumer subject filters cannot overlap"),
     "consumer_empty_filter": (400, 10139, "consumer filter in FilterSubjects cannot be empty"),
+    # priority groups (ADR-42)
+    "consumer_priority_policy_without_group": (
+        400,
+        10159,
+        "Setting PriorityPolicy requires at least one PriorityGroup to be set",
+    ),
+    "consumer_invalid_priority_group": (400, 10160, "Provided priority group does not exist for this consumer"),
+    "consumer_empty_group_name": (400, 10161, "Group name cannot be an empty string"),
+    "consumer_invalid_group_name": (
+        400,
+        10162,
+        "Valid priority group name must match A-Z, a-z, 0-9, -_/=)+ and may not exceed 16 characters",
+    ),
+    "consumer_push_with_priority_group": (400, 10178, "priority groups can not be used with push consumers"),
+    "consumer_priority_group_with_policy_none": (
+        400,
+        10196,
+        "consumer can not have priority groups when policy is none",
+    ),
+    "consumer_pinned_ttl_without_priority_policy_none": (
+        400,
+        10197,
+        "PinnedTTL cannot be set when PriorityPolicy is none",
+    ),
     "consumer_create_filter_mismatch": (
         400,
         10131,

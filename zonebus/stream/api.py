@@ -14,9 +14,9 @@ import secrets
 import string
 from typing import TYPE_CHECKING, Any
 
-from zonebus.protocol.jserrors import JSError
+from zonebus.protocol.jserrors import JSError, invalid_json
 from zonebus.stream import config as jsconfig
-from zonebus.stream import consumer_config, limits, stream_config
+from zonebus.stream import consumer_config, limits, priority, stream_config
 from zonebus.stream.config import decode, decode_consumer_request, parse_json
 from zonebus.stream.consumer_config import CreateContext
 from zonebus.stream.subjects import valid_subject
@@ -120,6 +120,8 @@ class JSApi:
                 return "consumer_delete_response", self.consumer_delete, (t[2], t[3])
             if n == 4 and op == "PAUSE":
                 return "consumer_pause_response", self.consumer_pause, (t[2], t[3])
+            if n == 4 and op == "UNPIN":
+                return "consumer_unpin_response", self.consumer_unpin, (t[2], t[3])
         return None
 
     def _stream(self, name: str) -> Stream:
@@ -359,6 +361,23 @@ class JSApi:
             until = ""
         self.svc.update_consumer(cons, consumer_config.with_pause(cons.cfg, until))
         return cons.pause_state(with_time=True)
+
+    def consumer_unpin(self, payload: bytes, stream_name: str, name: str) -> dict[str, Any]:
+        """Drop a pinned_client consumer's pin (`{"group": ...}`), as nats-server checks it."""
+        if not payload.strip():
+            raise invalid_json("unexpected end of JSON input")
+        doc = parse_json(payload, "JSApiConsumerUnpinRequest")
+        doc = {k: v for k, v in doc.items() if k == "group"} if isinstance(doc, dict) else doc  # others ignored
+        group = decode(doc, jsconfig.UNPIN_FIELDS, "JSApiConsumerUnpinRequest").get("group", "")
+        if not group:
+            raise invalid_json("consumer group not specified")
+        if not priority.GROUP_NAME.match(group):
+            raise JSError("consumer_invalid_group_name")
+        cons = self._consumer(stream_name, name)
+        if group not in cons.cfg.get("priority_groups", ()):
+            raise JSError("consumer_invalid_priority_group")
+        cons.prio.admin_unpin(group)
+        return {}
 
     def consumer_delete(self, payload: bytes, stream_name: str, name: str) -> dict[str, Any]:
         self.svc.delete_consumer(self._consumer(stream_name, name))

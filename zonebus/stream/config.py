@@ -113,7 +113,6 @@ CONSUMER_FIELDS: dict[str, str] = {
     "priority_groups": "[]string",
     "priority_policy": "enum",
     "priority_timeout": "time.Duration",
-    "pinned_ttl": "time.Duration",
     "direct": "bool",
 }
 
@@ -139,6 +138,7 @@ MSG_GET_FIELDS = {
 }
 MSG_DELETE_FIELDS = {"seq": "uint64", "no_erase": "bool"}
 PAUSE_FIELDS = {"pause_until": "time"}
+UNPIN_FIELDS = {"group": "string"}
 LIST_FIELDS = {"offset": "int", "subject": "string"}
 INFO_FIELDS = {"deleted_details": "bool", "subjects_filter": "string", "offset": "int"}
 
@@ -211,6 +211,8 @@ def _check(path: str, field: str, go: str, value: Any, struct: str) -> None:
         allowed = ENUMS.get(field, ()) if go == "enum" else ("", "create", "update")
         if go == "action" and value not in allowed:
             raise invalid_json(f"unknown consumer action: {json.dumps(value)}")
+        if field == "priority_policy" and value not in allowed:  # its own UnmarshalJSON words it so
+            raise invalid_json(f"unknown priority policy: {json.dumps(value)}")
         if value not in allowed or not isinstance(value, str):
             raise invalid_json(f"can not unmarshal {json.dumps(json.dumps(value))}")
     elif go == "time":

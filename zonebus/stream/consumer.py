@@ -23,6 +23,7 @@ from zonebus.stream.consumer_acks import AckTracking, Pending
 from zonebus.stream.consumer_config import filters_of
 from zonebus.stream.consumer_cursor import ConsumerCursor
 from zonebus.stream.consumer_push import BATCH_PER_TICK, PushDelivery
+from zonebus.stream.priority import PIN_HEADER, PriorityPull
 from zonebus.stream.pull import PullQueue, PullRequest, status
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ class Consumer(ConsumerCursor, AckTracking, PushDelivery):
         self.durable = durable
         self.closed = False
         self.waiting = PullQueue(self)
+        self.prio = PriorityPull(self)  # priority groups: the pin, the choice of request (`priority`)
         self.pending: dict[int, Pending] = {}
         self._deadlines: list[tuple[float, int, int]] = []  # (deadline, sseq, dseq)
         self._redeliver: list[int] = []
@@ -116,8 +118,9 @@ class Consumer(ConsumerCursor, AckTracking, PushDelivery):
         if more:
             self.kick()
 
-    def deliver(self, seq: int, redelivery: bool, to: str) -> int:
-        """Send message `seq` to `to`; returns the bytes sent (0 if the message vanished)."""
+    def deliver(self, seq: int, redelivery: bool, to: str, pin: str | None = None) -> int:
+        """Send message `seq` to `to` (with `Nats-Pin-Id: pin` unless None); returns the bytes sent (0 if the
+        message vanished)."""
         msg = self.stream.store.load(seq)
         if redelivery:
             heapq.heappop(self._redeliver)
@@ -162,6 +165,8 @@ class Consumer(ConsumerCursor, AckTracking, PushDelivery):
             extra = f"Nats-Msg-Size: {len(data)}\r\n".encode()
             hdrs = (hdrs[:-2] if hdrs else b"NATS/1.0\r\n") + extra + b"\r\n"
             data = b""
+        if pin is not None:
+            hdrs = (hdrs[:-2] if hdrs else b"NATS/1.0\r\n") + f"{PIN_HEADER}: {pin}\r\n\r\n".encode()
         self.service.deliver(to, msg.subject, data, reply, hdrs)
         self._last_delivery = now
         self.last_active = now
@@ -220,6 +225,7 @@ class Consumer(ConsumerCursor, AckTracking, PushDelivery):
         if self.service.stream_cluster is not None:  # clustered: the consumer lives with its stream's leader
             out["cluster"] = self.service.stream_cluster(self.stream)
         out["ts"] = format_time(time.time_ns())
+        out.update(self.prio.info())
         return out
 
     def mark_dirty(self) -> None:
@@ -266,6 +272,7 @@ class Consumer(ConsumerCursor, AckTracking, PushDelivery):
             if t is not None:
                 t.cancel()
         self._timer = self._hb_timer = self._interest_timer = self._pause_timer = None
+        self.prio.stop()
         self.waiting.close(status(409, "Consumer Deleted") if deleted else None)
 
     def is_inactive(self, now: float) -> bool:

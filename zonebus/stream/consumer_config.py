@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zonebus.protocol.jserrors import JSError, invalid_config
+from zonebus.stream import priority
 from zonebus.stream.subjects import valid_name, valid_subject
 from zonebus.subjects.patterns import has_wildcards, is_subset, overlaps
 
@@ -21,7 +22,7 @@ _ORDER = (
     "rate_limit_bps", "sample_freq", "max_waiting", "max_ack_pending", "flow_control", "headers_only",
     "max_batch", "max_expires", "max_bytes", "deliver_subject", "deliver_group", "idle_heartbeat",
     "inactive_threshold", "num_replicas", "mem_storage", "direct", "metadata", "pause_until",
-    "priority_groups", "priority_policy", "pinned_ttl",
+    "priority_groups", "priority_policy", "priority_timeout",
 )
 _POLICY_WORDS = {
     "all": "deliver all",
@@ -150,6 +151,7 @@ def normalize(req: dict[str, Any], name: str, durable: bool, stream_cfg: dict[st
     max_deliver = req.get("max_deliver", 0)
     if backoff and 0 < max_deliver < len(backoff):
         raise JSError("consumer_backoff_max_deliver")
+    priority.check_config(req)
     ack = req.get("ack_policy", "none")
     cfg: dict[str, Any] = {}
     if durable:
@@ -204,9 +206,10 @@ def normalize(req: dict[str, Any], name: str, durable: bool, stream_cfg: dict[st
     for key in ("mem_storage", "direct"):
         if req.get(key):
             cfg[key] = True
-    for key in ("metadata", "pause_until", "priority_groups", "priority_policy", "pinned_ttl"):
+    for key in ("metadata", "pause_until"):
         if req.get(key):
             cfg[key] = req[key]
+    cfg.update(priority.config_keys(req))
     return {k: cfg[k] for k in _ORDER if k in cfg}
 
 

@@ -3,7 +3,8 @@
 A request asks for `batch` messages (optionally at most `max_bytes`), waits up to `expires`, or with
 `no_wait` answers at once; the replies are the messages themselves and status messages without payload:
 `404 No Messages`, `408 Request Timeout` (with the unfilled batch and bytes), `409 ...` (limits, deleted
-consumer) and `100 Idle Heartbeat` while a request waits.
+consumer) and `100 Idle Heartbeat` while a request waits. A consumer with a priority policy checks, queues
+and serves its requests by the rules of `zonebus.stream.priority`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def status(code: int, desc: str, extra: dict[str, Any] | None = None) -> bytes:
 
 class PullRequest:
     __slots__ = ("reply", "batch", "max_bytes", "expires", "no_wait", "hb", "sent", "done", "timers",
-                 "last_sent")
+                 "last_sent", "pg")
 
     def __init__(self, reply: str, batch: int, max_bytes: int, expires: float, no_wait: bool, hb: float):
         self.reply = reply
@@ -41,6 +42,7 @@ class PullRequest:
         self.done = False
         self.timers: list = []
         self.last_sent = time.monotonic()
+        self.pg: Any = None  # the request's priority fields (priority.PullGroup), None without a JSON body
 
 
 def parse_request(body: bytes) -> tuple[int, int, float, bool, float]:
@@ -90,10 +92,19 @@ class PullQueue:
         if cfg.get("max_bytes") and max_bytes > cfg["max_bytes"]:
             svc.send(reply, b"", headers=status(409, f"Exceeded MaxRequestMaxBytes of {cfg['max_bytes']}"))
             return
+        prio = c.prio if cfg.get("priority_policy") else None
+        pg, refusal = c.prio.read(body)
+        if refusal is not None:
+            svc.send(reply, b"", headers=refusal)
+            return
         c.last_active = time.monotonic()
         req = PullRequest(reply, batch, max_bytes, expires, no_wait, hb)
+        req.pg = pg
         if len(self.q) >= cfg.get("max_waiting", 512):
             svc.send(reply, b"", headers=status(409, "Exceeded MaxWaiting"))
+            return
+        if prio is not None:  # served one message at a time, to the request the policy picks
+            prio.add(self, req)
             return
         more = False
         if not self.q:
@@ -105,13 +116,17 @@ class PullQueue:
             self.finish(req, status(404, "No Messages"))
             return
         self.q.append(req)
-        loop = svc.loop
-        if expires:
-            req.timers.append(loop.call_later(expires, self._expire, req))
-        if hb:
-            req.timers.append(loop.call_later(hb, self._heartbeat, req))
+        self.arm(req)
         if more:
             c.kick()
+
+    def arm(self, req: PullRequest) -> None:
+        """Start a waiting request's expiry and heartbeat timers."""
+        loop = self.c.service.loop
+        if req.expires:
+            req.timers.append(loop.call_later(req.expires, self._expire, req))
+        if req.hb:
+            req.timers.append(loop.call_later(req.hb, self._heartbeat, req))
 
     def _fill(self, req: PullRequest, limit: int) -> int:
         """Deliver to one request until it is satisfied, nothing is available or `limit` is used up."""
@@ -146,6 +161,8 @@ class PullQueue:
 
     def serve(self, limit: int) -> bool:
         """Serve waiting requests in arrival order; True when more work may be left."""
+        if self.c.cfg.get("priority_policy"):
+            return self.c.prio.serve(self, limit)
         used = 0
         while self.q and used < limit:
             req = self.q[0]
