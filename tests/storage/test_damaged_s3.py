@@ -16,7 +16,10 @@ publishers awaiting PubAcks.
   `epochs/<n>.claim` of the stream, then kills the leader (-9). A new leader reads the fenced writer's name
   from its claim to leave it out of the tail recovery; without the claim it asks every live member, still
   recovers the dead leader's acknowledged tail from the replicas, and takes over with an epoch above every
-  seal: nothing acknowledged is lost."""
+  seal: nothing acknowledged is lost.
+- A writer under the zone router killed (-9) with its cache directory lost, and two of its batch objects damaged:
+  the server that takes the stream over asks the members for a checked copy (`zonerouter.batchcopies`), puts
+  z3's proxy's copy back and serves every acknowledged message."""
 
 from __future__ import annotations
 
@@ -270,3 +273,70 @@ async def test_claims_deleted_on_s3_then_leader_killed(tmp_path: Path, damaged_s
     assert max(after) > max(seals), (seals, after)
     assert report.lost == [], report.lost[:10]
     assert report.order == [] and report.unknown == [], (report.order[:10], report.unknown[:10])
+
+
+async def test_damaged_batch_put_back_from_a_proxys_copy_when_the_writer_lost_its_own(
+        tmp_path: Path, damaged_s3: MotoS3) -> None:
+    """The writer of a stream under the zone router is killed (-9) and loses its cache directory, and two of the
+    stream's batch objects are damaged in the bucket meanwhile. Restarted, it takes the stream over again and
+    finds the objects damaged; it has no copy, but z3's proxy read the stream before (its snapshot holds the
+    batches): it asks the members (`zonerouter.batchcopies`), puts their checked copy back, and serves every
+    acknowledged message. Before, the stream stayed unservable ("its shared store is damaged") for good: a
+    30-minute campaign's stream stopped taking publishes after one `damage-batch` fault and a restart."""
+    prefix = f"cpy-{tmp_path.name}"
+    extra = (f', zone_router_ack: "storage", s3 {{ endpoint: "{damaged_s3.endpoint}", '
+             f'region: "{damaged_s3.region}" }}')
+    zoned = start_zoned(tmp_path, LAYOUT, shared=f"s3://{damaged_s3.bucket}/{prefix}", js_extra=extra,
+                        env=damaged_s3.env(endpoint=False))
+    s = zoned.servers
+    log_prefix = f"{prefix}/streams/CPY/log/"
+    n = 200
+    try:
+        await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
+        nc = await nats.connect(s["b1"].url, name="admin?az=z2")
+        try:
+            resp = await create_stream_retrying(nc, {"name": "CPY", "subjects": ["rpr.>"], "storage": "file",
+                                                     "placement": {"tags": ["az:z2"]}}, time.monotonic() + 15, "CPY")
+            assert resp["cluster"]["leader"] == "b1", resp
+        finally:
+            await nc.close()
+        seqs = await _publish(s["b1"].url, n)  # acknowledged once stored: the objects are in the bucket
+        assert sorted(seqs) == list(range(1, n + 1))
+        rc = await nats.connect(s["c1"].url, name="rd-z3?az=z3")  # z3's proxy's snapshot reads every batch
+        try:
+            assert len(await read_back(rc, "CPY", durable="rd-z3", timeout=20)) == n
+        finally:
+            await rc.close()
+        await asyncio.to_thread(s["b1"].kill)
+        cache = tmp_path / "b1" / "jetstream" / "shared-cache" / "CPY"
+        assert cache.is_dir() and any(cache.iterdir()), cache
+        for f in cache.iterdir():
+            f.unlink()
+        keys = sorted(k for k in damaged_s3.keys(log_prefix) if k.endswith(".blk"))
+        assert len(keys) >= 2, keys
+        done = await asyncio.to_thread(_damage, damaged_s3, keys)
+        assert len(await asyncio.to_thread(_whole, damaged_s3, keys)) == 2
+        await asyncio.to_thread(s["b1"].start)
+        read: dict[str, list[bytes]] = {}
+        for name, zone in (("b1", "z2"), ("a1", "z1")):
+            rc = await nats.connect(s[name].url, name=f"rd2-{zone}?az={zone}")
+            try:
+                read[zone] = [data for _seq, data in await read_back(rc, "CPY", durable=f"rd2-{zone}", timeout=30)]
+            finally:
+                await rc.close()
+        bad = await asyncio.to_thread(_whole, damaged_s3, keys)
+        logs = {name: x.log() for name, x in s.items()}
+        copies = {name: router_info(s[name])["batch_copies"] for name in ("a1", "b1", "c1")}
+    finally:
+        zoned.stop()
+    print(f"{'; '.join(done)}; the restarted writer read {len(read.get('z2', []))}, z1 {len(read.get('z1', []))}")
+    want = [f"m{i}".encode() for i in range(n)]
+    put_back = {name: text.count("put back from another server's checked copy") for name, text in logs.items()}
+    print(f"put back by {put_back}; copies asked/answered/found per server {copies}")
+    assert not any("cannot be served" in text for text in logs.values())
+    assert sum(put_back.values()) == 2, put_back
+    new = max(put_back, key=lambda x: put_back[x])
+    if new != "c1":  # the new writer had no copy of its own: it asked the members, and c1's snapshot had one
+        assert copies[new]["found"] == 2 and copies["c1"]["answered"] >= 2, copies
+    assert read == {"z2": want, "z1": want}, {z: len(v) for z, v in read.items()}
+    assert bad == [], bad

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,6 +44,8 @@ class SharedStorage:
         self.options = options or CommitOptions()
         # set by the zone router: a new writer recovers the replicated tail of the one it fences from there
         self.tail_source: TailSource | None = None
+        # set by the zone router: a checked copy of a damaged batch object from another server (or None)
+        self.copy_source: Callable[[str, int, int], bytes | None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._check_layout(create)
 
@@ -122,6 +125,23 @@ class SharedStorage:
         store = SharedStore(self.objects, stream, epoch, writer, cache, self.options, self.tail_source)
         self.write_config(stream, epoch, config, created)
         return store
+
+    def repair_from_copy(self, exc: L.DamagedBatch) -> bool:
+        """A takeover found batch object `exc.batch` of epoch `exc.epoch` damaged: put back a checked copy from
+        another server (`copy_source`) over it (an unconditional PUT: the create-only name exists). Blocking; True
+        when the object was put back."""
+        stream = exc.stream
+        if self.copy_source is None or not stream:
+            return False
+        data = self.copy_source(stream, exc.batch, exc.epoch)
+        if data is None:
+            return False
+        L.check_batch(data, exc.batch, exc.epoch)
+        key = f"{L.stream_prefix(stream)}/log/{L.batch_name(exc.batch, exc.epoch)}"
+        self.objects.put(key, data)
+        log.warning("shared store %s: batch object %s was damaged on the store; put back from another server's "
+                    "checked copy (%d bytes)", stream, key, len(data))
+        return True
 
     def write_config(self, stream: str, epoch: int, config: dict, created: int) -> None:
         """The stream's config document of writer `epoch`, written now (one PUT)."""

@@ -54,10 +54,11 @@ class DamagedBatch(LayoutError):
     """A batch object of the log fails its checks (cut short, a flipped bit): which one, so that the writer,
     which keeps a checked copy, can put the good bytes back (a repair, `SharedStore.repair_batch`)."""
 
-    def __init__(self, message: str, batch: int, epoch: int) -> None:
+    def __init__(self, message: str, batch: int, epoch: int, stream: str = "") -> None:
         super().__init__(message)
         self.batch = batch
         self.epoch = epoch
+        self.stream = stream
 
 
 def layout_doc() -> bytes:

@@ -170,7 +170,7 @@ class SharedView(MsgStore):
             try:
                 self._apply_batch(b, e, self._fetch(b, e))
             except L.LayoutError as exc:  # name the object: damaged data on the store is for an operator to see
-                raise L.DamagedBatch(f"{self._key(b, e)}: {exc}", b, e) from exc
+                raise L.DamagedBatch(f"{self._key(b, e)}: {exc}", b, e, self.stream) from exc
             n += 1
         self.top_epoch = chain.top_epoch
         self.pending_takeover = chain.pending
@@ -260,6 +260,21 @@ class SharedView(MsgStore):
         if self._part is not None and self.part_epoch == epoch and self.next_batch >= batch:
             out.append(bytes(self._part[L.BATCH_HDR_LEN :]))
         return b"".join(out)
+
+    def local_copy(self, b: int, e: int) -> bytes | None:
+        """This view's own copy of batch `b` of epoch `e` (memory, the replicated tail, the cache directory),
+        checked whole against the layout; None when it holds none that passes (`zonerouter.batchcopies`)."""
+        held = self._unstored.get(b)
+        mem = self._mem.get(b) if self.batches.get(b) == e else None
+        for data in (mem, held[1] if held and held[0] == e else None):
+            if data is not None:
+                try:
+                    L.check_batch(data, b, e)
+                    return data
+                except L.LayoutError:
+                    pass
+        path = self._cache_path(b, e)
+        return self._cached(path, b, e) if path is not None else None
 
     def recent_batch(self, b: int) -> bytes | None:
         """A batch's bytes if this view holds them in memory (a writer: its latest batches), else None."""

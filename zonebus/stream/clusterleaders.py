@@ -4,8 +4,10 @@ When an applied meta change makes this server a stream's leader it takes the str
 new writer epoch fences any older writer) with its consumers, and serves it; losing leadership releases it, a
 config change updates it, a delete deletes it (and its objects). Work for one stream runs in order (`_chain`),
 and only once this server's meta state caught up with a meta leader (a record replayed after a restart may name
-it the leader of a stream that moved meanwhile). A stream whose shared store holds a damaged object is not
-served (`_unservable`): requests about it get that error until it moves or is deleted. `led_stream` is what the
+it the leader of a stream that moved meanwhile). A batch object found damaged by the takeover is put back from
+another server's checked copy (`SharedStorage.repair_from_copy`: the zone router asks its members); a stream
+whose damaged object no server holds is not served (`_unservable`): requests about it get that error until it
+moves or is deleted. `led_stream` is what the
 zone router asks. Runs on the event loop; the takeover itself in a worker thread.
 """
 
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.meta.state import Change, StreamRecord
 from zonebus.store.msgstore import now_ns
 from zonebus.store.sharedfence import Fenced
-from zonebus.store.sharedlayout import LayoutError
+from zonebus.store.sharedlayout import DamagedBatch, LayoutError
 
 if TYPE_CHECKING:
     from zonebus.stream.cluster import ClusteredJetStream
@@ -29,6 +31,7 @@ log = logging.getLogger("zonebus.stream.cluster")
 CATCH_UP_POLL = 0.05  # seconds between looks at whether the meta state caught up
 TAKEOVER_ATTEMPTS = 3
 TAKEOVER_RETRY_MAX = 2.0  # seconds between takeover attempts while the shared store fails
+MAX_REPAIRS = 16  # damaged batch objects a takeover puts back from other servers' copies before it gives up
 READY_TIMEOUT = 4.0
 
 
@@ -103,14 +106,18 @@ class StreamLeadership:
             shared = self.svc.shared
             if shared is None:
                 raise RuntimeError("file streams in a cluster need jetstream { shared_store }")
-            fenced = failed = 0
+            fenced = failed = repairs = 0
             while True:
                 try:
                     store, meta, consumers = await asyncio.to_thread(self._take_over, name, cfg,
                                                                      _created_ns(rec.created))
                     break
-                except LayoutError as exc:  # an object of the stream is damaged: acknowledged messages are gone
-                    self._unservable(name, str(exc))
+                except LayoutError as exc:  # an object of the stream is damaged: put back another server's copy
+                    if (isinstance(exc, DamagedBatch) and repairs < MAX_REPAIRS
+                            and await asyncio.to_thread(shared.repair_from_copy, exc)):
+                        repairs += 1
+                        continue
+                    self._unservable(name, str(exc))  # no copy anywhere: acknowledged messages are gone
                     return
                 except Fenced:  # another writer claimed a higher epoch meanwhile (a stale one): claim above it
                     fenced += 1

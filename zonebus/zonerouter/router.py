@@ -25,6 +25,7 @@ from zonebus.stream import direct
 from zonebus.subjects.patterns import matches
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter import records
+from zonebus.zonerouter.batchcopies import COPY, COPYQ, BatchCopies
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.clientzones import ClientZones
 from zonebus.zonerouter.epochs import RouteEpochs
@@ -81,6 +82,7 @@ class ZoneRouter:
         js.svc.on_visible_hook = self.serving.on_visible
         js.svc.on_tail_hook = self.serving.on_tail
         self.tails: TailRecovery | None = None
+        self.copies: BatchCopies | None = None
         self.tiered = False  # streams keep a replicated tail: this server's proxies are their replicas
         js.svc.stream_queue = True  # a stream's interest is its queue group: `forwarder` leaves it out
         js.api_hook = self._api_request
@@ -138,6 +140,10 @@ class ZoneRouter:
         self.tails.loop = asyncio.get_running_loop()
         if self.tiered and self.js.svc.shared is not None:  # a takeover gathers the fenced writer's tail
             self.js.svc.shared.tail_source = self.tails.collect
+        self.copies = BatchCopies(self.name, self.link.send, self._members, self._is_live, self.reader.batch_copy)
+        self.copies.loop = asyncio.get_running_loop()
+        if self.js.svc.shared is not None:  # a takeover puts a damaged batch object back from a member's copy
+            self.js.svc.shared.copy_source = self.copies.fetch
         self.client.subscribe(REPLY_PREFIX + ">", lambda *_: None, local=True)  # interest for `serving`'s replies
         self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
         self.server.log(f"zone router on: zone {self.zone or '?'}, channel {self.channel.id.hex()}")
@@ -437,6 +443,11 @@ class ZoneRouter:
             task.add_done_callback(self._bg.discard)
         elif kind == TAIL and self.tails is not None:
             self.tails.on_tail(frame)
+        elif kind in (COPYQ, COPY) and self.copies is not None:
+            try:
+                (self.copies.on_query(peer, frame) if kind == COPYQ else self.copies.on_copy(frame))
+            except records.RecordError as exc:
+                log.warning("zone router: bad frame from %s: %s", peer, exc)
         elif self.serving.frame(peer, kind, frame):
             pass
         elif self.reader is not None:
@@ -494,5 +505,7 @@ class ZoneRouter:
             out["epochs"] = self.epochs.info()
         if self.tails is not None:
             out["tail"] = {"ack": "replicas" if self.tiered else "storage", **self.tails.stats}
+        if self.copies is not None:
+            out["batch_copies"] = dict(self.copies.stats)
         out["serving"] = {**self.serving.stats, "requests": len(self.serving.reqs)}
         return out
