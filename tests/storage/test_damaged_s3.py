@@ -33,7 +33,7 @@ import nats
 import pytest
 
 from tests.stream.kit_cluster import start_cluster, wait_meta_leader
-from tests.zonerouter.kit import api, full_view, router_info, start_zoned
+from tests.zonerouter.kit import Zoned, api, full_view, router_info, start_zoned
 from zonebus.store import sharedlayout as L
 from zonebus.store.shared import SharedStorage
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
@@ -95,26 +95,37 @@ def _whole(s3: MotoS3, keys: list[str]) -> list[str]:
 
 
 @pytest.mark.timeout(60)
+def _zoned_acked_on_storage(tmp_path: Path, s3: MotoS3, prefix: str) -> Zoned:
+    """Three zones on the S3 stand-in under `prefix`, the zone router acknowledging once stored."""
+    extra = f', zone_router_ack: "storage", s3 {{ endpoint: "{s3.endpoint}", region: "{s3.region}" }}'
+    return start_zoned(tmp_path, LAYOUT, shared=f"s3://{s3.bucket}/{prefix}", js_extra=extra,
+                       env=s3.env(endpoint=False))
+
+
+async def _stream_in_z2(zoned: Zoned, stream: str, n: int) -> None:
+    """Stream `stream` (subjects `rpr.>`) led by b1 in z2, and `n` messages published to it and acknowledged
+    (stored: the batch objects are in the bucket)."""
+    s = zoned.servers
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
+    nc = await nats.connect(s["b1"].url, name="admin?az=z2")
+    try:
+        resp = await create_stream_retrying(nc, {"name": stream, "subjects": ["rpr.>"], "storage": "file",
+                                                 "placement": {"tags": ["az:z2"]}}, time.monotonic() + 15, stream)
+        assert resp["cluster"]["leader"] == "b1", resp
+    finally:
+        await nc.close()
+    seqs = await _publish(s["b1"].url, n)
+    assert sorted(seqs) == list(range(1, n + 1))
+
+
 async def test_damaged_batch_repaired_through_zone_router(tmp_path: Path, damaged_s3: MotoS3) -> None:
     prefix = f"rpr-{tmp_path.name}"
-    extra = (f', zone_router_ack: "storage", s3 {{ endpoint: "{damaged_s3.endpoint}", '
-             f'region: "{damaged_s3.region}" }}')
-    zoned = start_zoned(tmp_path, LAYOUT, shared=f"s3://{damaged_s3.bucket}/{prefix}", js_extra=extra,
-                        env=damaged_s3.env(endpoint=False))
+    zoned = _zoned_acked_on_storage(tmp_path, damaged_s3, prefix)
     s = zoned.servers
     log_prefix = f"{prefix}/streams/RPR/log/"
     n = 200
     try:
-        await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
-        nc = await nats.connect(s["b1"].url, name="admin?az=z2")
-        try:
-            resp = await create_stream_retrying(nc, {"name": "RPR", "subjects": ["rpr.>"], "storage": "file",
-                                                     "placement": {"tags": ["az:z2"]}}, time.monotonic() + 15, "RPR")
-            assert resp["cluster"]["leader"] == "b1", resp
-        finally:
-            await nc.close()
-        seqs = await _publish(s["b1"].url, n)  # acknowledged once stored: the objects are in the bucket
-        assert sorted(seqs) == list(range(1, n + 1))
+        await _stream_in_z2(zoned, "RPR", n)
         keys = sorted(k for k in damaged_s3.keys(log_prefix) if k.endswith(".blk"))
         assert len(keys) >= 2, keys
         done = await asyncio.to_thread(_damage, damaged_s3, keys)
@@ -284,24 +295,12 @@ async def test_damaged_batch_put_back_from_a_proxys_copy_when_the_writer_lost_it
     acknowledged message. Before, the stream stayed unservable ("its shared store is damaged") for good: a
     30-minute campaign's stream stopped taking publishes after one `damage-batch` fault and a restart."""
     prefix = f"cpy-{tmp_path.name}"
-    extra = (f', zone_router_ack: "storage", s3 {{ endpoint: "{damaged_s3.endpoint}", '
-             f'region: "{damaged_s3.region}" }}')
-    zoned = start_zoned(tmp_path, LAYOUT, shared=f"s3://{damaged_s3.bucket}/{prefix}", js_extra=extra,
-                        env=damaged_s3.env(endpoint=False))
+    zoned = _zoned_acked_on_storage(tmp_path, damaged_s3, prefix)
     s = zoned.servers
     log_prefix = f"{prefix}/streams/CPY/log/"
     n = 200
     try:
-        await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
-        nc = await nats.connect(s["b1"].url, name="admin?az=z2")
-        try:
-            resp = await create_stream_retrying(nc, {"name": "CPY", "subjects": ["rpr.>"], "storage": "file",
-                                                     "placement": {"tags": ["az:z2"]}}, time.monotonic() + 15, "CPY")
-            assert resp["cluster"]["leader"] == "b1", resp
-        finally:
-            await nc.close()
-        seqs = await _publish(s["b1"].url, n)  # acknowledged once stored: the objects are in the bucket
-        assert sorted(seqs) == list(range(1, n + 1))
+        await _stream_in_z2(zoned, "CPY", n)
         rc = await nats.connect(s["c1"].url, name="rd-z3?az=z3")  # z3's proxy's snapshot reads every batch
         try:
             assert len(await read_back(rc, "CPY", durable="rd-z3", timeout=20)) == n

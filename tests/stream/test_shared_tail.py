@@ -11,6 +11,7 @@ import pytest
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.store.shared import CommitOptions, SharedStorage, SharedView
+from zonebus.store.sharedstore import SharedStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -71,9 +72,10 @@ def test_acks_follow_the_replica_and_the_view_holds_the_tail(tmp_path: Path) -> 
     assert view.tail_records(w.epoch, 2) == chunk
 
 
-def test_a_new_writer_takes_the_dead_writers_tail_from_a_replica(tmp_path: Path) -> None:
-    storage = _storage(tmp_path)
-    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
+def _tail_only_on_a_replica(tmp_path: Path) -> tuple[SharedStore, ObjectStore, SharedView]:
+    """A writer with one stored message and five more acknowledged that only its replica (a view fed the
+    writer's parts) holds: (the writer, the store's objects, the replica). The writer is as good as dead."""
+    w = _storage(tmp_path).create_stream("S", {"name": "S"}, 1, writer="w1")
     objects = ObjectStore.from_url(f"file://{tmp_path}/store")
     w.store("s.0", None, b"stored")
     assert w.flush(5)
@@ -83,9 +85,13 @@ def test_a_new_writer_takes_the_dead_writers_tail_from_a_replica(tmp_path: Path)
         w.store(f"s.{i}", None, f"tail{i}".encode())
     for b, e, off, header, chunk in w.tail_parts(*view.part_position()[1:]):
         assert view.apply_part(b, e, off, header, chunk)
-    _epoch, nb, held = view.part_position()
-    w.on_replica("r1", w.epoch, nb, held)
-    assert w.visible_seq() == 6  # acknowledged, and only the replica holds messages 2..6: the writer dies now
+    w.on_replica("r1", w.epoch, *view.part_position()[1:])
+    assert w.visible_seq() == 6  # acknowledged, and only the replica holds messages 2..6
+    return w, objects, view
+
+
+def test_a_new_writer_takes_the_dead_writers_tail_from_a_replica(tmp_path: Path) -> None:
+    w, objects, view = _tail_only_on_a_replica(tmp_path)
 
     asked = []
 
@@ -111,20 +117,7 @@ def test_a_takeover_that_failed_after_fencing_is_retried_from_the_fenced_slot(tm
     replica did not give the tail in time. The retry finds that empty batch in the chain; it must still ask the
     replicas for the dead writer's tail from that slot, not the one after it (which held nothing: 5 of 5
     acknowledged messages were lost that way)."""
-    storage = _storage(tmp_path)
-    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
-    objects = ObjectStore.from_url(f"file://{tmp_path}/store")
-    w.store("s.0", None, b"stored")
-    assert w.flush(5)
-    view = SharedView(objects, "S", load=True)
-    w.on_replica("r1", w.epoch, w.next_batch, 0)
-    for i in range(1, 6):
-        w.store(f"s.{i}", None, f"tail{i}".encode())
-    for b, e, off, header, chunk in w.tail_parts(*view.part_position()[1:]):
-        assert view.apply_part(b, e, off, header, chunk)
-    w.on_replica("r1", w.epoch, *view.part_position()[1:])
-    assert w.visible_seq() == 6
-
+    w, objects, view = _tail_only_on_a_replica(tmp_path)
     asked = []
 
     def silent_replica(stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:

@@ -321,13 +321,7 @@ class PriorityPull:
             if not c.deliver(seq, redelivery, req.reply, self.pin if self.policy == "pinned_client" else None):
                 continue  # the message vanished under us; the cursor moved past it
             used += 1
-            req.sent += 1
-            req.batch -= 1
-            req.last_sent = time.monotonic()
-            if req.max_bytes:
-                req.max_bytes -= size
-                if req.max_bytes <= 0:
-                    req.batch = 0
+            req.took(size)
             if req.batch <= 0:
                 q.finish(req, None)
             else:

@@ -44,6 +44,16 @@ class PullRequest:
         self.last_sent = time.monotonic()
         self.pg: Any = None  # the request's priority fields (priority.PullGroup), None without a JSON body
 
+    def took(self, size: int) -> None:
+        """A message of `size` bytes went to this request: one fewer wanted, its bytes off the budget."""
+        self.sent += 1
+        self.batch -= 1
+        self.last_sent = time.monotonic()
+        if self.max_bytes:
+            self.max_bytes -= size
+            if self.max_bytes <= 0:
+                self.batch = 0
+
 
 def parse_request(body: bytes) -> tuple[int, int, float, bool, float]:
     """(batch, max_bytes, expires seconds, no_wait, heartbeat seconds); bad bodies read as batch 1."""
@@ -148,13 +158,7 @@ class PullQueue:
             if not c.deliver(seq, redelivery, req.reply):
                 continue  # the message vanished under us; the cursor moved past it
             n += 1
-            req.sent += 1
-            req.batch -= 1
-            req.last_sent = time.monotonic()
-            if req.max_bytes:
-                req.max_bytes -= size
-                if req.max_bytes <= 0:
-                    req.batch = 0
+            req.took(size)
         if req.batch <= 0:
             self.finish(req, None)
         return n
