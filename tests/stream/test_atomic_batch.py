@@ -214,8 +214,8 @@ async def persist_mode(p: Probe) -> None:
 
 
 async def mirror_checks(p: Probe) -> None:
-    """The mirror configs nats-server refuses (zonebus has no mirrors: it refuses a valid one too, and so never
-    promotes one by removing `mirror`), and adding a mirror to a stream on update."""
+    """The mirror configs nats-server refuses, and adding a mirror to a stream on update (mirrors themselves:
+    tests/stream/test_mirrors.py)."""
     o, m = f"MO{p.tag}", f"MM{p.tag}"
     await p.call(f"STREAM.CREATE.{o}", {"name": o, "subjects": [f"{o.lower()}.>"], "max_msg_size": 100},
                  keep=("config",))

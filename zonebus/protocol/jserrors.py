@@ -79,7 +79,7 @@ REGISTRY: dict[str, tuple[int, int, str]] = {
     ),
     "stream_header_exceeds_max": (400, 10097, "header size exceeds maximum allowed of 64k"),
     "message_source_hdr_not_allowed": (400, 10227, "message stream source header is not allowed"),
-    # the mirror config checks nats-server runs before zonebus refuses a mirror (zonebus.stream.stream_config)
+    # the mirror config checks (zonebus.stream.mirrors)
     "mirror_with_first_seq": (400, 10143, "stream mirrors can not have first sequence configured"),
     "mirror_with_subjects": (400, 10034, "stream mirrors can not contain subjects"),
     "mirror_with_sources": (400, 10031, "stream mirrors can not also contain other sources"),
@@ -92,6 +92,9 @@ REGISTRY: dict[str, tuple[int, int, str]] = {
         "mirror with multiple subject transforms cannot also have a single subject filter",
     ),
     "mirror_invalid_stream_name": (400, 10142, "mirrored stream name is invalid"),
+    "mirror_invalid_subject_filter": (400, 10151, "mirror transform source: {err}"),
+    "mirror_overlapping_subject_filters": (400, 10152, "mirror subject filters can not overlap"),
+    "mirror_invalid_transform_destination": (400, 10154, "mirror transform: {err}"),
     "mirror_max_message_size_too_big": (400, 10030, "stream mirror must have max message size >= source"),
     "stream_mirror_not_updatable": (400, 10055, "stream mirror configuration can not be updated"),
     "no_message_found": (404, 10037, "no message found"),

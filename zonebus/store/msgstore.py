@@ -100,14 +100,16 @@ class MsgStore:
     def msg_size(self, subject: str, hdrs: bytes | None, data: bytes) -> int:
         return len(subject) + (len(hdrs) if hdrs else 0) + len(data) + self.overhead
 
-    def store(self, subject: str, hdrs: bytes | None, data: bytes, ts: int = 0) -> tuple[int, int]:
-        """Append a message; returns (seq, ts)."""
+    def store(self, subject: str, hdrs: bytes | None, data: bytes, ts: int = 0, seq: int = 0) -> tuple[int, int]:
+        """Append a message; returns (seq, ts). `seq`: its sequence when it must be a given one (a mirror's),
+        after the last: the ones skipped become deleted slots."""
         if not ts:
             ts = now_ns()
         if ts < self._last_ts:
             ts = self._last_ts  # keep timestamps non-decreasing (wall clock steps back)
         self._last_ts = ts
-        seq = self.index.last_seq + 1
+        if seq <= self.index.last_seq:
+            seq = self.index.last_seq + 1
         loc = self._write(seq, subject, hdrs, data, ts)
         self.index.add(seq, subject, self.msg_size(subject, hdrs, data), ts, loc)
         return seq, ts

@@ -5,7 +5,8 @@ A `SourceLink` copies the origin stream's messages (those matching its filter) i
 order, with the `Nats-Stream-Source: <origin> <seq> <filter> <dest> <subject> <server hash>` header nats-server
 adds. The origin kicks its links whenever it stores a message; a missing origin is looked up again every
 second (StreamInfo shows `stream not found` meanwhile). After a restart the cursor is read back from the last
-sourced message's header. Mirrors and sources from other accounts or domains (`external`) are not supported.
+sourced message's header. Sources from other accounts or domains (`external`) are not supported. Mirrors
+(`zonebus.stream.mirrors`) are links of this kind that keep the origin's sequences.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.protocol.jserrors import JSError
 from zonebus.store.durability import make_dirs
 from zonebus.store.msgstore import MsgStore, now_ns
-from zonebus.stream import counters, limits, localdocs, schedules
+from zonebus.stream import counters, limits, localdocs, mirrors, schedules
 from zonebus.stream.atomic import BATCH_ID, AtomicBatches
 from zonebus.stream.config import format_time
 from zonebus.stream.expiry import Expiry
@@ -86,6 +86,7 @@ class Stream(Expiry):
         self.schedules = schedules.Schedules(self)  # (`allow_msg_schedules`; idle without it)
         self.sourced_by: list[SourceLink] = []  # links of the streams sourcing this one
         self.sources: list[SourceLink] = []
+        self.mirror: mirrors.MirrorLink | None = None  # (`zonebus.stream.mirrors`)
         self.batches = AtomicBatches(self)
         self.closed = False
         self.deleted = False  # closed for good (deleted), not only released to another server
@@ -100,6 +101,8 @@ class Stream(Expiry):
             store.start_at(first)  # a new stream's first message gets sequence `first_seq`
         if cfg.get("sources"):
             self._start_sources()  # the links attach to their origins from the loop
+        if cfg.get("mirror"):
+            mirrors.sync(self)
 
     # -- config --------------------------------------------------------------------------------------
     @property
@@ -125,6 +128,7 @@ class Stream(Expiry):
             self.batches.clear()
         if sources_changed:
             self._start_sources()
+        mirrors.sync(self)  # (removing `mirror` promotes the stream)
         self.save_meta()
         self._enforce_limits()
         self.schedule_age_check()
@@ -238,10 +242,11 @@ class Stream(Expiry):
         return b"%b%d}" % (self._ack_head, seq), seq
 
     def store_checked(self, subject: str, hdrs: bytes | None, data: bytes, h: dict[str, str], msg_id: str,
-                      ttl: int) -> int:
-        """Store a message that passed the checks (its sequence); then dedupe, rollup, limits, retention."""
+                      ttl: int, at: tuple[int, int] = (0, 0)) -> int:
+        """Store a message that passed the checks (its sequence); then dedupe, rollup, limits, retention.
+        `at`: (sequence, time) a mirrored message keeps (after the last; skipped ones are deleted slots)."""
         cfg = self.cfg
-        seq, ts = self.store.store(subject, hdrs, data)
+        seq, ts = self.store.store(subject, hdrs, data, at[1], at[0])
         if ttl:
             self._track_ttl(seq, ts, ttl)
         if msg_id:
@@ -292,6 +297,11 @@ class Stream(Expiry):
             self._process(subject, hdrs, data, internal=True)
         except JSError:
             pass
+
+    def store_mirrored(self, seq: int, ts: int, subject: str, hdrs: bytes | None, data: bytes) -> None:
+        """A message the mirror link copied, under its origin sequence and time (the origin checked it)."""
+        if not self.closed and seq > self.store.index.last_seq:
+            self.store_checked(subject, hdrs, data, {}, "", 0, (seq, ts))
 
     def on_visible(self, first: int, last: int) -> None:
         """Store callback: messages first..last became durable; announce the ones still stored."""
@@ -475,6 +485,8 @@ class Stream(Expiry):
         }
         if self.sources:
             out["sources"] = [link.info() for link in self.sources]
+        if self.mirror is not None:
+            out["mirror"] = self.mirror.info()
         out["ts"] = format_time(time.time_ns())
         return out
 
@@ -488,6 +500,8 @@ class Stream(Expiry):
         self.schedules.stop()
         for link in self.sources:
             link.stop()
+        if self.mirror is not None:
+            self.mirror.stop()
         for link in list(self.sourced_by):
             link.origin_gone()
         self.sourced_by.clear()

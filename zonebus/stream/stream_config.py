@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from zonebus.protocol.jserrors import JSError, invalid_config
-from zonebus.stream import counters, schedules
+from zonebus.stream import counters, mirrors, schedules
 from zonebus.stream.sources import normalize_sources
 from zonebus.stream.subjects import valid_name, valid_subject
 from zonebus.stream.transform import compile_transform
@@ -51,16 +51,15 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
         if req.get("persist_mode") == "async":  # (nats-server checks the config first)
             _check_async_persist(req)
         raise JSError("stream_replicas_not_supported")
-    if req.get("mirror"):
-        _check_mirror(req, others)
-        if update:  # (no stream of zonebus is a mirror: adding one is a change)
-            raise JSError("stream_mirror_not_updatable")
-        raise invalid_config("stream mirrors are not supported by zonebus")
+    mirror = mirrors.check_mirror(req, others)
+    if req.get("mirror_direct") and mirror is None and not update:
+        raise invalid_config("stream has no mirror but does have mirror direct")
     sources = normalize_sources(req.get("sources") or [])
     cfg: dict[str, Any] = {"name": name}
     if req.get("description"):
         cfg["description"] = req["description"]
-    subjects = list(req.get("subjects") or ([] if sources else [name]))  # a sourcing stream may have none
+    # a sourcing stream may have no subjects, a mirror has none
+    subjects = list(req.get("subjects") or ([] if sources or mirror else [name]))
     for s in subjects:
         if not valid_subject(s):
             raise invalid_config("invalid subject")
@@ -133,33 +132,15 @@ def normalize(req: dict[str, Any], name: str, others: dict[str, dict[str, Any]],
             cfg[key] = req[key]
     if sources:
         cfg["sources"] = sources
+    if mirror is not None:
+        cfg["mirror"] = mirror
+        origin = others.get(mirror["name"])  # a mirror's direct gets follow its origin's
+        cfg["mirror_direct"] = bool(origin.get("allow_direct")) if origin is not None else False
+    elif not update:  # (an update keeps what it is told: nats-server checks this on create only)
+        cfg["mirror_direct"] = False
     if req.get("metadata"):
         cfg["metadata"] = dict(req["metadata"])
     return {k: cfg[k] for k in _ORDER if k in cfg}
-
-
-def _check_mirror(req: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
-    """The mirror config checks nats-server runs (in its order) before zonebus refuses a mirror."""
-    mirror = req["mirror"]
-    if not isinstance(mirror, dict):
-        return
-    for key, err in (("first_seq", "mirror_with_first_seq"), ("subjects", "mirror_with_subjects"),
-                     ("sources", "mirror_with_sources"), ("allow_msg_counter", "mirror_with_counters"),
-                     ("allow_atomic", "mirror_with_atomic_publish"), ("allow_batched", "mirror_with_batch_publish"),
-                     ("allow_msg_schedules", "mirror_with_msg_schedules")):
-        if req.get(key):
-            raise JSError(err)
-    if mirror.get("filter_subject") and mirror.get("subject_transforms"):
-        raise JSError("mirror_multiple_filters_not_allowed")
-    if req.get("subject_delete_marker_ttl", 0) > 0:
-        raise invalid_config("subject delete markers forbidden on mirrors")
-    if not mirror.get("external"):
-        if not isinstance(mirror.get("name"), str) or not valid_name(mirror["name"]):
-            raise JSError("mirror_invalid_stream_name")
-        origin = others.get(mirror["name"])
-        size, origin_size = req.get("max_msg_size", 0), origin.get("max_msg_size", -1) if origin else -1
-        if origin is not None and size > 0 and origin_size > 0 and size < origin_size:
-            raise JSError("mirror_max_message_size_too_big")
 
 
 def _check_async_persist(req: dict[str, Any]) -> None:
@@ -183,6 +164,7 @@ def check_update(old: dict[str, Any], new: dict[str, Any]) -> None:
         raise invalid_config("stream configuration update can not unseal a sealed stream")
     counters.check_update(old, new)
     schedules.check_update(old, new)
+    mirrors.check_update(old, new)
     if old.get("persist_mode") != new.get("persist_mode"):
         raise invalid_config("stream configuration update can not change persist mode")
 
