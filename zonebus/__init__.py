@@ -4,11 +4,11 @@ Versions, in one place. `SERVER_VERSION` is zonebus's one version string: `zoneb
 `zonebus server -v`, the log line at start, `/varz` and the INFO clients read all show it. It starts with the
 nats-server release whose client protocol and JetStream API zonebus emulates (`NATS_VERSION`), because
 clients read major.minor from INFO to pick JetStream API subjects, and ends with zonebus's own release
-(`__version__`, the package version): `2.11.0-zonebus.0.1.0`.
+(`__version__`, the package version): `2.12.0-zonebus.0.1.0`.
 """
 
 __version__ = "0.1.0"
-NATS_VERSION = "2.11.0"  # the nats-server release whose protocol zonebus emulates
+NATS_VERSION = "2.12.0"  # the nats-server release whose protocol zonebus emulates
 NATS_PROTOCOL = 1  # INFO "proto": the client protocol revision (1: dynamic cluster discovery, headers)
 SERVER_VERSION = f"{NATS_VERSION}-zonebus.{__version__}"
 
