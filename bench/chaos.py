@@ -86,6 +86,7 @@ import dataclasses
 import json
 import math
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -512,6 +513,8 @@ def main() -> None:
     if set(args.workloads.split(",")) - set(WORKLOADS):
         ap.error(f"--workloads: unknown {sorted(set(args.workloads.split(',')) - set(WORKLOADS))} "
                  f"(known: {','.join(WORKLOADS)})")
+    # SIGTERM (a `kill` of a long campaign) unwinds like Ctrl-C: every server, mount and moto process is stopped
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     sys.exit(asyncio.run(main_async(args)))
 
 
