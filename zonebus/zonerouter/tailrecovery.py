@@ -134,14 +134,15 @@ class TailRecovery:
         if local is not None:
             answers.append(await local)
         try:
-            done = await asyncio.wait_for(asyncio.gather(*asked.values()), WAIT)
-        except TimeoutError:
-            missing = sorted(p for p, f in asked.items() if not f.done())
-            raise OSError(f"zone router: {', '.join(missing)} did not give the tail of {stream}") from None
+            if asked:
+                _done, pending = await asyncio.wait(asked.values(), timeout=WAIT)
+                if pending:  # (named before anything is cancelled: a cancelled future counts as done)
+                    missing = sorted(p for p, f in asked.items() if f in pending)
+                    raise OSError(f"zone router: {', '.join(missing)} did not give the tail of {stream}")
         finally:
             for qid in [q for q, f in self._waiting.items() if f in asked.values()]:
-                del self._waiting[qid]
-        answers += [self._dctx.decompress(x) if x else b"" for x in done]
+                self._waiting.pop(qid).cancel()  # (a no-op on one that answered)
+        answers += [self._dctx.decompress(x) if x else b"" for x in (f.result() for f in asked.values())]
         best = max(answers, key=len, default=b"")
         self.stats["recovered_bytes"] += len(best)
         if best:
