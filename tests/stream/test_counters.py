@@ -5,18 +5,24 @@ config checks on create and update, increments (+, -, zero, beyond 64 bits) and 
 stored `{"val": ...}` read back by STREAM.MSG.GET, and every publish error (no `Nats-Incr`, a bad increment,
 a payload, headers a counter refuses, `Nats-Incr` on a plain stream). Replies are compared after
 normalisation (times and the source header's server hash dropped). A second scenario sources two counter
-streams into a third, which sums them per subject (`Nats-Counter-Sources`).
+streams into a third, which sums them per subject (`Nats-Counter-Sources`). A third runs an R3 counter stream on a 3-server cluster of
+each (increments, stored values, the refused update).
 """
 
 from __future__ import annotations
 
 import base64
 import itertools
+import json
 import re
+from pathlib import Path
 
+import nats
 import pytest
 
+from tests.stream.kit_cluster import api
 from tests.stream.kit_scenarios import Probe, first_difference, run_scenarios
+from tests.stream.test_clustered_differential import on_both
 from zonebus.testing.polling import until
 
 _counter = itertools.count()
@@ -124,3 +130,33 @@ async def test_counters_as_nats_server(js_servers) -> None:
     ref = await run_scenarios(js_servers["nats"].url, tag, counters, sourced_counters)
     got = await run_scenarios(js_servers["zonebus"].url, tag, counters, sourced_counters)
     assert got == ref, first_difference(ref, got)
+
+
+async def clustered_counters(nc: nats.NATS) -> list:
+    """An R3 counter stream on a 3-server cluster: increments sum on the stream's leader wherever the client is,
+    the PubAck's `val` and the stored value agree, and an update may not turn counters off."""
+    out: list = []
+
+    async def incr(subject: str, by: str) -> None:
+        msg = await nc.request(subject, b"", timeout=5, headers={"Nats-Incr": by})
+        doc = json.loads(msg.data)
+        out.append(("ack", doc.get("val"), doc.get("error", {}).get("err_code")))
+
+    cfg = {"name": "CC", "subjects": ["cc.>"], "num_replicas": 3, "allow_msg_counter": True}
+    out.append(("create", "error" in await api(nc, "$JS.API.STREAM.CREATE.CC", cfg)))
+    for subject, by in (("cc.a", "+5"), ("cc.a", "-2"), ("cc.b", BIG), ("cc.a", "+1"), ("cc.b", "1")):
+        await incr(subject, by)
+    for subject in ("cc.a", "cc.b"):
+        doc = await api(nc, "$JS.API.STREAM.MSG.GET.CC", {"last_by_subj": subject})
+        out.append(("stored", subject, base64.b64decode(doc["message"]["data"]).decode()))
+    resp = await api(nc, "$JS.API.STREAM.UPDATE.CC", {**cfg, "allow_msg_counter": False})
+    out.append(("update", resp.get("error", {}).get("err_code")))
+    await api(nc, "$JS.API.STREAM.DELETE.CC", {})
+    return out
+
+
+@pytest.mark.timeout(180)
+async def test_counters_clustered_as_nats_server(tmp_path: Path) -> None:
+    results = await on_both(tmp_path, clustered_counters)
+    assert results["zonebus"] == results["nats"], first_difference(results["nats"], results["zonebus"])
+    assert ("stored", "cc.a", '{"val":"4"}') in results["zonebus"], results["zonebus"]
