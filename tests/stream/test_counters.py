@@ -5,8 +5,8 @@ config checks on create and update, increments (+, -, zero, beyond 64 bits) and 
 stored `{"val": ...}` read back by STREAM.MSG.GET, and every publish error (no `Nats-Incr`, a bad increment,
 a payload, headers a counter refuses, `Nats-Incr` on a plain stream). Replies are compared after
 normalisation (times and the source header's server hash dropped). A second scenario sources two counter
-streams into a third, which sums them per subject (`Nats-Counter-Sources`). A third runs an R3 counter stream on a 3-server cluster of
-each (increments, stored values, the refused update).
+streams into a third, which sums them per subject (`Nats-Counter-Sources`). A third runs an R3 counter stream
+on a 3-server cluster of each (increments, stored values, the refused update).
 """
 
 from __future__ import annotations
