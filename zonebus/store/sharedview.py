@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import OrderedDict
 from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
+from zonebus.store.durability import replace_file
 from zonebus.store.filestore import FileStore
 from zonebus.store.msgstore import MsgStore
 
@@ -366,10 +366,11 @@ class SharedView(MsgStore):
         return data
 
     def _cache_write(self, path: Path, data: bytes) -> None:
-        tmp = path.with_name(path.name + ".tmp")
+        """Keep a checked batch in the cache directory, durably (fsynced, then renamed into place): it is another
+        copy of the shared store's object, which a new writer can put back over a damaged one
+        (`zonerouter.batchcopies`), and a copy lost to a power cut is none."""
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            replace_file(path, data)
         except OSError:
             log.warning("shared store %s: could not write cache file %s", self.stream, path)
 
