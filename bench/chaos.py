@@ -271,6 +271,9 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
             except nats.js.errors.NotFoundError:  # the stream itself is gone: everything acked is lost
                 log(f"{setup}: z{k + 1} reads no stream {STREAM}: stream not found")
                 reads[f"z{k + 1}"] = []
+            except nats.js.errors.APIError as exc:  # e.g. 10077, the stream unservable: it reads nothing
+                log(f"{setup}: z{k + 1} reads no stream {STREAM}: {exc.description} ({exc.err_code})")
+                reads[f"z{k + 1}"] = []
             finally:
                 await nc.close()
         q = queue_check(pubs, reads)
