@@ -1,5 +1,6 @@
 """A reader's cache directory holds durable copies of the shared store's batch objects: what a view fetched
-survives a power cut of its disk (`zonebus.testing.powerloss`), and `SharedView.local_copy` serves it checked,
+survives a power cut of its disk (`zonebus.testing.powerloss`), so does a batch a replica completed from the
+writer's replicated tail, and `SharedView.local_copy` serves them checked,
 the copy a new writer puts back over a damaged object (`zonebus.zonerouter.batchcopies`). Before, cache files
 were written without an fsync: a 30-minute campaign lost a stream when a damaged object's every copy had been in
 such files, and all servers then lost power."""
@@ -13,7 +14,7 @@ import pytest
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
 from zonebus.store.durability import make_dirs
-from zonebus.store.shared import SharedStorage, SharedView
+from zonebus.store.shared import CommitOptions, SharedStorage, SharedView
 from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,3 +48,34 @@ def test_cached_batches_survive_a_power_cut_and_serve_as_copies(tmp_path: Path) 
     for b, e in batches.items():
         L.check_batch(copies[b], b, e)
         assert copies[b] == objects.get(f"streams/S/log/{L.batch_name(b, e)}")
+
+
+def test_a_batch_completed_from_the_tail_is_cached_durably(tmp_path: Path) -> None:
+    storage = SharedStorage(f"file://{tmp_path}/store", options=CommitOptions(tier_interval=5.0))
+    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
+    objects = ObjectStore.from_url(f"file://{tmp_path}/store")
+    fs = PowerLossMount(tmp_path / "disk")
+    try:
+        fs.start()
+    except PowerLossUnavailable as exc:
+        pytest.skip(f"power loss simulation unavailable: {exc}")
+    try:
+        cache = fs.mountpoint / "cache" / "S"
+        make_dirs(cache)
+        view = SharedView(objects, "S", cache, load=True)
+        w.on_replica("r1", w.epoch, w.next_batch, 0)  # a replica: the batch follows the tail rule
+        for i in range(5):
+            w.store(f"s.{i}", None, f"m{i}".encode())
+        (b, e, off, header, chunk), = w.tail_parts(*view.part_position()[1:])  # the records, not sealed yet
+        assert view.apply_part(b, e, off, header, chunk) and not header
+        assert not list(cache.iterdir())  # a part is no batch yet
+        assert w.flush(5)  # the writer seals and stores it; the stored object's header completes the part
+        view.apply_batch(b, e, objects.get(f"streams/S/log/{L.batch_name(b, e)}"))
+        assert [x.name for x in cache.iterdir()] == [L.batch_name(b, e)]
+        fs.power_loss()
+        fs.start()
+        copy = SharedView(objects, "S", cache, load=False).local_copy(b, e)
+    finally:
+        fs.stop()
+    assert copy is not None
+    assert copy == objects.get(f"streams/S/log/{L.batch_name(b, e)}")

@@ -221,7 +221,8 @@ class SharedView(MsgStore):
 
     def apply_part(self, b: int, e: int, off: int, header: bytes, chunk: bytes) -> bool:
         """Records of batch `b` (writer epoch `e`) from offset `off`, as the writer's replicated tail sends them;
-        `header` (once the writer sealed the batch) completes it. False when they do not continue what is held."""
+        `header` (once the writer sealed the batch) completes it, and the whole batch then goes to the cache
+        directory, durably, as a fetched one does. False when they do not continue what is held."""
         if b != self.next_batch:
             return False
         if self._part is None:
@@ -246,6 +247,9 @@ class SharedView(MsgStore):
             self.next_batch = b + 1
             self._unstored[b] = (e, data)
             self._remember(b, data)
+            path = self._cache_path(b, e)
+            if path is not None:  # a copy on this disk too: the batch object may be damaged once stored
+                self._cache_write(path, data)
         return True
 
     def stored(self, upto: int) -> None:
