@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -328,22 +329,33 @@ def test_dashboard_renders_against_real_prometheus(zones: Zones, prometheus: str
     """Every panel's query answers with series, and the cross-zone rate panels see traffic that flows while
     Prometheus scrapes (a client in zone c sends to a subscriber in zone a)."""
 
-    async def live_traffic() -> None:
+    rate = 'sum by (src_zone, dst_zone) (rate(zonebus_ledger_cross_zone_bytes_total{src_zone="c",dst_zone="a"}[5s]))'
+
+    def rate_seen() -> bool:
+        return any(float(r["value"][1]) > 0 for r in _query(prometheus, rate)["data"]["result"])
+
+    async def live_traffic() -> int:
+        """Traffic flows (a burst every 0.2 s) until Prometheus shows its rate: a rate over 5 s needs two
+        scrapes inside the window, which a loaded machine may not take within one short burst's window."""
         sub = await nats.connect(zones.servers[0].url, name="live-sub?az=a")
         await sub.subscribe("live.>")
         await sub.flush()
         await asyncio.to_thread(wait_for_route_interest, zones.servers[2], "live.>")
         pub = await nats.connect(zones.servers[2].url, name="live-pub?az=c")
-        for i in range(50):
-            await pub.publish(f"live.{i}", b"z" * 200)
-        await pub.flush()
+        deadline = time.monotonic() + 60
+        sent = 0
+        while not await asyncio.to_thread(rate_seen):
+            assert time.monotonic() < deadline, "no non-zero cross-zone rate c->a in Prometheus in 60 s of traffic"
+            for i in range(10):
+                await pub.publish(f"live.{i}", b"z" * 200)
+            sent += 10
+            await pub.flush()
+            await asyncio.sleep(0.2)
         await pub.close()
         await sub.close()
+        return sent
 
-    asyncio.run(live_traffic())
-    rate = 'sum by (src_zone, dst_zone) (rate(zonebus_ledger_cross_zone_bytes_total{src_zone="c",dst_zone="a"}[5s]))'
-    wait_until(lambda: any(float(r["value"][1]) > 0 for r in _query(prometheus, rate)["data"]["result"]),
-               "a non-zero cross-zone rate c->a in Prometheus", timeout=30)
+    live = asyncio.run(live_traffic())
     for title, expr in dashboard_queries():
         if title.startswith("variable "):
             metric, label = (x.strip() for x in expr[len("label_values("):-1].split(","))
@@ -355,7 +367,12 @@ def test_dashboard_renders_against_real_prometheus(zones: Zones, prometheus: str
         answer = wait_until(lambda e=promql: (a := _query(prometheus, e))["data"]["result"] and a,
                             f"data for panel {title!r}", timeout=30)
         assert answer["status"] == "success", (title, answer)
-    total = _query(prometheus, 'sum by (src_zone, dst_zone, kind) (zonebus_ledger_cross_zone_messages_total)')
-    seen = {(r["metric"]["kind"], r["metric"]["src_zone"], r["metric"]["dst_zone"]): float(r["value"][1])
-            for r in total["data"]["result"]}
-    assert seen[("route", "a", "b")] == 20 and seen[("route", "c", "b")] == 5 and seen[("route", "c", "a")] == 50
+
+    def totals() -> dict:
+        total = _query(prometheus, 'sum by (src_zone, dst_zone, kind) (zonebus_ledger_cross_zone_messages_total)')
+        return {(r["metric"]["kind"], r["metric"]["src_zone"], r["metric"]["dst_zone"]): float(r["value"][1])
+                for r in total["data"]["result"]}
+
+    seen = wait_until(lambda: (t := totals()).get(("route", "c", "a")) == live and t, f"{live} messages c->a scraped",
+                      timeout=30, show=totals)
+    assert seen[("route", "a", "b")] == 20 and seen[("route", "c", "b")] == 5, seen
