@@ -7,6 +7,7 @@ such files, and all servers then lost power."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,62 +21,60 @@ from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_cached_batches_survive_a_power_cut_and_serve_as_copies(tmp_path: Path) -> None:
+@pytest.fixture
+def fs(tmp_path: Path) -> Iterator[PowerLossMount]:
+    """A power-loss file system (the cache's disk), stopped after the test."""
+    mount = PowerLossMount(tmp_path / "disk")
+    try:
+        mount.start()
+    except PowerLossUnavailable as exc:
+        pytest.skip(f"power loss simulation unavailable: {exc}")
+    try:
+        yield mount
+    finally:
+        mount.stop()
+
+
+def test_cached_batches_survive_a_power_cut_and_serve_as_copies(tmp_path: Path, fs: PowerLossMount) -> None:
     storage = SharedStorage(f"file://{tmp_path}/store")
     w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
     for i in range(3):
         w.store(f"s.{i}", None, f"m{i}".encode())
         assert w.flush(5)  # one batch object each
     objects = ObjectStore.from_url(f"file://{tmp_path}/store")
-    fs = PowerLossMount(tmp_path / "disk")
-    try:
-        fs.start()
-    except PowerLossUnavailable as exc:
-        pytest.skip(f"power loss simulation unavailable: {exc}")
-    try:
-        cache = fs.mountpoint / "cache" / "S"
-        make_dirs(cache)
-        view = SharedView(objects, "S", cache, load=True)  # fetches every batch: one cache file each
-        batches = dict(view.batches)
-        assert len(batches) == 3 and len(list(cache.iterdir())) == 3
-        dropped = fs.power_loss()
-        fs.start()
-        fresh = SharedView(objects, "S", cache, load=False)  # a restarted server's view: nothing in memory
-        copies = {b: fresh.local_copy(b, e) for b, e in batches.items()}
-    finally:
-        fs.stop()
+    cache = fs.mountpoint / "cache" / "S"
+    make_dirs(cache)
+    view = SharedView(objects, "S", cache, load=True)  # fetches every batch: one cache file each
+    batches = dict(view.batches)
+    assert len(batches) == 3 and len(list(cache.iterdir())) == 3
+    dropped = fs.power_loss()
+    fs.start()
+    fresh = SharedView(objects, "S", cache, load=False)  # a restarted server's view: nothing in memory
+    copies = {b: fresh.local_copy(b, e) for b, e in batches.items()}
     assert all(copies.values()), (dropped, {b: c is not None for b, c in copies.items()})
     for b, e in batches.items():
         L.check_batch(copies[b], b, e)
         assert copies[b] == objects.get(f"streams/S/log/{L.batch_name(b, e)}")
 
 
-def test_a_batch_completed_from_the_tail_is_cached_durably(tmp_path: Path) -> None:
+def test_a_batch_completed_from_the_tail_is_cached_durably(tmp_path: Path, fs: PowerLossMount) -> None:
     storage = SharedStorage(f"file://{tmp_path}/store", options=CommitOptions(tier_interval=5.0))
     w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
     objects = ObjectStore.from_url(f"file://{tmp_path}/store")
-    fs = PowerLossMount(tmp_path / "disk")
-    try:
-        fs.start()
-    except PowerLossUnavailable as exc:
-        pytest.skip(f"power loss simulation unavailable: {exc}")
-    try:
-        cache = fs.mountpoint / "cache" / "S"
-        make_dirs(cache)
-        view = SharedView(objects, "S", cache, load=True)
-        w.on_replica("r1", w.epoch, w.next_batch, 0)  # a replica: the batch follows the tail rule
-        for i in range(5):
-            w.store(f"s.{i}", None, f"m{i}".encode())
-        (b, e, off, header, chunk), = w.tail_parts(*view.part_position()[1:])  # the records, not sealed yet
-        assert view.apply_part(b, e, off, header, chunk) and not header
-        assert not list(cache.iterdir())  # a part is no batch yet
-        assert w.flush(5)  # the writer seals and stores it; the stored object's header completes the part
-        view.apply_batch(b, e, objects.get(f"streams/S/log/{L.batch_name(b, e)}"))
-        assert [x.name for x in cache.iterdir()] == [L.batch_name(b, e)]
-        fs.power_loss()
-        fs.start()
-        copy = SharedView(objects, "S", cache, load=False).local_copy(b, e)
-    finally:
-        fs.stop()
+    cache = fs.mountpoint / "cache" / "S"
+    make_dirs(cache)
+    view = SharedView(objects, "S", cache, load=True)
+    w.on_replica("r1", w.epoch, w.next_batch, 0)  # a replica: the batch follows the tail rule
+    for i in range(5):
+        w.store(f"s.{i}", None, f"m{i}".encode())
+    (b, e, off, header, chunk), = w.tail_parts(*view.part_position()[1:])  # the records, not sealed yet
+    assert view.apply_part(b, e, off, header, chunk) and not header
+    assert not list(cache.iterdir())  # a part is no batch yet
+    assert w.flush(5)  # the writer seals and stores it; the stored object's header completes the part
+    view.apply_batch(b, e, objects.get(f"streams/S/log/{L.batch_name(b, e)}"))
+    assert [x.name for x in cache.iterdir()] == [L.batch_name(b, e)]
+    fs.power_loss()
+    fs.start()
+    copy = SharedView(objects, "S", cache, load=False).local_copy(b, e)
     assert copy is not None
     assert copy == objects.get(f"streams/S/log/{L.batch_name(b, e)}")

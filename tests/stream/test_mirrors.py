@@ -336,7 +336,16 @@ async def test_mirror_on_the_zone_router(tmp_path) -> None:
                                                                                               ("c1", "z3"))]
         try:
             await stream_in_z2(nc, "ZO", ["zo.>"])
-            for i in range(4):
+
+            async def stored_from_z1() -> bool:  # (once the stream's interest has reached a2's server)
+                try:
+                    await far[0].request("zo.0", b"v", timeout=5)
+                except nats.errors.NoRespondersError:
+                    return False
+                return True
+
+            await until(stored_from_z1, "a publish from z1 stored", 20)
+            for i in range(1, 4):
                 await far[0].request(f"zo.{i}", b"v", timeout=5)
             await _api(nc, "$JS.API.STREAM.MSG.DELETE.ZO", {"seq": 2})
             made = await stream_in_z2(nc, "ZM", [], mirror={"name": "ZO"})

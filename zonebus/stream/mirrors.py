@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.jserrors import JSError, invalid_config
 from zonebus.stream.config import decode, parse_time
-from zonebus.stream.sources import PER_TICK, RETRY, SOURCE_FIELDS, SourceLink
+from zonebus.stream.sources import PER_TICK, RETRY, SOURCE_FIELDS, SourceLink, visible_after
 from zonebus.stream.subjects import valid_name, valid_subject
 from zonebus.stream.transform import SubjectTransform
 from zonebus.subjects.patterns import matches, overlaps
@@ -127,20 +127,17 @@ class MirrorLink(SourceLink):
         if stream.store.write_error() is not None:  # (a fenced or backlogged shared store): try again later
             self._retry_later()
             return
-        store = origin.store
-        visible = store.visible_seq()
         filters = None if self.filters == [">"] else tuple(self.filters)
         self.active = time.monotonic()
         self.seq = max(self.seq, stream.store.index.last_seq)  # (never below what the mirror holds)
-        for _ in range(PER_TICK):
-            seq = store.index.next_seq(self.seq + 1, filters)
-            if not seq or seq > visible:
-                return
-            msg = store.load(seq)
+        n = 0
+        for seq, msg in visible_after(origin.store, self.seq, filters, PER_TICK):
+            n += 1
             self.seq = seq
             if msg is not None:
                 self._mirror(msg)
-        self.kick()
+        if n == PER_TICK:  # there may be more: the next turn goes on
+            self.kick()
 
     def _retry_later(self) -> None:
         loop = self.stream.service.loop

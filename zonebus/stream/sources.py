@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from zonebus.protocol.jserrors import JSError
@@ -70,6 +71,18 @@ def server_hash(name: str) -> str:
     """8 base-62 characters from a SHA-256, the shape of the last token of nats-server's header."""
     digest = hashlib.sha256(name.encode()).digest()
     return "".join(_DIGITS[b % 62] for b in digest[:8])
+
+
+def visible_after(store: Any, after: int, filters: tuple[str, ...] | None, limit: int) -> Iterator[tuple[int, Any]]:
+    """(sequence, stored message or None) of the origin store's visible messages after `after` that match
+    `filters` (None: all), at most `limit` of them: a source's or a mirror's next copies."""
+    visible = store.visible_seq()
+    seq = after
+    for _ in range(limit):
+        seq = store.index.next_seq(seq + 1, filters)
+        if not seq or seq > visible:
+            return
+        yield seq, store.load(seq)
 
 
 def _strip(hdrs: bytes | None) -> list[bytes]:
@@ -172,19 +185,16 @@ class SourceLink:
         origin = self.origin
         if origin is None or origin.closed or self.stream.closed:
             return
-        store = origin.store
-        visible = store.visible_seq()
         filters = None if self.filters == [">"] else tuple(self.filters)
         self.active = time.monotonic()
-        for _ in range(PER_TICK):
-            seq = store.index.next_seq(self.seq + 1, filters)
-            if not seq or seq > visible:
-                return
-            msg = store.load(seq)
+        n = 0
+        for seq, msg in visible_after(origin.store, self.seq, filters, PER_TICK):
+            n += 1
             self.seq = seq
             if msg is not None:
                 self._copy(msg.seq, msg.subject, msg.hdrs, msg.data)
-        self.kick()
+        if n == PER_TICK:  # there may be more: the next turn goes on
+            self.kick()
 
     def _header_keys(self) -> set[tuple[str, str]]:
         if self._compiled:
