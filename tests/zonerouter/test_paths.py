@@ -84,12 +84,12 @@ def test_storage_batches_are_measured_as_the_link_would_send_them() -> None:
     was cheaper."""
     p = PathChooser("auto", billed=True, storage_linger=0.05)
     batches = [b"".join(payload(k * 40 + i) for i in range(40)) for k in range(8)]
-    p.sample("b1", batches[0])
+    p.measure("b1", batches[0])
     first = p.flows["b1"].ratio
     assert first == pytest.approx(len(zstandard.ZstdCompressor(level=3).compress(batches[0])) / len(batches[0]),
                                   rel=0.05)
     for data in batches[1:]:
-        p.sample("b1", data)
+        p.measure("b1", data)
     f = p.flows["b1"]
     assert f.measured == len(batches)
     assert f.ratio < first  # later blocks compress against the earlier ones, as on the link

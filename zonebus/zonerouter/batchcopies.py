@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import zstandard
 
 from zonebus.store import sharedlayout as L
+from zonebus.zonerouter.memberqueries import MemberQueries
 from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
 
 log = logging.getLogger(__name__)
@@ -56,16 +57,9 @@ def copy_frame(qid: int, compressed: bytes) -> bytes:
 
 
 class BatchCopies:
-    def __init__(self, name: str, send: Callable[[str, bytes], bool], members: Callable[[], Iterable[str]],
-                 is_live: Callable[[str], bool], local_copy: LocalCopy) -> None:
-        self.name = name
-        self.send = send
-        self.members = members
-        self.is_live = is_live
+    def __init__(self, queries: MemberQueries, local_copy: LocalCopy) -> None:
+        self.queries = queries
         self.local_copy = local_copy
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._next = 0
-        self._waiting: dict[int, asyncio.Future] = {}
         self._cctx = zstandard.ZstdCompressor(level=3)
         self._dctx = zstandard.ZstdDecompressor()
         self.stats = {"asked": 0, "answered": 0, "found": 0}
@@ -73,7 +67,7 @@ class BatchCopies:
     def fetch(self, stream: str, batch: int, epoch: int) -> bytes | None:
         """Worker thread: a checked copy of batch `batch` of epoch `epoch` from this server or a live member;
         None when none has one."""
-        loop = self.loop
+        loop = self.queries.loop
         if loop is None:
             return None
         fut = asyncio.run_coroutine_threadsafe(self._fetch(stream, batch, epoch), loop)
@@ -83,19 +77,10 @@ class BatchCopies:
         own = self.local_copy(stream, batch, epoch)
         if own is not None:
             return own
-        loop = asyncio.get_running_loop()
-        asked: list[asyncio.Future] = []
-        for peer in self.members():
-            if peer == self.name or not self.is_live(peer):
-                continue
-            self._next += 1
-            fut = loop.create_future()
-            if self.send(peer, query_frame(self._next, stream, batch, epoch)):
-                self._waiting[self._next] = fut
-                asked.append(fut)
+        asked, _unsent = self.queries.ask(lambda qid: query_frame(qid, stream, batch, epoch))
         self.stats["asked"] += len(asked)
         try:
-            for done in asyncio.as_completed(asked, timeout=WAIT):
+            for done in asyncio.as_completed(asked.values(), timeout=WAIT):
                 raw = await done
                 if not raw:
                     continue
@@ -109,20 +94,17 @@ class BatchCopies:
         except TimeoutError:
             pass
         finally:
-            for qid in [q for q, f in self._waiting.items() if f in asked]:
-                del self._waiting[qid]
+            self.queries.forget(asked)
         return None
 
     def on_copy(self, frame: bytes) -> None:
         if len(frame) < _HEAD.size + 8:
             raise RecordError("truncated copy frame")
-        fut = self._waiting.get(_U64.unpack_from(frame, _HEAD.size)[0])
-        if fut is not None and not fut.done():
-            fut.set_result(bytes(frame[_HEAD.size + 8 :]))
+        self.queries.answer(_U64.unpack_from(frame, _HEAD.size)[0], bytes(frame[_HEAD.size + 8 :]))
 
     def on_query(self, peer: str, frame: bytes) -> None:
         """A member's side: this server's checked copy of the batch, or an empty answer."""
         qid, stream, batch, epoch = decode_query(frame)
         self.stats["answered"] += 1
         data = self.local_copy(stream, batch, epoch)
-        self.send(peer, copy_frame(qid, self._cctx.compress(data) if data else b""))
+        self.queries.send(peer, copy_frame(qid, self._cctx.compress(data) if data else b""))

@@ -174,16 +174,12 @@ class PathChooser:
         self._out.pop(peer, None)
         self._in.pop(peer, None)
 
-    def sample(self, leader: str, data: bytes) -> None:
-        """On the storage path, measure the ratio the link path would get on this batch: as the next block of one
-        zstd stream, as the link sends its batches (a batch compressed alone, or the first guess of 0.5, put the
-        break-even size at half the true one for JSON, so that objects went to storage where the link was
-        cheaper)."""
-        self.measure(leader, data)
-
     def measure(self, leader: str, data: bytes) -> None:
-        """A batch that stays on this server (the leader is here: its replicated tail carries the records,
-        compressed as one stream per replica): measure the ratio that stream gets, nothing is sent."""
+        """A batch that is not sent over the link (a storage-path batch, or one that stays on this server because
+        the leader is here and its replicated tail carries the records): measure the ratio the link would get on
+        it, as the next block of one zstd stream, as the link and the tail send their batches, nothing is sent.
+        (A batch compressed alone, or the first guess of 0.5, put the break-even size at half the true one for
+        JSON, so that objects went to storage where the link was cheaper.)"""
         s = self._probe.get(leader)
         if s is None:
             s = self._probe[leader] = zstandard.ZstdCompressor(level=_LEVEL).compressobj()

@@ -166,12 +166,12 @@ class Proxy:
             b.inline = data
         if link:
             if own:
-                self.paths.measure(leader, data)
+                self.paths.measure(leader, data)  # (a batch sent over the link is measured as it is compressed)
             b.state = "uploaded"
             self.stats["inline_batches"] += 1
             self._send_ready(target)
             return
-        self.paths.sample(leader, data)
+        self.paths.measure(leader, data)
         b.state = "uploading"
         task = asyncio.get_running_loop().create_task(self._upload(target, b, data))
         self.tasks.add(task)

@@ -315,7 +315,7 @@ class Reader:
     def batch_copy(self, stream: str, batch: int, epoch: int) -> bytes | None:
         """This server's snapshot's checked copy of a stored batch of `stream` (`batchcopies`), or None."""
         snap = self.snapshots.get(stream)
-        return snap.view.local_copy(batch, epoch) if snap is not None and snap.view is not None else None
+        return snap.view.local_copy(batch, epoch) if snap is not None else None
 
     def tail(self, stream: str, epoch: int, batch: int, new_epoch: int) -> asyncio.Future | None:
         """A new writer of `stream` asks for the replicated tail of writer `epoch` (`tailrecovery`)."""

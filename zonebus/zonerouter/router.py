@@ -30,6 +30,7 @@ from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.clientzones import ClientZones
 from zonebus.zonerouter.epochs import RouteEpochs
 from zonebus.zonerouter.leader import LeaderSide
+from zonebus.zonerouter.memberqueries import MemberQueries
 from zonebus.zonerouter.paths import LINK, PathChooser
 from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
 from zonebus.zonerouter.reader import Reader
@@ -136,12 +137,12 @@ class ZoneRouter:
         await asyncio.to_thread(self.reader.load_held)
         if self.proxy.sent is not None:
             self.reader.own = (self.channel.id, self.proxy.sent)
-        self.tails = TailRecovery(self.name, self.link.send, self._members, self._is_live, self.reader.tail)
-        self.tails.loop = asyncio.get_running_loop()
+        queries = MemberQueries(self.name, self.link.send, self._members, self._is_live)
+        queries.loop = asyncio.get_running_loop()
+        self.tails = TailRecovery(queries, self.reader.tail)
         if self.tiered and self.js.svc.shared is not None:  # a takeover gathers the fenced writer's tail
             self.js.svc.shared.tail_source = self.tails.collect
-        self.copies = BatchCopies(self.name, self.link.send, self._members, self._is_live, self.reader.batch_copy)
-        self.copies.loop = asyncio.get_running_loop()
+        self.copies = BatchCopies(queries, self.reader.batch_copy)
         if self.js.svc.shared is not None:  # a takeover puts a damaged batch object back from a member's copy
             self.js.svc.shared.copy_source = self.copies.fetch
         self.client.subscribe(REPLY_PREFIX + ">", lambda *_: None, local=True)  # interest for `serving`'s replies
@@ -445,7 +446,10 @@ class ZoneRouter:
             self.tails.on_tail(frame)
         elif kind in (COPYQ, COPY) and self.copies is not None:
             try:
-                (self.copies.on_query(peer, frame) if kind == COPYQ else self.copies.on_copy(frame))
+                if kind == COPYQ:
+                    self.copies.on_query(peer, frame)
+                else:
+                    self.copies.on_copy(frame)
             except records.RecordError as exc:
                 log.warning("zone router: bad frame from %s: %s", peer, exc)
         elif self.serving.frame(peer, kind, frame):

@@ -28,11 +28,12 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import zstandard
 
+from zonebus.zonerouter.memberqueries import MemberQueries
 from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
 
 log = logging.getLogger(__name__)
@@ -81,17 +82,10 @@ def decode_tail(frame: bytes) -> tuple[int, bytes]:
 
 
 class TailRecovery:
-    def __init__(self, name: str, send: Callable[[str, bytes], bool], members: Callable[[], Iterable[str]],
-                 is_live: Callable[[str], bool], local_tail: Callable[[str, int, int, int], asyncio.Future | None]
-                 ) -> None:
-        self.name = name
-        self.send = send
-        self.members = members  # the cluster's members
-        self.is_live = is_live
+    def __init__(self, queries: MemberQueries,
+                 local_tail: Callable[[str, int, int, int], asyncio.Future | None]) -> None:
+        self.queries = queries
         self.local_tail = local_tail  # (stream, epoch, batch, new epoch) -> this server's snapshot's records
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._next = 0
-        self._waiting: dict[int, asyncio.Future] = {}
         self._cctx = zstandard.ZstdCompressor(level=3)
         self._dctx = zstandard.ZstdDecompressor()
         self.stats = {"queries": 0, "answered": 0, "recovered_bytes": 0, "waits_for_down": 0}
@@ -99,35 +93,29 @@ class TailRecovery:
     def collect(self, stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
         """Worker thread (a takeover): the fenced writer's replicated records; OSError when a live member does
         not answer."""
-        loop = self.loop
+        loop = self.queries.loop
         if loop is None:
             return b""
         fut = asyncio.run_coroutine_threadsafe(self._collect(stream, epoch, batch, new_epoch, fenced_writer), loop)
         return fut.result(DOWN_WAIT + WAIT + 5)
 
     async def _collect(self, stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
-        loop = asyncio.get_running_loop()
+        queries = self.queries
         give_up = time.monotonic() + DOWN_WAIT
-        down = self._down(fenced_writer)
+        down = queries.down([fenced_writer])
         if down:
             self.stats["waits_for_down"] += 1
         while down and time.monotonic() < give_up:
             await asyncio.sleep(0.2)
-            down = self._down(fenced_writer)
+            down = queries.down([fenced_writer])
         if down:
             log.warning("zone router: stream %s: taking epoch %d's tail over without %s (down for %.0f s)", stream,
                         epoch, ", ".join(down), DOWN_WAIT)
-        asked: dict[str, asyncio.Future] = {}
-        for peer in self.members():
-            if peer in (self.name, fenced_writer) or not self.is_live(peer):
-                continue
-            self._next += 1
-            fut = loop.create_future()
-            self._waiting[self._next] = fut
-            if not self.send(peer, TailQuery(self._next, stream, epoch, batch, new_epoch).encode()):
-                self._waiting.pop(self._next, None)
-                raise OSError(f"zone router: cannot ask {peer} for the tail of {stream}")
-            asked[peer] = fut
+        asked, unsent = queries.ask(lambda qid: TailQuery(qid, stream, epoch, batch, new_epoch).encode(),
+                                    [fenced_writer])
+        if unsent:
+            queries.forget(asked)
+            raise OSError(f"zone router: cannot ask {', '.join(unsent)} for the tail of {stream}")
         self.stats["queries"] += len(asked)
         answers: list[bytes] = []
         local = self.local_tail(stream, epoch, batch, new_epoch)
@@ -140,8 +128,7 @@ class TailRecovery:
                     missing = sorted(p for p, f in asked.items() if f in pending)
                     raise OSError(f"zone router: {', '.join(missing)} did not give the tail of {stream}")
         finally:
-            for qid in [q for q, f in self._waiting.items() if f in asked.values()]:
-                self._waiting.pop(qid).cancel()  # (a no-op on one that answered)
+            queries.forget(asked)
         answers += [self._dctx.decompress(x) if x else b"" for x in (f.result() for f in asked.values())]
         best = max(answers, key=len, default=b"")
         self.stats["recovered_bytes"] += len(best)
@@ -150,18 +137,12 @@ class TailRecovery:
                         "answer(s)", stream, len(best), epoch, len(answers))
         return best
 
-    def _down(self, fenced_writer: str) -> list[str]:
-        return sorted(p for p in self.members() if p not in (self.name, fenced_writer) and not self.is_live(p))
-
     def on_tail(self, frame: bytes) -> None:
-        qid, data = decode_tail(frame)
-        fut = self._waiting.get(qid)
-        if fut is not None and not fut.done():
-            fut.set_result(data)
+        self.queries.answer(*decode_tail(frame))
 
     async def on_query(self, peer: str, query: TailQuery) -> None:
         """A member's side: stop taking the old writer's records, then answer with what this server holds."""
         self.stats["answered"] += 1
         fut = self.local_tail(query.stream, query.epoch, query.batch, query.new_epoch)
         data = await fut if fut is not None else b""
-        self.send(peer, tail_frame(query.qid, self._cctx.compress(data) if data else b""))
+        self.queries.send(peer, tail_frame(query.qid, self._cctx.compress(data) if data else b""))
