@@ -108,6 +108,32 @@ def test_takeover_fences_the_old_writer(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
+def test_a_lower_epoch_never_fences_a_newer_writer_whose_claim_was_lost(tmp_path: Path) -> None:
+    """A chaos campaign (isolate, cut, claim deletion): a takeover that had picked its epoch before a newer writer
+    claimed and sealed went on after the newer writer's claim object was deleted, fenced that writer's next slot
+    and sealed below it; 825 acknowledged messages were lost and their sequences used again. A seal counts as a
+    claim, and a takeover that finds a newer writer stops."""
+    st = storage(tmp_path, batch_bytes=10**9)
+    w1 = st.create_stream("S", {"name": "S"}, 0, epoch=1, writer="one")
+    fill(w1, 5)
+    w1.sync()
+    w3 = storage(tmp_path, cache="c3").takeover("S", epoch=3, writer="three")
+    fill(w3, 5, start=10)
+    w3.sync()
+    (tmp_path / "shared" / "streams" / "S" / "epochs" / f"{L.num(3)}.claim").unlink()  # the `damage` fault
+    with pytest.raises(Fenced):
+        storage(tmp_path, cache="c2").takeover("S", epoch=2, writer="stale")
+    fill(w3, 3, start=20)
+    w3.sync()  # not fenced: it acknowledges on
+    assert not w3.fenced
+    view = st.open_view("S")
+    assert [view.load(s).data for s in view.index.live_seqs()] == (
+        [f"m{i}".encode() for i in range(5)] + [f"m{i}".encode() for i in range(10, 15)]
+        + [f"m{i}".encode() for i in range(20, 23)])
+    w3.close()
+
+
+@pytest.mark.timeout(30)
 def test_reader_shows_only_settled_batches_during_a_takeover(tmp_path: Path) -> None:
     st = storage(tmp_path)
     w1 = st.create_stream("S", {"name": "S"}, 0, epoch=1)

@@ -1,10 +1,13 @@
 """Writer fencing of a stream on a shared store: takeover by epoch, and the create-only slot that stops the
 writer before (a mixin of `SharedStore`; see docs/shared-store-layout.md, "Writers").
 
-A writer takes a stream over with an epoch above every claim: it writes its claim, lists the claims (a higher
-one: stop), loads the whole chain, writes an empty batch create-only into the slot after the chain under the
-previous writer's epoch (so that writer can acknowledge nothing more: its own PUT of that slot fails), writes
-its seal and lists the claims again. Base moves list the claims once more before they delete anything
+A writer takes a stream over with an epoch above every claim and seal: it writes its claim, lists the claims
+and seals (a higher one: stop), loads the whole chain, writes an empty batch create-only into the slot after the
+chain under the previous writer's epoch (so that writer can acknowledge nothing more: its own PUT of that slot
+fails), writes its seal and lists the claims and seals again. A seal counts as its writer's claim: a claim object
+can be lost (the campaigns' `damage` deletes the newest), and a takeover that had picked its epoch before a newer
+writer claimed must then still stop, never fence that newer writer (a chain that reloads with a top epoch at or
+above this writer's stops it too). Base moves list the claims once more before they delete anything
 (`_check_fence`). Runs in worker threads (or inline without an event loop), but for `_fence`: the event loop's
 side, once an upload or a base move found the store fenced (`Fenced`), which fails every waiting publisher.
 """
@@ -45,9 +48,10 @@ class WriterFencing:
         return f"{self.prefix}/epochs/{L.num(self.epoch)}.{kind}"
 
     def _max_claim(self: SharedStore) -> int:
+        """The highest epoch of a claim or a seal on the store (a seal counts: a claim object can be lost)."""
         lst = L.Listing()
         self._list_epochs(lst)
-        return lst.max_claim()
+        return lst.max_epoch()
 
     def _takeover(self: SharedStore) -> None:
         top = self._max_claim()
@@ -58,6 +62,9 @@ class WriterFencing:
         self._check_fence()
         chain = self.reload(settled_only=False)
         for _ in range(self.FENCE_ATTEMPTS):
+            if chain.top_epoch >= self.epoch:  # a newer writer sealed meanwhile (its claim may be gone): never
+                raise Fenced(f"stream {self.stream}: epoch {chain.top_epoch} sealed during the takeover by "
+                             f"epoch {self.epoch}")  # fence a newer writer
             if not chain.top_epoch or self._fence_previous(chain.top_epoch):
                 break
             chain = self.reload(settled_only=False)  # the writer before us stored its next batch: take it in

@@ -267,6 +267,11 @@ class Listing:
     def max_claim(self) -> int:
         return max(self.claims, default=0)
 
+    def max_epoch(self) -> int:
+        """The highest epoch any claim or seal names: a writer's seal stands for its claim when that object was
+        lost (a deleted claim must not let a lower epoch pass for the newest)."""
+        return max(max(self.claims, default=0), max(self.seal_epochs, default=0))
+
 
 def seal_path(seals: dict[int, Seal]) -> list[Seal]:
     """The seals that count, oldest first: the highest one and its `prev` ancestors."""

@@ -219,11 +219,11 @@ class Snapshot:
         if self.held is None or not self.held.top_epoch():
             return
         view = self.view
-        claimed = view.list().max_claim()
+        claimed = view.list().max_epoch()
         if self.held.top_epoch() > claimed:  # epochs start again at 1 for a stream created anew under the name
-            log.warning("zone router: the held tail of %s names epoch %d, above every claim of the stream (%d): "
-                        "it is of a deleted stream of that name; dropped", self.stream, self.held.top_epoch(),
-                        claimed)
+            log.warning("zone router: the held tail of %s names epoch %d, above every claim and seal of the "
+                        "stream (%d): it is of a deleted stream of that name; dropped", self.stream,
+                        self.held.top_epoch(), claimed)
             self.held.clear()
             self.min_epoch = min(self.min_epoch, claimed)
             return
