@@ -253,3 +253,54 @@ async def test_s3_shared_store_leader_killed(tmp_path: Path, moto_s3) -> None:
         await nc.close()
     finally:
         stop_all(servers)
+
+
+@pytest.mark.timeout(240)
+async def test_a_restart_of_every_server_takes_a_stream_over_once(tmp_path: Path) -> None:
+    """Every server killed at once, after the stream changed leader several times: each restarted server's meta
+    log replays every one of those changes. The leader takes the stream over once and serves it; taking it over
+    again (and releasing it) on each replayed change had left the chaos campaigns without a PubAck for about a
+    minute after every `powerloss-all`."""
+    servers = start_cluster(tmp_path, failover="2s")
+    nc = None
+    try:
+        await wait_meta_leader(servers)
+        nc = await nats.connect(servers=[s.url for s in servers], max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.1)
+        js = nc.jetstream(timeout=3)
+        await js.add_stream(name="REPLAY", subjects=["replay.>"], num_replicas=3)
+        leader = await leader_of(nc, "REPLAY")
+        for i in range(6):
+            await api_retry(nc, "$JS.API.STREAM.LEADER.STEPDOWN.REPLAY")
+            leader = await leader_of(nc, "REPLAY", not_=leader)
+            await api_retry(nc, "$JS.API.STREAM.INFO.REPLAY")
+            await js.publish("replay.x", f"{i}".encode())
+        for s in servers:
+            s.kill()
+        marks = [len(s.log()) for s in servers]
+        for s in servers:
+            restart(s)
+        await wait_meta_leader(servers)
+        ack = await until(lambda: _try_publish(js, "replay.x", b"after"), "a PubAck after the restart",
+                          timeout=60, interval=0.2)
+        assert ack.seq == 7
+        leader = await leader_of(nc, "REPLAY")
+        after = {s.info["server_name"]: s.log()[m:] for s, m in zip(servers, marks, strict=True)}
+        takeovers = after[leader].count("JetStream: leading stream REPLAY")
+        releases = after[leader].count("JetStream: no longer leading stream REPLAY")
+        lines = [ln for ln in after[leader].splitlines() if "REPLAY" in ln or "meta" in ln]
+        assert (takeovers, releases) == (1, 0), (
+            f"{leader} took the stream over {takeovers} times and released it {releases} times after the restart: "
+            + "\n".join(lines[-30:]))
+        info = await api_retry(nc, "$JS.API.STREAM.INFO.REPLAY")
+        assert info["state"]["messages"] == 7
+    finally:
+        if nc is not None:
+            await nc.close()
+        stop_all(servers)
+
+
+async def _try_publish(js, subject: str, data: bytes):
+    with contextlib.suppress(*RETRIABLE):
+        return await js.publish(subject, data, timeout=1.0)
+    return None

@@ -78,6 +78,7 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
         self.observer = False  # a leaf remote's jetstream_cluster_migrate: lead no replicated stream (set_observer)
         self._damaged: dict[str, str] = {}  # streams this server leads but cannot serve: why (a damaged object)
         self._chains: dict[str, asyncio.Task] = {}  # per-stream leadership work, in order
+        self._led: dict[str, int] = {}  # streams served here -> the meta record epoch they were taken over under
         self._tasks: set[asyncio.Task] = set()
         self.meta_formed: list[MetaFormedHook] = []  # (zonebus.stream.hooks) e.g. the zone router's
         # zone router hook: (stream, subject, reply, headers, payload) -> True when it serves a request about a

@@ -98,6 +98,8 @@ class StreamLeadership:
             return  # the record that named us was a replayed, stale one
         rec = current
         name, cfg = rec.name, rec.config
+        if self._serving_under(rec):
+            return  # a change replayed after a restart: this server already took the stream over under it
         self._ready.setdefault(name, asyncio.Event()).clear()
         self._damaged.pop(name, None)
         if cfg.get("storage") == "memory":
@@ -138,7 +140,15 @@ class StreamLeadership:
             if stream.cfg != cfg:
                 self.svc.update_stream(stream, cfg)
         self._ready[name].set()
+        self._led[name] = rec.epoch
         self.server.log(f"JetStream: leading stream {name} (epoch {rec.epoch})")
+
+    def _serving_under(self: ClusteredJetStream, rec: StreamRecord) -> bool:
+        """This server serves stream `rec.name` as the writer it became under this very record (same leader
+        epoch). A restarted server's meta log replays every leadership change of the stream's history, each
+        a gain or a loss; taking the stream over again, or releasing it, on each of them had left it without a
+        leader for a minute after every server lost power at once (chaos campaigns, `powerloss-all`)."""
+        return self._led.get(rec.name) == rec.epoch and rec.name in self.svc.streams
 
     def _unservable(self: ClusteredJetStream, name: str, why: str) -> None:
         """Leading stream `name` is impossible: its shared store holds a damaged object. Requests about it are
@@ -170,8 +180,14 @@ class StreamLeadership:
         return store, {"config": cfg, "created": created}, {}
 
     async def _release(self: ClusteredJetStream, name: str) -> None:
+        current = self._still_mine(name)  # (the state as applied now: later changes may have given it back)
+        if current is not None and self._serving_under(current):
+            return  # a replayed loss: the current record still names this server, under the epoch it leads
+        self._led.pop(name, None)
         self._ready.pop(name, None)
-        self._damaged.pop(name, None)
+        damaged = self._damaged.pop(name, None) is not None
+        if name not in self.svc.streams and not damaged:
+            return  # nothing served here (a replayed loss before the takeover, or the store was fenced)
         self.svc.release(name)
         self.server.log(f"JetStream: no longer leading stream {name}")
 
@@ -181,6 +197,7 @@ class StreamLeadership:
             self.svc.update_stream(stream, rec.config)
 
     async def _delete(self: ClusteredJetStream, name: str) -> None:
+        self._led.pop(name, None)
         self._ready.pop(name, None)
         damaged = self._damaged.pop(name, None) is not None  # (deleting is how an operator gives a stream up)
         stream = self.svc.streams.get(name)
