@@ -138,6 +138,7 @@ ALL_FAULTS = ("kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow,isolate,d
 KNOWN_FAULTS = f"{ALL_FAULTS},powerloss-all,damage-batch,cut,oneway"  # every server losing power at once, a
 # stored batch object damaged (the first loses data by design; the second is repaired from the writer's copy
 # while that writer leads, see above); one route cut or held one way
+READ_BACK_TIMEOUT = 120.0  # seconds each zone's read-back may take (the stream's leader may be taking it over)
 STORE_ROOT = "zb/"  # the shared store's root in the bucket (setup zonebus)
 
 
@@ -266,13 +267,16 @@ async def campaign(setup: str, args: argparse.Namespace) -> tuple[QueueCheck, li
         for k, s in enumerate(cluster.servers):  # every zone reads through its own server
             nc = await nats.connect(s.url, name=f"reader?az=z{k + 1}")
             try:
-                reads[f"z{k + 1}"] = await read_back(nc, STREAM, durable=f"readback_z{k + 1}", timeout=60,
-                                                     partial=True)
+                reads[f"z{k + 1}"] = await read_back(nc, STREAM, durable=f"readback_z{k + 1}",
+                                                     timeout=READ_BACK_TIMEOUT, partial=True)
             except nats.js.errors.NotFoundError:  # the stream itself is gone: everything acked is lost
                 log(f"{setup}: z{k + 1} reads no stream {STREAM}: stream not found")
                 reads[f"z{k + 1}"] = []
             except nats.js.errors.APIError as exc:  # e.g. 10077, the stream unservable: it reads nothing
                 log(f"{setup}: z{k + 1} reads no stream {STREAM}: {exc.description} ({exc.err_code})")
+                reads[f"z{k + 1}"] = []
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:  # nobody served it in time
+                log(f"{setup}: z{k + 1} reads no stream {STREAM}: no answer for {READ_BACK_TIMEOUT:g} s ({exc!r})")
                 reads[f"z{k + 1}"] = []
             finally:
                 await nc.close()

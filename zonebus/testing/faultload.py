@@ -127,13 +127,13 @@ async def read_back(nc: nats.NATS, stream: str, durable: str = "readback", timeo
     what was read by the deadline instead of a TimeoutError (a campaign's checker then counts the rest)."""
     js = nc.jetstream(timeout=5)
     deadline = time.monotonic() + timeout
-    while True:  # (10008 "temporarily unavailable" while the meta group settles after a partition heals)
-        try:
+    while True:  # (10008 "temporarily unavailable" while the meta group settles after a partition heals, no
+        try:       # answer or no responders while the stream's leader takes it over)
             want = (await js.stream_info(stream)).state.messages
             await js.add_consumer(stream, ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.NONE,
                                                          deliver_policy=DeliverPolicy.ALL))
             break
-        except nats.js.errors.ServiceUnavailableError:
+        except (nats.js.errors.ServiceUnavailableError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.5)
