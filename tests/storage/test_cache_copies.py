@@ -7,6 +7,7 @@ such files, and all servers then lost power."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
+from zonebus.store.cachecopies import COPIES, CacheCopies
 from zonebus.store.durability import make_dirs
 from zonebus.store.shared import CommitOptions, SharedStorage, SharedView
 from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable
@@ -45,6 +47,7 @@ def test_cached_batches_survive_a_power_cut_and_serve_as_copies(tmp_path: Path, 
     cache = fs.mountpoint / "cache" / "S"
     make_dirs(cache)
     view = SharedView(objects, "S", cache, load=True)  # fetches every batch: one cache file each
+    assert COPIES.drain(10)  # (written behind the reader, by one thread)
     batches = dict(view.batches)
     assert len(batches) == 3 and len(list(cache.iterdir())) == 3
     dropped = fs.power_loss()
@@ -78,3 +81,36 @@ def test_a_batch_completed_from_the_tail_is_cached_durably(tmp_path: Path, fs: P
     copy = SharedView(objects, "S", cache, load=False).local_copy(b, e)
     assert copy is not None
     assert copy == objects.get(f"streams/S/log/{L.batch_name(b, e)}")
+
+
+def test_a_reader_does_not_wait_for_its_cache_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading a chain fetches every batch the cache lacks; their durable copies (two fsyncs each) are written
+    behind it. Before, a takeover of a 39,471-batch chain on a cold cache wrote them one by one and left the
+    stream without a leader for minutes (the `zonebus-file` 30-minute campaign)."""
+    import zonebus.store.cachecopies as cc
+
+    storage = SharedStorage(f"file://{tmp_path}/store")
+    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
+    for i in range(4):
+        w.store(f"s.{i}", None, f"m{i}".encode())
+        assert w.flush(5)
+    gate = threading.Event()
+    real = cc.replace_file
+    monkeypatch.setattr(cc, "replace_file", lambda path, data: (gate.wait(20), real(path, data)))
+    cache = tmp_path / "cache" / "S"
+    make_dirs(cache)
+    view = SharedView(ObjectStore.from_url(f"file://{tmp_path}/store"), "S", cache, load=True)
+    assert len(view.batches) == 4 and view.state().msgs == 4  # loaded while no copy could be written
+    assert not COPIES.drain(0.2) and not list(cache.glob("*.blk"))
+    gate.set()
+    assert COPIES.drain(10)
+    assert sorted(p.name for p in cache.glob("*.blk")) == sorted(L.batch_name(b, e) for b, e in view.batches.items())
+
+
+def test_copies_beyond_the_budget_are_dropped_not_queued(tmp_path: Path) -> None:
+    copies = CacheCopies(budget=10)
+    copies.put(tmp_path / "big", b"x" * 20)  # more than may wait: not kept (a copy fewer, never a wrong one)
+    copies.put(tmp_path / "small", b"y" * 5)
+    assert copies.drain(10)
+    assert copies.dropped == 1 and not (tmp_path / "big").exists()
+    assert copies.written == 1 and (tmp_path / "small").read_bytes() == b"y" * 5

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
+from zonebus.store.cachecopies import COPIES
 from zonebus.store.sharedcommit import CommitOptions
 from zonebus.store.sharedfence import Fenced, TailSource
 from zonebus.store.sharedstore import SharedStore
@@ -119,6 +120,7 @@ class SharedStorage:
             epoch = self.next_epoch(stream)
         self.objects.delete_prefix(L.stream_prefix(stream))
         cache = self.cache_dir(stream)
+        COPIES.drain()  # no copy of a deleted stream of that name lands in the cache after it was emptied
         if cache is not None and cache.is_dir():
             for p in cache.glob("*"):
                 p.unlink(missing_ok=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
+from zonebus.store.cachecopies import COPIES
 from zonebus.store.durability import replace_file
 from zonebus.store.filestore import FileStore
 from zonebus.store.msgstore import MsgStore
@@ -350,7 +351,7 @@ class SharedView(MsgStore):
                 return data
         data = self.objects.get(self._key(b, e))
         if path is not None:
-            self._cache_write(path, data)
+            COPIES.put(path, data)  # durable, off this path (a takeover loads whole chains: `cachecopies`)
         return data
 
     def _cached(self, path: Path, b: int, e: int) -> bytes | None:

@@ -1,0 +1,79 @@
+"""Durable cache copies of fetched batch objects, written off the reader's path (one writer thread per process).
+
+A view keeps a checked copy of every batch object it fetches in its cache directory: another copy that a new
+writer can put back over a damaged object (`zonebus.zonerouter.batchcopies`). A copy is written durably (a
+temporary file, fsynced, renamed, the directory fsynced: `durability.replace_file`), and those two fsyncs per
+batch had made a takeover that loads a long chain on a cold cache take minutes (a 30-minute `zonebus-file`
+campaign: 39,471 batch objects, the stream without a leader until the campaign's read-back gave up). So the
+copies go to this writer, which writes them in order behind the reader; the takeover waits for none of them.
+
+    COPIES.put(path, data)       # queued, or dropped (a warning) while more than BUDGET bytes wait
+    COPIES.drain(timeout)        # True once every queued copy is on disk (tests, shutdown)
+
+A copy dropped or not yet written when the power goes is a copy fewer, never a wrong one: a cached file is
+checked whole before it is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from pathlib import Path
+
+from zonebus.store.durability import replace_file
+
+log = logging.getLogger(__name__)
+
+BUDGET = 64 << 20  # bytes of copies waiting to be written, at most
+
+
+class CacheCopies:
+    def __init__(self, budget: int = BUDGET) -> None:
+        self.budget = budget
+        self._queue: deque[tuple[Path, bytes]] = deque()
+        self._bytes = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._busy = False
+        self.written = self.dropped = 0
+
+    def put(self, path: Path, data: bytes) -> None:
+        with self._cond:
+            if self._bytes + len(data) > self.budget:
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.warning("cache copies: %d bytes wait to be written; %s not kept (%d dropped so far)",
+                                self._bytes, path.name, self.dropped)
+                return
+            self._queue.append((path, data))
+            self._bytes += len(data)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="cache-copies", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued copy is written (or failed); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._queue))
+                path, data = self._queue.popleft()
+                self._busy = True
+            try:
+                replace_file(path, data)
+                self.written += 1
+            except OSError as exc:  # (a directory removed meanwhile: the stream was deleted or moved)
+                log.debug("cache copies: could not write %s: %r", path, exc)
+            finally:
+                with self._cond:
+                    self._bytes -= len(data)
+                    self._busy = False
+                    self._cond.notify_all()
+
+
+COPIES = CacheCopies()
