@@ -13,7 +13,9 @@ A flush means the same as on one process: a client's PONG says that the server h
 client sent before its PING, and a client that subscribed (or published) and flushed expects that a
 publisher (or subscriber) on any worker sees it. So while an interest change of this worker, or a message it
 forwarded, has not been confirmed by a peer (`wsync`: an ask the peer answers once it has read everything
-sent before it), the PONGs this worker owes are held (`pong_gate`) and sent once every live peer confirmed.
+sent before it), the PONGs this worker owes are held (`pong_gate`) and sent once every live peer confirmed;
+decided once what came with and right behind the PING is read too (nats-py writes a flush's PING ahead of the
+SUB it still has queued, which one process has in force long before another client acts on the PONG).
 A held PONG goes out with `send_pong()`: a client's first one lets the async INFO (the cluster's client
 URLs) held back until then follow it, as nats-server does (nats-py's connect reads the line after its PING).
 A worker starts serving clients only once it holds the whole start-up interest of every other worker: each
@@ -76,6 +78,18 @@ class _Everything:
     subject = b">"
     queue = None
     weight = 1
+
+
+class _Held:
+    """A PONG held by the mesh: its client, the asks each peer must answer first (None: not decided yet,
+    `LocalMesh._settle`) and when its PING came (monotonic)."""
+
+    __slots__ = ("conn", "needs", "since")
+
+    def __init__(self, conn: ClientConnection, since: float) -> None:
+        self.conn = conn
+        self.needs: dict[LocalLink, int] | None = None
+        self.since = since
 
 
 class LocalLink(RouteConnection):
@@ -192,7 +206,7 @@ class LocalMesh:
         self.links: dict[int, LocalLink] = {}  # peer index -> its live link
         self.refs = InterestCounts()  # local interest of every account, told to the other workers
         self.seq = 0  # interest changes told to the links so far
-        self._held: deque[tuple[ClientConnection, dict[LocalLink, int], float]] = deque()  # (client, asks, since)
+        self._held: deque[_Held] = deque()  # the PONGs held, in the order of the PINGs
         self._hold_timer: asyncio.TimerHandle | None = None
         self._listener: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -486,7 +500,23 @@ class LocalMesh:
 
     # -- PONGs held until the peers have this worker's interest ------------------------------------------
     def pong_gate(self, conn: ClientConnection) -> bool:
-        """A client PINGed: True when its PONG is held (sent later by the mesh), False to send it now."""
+        """A client PINGed: True when its PONG is held (sent later by the mesh), False to send it now.
+
+        Decided only once what the client sent with and right behind its PING is read (`_settle`, two loop
+        turns on): nats-py writes a flush's PING straight to the socket, ahead of the SUB it still has queued,
+        and on one process that SUB is in force long before another client can act on the PONG."""
+        if not self._held and all(link.closed for link in self.links.values()):
+            return False
+        held = _Held(conn, time.monotonic())
+        self._held.append(held)
+        loop = self.server.loop
+        loop.call_soon(loop.call_soon, self._settle, held)  # after the reads of the next loop turn
+        if self._hold_timer is None:
+            self._hold_timer = loop.call_later(HOLD_MAX, self._hold_expired)
+        return True
+
+    def _settle(self, held: _Held) -> None:
+        """The PONG waits for every live peer to confirm what this worker told it so far."""
         needs: dict[LocalLink, int] = {}
         for link in self.links.values():
             now = (self.seq, link.out_msgs)
@@ -495,12 +525,8 @@ class LocalMesh:
             if link.ask_state != now:
                 self._ask(link)
             needs[link] = link.ask_n
-        if not needs and not self._held:
-            return False
-        self._held.append((conn, needs, time.monotonic()))
-        if self._hold_timer is None:
-            self._hold_timer = self.server.loop.call_later(HOLD_MAX, self._hold_expired)
-        return True
+        held.needs = needs
+        self._release()
 
     @staticmethod
     def _pong(conn: ClientConnection) -> None:
@@ -533,13 +559,13 @@ class LocalMesh:
         return link is not None and link.ack_n >= 1
 
     @staticmethod
-    def _satisfied(needs: dict[LocalLink, int]) -> bool:
-        return all(link.closed or link.ack_n >= n for link, n in needs.items())
+    def _satisfied(needs: dict[LocalLink, int] | None) -> bool:
+        return needs is not None and all(link.closed or link.ack_n >= n for link, n in needs.items())
 
     def _release(self, force: bool = False) -> None:
         held = self._held
-        while held and (force or self._satisfied(held[0][1])):
-            self._pong(held.popleft()[0])
+        while held and (force or self._satisfied(held[0].needs)):
+            self._pong(held.popleft().conn)
         if not held and self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None
@@ -549,14 +575,14 @@ class LocalMesh:
         if not self._held:
             return
         held, now = self._held, time.monotonic()
-        if now - held[0][2] >= HOLD_MAX:
-            late = [link.peer for link, n in held[0][1].items() if link.ack_n < n]
+        if now - held[0].since >= HOLD_MAX:
+            late = [link.peer for link, n in (held[0].needs or {}).items() if link.ack_n < n]
             self.server.log(f"worker {self.index}: worker(s) {late} did not confirm in {HOLD_MAX:.0f}s; "
                             "PONGs sent anyway", "WRN")
-            while held and now - held[0][2] >= HOLD_MAX:
-                self._pong(held.popleft()[0])
+            while held and now - held[0].since >= HOLD_MAX:
+                self._pong(held.popleft().conn)
         if held:
-            self._hold_timer = self.server.loop.call_later(max(0.01, HOLD_MAX - (now - held[0][2])),
+            self._hold_timer = self.server.loop.call_later(max(0.01, HOLD_MAX - (now - held[0].since)),
                                                            self._hold_expired)
 
 

@@ -151,7 +151,7 @@ class Migrator:
 
     def _move(self, conn: ClientConnection, link: LocalLink) -> None:
         transport = conn.transport
-        if transport is None or any(held[0] is conn for held in self.mesh._held):
+        if transport is None or any(held.conn is conn for held in self.mesh._held):
             return
         transport.pause_reading()
         conn.flush()
