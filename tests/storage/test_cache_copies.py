@@ -99,10 +99,12 @@ def test_a_reader_does_not_wait_for_its_cache_copies(tmp_path: Path, monkeypatch
     monkeypatch.setattr(cc, "replace_file", lambda path, data: (gate.wait(20), real(path, data)))
     cache = tmp_path / "cache" / "S"
     make_dirs(cache)
-    view = SharedView(ObjectStore.from_url(f"file://{tmp_path}/store"), "S", cache, load=True)
-    assert len(view.batches) == 4 and view.state().msgs == 4  # loaded while no copy could be written
-    assert not COPIES.drain(0.2) and not list(cache.glob("*.blk"))
-    gate.set()
+    try:
+        view = SharedView(ObjectStore.from_url(f"file://{tmp_path}/store"), "S", cache, load=True)
+        assert len(view.batches) == 4 and view.state().msgs == 4  # loaded while no copy could be written
+        assert not COPIES.drain(0.2) and not list(cache.glob("*.blk"))
+    finally:
+        gate.set()  # (the process's one writer thread must not stay blocked for the tests after this one)
     assert COPIES.drain(10)
     assert sorted(p.name for p in cache.glob("*.blk")) == sorted(L.batch_name(b, e) for b, e in view.batches.items())
 

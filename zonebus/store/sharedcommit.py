@@ -183,7 +183,7 @@ class GroupCommit:
             except FileNotFoundError:  # a new writer's base move removed it: it owns the stream
                 stored = b""
             if stored != b.data:  # a new writer fenced this slot (else: our own earlier attempt landed)
-                raise Fenced(f"stream {self.stream}: taken over by epoch {self._max_claim()} (this writer has "
+                raise Fenced(f"stream {self.stream}: taken over by epoch {self._max_epoch()} (this writer has "
                              f"epoch {self.epoch}; its batch {b.num} was fenced)")
         self.uploads += 1
         path = self._cache_path(b.num, self.epoch) if not self.objects.local else None

@@ -47,14 +47,14 @@ class WriterFencing:
     def _epochs_key(self: SharedStore, kind: str) -> str:
         return f"{self.prefix}/epochs/{L.num(self.epoch)}.{kind}"
 
-    def _max_claim(self: SharedStore) -> int:
+    def _max_epoch(self: SharedStore) -> int:
         """The highest epoch of a claim or a seal on the store (a seal counts: a claim object can be lost)."""
         lst = L.Listing()
         self._list_epochs(lst)
         return lst.max_epoch()
 
     def _takeover(self: SharedStore) -> None:
-        top = self._max_claim()
+        top = self._max_epoch()
         if top >= self.epoch:
             raise Fenced(f"stream {self.stream}: epoch {self.epoch} is not above the highest claim {top}")
         info = {"epoch": self.epoch, "writer": self.writer, "ts": now_ns()}
@@ -135,7 +135,7 @@ class WriterFencing:
         return True
 
     def _check_fence(self: SharedStore) -> None:
-        top = self._max_claim()
+        top = self._max_epoch()
         if top > self.epoch:
             raise Fenced(f"stream {self.stream}: taken over by epoch {top} (this writer has epoch {self.epoch})")
 
