@@ -195,7 +195,10 @@ def check(pubs: list[FaultPublisher], stored: list[tuple[int, bytes]]) -> Report
             continue
         i = int(num)
         if i < last.get(name, -1):
-            r.order.append(f"{name}:{i} at {seq} after {name}:{last[name]}")
+            acked_at = who[name].acked.get(i)
+            copy = ("never acked" if acked_at is None else "its acked copy" if acked_at == seq
+                    else f"a second copy, acked at {acked_at}")
+            r.order.append(f"{name}:{i} at {seq} after {name}:{last[name]} ({copy})")
         last[name] = max(i, last.get(name, -1))
         if i not in who[name].acked:
             r.unacked_stored += 1
