@@ -351,7 +351,7 @@ class SharedView(MsgStore):
                 return data
         data = self.objects.get(self._key(b, e))
         if path is not None:
-            COPIES.put(path, data)  # durable, off this path (a takeover loads whole chains: `cachecopies`)
+            COPIES.put(path, data, (b, e))  # checked, durable, off this path (a takeover loads whole chains)
         return data
 
     def _cached(self, path: Path, b: int, e: int) -> bytes | None:

@@ -141,7 +141,11 @@ class StreamLeadership:
                 self.svc.update_stream(stream, cfg)
         self._ready[name].set()
         self._led[name] = rec.epoch
-        self.server.log(f"JetStream: leading stream {name} (epoch {rec.epoch})")
+        served = self.svc.streams.get(name)
+        store = served.store if served is not None else None
+        where = (f", store epoch {getattr(store, 'epoch', 0)}, last sequence {store.state().last_seq}"
+                 if store is not None else "")
+        self.server.log(f"JetStream: leading stream {name} (epoch {rec.epoch}{where})")
 
     def _serving_under(self: ClusteredJetStream, rec: StreamRecord) -> bool:
         """This server serves stream `rec.name` as the writer it became under this very record (same leader
