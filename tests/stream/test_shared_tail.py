@@ -141,3 +141,39 @@ def test_a_takeover_that_failed_after_fencing_is_retried_from_the_fenced_slot(tm
     assert seq == 7
     assert new.flush(5)
     assert _payloads(SharedView(objects, "S", load=True), 7)[-1] == b"after"
+
+
+def test_a_takeover_that_failed_after_its_seal_leaves_the_tail_to_its_retry(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A takeover gathers the dead writer's tail, writes its seal, then fails to store the tail (its PUT gave up
+    in a storm of 503s). Its seal is now the top one: the retry fences that failed writer, whose own tail is empty,
+    and must go on to the tail the failed takeover had gathered. Before, it started the stream from the last
+    stored batch and gave the next publishes sequences already acknowledged (the 30-minute queue campaigns on the
+    zone router, seeds 12 and 17: each writer's acknowledged sequences went back by 191 to 820, twice)."""
+    w, objects, view = _tail_only_on_a_replica(tmp_path)
+    asked = []
+
+    def replica(stream: str, epoch: int, batch: int, new_epoch: int, fenced_writer: str) -> bytes:
+        asked.append((epoch, batch, fenced_writer))
+        return view.tail_records(epoch, batch)
+
+    real = SharedStore._store_recovered
+
+    def storm(self: SharedStore, records: bytes) -> None:
+        raise OSError("S3 PUT: SlowDown (reached max retries: 3)")
+
+    monkeypatch.setattr(SharedStore, "_store_recovered", storm)
+    with pytest.raises(OSError):
+        _storage(tmp_path, replica).takeover("S", writer="w2")
+    failed_epoch = _storage(tmp_path).next_epoch("S") - 1
+    monkeypatch.setattr(SharedStore, "_store_recovered", real)
+
+    new = _storage(tmp_path, replica).takeover("S", writer="w3")
+    assert asked == [(w.epoch, 2, "w1"), (failed_epoch, 2, "w2"), (w.epoch, 2, "w1")]
+    assert new.index.last_seq == 6
+    fresh = SharedView(objects, "S", load=True)
+    assert _payloads(fresh, 6) == [b"stored"] + [f"tail{i}".encode() for i in range(1, 6)]
+    seq, _ts = new.store("s.7", None, b"after")
+    assert seq == 7
+    assert new.flush(5)
+    assert _payloads(SharedView(objects, "S", load=True), 7)[-1] == b"after"

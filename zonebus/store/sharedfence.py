@@ -73,8 +73,7 @@ class WriterFencing:
                          f"by epoch {self.epoch} gave up")
         recovered = b""
         if chain.top_epoch and self.tail_source is not None:  # what the fenced writer acknowledged from replicas
-            recovered = self.tail_source(self.stream, chain.top_epoch, self._tail_start(chain.top_epoch),
-                                         self.epoch, self._claim_writer(chain.top_epoch))
+            recovered = self._recover_tail(chain.top_epoch)
         seal = dict(info, prev=chain.top_epoch, start_batch=self.next_batch, next_seq=self.index.last_seq + 1)
         self.objects.put(self._epochs_key("seal"), json.dumps(seal).encode())
         self._check_fence()
@@ -88,12 +87,40 @@ class WriterFencing:
 
     FENCE_ATTEMPTS = 100
 
-    def _tail_start(self: SharedStore, epoch: int) -> int:
-        """The first slot of writer `epoch`'s tail: `next_batch`, or the first of the empty batches of that epoch
-        that end the chain. A writer stores no empty batch; a takeover's fence is one, and a takeover that failed
-        after fencing (a replica did not give the tail in time) left it in the chain, in the slot the writer's
-        unstored records were for: its retry asks for them from there."""
-        b = self.next_batch
+    def _recover_tail(self: SharedStore, epoch: int) -> bytes:
+        """The replicated tail this takeover must store: writer `epoch`'s (the top seal's), or, when that writer
+        stored nothing and its replicas hold nothing of it, its predecessor's, and so on. A takeover that wrote its
+        seal and then failed (the PUT of the tail it had gathered gave up, or a newer claim fenced it) leaves
+        its seal on top and the tail it gathered still only at the replicas; a retry that asked the failed
+        writer alone started the stream below sequences already acknowledged."""
+        end = self.next_batch
+        for _ in range(self.FENCE_ATTEMPTS):
+            start = self._tail_start(epoch, end)
+            records = self.tail_source(self.stream, epoch, start, self.epoch, self._claim_writer(epoch))  # type: ignore[misc]
+            if records or start > self.chain_start and self.batches.get(start - 1) == epoch:
+                return records  # (a writer that stored a batch of records had stored any tail it took over)
+            seal = self._seal_of(epoch)
+            if seal is None or not seal.prev or seal.prev >= epoch:
+                return b""
+            if start != seal.start_batch:
+                return b""  # (it stored a batch after all: its slots go past its seal's start)
+            log.warning("shared store %s: writer of epoch %d stored nothing and its replicas hold nothing of it; "
+                        "asking for the tail of epoch %d it took over", self.stream, epoch, seal.prev)
+            epoch, end = seal.prev, seal.start_batch
+        return b""
+
+    def _seal_of(self: SharedStore, epoch: int) -> L.Seal | None:
+        try:
+            return L.Seal.from_json(self.objects.get(f"{self.prefix}/epochs/{L.num(epoch)}.seal"))
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+
+    def _tail_start(self: SharedStore, epoch: int, end: int | None = None) -> int:
+        """The first slot of writer `epoch`'s tail: `end` (default `next_batch`), or the first of the empty
+        batches of that epoch right below it. A writer stores no empty batch; a takeover's fence is one, and a
+        takeover that failed after fencing (a replica did not give the tail in time) left it in the chain, in
+        the slot the writer's unstored records were for: its retry asks for them from there."""
+        b = self.next_batch if end is None else end
         while b - 1 >= self.chain_start and self.batches.get(b - 1) == epoch:
             try:
                 if L.read_header(self._fetch(b - 1, epoch)).nrec:
