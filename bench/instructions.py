@@ -5,6 +5,7 @@ change that does not depend on what else the machine is doing (timings on a shar
     python bench/instructions.py                         # this tree, core pub/sub and a route hop
     python bench/instructions.py --tree /tmp/base        # another checkout (git worktree add /tmp/base REV)
     python bench/instructions.py --scenario route --msgs 10000,60000
+    python bench/instructions.py --scenario realistic --msgs 10000,40000   # bench/realistic.py's traffic
 
 Runs the server(s) of the tree under callgrind twice, with N1 and N2 messages of 16 B from a raw-socket
 publisher to a raw-socket subscriber (for `route`: publisher on server A, subscriber on server B), and prints
@@ -23,6 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import realistic  # noqa: E402
 
 
 def free_port() -> int:
@@ -78,7 +82,7 @@ def run(tree: str, scenario: str, n: int) -> int:
                            pb, outdir, "b"))
         subport, pubport = pb, pa
     sub = client(subport)
-    sub.sendall(b"SUB bench 1\r\nPING\r\n")
+    sub.sendall((b"SUB orders.0.> 1" if scenario == "realistic" else b"SUB bench 1") + b"\r\nPING\r\n")
     buf = b""
     while b"PONG" not in buf:
         buf += sub.recv(65536)
@@ -99,14 +103,20 @@ def run(tree: str, scenario: str, n: int) -> int:
                 pass
         except TimeoutError:
             pass
-    frame = b"PUB bench 16\r\n" + b"x" * 16 + b"\r\n"
-    msg_size = len(b"MSG bench 1 16\r\n" + b"x" * 16 + b"\r\n")
-    batch = frame * 1000
-    for _ in range(n // 1000):
-        pub.sendall(batch)
+    if scenario == "realistic":  # bench/realistic.py's pair 0: its own subject and size per message, ...
+        frames, want = realistic.build(0, n)
+        pub.sendall(realistic.CONNECT)
+        for i in range(0, len(frames), 65536):
+            pub.sendall(frames[i : i + 65536])
+    else:
+        frame = b"PUB bench 16\r\n" + b"x" * 16 + b"\r\n"
+        want = len(b"MSG bench 1 16\r\n" + b"x" * 16 + b"\r\n") * n
+        batch = frame * 1000
+        for _ in range(n // 1000):
+            pub.sendall(batch)
     sub.settimeout(300)
     got = 0
-    while got < msg_size * n:
+    while got < want:
         chunk = sub.recv(1 << 20)
         if not chunk:
             break
@@ -131,7 +141,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description="instructions per message under callgrind")
     parser.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    parser.add_argument("--scenario", default="core,route", help="core, route, or both (comma-separated)")
+    parser.add_argument("--scenario", default="core,route",
+                        help="core, route, realistic (bench/realistic.py's traffic, one server), comma-separated")
     parser.add_argument("--msgs", default="10000,60000", help="the two message counts N1,N2")
     args = parser.parse_args()
     n1, n2 = (int(x) for x in args.msgs.split(","))

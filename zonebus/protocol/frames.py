@@ -42,6 +42,15 @@ class FrameParser:
         rest, self._buf, self.held = self._buf, b"", False
         return rest
 
+    def pending_need(self) -> int:
+        """Bytes still missing from a payload that is arriving (0: none is)."""
+        return 0 if self._pending is None else self._pending.size + 2 - self._have
+
+    def hold(self, raw: bytes) -> None:
+        """Keep `raw`, the start of a frame the owner read but did not parse (a message whose payload is still
+        arriving), to be parsed with the next feed (`zonebus.server.corepath`)."""
+        self._buf = raw
+
     def buffered(self) -> int:
         """How many bytes are held that have not become ops yet (a partial line, a partial payload)."""
         return len(self._buf) + self._have

@@ -30,6 +30,7 @@ from zonebus.protocol.errors import ProtocolError, malformed
 from zonebus.server import account_limits
 from zonebus.server.auth import ClientPermissions, pub_violation, sub_violation
 from zonebus.server.connection import CLIENT, Connection
+from zonebus.server.corepath import feed as core_feed
 from zonebus.server.fastpath import PubLine, deliver_run
 from zonebus.server.mapped import publish_mapped
 from zonebus.subjects.sublist import Subscription
@@ -176,10 +177,15 @@ class ClientConnection(Connection, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        core_feed(self.server.core_path, self, data)  # its messages, and the other frames by `feed_ops`
+        if not self.closed:
+            self.server.producing(self, len(data))
+
+    def feed_ops(self, data: bytes) -> None:
+        """The general path of bytes read: the parser's ops, handled in order."""
         ops, error = self.parser.feed(data)
         if ops:
             self._handle_ops(ops)
-            self.server.producing(self, len(data))
         if error is not None and not self.closed:
             self.protocol_error(error)
 

@@ -26,6 +26,7 @@ from zonebus.server.accounts import Account, Accounts
 from zonebus.server.auth import Authenticator
 from zonebus.server.client import ClientConnection
 from zonebus.server.connection import CLIENT, Connection
+from zonebus.server.corepath import CorePath
 from zonebus.server.hooks import (
     AccountForwarder,
     AccountWatcher,
@@ -59,6 +60,7 @@ class Server(ClientLogins, MessageRouting):
         self.accounts = Accounts(self, opts)
         self.global_account = self.accounts.global_account
         self.sublist: Sublist = self.global_account.sublist  # the global account's ($G)
+        self.core_path = CorePath(self)  # a client's messages straight from its reads (zonebus.server.corepath)
         self.clients: dict[int, ClientConnection] = {}
         self.links: dict[int, Connection] = {}  # connections to other servers (routes, gateways), by cid
         self.closed_conns: list[dict[str, Any]] = []
