@@ -153,9 +153,10 @@ class SharedView(MsgStore):
         unstored, part, part_epoch, part_batch = self._held_tail
         self._held_tail = ({}, None, 0, 0)
         for b, (e, data) in sorted(unstored.items()):
+            stored = self.batches.get(b) == e  # the chain holds that very batch: it is stored, no tail any more
             if b == self.next_batch and (not self.batches or e >= self.top_epoch):
                 self._apply_batch(b, e, data)
-            if b >= self.next_batch - 1:
+            if b >= self.next_batch - 1 and not stored:
                 self._unstored[b] = (e, data)
         if part is not None and part_batch == self.next_batch and self._part is None:
             self.apply_part(part_batch, part_epoch, L.BATCH_HDR_LEN, b"", bytes(part[L.BATCH_HDR_LEN :]))
@@ -252,6 +253,14 @@ class SharedView(MsgStore):
             if path is not None:  # a copy on this disk too: the batch object may be damaged once stored
                 self._cache_write(path, data)
         return True
+
+    def tail_epochs(self) -> set[int]:
+        """The writer epochs of the replicated tail this view applied beyond the stored log: its part, and the
+        batches it completed from the tail (sealed by their writer, not yet reported stored)."""
+        out = {e for b, (e, _data) in self._unstored.items() if self.batches.get(b) == e}
+        if self._part is not None:
+            out.add(self.part_epoch)
+        return out
 
     def stored(self, upto: int) -> None:
         """The writer stored every batch up to `upto`: parts completed before are ordinary batches now."""

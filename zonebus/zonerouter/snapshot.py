@@ -249,8 +249,13 @@ class Snapshot:
             self._refresh()
         if snap.epoch < self.min_epoch:
             return  # a writer that a newer one fenced (it took this view's tail)
-        if view.part_position()[2] and view.part_epoch != snap.epoch:
-            self._reload()  # a new writer: the old one's unstored part comes back in its first batch
+        if view.tail_epochs() - {snap.epoch}:
+            # a new writer: the old one's unstored part, and the batches it sealed but never stored, come back in
+            # its first batch. Kept, batches completed from the old writer's tail had left this view ahead in
+            # batch numbers and behind in content: its polls claimed the new writer's records (which the leader
+            # then acknowledged) and its message gets answered from the old log (a KV campaign read a value
+            # 250 revisions old through a proxy)
+            self._reload()
         self.writer_epoch = snap.epoch
         if view.next_batch < snap.chain_start:
             self._reload()  # a base move dropped batches the view never applied
