@@ -13,9 +13,10 @@ its batch means a new writer fenced it (`sharedfence`). A retried PUT that finds
 counts as done. Batches are released in batch order: the store advances `durable_seq`, calls
 `on_visible(first, last)` (the stream announces the messages to its consumers only then) and the waiters
 registered with `ack_when_durable` (the PubAcks). On an s3:// store the worker copies a batch into the local
-cache directory after it told the loop that the batch is durable; on a file:// store it does not (the batch is a
-file already: a second copy would double the disk writes that the next batch's fsync waits behind), and the cache
-fills when a batch is read back (`SharedView._fetch`).
+cache directory, durably, before it tells the loop that the batch is stored (the replicas of a replicated tail
+drop their parts of it then: the copy is the one left besides the object); on a file:// store it does not (the
+batch is a file already: a second copy would double the disk writes that the next batch's fsync waits behind), and
+the cache fills when a batch is read back (`SharedView._fetch`).
 
 A failed upload is retried with backoff (the same object, so retries are idempotent); the publishers waiting on it
 and on every later batch are told at once (`on_durable` callbacks get an error text) so that they retry; the
@@ -189,13 +190,13 @@ class GroupCommit:
         path = self._cache_path(b.num, self.epoch) if not self.objects.local else None
         if path is None:
             return  # the future's callback tells the loop
+        self._cache_write(path, b.data)  # durable before the loop hears of it: replicas drop their parts then
         loop = self.loop
         if loop is not None and attempt:
             try:
                 loop.call_soon_threadsafe(self._uploaded, b, attempt)
             except RuntimeError:  # the loop is closed: the future's callback is not coming either
                 pass
-        self._cache_write(path, b.data)
 
     def _uploaded(self: SharedStore, b: PendingBatch, attempt: int) -> None:
         """The worker's word that attempt `attempt` of `b` is durable (before the future completes)."""
