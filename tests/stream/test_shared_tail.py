@@ -90,6 +90,18 @@ def _tail_only_on_a_replica(tmp_path: Path) -> tuple[SharedStore, ObjectStore, S
     return w, objects, view
 
 
+def _holds_the_tail_and_goes_on(new: SharedStore, objects: ObjectStore) -> None:
+    """The new writer stored the dead writer's five acknowledged messages after the stored one, and its next
+    message gets sequence 7."""
+    assert new.index.last_seq == 6
+    fresh = SharedView(objects, "S", load=True)
+    assert _payloads(fresh, 6) == [b"stored"] + [f"tail{i}".encode() for i in range(1, 6)]
+    seq, _ts = new.store("s.7", None, b"after")
+    assert seq == 7
+    assert new.flush(5)
+    assert _payloads(SharedView(objects, "S", load=True), 7)[-1] == b"after"
+
+
 def test_a_new_writer_takes_the_dead_writers_tail_from_a_replica(tmp_path: Path) -> None:
     w, objects, view = _tail_only_on_a_replica(tmp_path)
 
@@ -134,13 +146,7 @@ def test_a_takeover_that_failed_after_fencing_is_retried_from_the_fenced_slot(tm
 
     new = _storage(tmp_path, replica).takeover("S", writer="w3")
     assert asked == [(w.epoch, 2), (w.epoch, 2)]
-    assert new.index.last_seq == 6
-    fresh = SharedView(objects, "S", load=True)
-    assert _payloads(fresh, 6) == [b"stored"] + [f"tail{i}".encode() for i in range(1, 6)]
-    seq, _ts = new.store("s.7", None, b"after")
-    assert seq == 7
-    assert new.flush(5)
-    assert _payloads(SharedView(objects, "S", load=True), 7)[-1] == b"after"
+    _holds_the_tail_and_goes_on(new, objects)
 
 
 def test_a_takeover_that_failed_after_its_seal_leaves_the_tail_to_its_retry(tmp_path: Path,
@@ -170,10 +176,4 @@ def test_a_takeover_that_failed_after_its_seal_leaves_the_tail_to_its_retry(tmp_
 
     new = _storage(tmp_path, replica).takeover("S", writer="w3")
     assert asked == [(w.epoch, 2, "w1"), (failed_epoch, 2, "w2"), (w.epoch, 2, "w1")]
-    assert new.index.last_seq == 6
-    fresh = SharedView(objects, "S", load=True)
-    assert _payloads(fresh, 6) == [b"stored"] + [f"tail{i}".encode() for i in range(1, 6)]
-    seq, _ts = new.store("s.7", None, b"after")
-    assert seq == 7
-    assert new.flush(5)
-    assert _payloads(SharedView(objects, "S", load=True), 7)[-1] == b"after"
+    _holds_the_tail_and_goes_on(new, objects)
