@@ -12,6 +12,8 @@ Setups (`--only`):
 - `zonebus-file`: as `zonebus-r3` plus a `file://` shared store: the stream R3 on it (two warm standbys), no
   zone router (the stream workload without it), and the durable queue group's log there (a new primary
   continues where the old one stopped). No S3 store, so no storage faults in either.
+- `zonebus-s3`: as `zonebus-file` with the shared store on the S3 stand-in (as `zonebus`, S3-like latency): the
+  stream R3 without the zone router under every fault kind, storage faults and damage included.
 - `nats`, `nats-always`: nats-server, the stream R3 on local file storage, with its default `sync_interval`
   (2 min) and `sync_interval: always`.
 Workload: one writer per zone, connected to its own zone's server, publishing unique values `<writer>:<n>` and
@@ -72,7 +74,7 @@ processes. After the faults, the campaign polls until every acked message was pr
 unexpected = processed and never attempted (both fail the run), duplicates (allowed: at least once after a
 failover) and per-writer order (not promised by a queue group: reported only).
 
-Run: `python bench/chaos.py --minutes 2 [--only zonebus|zonebus-r3|zonebus-file|nats|nats-always]
+Run: `python bench/chaos.py --minutes 2 [--only zonebus|zonebus-r3|zonebus-file|zonebus-s3|nats|nats-always]
 [--workloads queue,kv,dq] [--faults ...] [--seed 1]`.
 Progress goes to stderr, the table to stdout.
 """
@@ -131,7 +133,7 @@ DQ_ACK_WAIT = 5.0  # seconds before an unacked message goes to another member, o
 DRAIN_TIMEOUT = 90.0  # after the last fault: every acked message processed by then
 LEADER = "s2"
 FAILOVER = 3.0  # zonebus's default failover_timeout
-SETUPS = ("zonebus", "zonebus-r3", "zonebus-file", "nats", "nats-always")
+SETUPS = ("zonebus", "zonebus-r3", "zonebus-file", "zonebus-s3", "nats", "nats-always")
 NO_STREAMS = {"zonebus-r3"}  # no shared store: zonebus refuses file streams in a cluster (only dq runs)
 ALL_FAULTS = ("kill,pause,powerloss,s3-503,s3-reset,s3-timeout,s3-slow,isolate,damage,clock")  # the default:
 # one server (or object) at a time
@@ -193,12 +195,13 @@ def start(setup: str, stack: ExitStack, tmp: Path, faults: list[str], ack: str =
         shared = f', shared_store: "file://{tmp}/shared"' if setup == "zonebus-file" else ""
         cluster = ZoneCluster(setup, "zonebus", lambda i, t: f'jetstream {{ store_dir: "{store(i, t)}/z{i + 1}"'
                               f'{shared} }}' + groups, server_env=shift)
-    elif setup == "zonebus":
+    elif setup in ("zonebus", "zonebus-s3"):  # the second: no zone router
         s3 = stack.enter_context(proxied_s3(BUCKET, latency=True, process=True))
         ep, region = s3.endpoint, s3.region
+        router = f"zone_router: true, zone_router_ack: {ack}, " if setup == "zonebus" else ""
         cluster = ZoneCluster(setup, "zonebus", lambda i, t: (
             f'jetstream {{ store_dir: "{store(i, t)}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
-            f'zone_router: true, zone_router_ack: {ack}, s3 {{ endpoint: "{ep}", region: "{region}" }} }}'
+            f'{router}s3 {{ endpoint: "{ep}", region: "{region}" }} }}'
             + groups), env=s3.env(endpoint=False), server_env=shift)
     else:
         sync = ', sync_interval: "always"' if setup == "nats-always" else ""
