@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from zonebus.storage.fs import ObjectStore
+from zonebus.store.cachecopies import COPIES
 from zonebus.stream.pull import parse_request
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.heldtail import HeldTail, load_all
@@ -76,9 +78,10 @@ class Reader:
                  publish: Callable[[str, bytes, str | None, bytes | None, str | None], None],
                  leader_of: Callable[[str], str | None],
                  to_leader: Callable[[str, str, str, bytes | None, bytes], None] | None = None,
-                 tail_dir: Path | None = None) -> None:
+                 tail_dir: Path | None = None, cache_dir: Path | None = None) -> None:
         self.objects = objects
         self.tail_dir = tail_dir  # where snapshots keep the replicated tails they hold (None: in memory only)
+        self.cache_dir = cache_dir  # where snapshots keep checked copies of batch objects (None: memory only)
         self.held: dict[str, HeldTail] = {}  # stream -> this server's files of its replicated tail
         self.send = send
         self.publish = publish  # (to, payload, reply, headers, shown subject)
@@ -103,8 +106,9 @@ class Reader:
     def snapshot(self, stream: str) -> Snapshot:
         snap = self.snapshots.get(stream)
         if snap is None or snap._task is None or snap._task.done():
+            cache = self.cache_dir / stream.encode().hex() if self.cache_dir is not None else None
             snap = self.snapshots[stream] = Snapshot(self.objects, stream, lambda: self.leader_of(stream),
-                                                     self.send)
+                                                     self.send, cache)
             snap.held = self.held_tail(stream)
             snap.min_epoch = max(self.min_epochs.get(stream, 0), snap.held.min_epoch if snap.held else 0)
             snap.own = self.own
@@ -303,7 +307,8 @@ class Reader:
         return held
 
     async def forget_tail(self, stream: str) -> None:
-        """`stream` was deleted: its held tail and its fence go (a stream created anew starts at epoch 1)."""
+        """`stream` was deleted: its held tail, its fence and its cached copies go (a stream created anew starts at
+        epoch 1)."""
         self.min_epochs.pop(stream, None)
         held = self.held.pop(stream, None)
         snap = self.snapshots.get(stream)
@@ -311,6 +316,9 @@ class Reader:
             snap.held, snap.min_epoch = None, 0
         if held is not None:
             await asyncio.to_thread(held.clear)
+        if self.cache_dir is not None:
+            cache = self.cache_dir / stream.encode().hex()
+            await asyncio.to_thread(_remove_copies, cache)
 
     def batch_copy(self, stream: str, batch: int, epoch: int) -> bytes | None:
         """This server's snapshot's checked copy of a stored batch of `stream` (`batchcopies`), or None."""
@@ -368,3 +376,11 @@ class Reader:
         return {**self.stats, "requests": len(self.reqs), "held_bytes": sum(len(h) for h in self.held.values()),
                 "held_files": {n: {"bytes": len(h), **h.stats} for n, h in sorted(self.held.items())},
                 "snapshots": {n: s.info() for n, s in sorted(self.snapshots.items())}}
+
+
+def _remove_copies(cache: Path) -> None:
+    """A deleted stream's cached batch copies (after the background writer wrote what it had queued)."""
+    if not cache.is_dir():
+        return
+    COPIES.drain()
+    shutil.rmtree(cache, ignore_errors=True)

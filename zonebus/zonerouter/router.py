@@ -56,6 +56,7 @@ PULL_PREFIX = "$JS.API.CONSUMER.MSG.NEXT."
 MSG_GET_PREFIX = "$JS.API.STREAM.MSG.GET."
 ACK_PREFIX = "$JS.ACK."
 DIRECT_PREFIX = direct.PREFIX
+CACHE_DIR = "zone-router-cache"  # under <store_dir>/jetstream: the snapshots' checked copies of batch objects
 TAIL_DIR = "zone-router-tail"  # under <store_dir>/jetstream: the replicated tails this server holds (`heldtail`)
 
 
@@ -133,7 +134,7 @@ class ZoneRouter:
         # with a replicated tail this server's snapshots keep what they hold of it on its disk (`heldtail`)
         tail_dir = Path(self.js.svc.root).parent / TAIL_DIR if self.tiered else None
         self.reader = Reader(store, self._send, self._publish, self._foreign_leader, self._msg_get_to_leader,
-                             tail_dir)
+                             tail_dir, Path(self.js.svc.root).parent / CACHE_DIR)
         await asyncio.to_thread(self.reader.load_held)
         if self.proxy.sent is not None:
             self.reader.own = (self.channel.id, self.proxy.sent)
