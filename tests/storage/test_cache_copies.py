@@ -141,3 +141,25 @@ def test_a_damaged_object_read_from_the_store_is_not_cached(tmp_path: Path) -> N
     assert COPIES.damaged == damaged_before + 1
     assert L.batch_name(b, e) not in {p.name for p in cache.iterdir()}  # the good ones only
     assert len(list(cache.iterdir())) == 2
+
+
+def test_a_cache_directory_created_by_the_view_survives_a_power_cut(tmp_path: Path, fs: PowerLossMount) -> None:
+    """The view creates its cache directory itself (a server's first copy of a stream). Before, it did with a
+    plain mkdir: the copies were fsynced and renamed into place, but the directories above them were not, and a
+    power cut dropped the whole directory (a 30-minute `zonebus-s3` campaign, seed 25: two of three servers had no
+    cache directory left, and a damaged batch object had no copy anywhere)."""
+    storage = SharedStorage(f"file://{tmp_path}/store")
+    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
+    for i in range(2):
+        w.store(f"s.{i}", None, f"m{i}".encode())
+        assert w.flush(5)
+    objects = ObjectStore.from_url(f"file://{tmp_path}/store")
+    cache = fs.mountpoint / "jetstream" / "shared-cache" / "S"  # none of it exists yet
+    view = SharedView(objects, "S", cache, load=True)
+    assert COPIES.drain(10)
+    assert len(list(cache.iterdir())) == 2
+    dropped = fs.power_loss()
+    fs.start()
+    assert cache.is_dir(), f"the cache directory is gone after the power cut ({dropped})"
+    fresh = SharedView(objects, "S", cache, load=False)
+    assert all(fresh.local_copy(b, e) is not None for b, e in view.batches.items())

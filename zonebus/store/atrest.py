@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from zonebus.store.durability import fsync_dir, replace_file
+from zonebus.store.durability import fsync_dir, make_dirs, replace_file
 
 if TYPE_CHECKING:  # (`cryptography` is imported only once a key is configured: ~0.1 s a process otherwise)
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
@@ -141,7 +141,7 @@ class AtRest:
             raw = path.read_bytes()
         except FileNotFoundError:
             seed = os.urandom(32)
-            directory.mkdir(parents=True, exist_ok=True)
+            make_dirs(directory)  # (fsynced up the path: the key must outlive a power loss as the data does)
             if any(directory.iterdir()):  # written before the key was configured: the marker first
                 replace_file(marker, b"")
             replace_file(path, self._wrap(seed, self.cipher))

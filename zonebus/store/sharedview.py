@@ -27,7 +27,7 @@ from pathlib import Path
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
 from zonebus.store.cachecopies import COPIES
-from zonebus.store.durability import replace_file
+from zonebus.store.durability import make_dirs, replace_file
 from zonebus.store.filestore import FileStore
 from zonebus.store.msgstore import MsgStore
 
@@ -53,7 +53,7 @@ class SharedView(MsgStore):
         self.prefix = L.stream_prefix(stream)
         self.cache_dir = Path(cache_dir) if cache_dir else None
         if self.cache_dir is not None:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.cache_dir)  # (fsynced up the path: a power loss must not drop the directory of copies)
         self.mem_cache_bytes = mem_cache_bytes
         self._mem: OrderedDict[int, bytes] = OrderedDict()  # batch -> object bytes (LRU)
         self._mem_bytes = 0
