@@ -18,6 +18,7 @@ from zonebus.store import sharedlayout as L
 from zonebus.store.cachecopies import COPIES, CacheCopies
 from zonebus.store.durability import make_dirs
 from zonebus.store.shared import CommitOptions, SharedStorage, SharedView
+from zonebus.store.sharedstore import SharedStore
 from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable
 
 pytestmark = pytest.mark.timeout(60)
@@ -118,16 +119,21 @@ def test_copies_beyond_the_budget_are_dropped_not_queued(tmp_path: Path) -> None
     assert copies.written == 1 and (tmp_path / "small").read_bytes() == b"y" * 5
 
 
+def _stream_of_batches(tmp_path: Path, n: int) -> tuple[SharedStore, ObjectStore]:
+    """A stream `S` on a `file://` store under `tmp_path` with `n` batch objects of one message each: its writer,
+    and the store's objects as a reader sees them."""
+    w = SharedStorage(f"file://{tmp_path}/store").create_stream("S", {"name": "S"}, 1, writer="w1")
+    for i in range(n):
+        w.store(f"s.{i}", None, f"m{i}".encode())
+        assert w.flush(5)
+    return w, ObjectStore.from_url(f"file://{tmp_path}/store")
+
+
 def test_a_damaged_object_read_from_the_store_is_not_cached(tmp_path: Path) -> None:
     """A view fetches a batch object unchecked and checks it as it applies it; its cache copy is checked before
     it is kept. Before, a torn object's bytes went to the cache as they were: one damaged copy more, and the
     reader's next load found the same damage in its cache (a 30-minute campaign, seed 17, batch 1165)."""
-    storage = SharedStorage(f"file://{tmp_path}/store")
-    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
-    for i in range(3):
-        w.store(f"s.{i}", None, f"m{i}".encode())
-        assert w.flush(5)
-    objects = ObjectStore.from_url(f"file://{tmp_path}/store")
+    w, objects = _stream_of_batches(tmp_path, 3)
     (b, e), *_ = sorted(w.batches.items(), reverse=True)
     key = f"streams/S/log/{L.batch_name(b, e)}"
     good = objects.get(key)
@@ -148,12 +154,7 @@ def test_a_cache_directory_created_by_the_view_survives_a_power_cut(tmp_path: Pa
     plain mkdir: the copies were fsynced and renamed into place, but the directories above them were not, and a
     power cut dropped the whole directory (a 30-minute `zonebus-s3` campaign, seed 25: two of three servers had no
     cache directory left, and a damaged batch object had no copy anywhere)."""
-    storage = SharedStorage(f"file://{tmp_path}/store")
-    w = storage.create_stream("S", {"name": "S"}, 1, writer="w1")
-    for i in range(2):
-        w.store(f"s.{i}", None, f"m{i}".encode())
-        assert w.flush(5)
-    objects = ObjectStore.from_url(f"file://{tmp_path}/store")
+    _w, objects = _stream_of_batches(tmp_path, 2)
     cache = fs.mountpoint / "jetstream" / "shared-cache" / "S"  # none of it exists yet
     view = SharedView(objects, "S", cache, load=True)
     assert COPIES.drain(10)

@@ -37,3 +37,15 @@ def run_campaign(workload: str, seed: int, faults: str | None = None, setup: str
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] != "-", f"no fault was injected: {row}"
     return Campaign(proc.returncode, proc.stdout, progress, row, cells)
+
+
+def assert_queue_campaign_passed(c: Campaign, min_acked: int) -> None:
+    """Jepsen's queue checker on a queue-workload row: enough acknowledged, nothing acknowledged lost, nothing
+    unexpected, each writer's order kept, every zone read the same log."""
+    # setup | faults | acked | failed | lost (p/m/p) | unexpected | duplicates | order broken | zones agree | ...
+    assert int(c.cells[2].replace(",", "")) > min_acked, f"too few writes acknowledged: {c.row}"
+    assert c.cells[4].startswith("0 "), f"acknowledged writes lost: {c.row}\n{c.progress[-4000:]}"
+    assert c.cells[5] == "0", f"unexpected values read: {c.row}"
+    assert c.cells[7] == "0", f"a writer's order broken: {c.row}\n{c.progress[-4000:]}"
+    assert c.cells[8] == "yes", f"zones read different logs: {c.row}"
+    assert c.returncode == 0, c.progress[-4000:]
