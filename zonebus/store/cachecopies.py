@@ -9,6 +9,7 @@ copies go to this writer, which writes them in order behind the reader; the take
 
     COPIES.put(path, data, (b, e))  # queued, or dropped (a warning) while more than BUDGET bytes wait
     COPIES.drain(timeout)           # True once every queued copy is on disk (tests, shutdown)
+    COPIES.empty(directory)         # a deleted stream's copies gone, after the queued ones landed
 
 A copy dropped or not yet written when the power goes is a copy fewer, never a wrong one: a cached file is
 checked whole before it is used. With `(batch, epoch)` the writer checks the bytes before it keeps them, and a
@@ -57,6 +58,21 @@ class CacheCopies:
                 self._thread = threading.Thread(target=self._run, name="cache-copies", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
+
+    def empty(self, directory: Path, remove: bool = False) -> None:
+        """Delete the copies in `directory` (and with `remove` the directory) once every queued copy is written:
+        none of a deleted stream lands there after it was emptied (a stream created anew under the name would
+        find the old one's batches under the same names)."""
+        if not directory.is_dir():
+            return
+        self.drain()
+        for p in directory.glob("*"):
+            p.unlink(missing_ok=True)
+        if remove:
+            try:
+                directory.rmdir()
+            except OSError:
+                pass
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until every queued copy is written (or failed); False on timeout."""

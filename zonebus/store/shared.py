@@ -120,10 +120,8 @@ class SharedStorage:
             epoch = self.next_epoch(stream)
         self.objects.delete_prefix(L.stream_prefix(stream))
         cache = self.cache_dir(stream)
-        if cache is not None and cache.is_dir():
-            COPIES.drain()  # no copy of a deleted stream of that name lands in the cache after it is emptied
-            for p in cache.glob("*"):
-                p.unlink(missing_ok=True)
+        if cache is not None:
+            COPIES.empty(cache)
         store = SharedStore(self.objects, stream, epoch, writer, cache, self.options, self.tail_source)
         self.write_config(stream, epoch, config, created)
         return store

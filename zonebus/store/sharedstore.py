@@ -37,6 +37,7 @@ from pathlib import Path
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
+from zonebus.store.cachecopies import COPIES
 from zonebus.store.filestore import encode_into
 from zonebus.store.sharedbase import BaseMoves
 from zonebus.store.sharedcommit import CommitOptions, DurableCallback, GroupCommit, PendingBatch, PutTimes
@@ -359,9 +360,4 @@ class SharedStore(ReplicatedTail, WriterFencing, BaseMoves, GroupCommit, SharedV
             self._linger_handle = None
         self.objects.delete_prefix(self.prefix)
         if self.cache_dir is not None:
-            for p in self.cache_dir.glob("*"):
-                p.unlink(missing_ok=True)
-            try:
-                self.cache_dir.rmdir()
-            except OSError:
-                pass
+            COPIES.empty(self.cache_dir, remove=True)

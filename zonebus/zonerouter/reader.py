@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -106,9 +105,8 @@ class Reader:
     def snapshot(self, stream: str) -> Snapshot:
         snap = self.snapshots.get(stream)
         if snap is None or snap._task is None or snap._task.done():
-            cache = self.cache_dir / stream.encode().hex() if self.cache_dir is not None else None
             snap = self.snapshots[stream] = Snapshot(self.objects, stream, lambda: self.leader_of(stream),
-                                                     self.send, cache)
+                                                     self.send, self._copies_dir(stream))
             snap.held = self.held_tail(stream)
             snap.min_epoch = max(self.min_epochs.get(stream, 0), snap.held.min_epoch if snap.held else 0)
             snap.own = self.own
@@ -316,9 +314,13 @@ class Reader:
             snap.held, snap.min_epoch = None, 0
         if held is not None:
             await asyncio.to_thread(held.clear)
-        if self.cache_dir is not None:
-            cache = self.cache_dir / stream.encode().hex()
-            await asyncio.to_thread(_remove_copies, cache)
+        copies = self._copies_dir(stream)
+        if copies is not None:
+            await asyncio.to_thread(COPIES.empty, copies, True)
+
+    def _copies_dir(self, stream: str) -> Path | None:
+        """Where `stream`'s snapshot keeps its copies (named as `heldtail` names a stream's folder)."""
+        return self.cache_dir / stream.encode().hex() if self.cache_dir is not None else None
 
     def batch_copy(self, stream: str, batch: int, epoch: int) -> bytes | None:
         """This server's snapshot's checked copy of a stored batch of `stream` (`batchcopies`), or None."""
@@ -377,10 +379,3 @@ class Reader:
                 "held_files": {n: {"bytes": len(h), **h.stats} for n, h in sorted(self.held.items())},
                 "snapshots": {n: s.info() for n, s in sorted(self.snapshots.items())}}
 
-
-def _remove_copies(cache: Path) -> None:
-    """A deleted stream's cached batch copies (after the background writer wrote what it had queued)."""
-    if not cache.is_dir():
-        return
-    COPIES.drain()
-    shutil.rmtree(cache, ignore_errors=True)
