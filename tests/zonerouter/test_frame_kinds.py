@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from zonebus.zonerouter import batchcopies, records, tailrecovery
 from zonebus.zonerouter import readframes as rf
+from zonebus.zonerouter import records, tailrecovery
 
 
 @pytest.mark.timeout(10)
 def test_every_frame_kind_is_used_once() -> None:
     kinds = [records.LINK, records.ANSWER, records.HANDOFF, records.BYE, records.INLINE, records.STREAMED,
              rf.POLL, rf.SNAP, rf.PULL, rf.DELIVER, rf.ACKS, rf.ACKED, rf.API, rf.SYNC, rf.SYNCED,
-             rf.REPAIR, rf.REPAIRED, tailrecovery.TAILQ, tailrecovery.TAIL, batchcopies.COPYQ, batchcopies.COPY]
+             rf.REPAIR, rf.REPAIRED, tailrecovery.TAILQ, tailrecovery.TAIL]
     assert len(set(kinds)) == len(kinds), sorted(kinds)
     assert records.kind_of(rf.Sync(7, "S").encode()) == rf.SYNC != records.INLINE
 
@@ -42,13 +42,3 @@ def test_tail_frames_round_trip() -> None:
     assert tailrecovery.decode_tail(tailrecovery.tail_frame(5, b"zz")) == (5, b"zz")
     rec = records.LinkRecord(b"12345678", 9, 2, 123, 4)
     assert records.decode_streamed(records.streamed_frame(rec, 77, b"data")) == (rec, 77, b"data")
-
-
-@pytest.mark.timeout(10)
-def test_copy_frames_round_trip() -> None:
-    """A new writer's question for a damaged batch's copy, and a member's answer."""
-    q = batchcopies.query_frame(9, "ORDERS", 12, 3)
-    assert records.kind_of(q) == batchcopies.COPYQ and batchcopies.decode_query(q) == (9, "ORDERS", 12, 3)
-    assert records.kind_of(batchcopies.copy_frame(9, b"zz")) == batchcopies.COPY
-    with pytest.raises(records.RecordError):
-        batchcopies.decode_query(q[:10])

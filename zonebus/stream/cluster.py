@@ -37,6 +37,7 @@ from zonebus.protocol.jserrors import JSError
 from zonebus.server.internal import InternalClient
 from zonebus.stream import direct, stream_config
 from zonebus.stream.api import error_json, reply_json
+from zonebus.stream.batchcopies import BatchCopies, LocalCopy
 from zonebus.stream.clusterforward import API, ApiForwarding
 from zonebus.stream.clusterleaders import StreamLeadership
 from zonebus.stream.clusterlists import FORWARD, PROPOSE_TIMEOUT, StreamLists
@@ -84,6 +85,7 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
         # zone router hook: (stream, subject, reply, headers, payload) -> True when it serves a request about a
         # stream led in another zone through this zone's proxy (pull requests, direct gets); None without it
         self.api_hook: ApiHook | None = None  # (zonebus.stream.hooks)
+        self.copies: BatchCopies | None = None  # members' copies of damaged batch objects (with a shared store)
         self.channel = cluster.channels.register(f"meta.{acc_name}" if acc_name else "meta", self._meta_frame,
                                                  self._meta_up, self._meta_down)
         routed.attach(self.client)
@@ -94,6 +96,10 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
         if not self.opts.store_dir:
             self.opts.store_dir = tempfile.mkdtemp(prefix="zonebus-js-")
         await self.svc.start()
+        if self.svc.shared is not None:
+            self.copies = BatchCopies(self.name, self.cluster.channels, self.svc.shared,
+                                      f"copies.{self.account_name}" if self.account_name else "copies")
+            self.copies.attach(asyncio.get_running_loop())
         self.server.info_extras["jetstream"] = True
         if self.opts.domain:
             self.server.info_extras["domain"] = self.opts.domain
@@ -170,6 +176,11 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
     def _meta_down(self, peer: str) -> None:
         if self.meta is not None:
             self.meta.peer_down(peer)
+
+    def add_copy_source(self, source: LocalCopy) -> None:
+        """Another place this server keeps copies of batch objects, for the members' repairs (`batchcopies`)."""
+        if self.copies is not None:
+            self.copies.add_source(source)
 
     # -- monitoring ----------------------------------------------------------------------------------
     def meta_cluster(self) -> dict[str, Any] | None:

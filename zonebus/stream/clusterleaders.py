@@ -5,10 +5,10 @@ new writer epoch fences any older writer) with its consumers, and serves it; los
 config change updates it, a delete deletes it (and its objects). Work for one stream runs in order (`_chain`),
 and only once this server's meta state caught up with a meta leader (a record replayed after a restart may name
 it the leader of a stream that moved meanwhile). A batch object found damaged by the takeover is put back from
-another server's checked copy (`SharedStorage.repair_from_copy`: the zone router asks its members); a stream
-whose damaged object no server holds is not served (`_unservable`): requests about it get that error until it
-moves or is deleted. `led_stream` is what the
-zone router asks. Runs on the event loop; the takeover itself in a worker thread.
+another server's checked copy (`SharedStorage.repair_from_copy`: `batchcopies` asks the members); a stream
+whose damaged object no live server holds is not served (`_unservable`): requests about it get that error, and
+the leader asks again every few seconds, until a copy turns up or the stream moves or is deleted.
+`led_stream` is what the zone router asks. Runs on the event loop; the takeover itself in a worker thread.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ CATCH_UP_POLL = 0.05  # seconds between looks at whether the meta state caught u
 TAKEOVER_ATTEMPTS = 3
 TAKEOVER_RETRY_MAX = 2.0  # seconds between takeover attempts while the shared store fails
 MAX_REPAIRS = 16  # damaged batch objects a takeover puts back from other servers' copies before it gives up
+COPY_RETRY, COPY_RETRY_MAX = 2.0, 15.0  # seconds before a leader without a copy of a damaged object asks again
 READY_TIMEOUT = 4.0
 
 
@@ -108,7 +109,7 @@ class StreamLeadership:
             shared = self.svc.shared
             if shared is None:
                 raise RuntimeError("file streams in a cluster need jetstream { shared_store }")
-            fenced = failed = repairs = 0
+            fenced = failed = repairs = waits = 0
             while True:
                 try:
                     store, meta, consumers = await asyncio.to_thread(self._take_over, name, cfg,
@@ -119,8 +120,15 @@ class StreamLeadership:
                             and await asyncio.to_thread(shared.repair_from_copy, exc)):
                         repairs += 1
                         continue
-                    self._unservable(name, str(exc))  # no copy anywhere: acknowledged messages are gone
-                    return
+                    # no live member holds a copy: not served, and asked again while it is ours (the server
+                    # that wrote and cached the batch may be down for a restart)
+                    self._unservable(name, str(exc))
+                    await asyncio.sleep(min(COPY_RETRY * 2 ** min(waits, 3), COPY_RETRY_MAX))
+                    waits += 1
+                    if self._still_mine(name) is None or self._damaged.get(name) != str(exc):
+                        return  # (released meanwhile: `_release` forgot the damage)
+                    repairs = 0
+                    continue
                 except Fenced:  # another writer claimed a higher epoch meanwhile (a stale one): claim above it
                     fenced += 1
                     if fenced == TAKEOVER_ATTEMPTS or self._still_mine(name) is None:
@@ -136,6 +144,8 @@ class StreamLeadership:
             if self._still_mine(name) is None:
                 store.close()  # lost the stream again while taking it over
                 return
+            if self._damaged.pop(name, None) is not None:
+                self.server.log(f"JetStream: stream {name} served again: its damaged object was put back", "WRN")
             stream = self.svc.adopt_shared(store, meta, consumers)
             if stream.cfg != cfg:
                 self.svc.update_stream(stream, cfg)
@@ -155,9 +165,12 @@ class StreamLeadership:
         return self._led.get(rec.name) == rec.epoch and rec.name in self.svc.streams
 
     def _unservable(self: ClusteredJetStream, name: str, why: str) -> None:
-        """Leading stream `name` is impossible: its shared store holds a damaged object. Requests about it are
-        answered with that error (not left to time out) until the stream moves or is deleted; serving what is
-        left would reuse acknowledged sequences, so an operator decides (repair the object, then step down)."""
+        """Leading stream `name` is impossible for now: its shared store holds a damaged object and no live
+        member has a copy. Requests about it are answered with that error (not left to time out) until a copy
+        turns up (`_lead` asks again), or the stream moves or is deleted; serving what is left would reuse
+        acknowledged sequences, so without a copy an operator decides (repair the object, then step down)."""
+        if self._damaged.get(name) == why:
+            return
         self._damaged[name] = why
         self.server.log(f"JetStream: stream {name} cannot be served: its shared store is damaged ({why})", "ERR")
         self._ready[name].set()

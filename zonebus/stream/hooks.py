@@ -13,6 +13,9 @@ Declared here so that no extension reaches into JetStream by a private name, or 
 - `JetStreamService.stream_queue` (a flag): every subscription of a stream joins the queue group
   `STREAM_QUEUE + name`, so that a forwarder can tell a stream's interest from core subscribers'.
 - `MetaFormedHook` (`ClusteredJetStream.meta_formed`, a list): run once the meta group is up.
+- `LocalCopy` (`ClusteredJetStream.add_copy_source(source)`, declared in `zonebus.stream.batchcopies`): another
+  place this server keeps copies of batch objects (the zone router's snapshots), asked when a member's takeover
+  finds an object damaged; `ClusteredJetStream.copies.stats` counts the questions and answers.
 - `ClusteredJetStream.led_stream(name)`, `JetStreamService.streams` / `loop`: what the router reads of
   JetStream's state.
 - `ShownForwarder` (`InternalClient.shown_forwarder`, a hook of the server core declared in

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from zonebus.storage.fs import ObjectStore
+from zonebus.store import sharedlayout as L
 from zonebus.store.cachecopies import COPIES
 from zonebus.stream.pull import parse_request
 from zonebus.zonerouter import readframes as rf
@@ -323,9 +324,20 @@ class Reader:
         return self.cache_dir / stream.encode().hex() if self.cache_dir is not None else None
 
     def batch_copy(self, stream: str, batch: int, epoch: int) -> bytes | None:
-        """This server's snapshot's checked copy of a stored batch of `stream` (`batchcopies`), or None."""
+        """This server's copy of a stored batch of `stream` (`zonebus.stream.batchcopies`): its snapshot's (checked),
+        or, with no snapshot loaded (after a restart), the snapshots' copies folder's; None when neither has it."""
         snap = self.snapshots.get(stream)
-        return snap.view.local_copy(batch, epoch) if snap is not None else None
+        if snap is not None:
+            data = snap.view.local_copy(batch, epoch)
+            if data is not None:
+                return data
+        copies = self._copies_dir(stream)
+        if copies is None:
+            return None
+        try:
+            return (copies / L.batch_name(batch, epoch)).read_bytes()
+        except OSError:
+            return None
 
     def tail(self, stream: str, epoch: int, batch: int, new_epoch: int) -> asyncio.Future | None:
         """A new writer of `stream` asks for the replicated tail of writer `epoch` (`tailrecovery`)."""

@@ -19,18 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import zstandard
 
+from zonebus.link.memberqueries import MemberQueries
 from zonebus.server.internal import InternalClient
 from zonebus.storage.fs import ObjectStore
 from zonebus.stream import direct
 from zonebus.subjects.patterns import matches
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter import records
-from zonebus.zonerouter.batchcopies import COPY, COPYQ, BatchCopies
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.clientzones import ClientZones
 from zonebus.zonerouter.epochs import RouteEpochs
 from zonebus.zonerouter.leader import LeaderSide
-from zonebus.zonerouter.memberqueries import MemberQueries
 from zonebus.zonerouter.paths import LINK, PathChooser
 from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
 from zonebus.zonerouter.reader import Reader
@@ -84,7 +83,6 @@ class ZoneRouter:
         js.svc.on_visible_hook = self.serving.on_visible
         js.svc.on_tail_hook = self.serving.on_tail
         self.tails: TailRecovery | None = None
-        self.copies: BatchCopies | None = None
         self.tiered = False  # streams keep a replicated tail: this server's proxies are their replicas
         js.svc.stream_queue = True  # a stream's interest is its queue group: `forwarder` leaves it out
         js.api_hook = self._api_request
@@ -143,9 +141,7 @@ class ZoneRouter:
         self.tails = TailRecovery(queries, self.reader.tail)
         if self.tiered and self.js.svc.shared is not None:  # a takeover gathers the fenced writer's tail
             self.js.svc.shared.tail_source = self.tails.collect
-        self.copies = BatchCopies(queries, self.reader.batch_copy)
-        if self.js.svc.shared is not None:  # a takeover puts a damaged batch object back from a member's copy
-            self.js.svc.shared.copy_source = self.copies.fetch
+        self.js.add_copy_source(self.reader.batch_copy)  # a member's takeover may ask for the snapshots' copies
         self.client.subscribe(REPLY_PREFIX + ">", lambda *_: None, local=True)  # interest for `serving`'s replies
         self._task = asyncio.get_running_loop().create_task(self._refresh_loop())
         self.server.log(f"zone router on: zone {self.zone or '?'}, channel {self.channel.id.hex()}")
@@ -445,14 +441,6 @@ class ZoneRouter:
             task.add_done_callback(self._bg.discard)
         elif kind == TAIL and self.tails is not None:
             self.tails.on_tail(frame)
-        elif kind in (COPYQ, COPY) and self.copies is not None:
-            try:
-                if kind == COPYQ:
-                    self.copies.on_query(peer, frame)
-                else:
-                    self.copies.on_copy(frame)
-            except records.RecordError as exc:
-                log.warning("zone router: bad frame from %s: %s", peer, exc)
         elif self.serving.frame(peer, kind, frame):
             pass
         elif self.reader is not None:
@@ -510,7 +498,7 @@ class ZoneRouter:
             out["epochs"] = self.epochs.info()
         if self.tails is not None:
             out["tail"] = {"ack": "replicas" if self.tiered else "storage", **self.tails.stats}
-        if self.copies is not None:
-            out["batch_copies"] = dict(self.copies.stats)
+        if self.js.copies is not None:
+            out["batch_copies"] = dict(self.js.copies.stats)
         out["serving"] = {**self.serving.stats, "requests": len(self.serving.reqs)}
         return out

@@ -68,9 +68,9 @@ class Snapshot:
         self.leader = leader  # the stream's current leader in another zone, or None
         self.send = send
         # with `cache_dir` the view keeps a durable, checked copy of every batch it fetched or completed from the
-        # replicated tail: the copies a new writer puts back over a damaged object (`batchcopies`) survive a
-        # restart or a power loss of this server (in memory only, a torn object of a recent batch had no copy
-        # left after every server lost power: a 30-minute campaign, seed 22)
+        # replicated tail: the copies a new writer puts back over a damaged object
+        # (`zonebus.stream.batchcopies`) survive a restart or a power loss of this server (in memory only, a torn
+        # object of a recent batch had no copy left after every server lost power: a 30-minute campaign, seed 22)
         self.view = SharedView(objects, stream, cache_dir, load=False)
         self.exec = ThreadPoolExecutor(1, thread_name_prefix=f"zr-snap-{stream}")
         self.last_seq = 0  # the view's last sequence (as of the last change)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from zonebus.zonerouter.memberqueries import MemberQueries
+from zonebus.link.memberqueries import MemberQueries
 from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
 
 log = logging.getLogger(__name__)

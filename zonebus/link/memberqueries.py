@@ -1,6 +1,7 @@
 """Questions from this server to the cluster's live members, each under its own query id, and their answers
-matched back: a new writer's query for the fenced writer's tail (`tailrecovery`) and its question for a
-damaged batch's copy (`batchcopies`) share it. Runs on the event loop.
+matched back, over one link channel: a new writer's query for the fenced writer's tail
+(`zonebus.zonerouter.tailrecovery`) and its question for a damaged batch's copy (`zonebus.stream.batchcopies`).
+Runs on the event loop.
 """
 
 from __future__ import annotations
