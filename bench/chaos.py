@@ -50,9 +50,9 @@ with the default `zone_router_ack: replicas` the proxies' snapshots hold the tai
 read the objects again (0 lost before and after: the objects stay damaged in the bucket); with
 `--zone-router-ack storage` (snapshots loaded from the store at the read-back) z1 and z3 read 0 of 1,507 before,
 every one of 1,743 after (7 objects repaired); a new writer that finds an object damaged puts back a member's
-checked copy (`zonebus.zonerouter.batchcopies`). Still not in the default mix: a kill or power loss of the writer
-(the default mix) before any proxy read the object can leave no copy anywhere; `clock`
-jumps one zonebus server's wall clock (supervisor and workers; not the monotonic clock) by 30 s to 10 min either
+checked copy (`zonebus.stream.batchcopies`, also without the zone router; a leader without one asks again until the
+writer that cached it is back). Still not in the default mix: it damages what only the writer's cache then holds;
+`clock` jumps one zonebus server's wall clock (supervisor and workers; not the monotonic clock) by 30 s to 10 min either
 way for the fault's seconds (`zonebus.testing.clockshift`; not on nats-server, whose Go runtime reads the clock
 through the vDSO). A zone whose read-back stops short (a damaged object it cannot read past) counts what it did
 read: the checker then reports the rest as lost and the zones as disagreeing.

@@ -1,7 +1,7 @@
 """Durable cache copies of fetched batch objects, written off the reader's path (one writer thread per process).
 
 A view keeps a checked copy of every batch object it fetches in its cache directory: another copy that a new
-writer can put back over a damaged object (`zonebus.zonerouter.batchcopies`). A copy is written durably (a
+writer can put back over a damaged object (`zonebus.stream.batchcopies`). A copy is written durably (a
 temporary file, fsynced, renamed, the directory fsynced: `durability.replace_file`), and those two fsyncs per
 batch had made a takeover that loads a long chain on a cold cache take minutes (a 30-minute `zonebus-file`
 campaign: 39,471 batch objects, the stream without a leader until the campaign's read-back gave up). So the

@@ -45,7 +45,8 @@ class SharedStorage:
         self.options = options or CommitOptions()
         # set by the zone router: a new writer recovers the replicated tail of the one it fences from there
         self.tail_source: TailSource | None = None
-        # set by the zone router: a checked copy of a damaged batch object from another server (or None)
+        # set by clustered JetStream (`zonebus.stream.batchcopies`): a checked copy of a damaged batch object from
+        # this server or a live member (or None)
         self.copy_source: Callable[[str, int, int], bytes | None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._check_layout(create)

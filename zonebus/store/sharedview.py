@@ -277,7 +277,7 @@ class SharedView(MsgStore):
 
     def local_copy(self, b: int, e: int) -> bytes | None:
         """This view's own copy of batch `b` of epoch `e` (memory, the replicated tail, the cache directory),
-        checked whole against the layout; None when it holds none that passes (`zonerouter.batchcopies`)."""
+        checked whole against the layout; None when it holds none that passes (`stream.batchcopies`)."""
         held = self._unstored.get(b)
         mem = self._mem.get(b) if self.batches.get(b) == e else None
         for data in (mem, held[1] if held and held[0] == e else None):
@@ -382,7 +382,7 @@ class SharedView(MsgStore):
     def _cache_write(self, path: Path, data: bytes) -> None:
         """Keep a checked batch in the cache directory, durably (fsynced, then renamed into place): it is another
         copy of the shared store's object, which a new writer can put back over a damaged one
-        (`zonerouter.batchcopies`), and a copy lost to a power cut is none."""
+        (`stream.batchcopies`), and a copy lost to a power cut is none."""
         try:
             replace_file(path, data)
         except OSError:

@@ -25,9 +25,9 @@ how long publishing was unavailable and how long it took to recover:
   the others;
 - `damage-batch`: a bit flipped in, or a torn copy of, a stored batch object of a stream: the store holds the
   only durable copy once a batch is stored (with the writer's cache), so a reader without a copy refuses the
-  object by name; with the zone router a proxy then asks the writer to put its checked copy back and reads on
-  (tests/storage/test_damaged_s3.py); without it, or once the writer that holds the copy no longer leads, the
-  acknowledged messages from that batch on are lost to the reader. Not in the default mix;
+  object by name; with the zone router a proxy then asks the writer to put its checked copy back and reads on,
+  and a new leader asks every member for its copy, with or without the zone router, until one answers
+  (tests/storage/test_damaged_s3.py). Not in the default mix;
 - `clock`: the target's wall clock (its supervisor and workers) jumps by tens of seconds to minutes, forward
   or back (`zonebus.testing.clockshift`; the monotonic clock is left alone), for the fault's seconds, then
   back to the right time. Partitions and the clock fault need `routes` (the route proxy) and `clocks` (a
