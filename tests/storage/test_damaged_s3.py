@@ -35,6 +35,7 @@ import pytest
 
 from tests.stream.kit_cluster import start_cluster, wait_meta_leader
 from tests.zonerouter.kit import Zoned, api, full_view, router_info, start_zoned
+from zonebus.link.channels import LinkChannels
 from zonebus.store import sharedlayout as L
 from zonebus.store.shared import SharedStorage
 from zonebus.stream import batchcopies
@@ -398,3 +399,20 @@ async def test_damaged_batch_put_back_from_a_proxys_copy_when_the_writer_lost_it
         assert copies[new]["found"] == 2 and copies["c1"]["answered"] >= 2, copies
     assert read == {"z2": want, "z1": want}, {z: len(v) for z, v in read.items()}
     assert bad == [], bad
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.filterwarnings("ignore:coroutine 'BatchCopies._fetch' was never awaited")  # (the loop never ran)
+def test_a_copy_fetch_the_loop_never_runs_answers_no_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A takeover's worker thread asks for a copy through the event loop; when the loop does not get to it in
+    time, the answer is "no copy" (the leader asks again later), not an exception that ends the takeover."""
+    monkeypatch.setattr(batchcopies, "WAIT", -4.9)  # the thread waits WAIT + 5 s: 0.1 s
+    storage = SharedStorage(f"file://{tmp_path}/store", cache_root=tmp_path / "cache")
+    hub = LinkChannels()
+    copies = batchcopies.BatchCopies("s1", hub, storage)
+    loop = asyncio.new_event_loop()  # never run
+    try:
+        copies.attach(loop)
+        assert storage.copy_source is not None and storage.copy_source("S", 3, 1) is None
+    finally:
+        loop.close()

@@ -120,7 +120,12 @@ class BatchCopies:
         loop = self.queries.loop
         if loop is None:
             return None
-        data = asyncio.run_coroutine_threadsafe(self._fetch(stream, batch, epoch), loop).result(WAIT + 5)
+        fut = asyncio.run_coroutine_threadsafe(self._fetch(stream, batch, epoch), loop)
+        try:
+            data = fut.result(WAIT + 5)
+        except TimeoutError:  # the loop did not get to it: no copy this time (the leader asks again)
+            fut.cancel()
+            return None
         if data is not None:
             self.stats["repaired"] += 1
         return data
