@@ -68,3 +68,14 @@ def test_each_kind_damages_one_object_of_its_kind(s3: MotoS3) -> None:
 def test_nothing_to_damage_is_said(s3: MotoS3) -> None:
     damage = StoreDamage(s3, "empty/")
     assert damage.hit(random.Random(1)).startswith("nothing to damage")
+
+
+@pytest.mark.timeout(30)
+def test_a_batch_deleted_after_the_listing_is_left_alone(s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base move may delete the batch object the fault picked between its listing and its GET: the fault says
+    so and writes nothing (a 30-minute KV campaign, seed 30, died of the NoSuchKey before)."""
+    damage = StoreDamage(s3, "gone/")
+    listed = "gone/streams/S/log/00000000000000000001.00000000000000000001.blk"  # (never stored)
+    monkeypatch.setattr(damage, "_keys", lambda suffix, folder: [listed] if suffix == ".blk" else [])
+    what = damage.hit(random.Random(1), ("flip",))
+    assert what.startswith("nothing damaged") and s3.keys("gone/") == [], what

@@ -60,7 +60,12 @@ class StoreDamage:
                 by_stream.setdefault(key.rsplit("/log/", 1)[0], []).append(key)
             keys = sorted(by_stream[rng.choice(sorted(by_stream))])
             key = rng.choice(keys[-3:] if rng.random() < RECENT else keys)
-            raw = bytearray(self._client.get_object(Bucket=self.s3.bucket, Key=key)["Body"].read())
+            try:
+                raw = bytearray(self._client.get_object(Bucket=self.s3.bucket, Key=key)["Body"].read())
+            except self._client.exceptions.NoSuchKey:  # a base move deleted it since the listing
+                what = f"nothing damaged: {key} was deleted before it could be read"
+                self.hits.append(what)
+                return what
             if kind == "flip" and raw:
                 pos, bit = rng.randrange(len(raw)), rng.randrange(8)
                 raw[pos] ^= 1 << bit
