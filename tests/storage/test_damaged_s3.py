@@ -27,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -188,16 +189,15 @@ async def _flip_a_stored_batch(s3: MotoS3, url: str, log: str) -> tuple[str, str
     return key, name
 
 
-@pytest.mark.timeout(60)
-async def test_damaged_batch_object_on_s3_put_back_from_the_writers_copy(tmp_path: Path, damaged_s3: MotoS3) -> None:
-    """No zone router: a batch object of an R3 stream is damaged in the bucket, and the stream is stepped down
-    from its writer. The new leader finds the object damaged, asks the members (`zonebus.stream.batchcopies`),
-    and the old writer answers with the copy it cached when it uploaded the batch: the object is put back and
-    the stream served, nothing acknowledged lost. Before, only the zone router asked: every other server
-    answered 10077 ("its shared store is damaged") until the stream came back to its writer."""
-    url = f"s3://{damaged_s3.bucket}/blk-{tmp_path.name}"
-    servers = start_cluster(tmp_path, failover="1s", shared=url, env=damaged_s3.env())
-    log = f"blk-{tmp_path.name}/streams/S3D/log/"
+Heal = Callable[[nats.NATS, dict[str, Any], str], Awaitable[str]]
+
+
+async def _s3d_damaged(tmp_path: Path, s3: MotoS3, tag: str, heal: Heal) -> tuple[str, str, str, Any, dict[str, str]]:
+    """No zone router: stream S3D (R3) on three servers under load, one of its stored batch objects damaged,
+    then `heal(nc, servers by name, the writer)`; publishing must come back. (The writer, the damaged key, what
+    `heal` returned, the checker's report, each server's log.)"""
+    url = f"s3://{s3.bucket}/{tag}-{tmp_path.name}"
+    servers = start_cluster(tmp_path, failover="1s", shared=url, env=s3.env())
     try:
         await wait_meta_leader(servers)
         nc = await nats.connect(servers=[x.url for x in servers], max_reconnect_attempts=-1, reconnect_time_wait=0.1)
@@ -207,13 +207,10 @@ async def test_damaged_batch_object_on_s3_put_back_from_the_writers_copy(tmp_pat
             tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
             try:
                 await until(lambda: all_acked_since(pubs, 0, 8), "every publisher acknowledged", timeout=20)
-                key, name = await _flip_a_stored_batch(damaged_s3, url, log)
-                resp = await api(nc, "$JS.API.STREAM.LEADER.STEPDOWN.S3D", {}, timeout=5.0)
-                assert resp.get("success"), resp
-                new = await until(lambda: _leader(nc, not_=writer, stream="S3D"), "another leader", timeout=20)
+                key, _name = await _flip_a_stored_batch(s3, url, f"{tag}-{tmp_path.name}/streams/S3D/log/")
+                got = await heal(nc, {x.info["server_name"]: x for x in servers}, writer)
                 back = time.monotonic()
-                await until(lambda: all_acked_since(pubs, back, 5), "publishing healed on the new leader",
-                            timeout=20)
+                await until(lambda: all_acked_since(pubs, back, 5), "publishing healed", timeout=40)
             finally:
                 stop.set()
                 await asyncio.gather(*tasks)
@@ -223,13 +220,33 @@ async def test_damaged_batch_object_on_s3_put_back_from_the_writers_copy(tmp_pat
         logs = {x.info["server_name"]: x.log() for x in servers}
     finally:
         stop_all(servers)
-    bad = await asyncio.to_thread(_whole, damaged_s3, [key])
-    put_back = {n: text.count("put back from another server's checked copy") for n, text in logs.items()}
-    print(f"{name} damaged on s3; the writer {writer} stepped down, {new} put it back ({put_back}); {report.line()}")
+    assert await asyncio.to_thread(_whole, s3, [key]) == [], f"{key} still damaged"
+    assert report.lost == [] and report.unknown == [] and report.order == [], report.line()
+    return writer, key, got, report, logs
+
+
+def _put_back(logs: dict[str, str]) -> dict[str, int]:
+    return {n: text.count("put back from another server's checked copy") for n, text in logs.items()}
+
+
+@pytest.mark.timeout(60)
+async def test_damaged_batch_object_on_s3_put_back_from_the_writers_copy(tmp_path: Path, damaged_s3: MotoS3) -> None:
+    """No zone router: a batch object of an R3 stream is damaged in the bucket, and the stream is stepped down
+    from its writer. The new leader finds the object damaged, asks the members (`zonebus.stream.batchcopies`),
+    and the old writer answers with the copy it cached when it uploaded the batch: the object is put back and
+    the stream served, nothing acknowledged lost. Before, only the zone router asked: every other server
+    answered 10077 ("its shared store is damaged") until the stream came back to its writer."""
+
+    async def step_down(nc: nats.NATS, _servers: dict[str, Any], writer: str) -> str:
+        resp = await api(nc, "$JS.API.STREAM.LEADER.STEPDOWN.S3D", {}, timeout=5.0)
+        assert resp.get("success"), resp
+        return await until(lambda: _leader(nc, not_=writer, stream="S3D"), "another leader", timeout=20)
+
+    writer, key, new, report, logs = await _s3d_damaged(tmp_path, damaged_s3, "blk", step_down)
+    put_back = _put_back(logs)
+    print(f"{key} damaged on s3; the writer {writer} stepped down, {new} put it back ({put_back}); {report.line()}")
     assert not any("cannot be served" in text for text in logs.values()), "a leader found no copy"
     assert put_back[new] == 1 and sum(put_back.values()) == 1, put_back
-    assert bad == [], bad
-    assert report.lost == [] and report.unknown == [] and report.order == [], report.line()
 
 
 @pytest.mark.timeout(90)
@@ -240,46 +257,20 @@ async def test_damaged_batch_object_on_s3_waits_for_its_writer_to_come_back(tmp_
     it answers 10077 and asks again every few seconds. Once the old writer is back, its cache answers: the
     object is put back and the stream served again, nothing acknowledged lost. Before, the stream stayed
     unservable for good (a 30-minute campaign without the zone router, seed 25, stopped there)."""
-    url = f"s3://{damaged_s3.bucket}/wait-{tmp_path.name}"
-    servers = start_cluster(tmp_path, failover="1s", shared=url, env=damaged_s3.env())
-    by_name = {x.info["server_name"]: x for x in servers}
-    log = f"wait-{tmp_path.name}/streams/S3D/log/"
-    try:
-        await wait_meta_leader(servers)
-        nc = await nats.connect(servers=[x.url for x in servers], max_reconnect_attempts=-1, reconnect_time_wait=0.1)
-        try:
-            writer, pubs = await _s3d_running(nc, servers)
-            stop = asyncio.Event()
-            tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
-            try:
-                await until(lambda: all_acked_since(pubs, 0, 8), "every publisher acknowledged", timeout=20)
-                key, name = await _flip_a_stored_batch(damaged_s3, url, log)
-                await asyncio.to_thread(by_name[writer].kill)
-                others = [x for n, x in by_name.items() if n != writer]
-                await until(lambda: any("stream S3D cannot be served" in x.log() for x in others),
-                            "a new leader without a copy", timeout=30)
-                await asyncio.to_thread(by_name[writer].start)
-                back = time.monotonic()
-                await until(lambda: all_acked_since(pubs, back, 5), "publishing healed once the writer is back",
-                            timeout=40)
-            finally:
-                stop.set()
-                await asyncio.gather(*tasks)
-            leader = await _leader(nc, stream="S3D")
-            report = check(pubs, await read_back(nc, "S3D"))
-        finally:
-            await nc.close()
-        logs = {n: x.log() for n, x in by_name.items()}
-    finally:
-        stop_all(servers)
-    bad = await asyncio.to_thread(_whole, damaged_s3, [key])
-    put_back = {n: text.count("put back from another server's checked copy") for n, text in logs.items()}
-    print(f"{name} damaged, writer {writer} killed; put back {put_back} once it was back, {leader} leads; "
-          f"{report.line()}")
+
+    async def kill_then_restart(_nc: nats.NATS, servers: dict[str, Any], writer: str) -> str:
+        await asyncio.to_thread(servers[writer].kill)
+        others = [x for n, x in servers.items() if n != writer]
+        await until(lambda: any("stream S3D cannot be served" in x.log() for x in others),
+                    "a new leader without a copy", timeout=30)
+        await asyncio.to_thread(servers[writer].start)
+        return writer
+
+    writer, key, _, report, logs = await _s3d_damaged(tmp_path, damaged_s3, "wait", kill_then_restart)
+    put_back = _put_back(logs)
+    print(f"{key} damaged, writer {writer} killed; put back {put_back} once it was back; {report.line()}")
     assert sum(put_back.values()) >= 1 and put_back[writer] == 0, put_back
     assert any("stream S3D served again" in text for text in logs.values())
-    assert bad == [], bad
-    assert report.lost == [] and report.unknown == [] and report.order == [], report.line()
 
 
 @pytest.mark.timeout(10)
