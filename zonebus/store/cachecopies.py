@@ -10,6 +10,7 @@ copies go to this writer, which writes them in order behind the reader; the take
     COPIES.put(path, data, (b, e))  # queued, or dropped (a warning) while more than BUDGET bytes wait
     COPIES.drain(timeout)           # True once every queued copy is on disk (tests, shutdown)
     COPIES.empty(directory)         # a deleted stream's copies gone, after the queued ones landed
+    read_copy(directory, b, e)      # a kept copy's bytes (unchecked), or None
 
 A copy dropped or not yet written when the power goes is a copy fewer, never a wrong one: a cached file is
 checked whole before it is used. With `(batch, epoch)` the writer checks the bytes before it keeps them, and a
@@ -31,6 +32,17 @@ from zonebus.store.durability import replace_file
 log = logging.getLogger(__name__)
 
 BUDGET = 64 << 20  # bytes of copies waiting to be written, at most
+
+
+def read_copy(directory: Path | None, batch: int, epoch: int) -> bytes | None:
+    """The bytes of the copy of batch `batch` of epoch `epoch` kept in `directory` (unchecked: the caller checks
+    them against the layout), or None when there is no such directory or file."""
+    if directory is None:
+        return None
+    try:
+        return (directory / L.batch_name(batch, epoch)).read_bytes()
+    except OSError:
+        return None
 
 
 class CacheCopies:

@@ -31,6 +31,7 @@ import zstandard
 
 from zonebus.link.memberqueries import MemberQueries
 from zonebus.store import sharedlayout as L
+from zonebus.store.cachecopies import read_copy
 
 if TYPE_CHECKING:
     from zonebus.link.channels import LinkChannels
@@ -92,13 +93,7 @@ class BatchCopies:
 
     def _cached(self, stream: str, batch: int, epoch: int) -> bytes | None:
         """The copy in this server's cache directory of the stream (a writer's uploads, a reader's fetches)."""
-        cache = self.shared.cache_dir(stream)
-        if cache is None:
-            return None
-        try:
-            return (cache / L.batch_name(batch, epoch)).read_bytes()
-        except OSError:
-            return None
+        return read_copy(self.shared.cache_dir(stream), batch, epoch)
 
     def local(self, stream: str, batch: int, epoch: int) -> bytes | None:
         """The first copy held here that passes every check of the layout, or None."""

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from zonebus.storage.fs import ObjectStore
-from zonebus.store import sharedlayout as L
-from zonebus.store.cachecopies import COPIES
+from zonebus.store.cachecopies import COPIES, read_copy
 from zonebus.stream.pull import parse_request
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.heldtail import HeldTail, load_all
@@ -331,13 +330,7 @@ class Reader:
             data = snap.view.local_copy(batch, epoch)
             if data is not None:
                 return data
-        copies = self._copies_dir(stream)
-        if copies is None:
-            return None
-        try:
-            return (copies / L.batch_name(batch, epoch)).read_bytes()
-        except OSError:
-            return None
+        return read_copy(self._copies_dir(stream), batch, epoch)
 
     def tail(self, stream: str, epoch: int, batch: int, new_epoch: int) -> asyncio.Future | None:
         """A new writer of `stream` asks for the replicated tail of writer `epoch` (`tailrecovery`)."""
