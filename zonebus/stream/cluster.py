@@ -198,7 +198,8 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
         return out
 
     # -- the API: one dispatch point (forwarding: clusterforward, stepdowns: clusterstepdown) -----------
-    def _on_client_api(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+    def _on_client_api(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes,
+                       waited: bool = False) -> None:
         if not reply:
             return
         toks = subject.split(".")[2:]
@@ -224,10 +225,13 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
             elif self.api_hook is None or not self.api_hook(name, subject, reply, headers, payload):
                 self.to_leader(name, subject, reply, headers, payload, "")
             return
-        meta = self.meta
-        if meta is None or meta.leader is None or self.name not in meta.state.peers:  # not placeable yet
-            if route is not None or toks[:3] == ["CONSUMER", "MSG", "NEXT"]:
+        if not self._placeable():
+            if route is None and toks[:3] != ["CONSUMER", "MSG", "NEXT"]:
+                return
+            if waited:
                 self.svc.send(reply, error_json(kind or "api_response", NoQuorum("no meta leader")))
+            else:  # an election or this server's registration in flight: answer once it is done, 10008 if not
+                self._spawn(self._when_placeable(subject, reply, headers, payload))
             return
         if toks == ["INFO"] or route is None and toks[:3] != ["CONSUMER", "MSG", "NEXT"]:
             self.svc._on_api(subject, reply, headers, payload)
@@ -243,6 +247,19 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
             self._spawn(self._delete_request(toks[2], kind, reply))
         elif self.api_hook is None or not self.api_hook(self._stream_of(toks), subject, reply, headers, payload):
             self.to_leader(self._stream_of(toks), subject, reply, headers, payload, kind)
+
+    def _placeable(self) -> bool:
+        """The meta group has a leader and knows this server: requests can be placed and forwarded."""
+        meta = self.meta
+        return meta is not None and meta.leader is not None and self.name in meta.state.peers
+
+    async def _when_placeable(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
+        """Hold a request that came while the meta group had no leader (or did not know this server yet) for
+        up to a proposal's timeout, as nats-server's clients would retry it, then dispatch it again."""
+        deadline = time.monotonic() + PROPOSE_TIMEOUT
+        while not self._placeable() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self._on_client_api(subject, reply, headers, payload, waited=True)
 
     # -- metadata writes -------------------------------------------------------------------------------
     async def _propose(self, request: dict[str, Any]) -> dict[str, Any]:
