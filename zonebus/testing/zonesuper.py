@@ -195,6 +195,22 @@ def _seq(data: bytes) -> int:
     return int(data[8:data.index(b",")])
 
 
+def _gaps(got: Counter[int], msgs: int) -> list[tuple[int, int]]:
+    """The runs of sequence numbers below `msgs` that `got` lacks, as (first, last), at most five."""
+    out: list[tuple[int, int]] = []
+    i = 0
+    while i < msgs and len(out) < 5:
+        if i in got:
+            i += 1
+            continue
+        j = i
+        while j + 1 < msgs and j + 1 not in got:
+            j += 1
+        out.append((i, j))
+        i = j + 1
+    return out
+
+
 async def fan_out(sc: ZoneSupercluster, receivers: str = "B", publisher: str = "a1", msgs: int = 500,
                   plain: bool = True, queue: bool = False, timeout: float = 60, seed: int = 25) -> FanOut:
     """From a client of `publisher`, `msgs` JSON events of about 750 B on `events.orders` (bursts of 20 every
@@ -256,7 +272,8 @@ async def fan_out(sc: ZoneSupercluster, receivers: str = "B", publisher: str = "
             return plain_done and (not queue or len(run.queue) == msgs)
 
         await until(arrived, f"{sc.label}: every message at every receiver", timeout, interval=0.1,
-                    show=lambda: {n: len(g) for n, g in run.plain.items()} | {"queue": len(run.queue)})
+                    show=lambda: {n: (len(g), _gaps(g, msgs)) for n, g in run.plain.items()}
+                    | {"queue": len(run.queue)})
 
         async def barrier_seen() -> bool:
             await pub.publish("events.barrier", b"barrier")
