@@ -17,6 +17,8 @@ zonebus runs once per `--workers` count (default 1 and 2: `zonebus server --work
 memory is then the sum over the supervisor and its workers. Besides the ratios to nats-server, a second table
 gives each server's gain from K=1 to the largest K (for 2 pairs on a 2-core machine: what a second core
 brings; issue 15's target: `--workers 2` gains at least what nats-server gains).
+`--realistic` runs only the realistic core traffic (bench/realistic.py), `--js-streams 1,4,16` only JetStream
+with K streams on one server: publish-ack and consume rates (bench/jsstreams.py).
 
     python bench/scale.py                  # everything
     python bench/scale.py --quick          # 1,000 connections, 10,000 subscriptions, 30k msgs per pair,
@@ -31,6 +33,7 @@ Prints markdown tables with the zonebus/nats ratio.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import resource
 import socket
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import core_throughput as ct  # noqa: E402
+import jsstreams  # noqa: E402
 import realistic  # noqa: E402
 
 from zonebus.testing.processes import IMPLEMENTATIONS, ServerProcess  # noqa: E402
@@ -301,6 +305,40 @@ def realistic_table(runs: list[tuple[str, str, int]], zlabels: list[str], pairs:
     return 0
 
 
+def js_streams_table(runs: list[tuple[str, str, int]], zlabels: list[str], streams: list[int], total: int,
+                     timeout: float, sync: str = "") -> int:
+    """The JetStream mode: K streams on one server, publish-ack and consume rates (`bench/jsstreams.py`)."""
+    import tempfile
+
+    labels = [label for label, _, _ in runs]
+    rates: dict[tuple[str, int], dict[str, float | None]] = {}
+    for label, impl, w in runs:
+        for k in streams:  # a fresh server and store per K: the streams of one K do not slow the next
+            with tempfile.TemporaryDirectory(prefix="zb-jsk-") as store:
+                sync_line = f", sync_interval: {json.dumps(sync)}" if sync else ""
+                config = CONFIG + f'jetstream {{ store_dir: "{store}"{sync_line} }}\n'
+                with ServerProcess(impl, config, workers=w) as server:
+                    rates[label, k] = jsstreams.streams_rates(server.port, k, total, timeout, f"{label} K={k}")
+                    print(f"  {label} K={k}: {rates[label, k]}", file=sys.stderr)
+    print(f"\nJetStream, K streams on one server: {total:,} messages in all, JSON of {jsstreams.MIN_SIZE}-"
+          f"{jsstreams.MAX_SIZE} B on {jsstreams.IDS} subjects per stream, one raw-socket publisher per stream with "
+          f"{jsstreams.WINDOW} publishes unacknowledged, then one pull consumer per stream (batches of "
+          f"{jsstreams.BATCH}); sync_interval: "
+          f"{sync or 'each server its default (nats-server 2m, zonebus always)'}; msgs/s over all streams\n")
+    for what in ("publish", "consume"):
+        print(f"| {what} | {' | '.join(f'{x} msgs/s' for x in labels)} | {' | '.join(f'{z}/nats' for z in zlabels)} |")
+        print("|---:|" + "---:|" * (len(labels) + len(zlabels)))
+        for k in streams:
+            vals = [rates[x, k][what] for x in labels]
+            print(f"| K={k} | {' | '.join(ct.fmt_rate(v) for v in vals)} | "
+                  f"{' | '.join(ratio(rates[z, k][what], rates.get(('nats', k), {}).get(what)) for z in zlabels)} |")
+        print()
+    errors = {f"{x} K={k}": rates[x, k]["errors"] for x in labels for k in streams if rates[x, k]["errors"]}
+    if errors:
+        print(f"publishes answered with an error: {errors}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--impl", choices=("all",) + IMPLEMENTATIONS, default="all")
@@ -323,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--realistic", action="store_true",
                         help="only the realistic mode (bench/realistic.py): varied subjects and sizes, headers, "
                              "reply subjects, one wildcard subscription per pair")
+    parser.add_argument("--js-streams", default="",
+                        help="only the JetStream mode (bench/jsstreams.py): K streams, comma-separated (e.g. 1,4,16)")
+    parser.add_argument("--js-msgs", type=int, default=60_000, help="messages in all per K (JetStream mode)")
+    parser.add_argument("--js-sync", default="", help="sync_interval for both servers (JetStream mode; default: "
+                                                      "each its own, nats-server 2m and zonebus always)")
     args = parser.parse_args(argv)
     conns = args.connections or (1000 if args.quick else 5000)
     nsubs = args.subscriptions or (10_000 if args.quick else 100_000)
@@ -333,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     runs = variants(impls, [int(w) for w in args.workers.split(",")])
     labels = [label for label, _, _ in runs]
     zlabels = [label for label, impl, _ in runs if impl == "zonebus"]
+    if args.js_streams:
+        return js_streams_table(runs, zlabels, [int(k) for k in args.js_streams.split(",")], args.js_msgs,
+                                args.timeout, args.js_sync)
     if args.realistic:
         return realistic_table(runs, zlabels, [int(k) for k in args.pairs.split(",")], msgs, args.timeout)
     nofile = raise_nofile()

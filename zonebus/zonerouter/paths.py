@@ -38,7 +38,7 @@ STORAGE, LINK = "storage", "link"
 STORAGE_BATCH = 4 << 20  # bytes at which a gathering batch is sealed (S3 charges per request, not per byte)
 GATHER_FROM = 1.0  # a batch gathers where that many times its break-even size is in flight
 GATHER_GAP = 0.005  # seconds without a publish after which a gathering batch is sealed
-_LEVEL = 3
+ZSTD_LEVEL = 3  # the zstd level of what the router sends over the link: batches (here) and tail parts (`serving`)
 
 
 @dataclass
@@ -65,7 +65,7 @@ class PathChooser:
         self.further_zones = 0  # zones besides the proxy's and the leader's that a replicated tail reaches
         self.gather_linger = max(storage_linger, 0.001)  # the longest a gathering batch fills
         self.flows: dict[str, _Flow] = {}
-        self._cctx = zstandard.ZstdCompressor(level=_LEVEL)
+        self._cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         self._dctx = zstandard.ZstdDecompressor()
         # the link path's batches to a leader are blocks of one zstd stream (small batches compress like a large
         # one); a new generation starts after anything that may have lost a block (a failed send, a lost link)
@@ -148,7 +148,7 @@ class PathChooser:
         if s is None:
             self._gen = (self._gen + 1) & 0x7FFFFFFF or 1
             # a compressor of its own: compressobj()s of one ZstdCompressor share its context
-            s = self._out[leader] = (self._gen, zstandard.ZstdCompressor(level=_LEVEL).compressobj())
+            s = self._out[leader] = (self._gen, zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj())
         obj: zstandard.ZstdCompressionObj = s[1]  # type: ignore[assignment]
         out = obj.compress(data) + obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
         self._note_ratio(leader, len(data), len(out))
@@ -182,7 +182,7 @@ class PathChooser:
         JSON, so that objects went to storage where the link was cheaper.)"""
         s = self._probe.get(leader)
         if s is None:
-            s = self._probe[leader] = zstandard.ZstdCompressor(level=_LEVEL).compressobj()
+            s = self._probe[leader] = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj()
         out = s.compress(data) + s.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
         self._note_ratio(leader, len(data), len(out))
 

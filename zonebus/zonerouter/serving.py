@@ -37,6 +37,7 @@ import zstandard
 
 from zonebus.store import sharedlayout as L
 from zonebus.zonerouter import readframes as rf
+from zonebus.zonerouter.paths import ZSTD_LEVEL
 from zonebus.zonerouter.records import RecordError
 from zonebus.zonerouter.tailrefs import Origins
 
@@ -66,7 +67,7 @@ class _Ctx:
 
     def __init__(self, gen: int) -> None:
         self.gen = gen
-        self.obj = zstandard.ZstdCompressor(level=3).compressobj()
+        self.obj = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj()
         self.expect: tuple[int, int] = (0, 0)  # the proxy's position after it applied the last answer
 
 
