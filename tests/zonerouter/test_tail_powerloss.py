@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.zonerouter.kit import router_info
 from zonebus.testing.faultload import FaultPublisher, check, read_back
 from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, moto_s3_server
+from zonebus.testing.nemesis import send_signal, server_pids
 from zonebus.testing.polling import until
 from zonebus.testing.powerloss import PowerLossMount, PowerLossUnavailable, power_cycle
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
@@ -60,16 +62,31 @@ def _servers(tmp: Path, mounts: list[PowerLossMount], s3: MotoS3) -> list[Server
     return servers
 
 
-async def _publish(servers: list[ServerProcess]) -> list[FaultPublisher]:
-    """A publisher per zone until ACKED messages are acknowledged in all."""
+async def _publish(servers: list[ServerProcess], first: int = 0) -> list[FaultPublisher]:
+    """A publisher per zone until ACKED messages are acknowledged in all. `first`: before them, a's own
+    publisher sends that many while b and c are paused (SIGSTOP): the leader, a, has no fresh replica, so it
+    stores them in a batch object of their own before its PubAcks (the storage rule), and the tail follows."""
     nc = await nats.connect(servers=[s.url for s in servers], max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     try:
-        await create_stream_retrying(nc, {"name": STREAM, "subjects": ["tp.>"], "storage": "file"},
-                                     time.monotonic() + 30, STREAM)
+        await create_stream_retrying(nc, {"name": STREAM, "subjects": ["tp.>"], "storage": "file",
+                                          "placement": {"tags": ["az:z1"]}}, time.monotonic() + 30, STREAM)
     finally:
         await nc.close()
     pubs = [FaultPublisher(s.url, f"p-{n}", f"tp.{n}", zone=f"z{i + 1}") for i, (n, s) in
             enumerate(zip(NAMES, servers, strict=True))]
+    early: list[FaultPublisher] = []
+    if first:
+        paused = [pid for s in servers[1:] for pid in server_pids(s)]
+        send_signal(paused, signal.SIGSTOP)  # (acks wait until their last polls are REPLICA_FRESH old, then the
+        try:                                 # open batch is sealed and stored: `ReplicatedTail.tail_check`)
+            early.append(FaultPublisher(servers[0].url, "p-a0", "tp.a0", zone="z1"))
+            stop = asyncio.Event()
+            task = asyncio.create_task(early[0].run(stop))
+            await until(lambda: len(early[0].acked) >= first, f"{first} acknowledged while b and c are paused")
+            stop.set()
+            await task
+        finally:
+            send_signal(paused, signal.SIGCONT)
     stop = asyncio.Event()
     tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
     try:
@@ -77,7 +94,7 @@ async def _publish(servers: list[ServerProcess]) -> list[FaultPublisher]:
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return pubs
+    return pubs + early
 
 
 async def _read_in_zone(server: ServerProcess, zone: str) -> list[tuple[int, bytes]]:
@@ -99,7 +116,11 @@ async def _read_in_zone(server: ServerProcess, zone: str) -> list[tuple[int, byt
         await nc.close()
 
 
-async def test_every_server_loses_power_and_the_replicated_tail_survives(tmp_path: Path, s3: MotoS3) -> None:
+@pytest.mark.parametrize("stored_first", [0, 3], ids=["tail-only", "a-batch-stored-first"])
+async def test_every_server_loses_power_and_the_replicated_tail_survives(tmp_path: Path, s3: MotoS3,
+                                                                         stored_first: int) -> None:
+    """`a-batch-stored-first`: the leader stored a batch before its replicas were fresh (seen in CI under load:
+    310 of 313 acknowledged messages lost, the three of that batch kept)."""
     mounts: list[PowerLossMount] = []
     try:
         for name in NAMES:
@@ -111,7 +132,7 @@ async def test_every_server_loses_power_and_the_replicated_tail_survives(tmp_pat
     servers = _servers(tmp_path, mounts, s3)
     try:
         start_parallel(servers, timeout=60)
-        pubs = await _publish(servers)
+        pubs = await _publish(servers, stored_first)
         held = {n: router_info(s)["reader"].get("held_bytes", 0) for n, s in zip(NAMES, servers, strict=True)}
         dropped = power_cycle(servers, mounts)
         reads = {f"z{i + 1}": await _read_in_zone(s, f"z{i + 1}") for i, s in enumerate(servers)}

@@ -331,6 +331,7 @@ class JetStreamService:
         url = f"{o.shared_store.rstrip('/')}/accounts/{self.account}" if self.account else o.shared_store
         self.shared = SharedStorage(url, endpoint=o.s3_endpoint, region=o.s3_region,
                                     cache_root=cache_root, options=options)
+        self.shared.tail_expected = tiered and self.clustered  # (the zone router runs with a cluster only)
         if self.clustered:
             return  # the meta group says which streams this server takes over
         headless: list[str] = []
