@@ -86,15 +86,21 @@ class _Reader:
         return out
 
 
+def _start(port: int, inbox: str, ready, go, started) -> _Reader:  # noqa: ANN001
+    """Connect, subscribe to `inbox`, say ready, wait for the go; the clock starts."""
+    sock = ct.open_client(port)
+    sock.sendall(CONNECT + f"SUB {inbox} 1\r\nPING\r\n".encode())
+    ct.read_until(sock, b"PONG\r\n")
+    ready.set()
+    go.wait()
+    started.value = time.monotonic()
+    return _Reader(sock)
+
+
 def publisher_main(port: int, k: int, frames: list[bytes], ready, go, started, finished, acked, errors) -> None:
     try:
-        sock = ct.open_client(port)
-        sock.sendall(CONNECT + f"SUB _JS.{k}.* 1\r\nPING\r\n".encode())
-        ct.read_until(sock, b"PONG\r\n")
-        reader = _Reader(sock)
-        ready.set()
-        go.wait()
-        started.value = time.monotonic()
+        reader = _start(port, f"_JS.{k}.*", ready, go, started)
+        sock = reader.sock
         sent = done = 0
         while done < len(frames):
             if sent < len(frames) and sent - done < WINDOW:
@@ -116,13 +122,8 @@ def publisher_main(port: int, k: int, frames: list[bytes], ready, go, started, f
 
 def consumer_main(port: int, k: int, count: int, ready, go, started, finished, got) -> None:
     try:
-        sock = ct.open_client(port)
-        sock.sendall(CONNECT + f"SUB _C.{k} 1\r\nPING\r\n".encode())
-        ct.read_until(sock, b"PONG\r\n")
-        reader = _Reader(sock)
-        ready.set()
-        go.wait()
-        started.value = time.monotonic()
+        reader = _start(port, f"_C.{k}", ready, go, started)
+        sock = reader.sock
         ask = json.dumps({"batch": BATCH, "expires": 2_000_000_000}).encode()
         nxt = f"PUB $JS.API.CONSUMER.MSG.NEXT.S{k}.C _C.{k} {len(ask)}\r\n".encode() + ask + b"\r\n"
         while got.value < count:
