@@ -33,24 +33,6 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["ZONEBUS_PORT_SLICE"] = f"{int(worker[2:])}/{int(count)}"
 
 
-# The files whose tests take longest (CI's `--durations`), run first: pytest-xdist (`--dist loadfile
-# --no-loadscope-reorder`, .ci/run) hands files out in collection order, so the two workers share the long ones
-# at the start and finish together on short ones instead of one worker running a campaign at the end.
-SLOW_FIRST = (
-    "tests/zonerouter/test_chaos_queue.py", "tests/zonerouter/test_chaos_kv.py", "tests/queue/test_chaos_dq.py",
-    "tests/stream/test_chaos_stream.py", "tests/pipeline/test_standalone_cluster.py",
-    "tests/workers/test_workers_start.py", "tests/pipeline/test_objectstore.py",
-    "tests/zonerouter/test_router_s3_faults.py", "tests/pipeline/test_whole_bill.py",
-    "tests/pipeline/test_spark_submit.py", "tests/pipeline/test_ab_run.py", "tests/storage/test_damaged_s3.py",
-    "tests/storage/test_s3_faults.py", "tests/stream/test_clustered_failover.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # (stable: the rest in order)
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--impl",
