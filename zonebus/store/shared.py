@@ -45,8 +45,8 @@ class SharedStorage:
         self.options = options or CommitOptions()
         # set by the zone router: a new writer recovers the replicated tail of the one it fences from there
         self.tail_source: TailSource | None = None
-        # set by JetStream when the zone router runs (it sets `tail_source` once started): until then no stream
-        # with a replicated tail is taken over (its last writer's tail would be left behind, `takeover`)
+        # set by JetStream when streams keep a replicated tail and the zone router runs (it sets `tail_source` once
+        # started): until then no stream is taken over (its last writer's tail would be left behind, `takeover`)
         self.tail_expected = False
         # set by clustered JetStream (`zonebus.stream.batchcopies`): a checked copy of a damaged batch object from
         # this server or a live member (or None)
@@ -113,7 +113,7 @@ class SharedStorage:
         """Open `stream` as its writer with `epoch` (default: the next one). Raises `Fenced` when `epoch` is
         not above every earlier claim or a higher one appears during the takeover, OSError when the store
         failed or the replicated tail cannot be gathered yet (`tail_expected`)."""
-        if self.tail_expected and self.tail_source is None and self.options.tier_interval > 0:
+        if self.tail_expected and self.tail_source is None:
             # the zone router is still starting (after every server lost power at once, a restarted leader was
             # seen taking its stream over before that, and storing it without the 310 acknowledged messages its
             # replicas held): OSError, retried by the caller
