@@ -27,6 +27,7 @@ IDS = 200
 MIN_SIZE, MAX_SIZE = 100, 1000
 WINDOW = 256  # publishes unacknowledged per publisher
 BATCH = 500  # messages per fetch
+FAILED = 1_000_000  # added to a process's error count when it failed (its rate is then not reported)
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,"lang":"bench","version":"0"}\r\n'
 _MSG = re.compile(rb"(?:MSG|HMSG) (\S+) (\S+)(?: (\S+))?(?: (\d+))? (\d+)\r\n")
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet")
@@ -116,11 +117,11 @@ def publisher_main(port: int, k: int, frames: list[bytes], ready, go, started, f
         finished.value = time.monotonic()
         sock.close()
     except Exception as exc:  # reported by the parent
-        errors.value += 1_000_000
+        errors.value += FAILED
         print(f"publisher {k} failed: {exc}", file=sys.stderr)
 
 
-def consumer_main(port: int, k: int, count: int, ready, go, started, finished, got) -> None:
+def consumer_main(port: int, k: int, count: int, ready, go, started, finished, got, errors) -> None:
     try:
         reader = _start(port, f"_C.{k}", ready, go, started)
         sock = reader.sock
@@ -138,7 +139,8 @@ def consumer_main(port: int, k: int, count: int, ready, go, started, finished, g
                         this = BATCH
         finished.value = time.monotonic()
         sock.close()
-    except Exception as exc:
+    except Exception as exc:  # reported by the parent
+        errors.value += FAILED
         print(f"consumer {k} failed: {exc}", file=sys.stderr)
 
 
@@ -211,25 +213,17 @@ def streams_rates(port: int, streams: int, total: int, timeout: float, tag: str)
     per = max(1, total // streams)
     setup(port, streams, tag)
     frames = [build(k, per) for k in range(streams)]
-    pub = _run(ctx, _pub_entry, [(port, k, frames[k]) for k in range(streams)], timeout)
+    pub = _run(ctx, publisher_main, [(port, k, frames[k]) for k in range(streams)], timeout)
     out: dict[str, float | None] = {"publish": None, "consume": None, "errors": None}
-    if pub is None:
+    if pub is None or any(v[3] >= FAILED for v in pub):
         print(f"  {tag} x{streams}: publishers did not finish", file=sys.stderr)
         return out
     acked = sum(int(v[2]) for v in pub)
     out["errors"] = sum(int(v[3]) for v in pub)
     out["publish"] = acked / (max(v[1] for v in pub) - min(v[0] for v in pub))
-    con = _run(ctx, _con_entry, [(port, k, per) for k in range(streams)], timeout)
-    if con is None:
+    con = _run(ctx, consumer_main, [(port, k, per) for k in range(streams)], timeout)
+    if con is None or any(v[3] >= FAILED for v in con):
         print(f"  {tag} x{streams}: consumers did not finish", file=sys.stderr)
         return out
     out["consume"] = sum(int(v[2]) for v in con) / (max(v[1] for v in con) - min(v[0] for v in con))
     return out
-
-
-def _pub_entry(port, k, frames, ready, go, started, finished, acked, errors) -> None:  # noqa: ANN001
-    publisher_main(port, k, frames, ready, go, started, finished, acked, errors)
-
-
-def _con_entry(port, k, per, ready, go, started, finished, got, _unused) -> None:  # noqa: ANN001
-    consumer_main(port, k, per, ready, go, started, finished, got)
