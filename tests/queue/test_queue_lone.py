@@ -7,6 +7,7 @@ import pytest
 
 from tests.queue.kit import group_info, lone_server
 from zonebus.testing.polling import until
+from zonebus.testing.tally import settled
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,9 +56,10 @@ async def test_store_first_and_nothing_lost_while_nobody_listens(tmp_path):
             other.append(m.data)
 
         await member.subscribe("orders.>", "others", cb=on_other)
-        await member.flush()
+        await settled(member)  # (flush() alone: nats-py's PING may overtake the SUB)
         await pub.publish("orders.x", b"live")
-        await until(lambda: other == [b"live"] and len(got) == 62, "live delivery", timeout=5)
+        await until(lambda: other == [b"live"] and len(got) == 62, "live delivery", timeout=5,
+                    show=lambda: (other, [m.data for m in got[61:]], group_info(s)))
         await pub.close()
         await member.close()
     finally:

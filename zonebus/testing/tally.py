@@ -130,9 +130,11 @@ async def until_received(publish, sub, what: str, timeout: float = 15.0):
 async def settled(nc) -> None:
     """Every SUB the nats-py connection `nc` sent so far is in force at its server. nats-py's `flush()` is not
     enough: it writes its PING straight to the socket, ahead of SUBs still in its pending buffer. A message the
-    connection publishes to an inbox of its own travels behind them, so its arrival proves them processed."""
+    connection publishes to an inbox of its own travels behind them, so its arrival proves them processed. The
+    flush after it is then behind them too: its PONG comes once the server's other workers have them as well."""
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
     await nc.publish(inbox, b"")
     await sub.next_msg(timeout=5)
     await sub.unsubscribe()
+    await nc.flush()
