@@ -1,7 +1,9 @@
 """A slow publisher follows its subscriber too: on a server of two workers, a client that publishes a few
 hundred messages a second, all to a subscriber on the other worker, is handed over to that worker once it has
 published `MIN_MSGS` (zonebus.workers.migrate); every message arrives once and in order, before and after, and
-the traffic ledger counts every one."""
+the traffic ledger counts every one. So does a publisher of realistic traffic, whose control lines never repeat
+(each message its own subject and size, some with headers or a reply subject): no line gets a memo, and the
+route note of the general path (`ClientConnection.take_route_note`) says where its messages go."""
 
 from __future__ import annotations
 
@@ -20,27 +22,37 @@ from zonebus.workers.migrate import MIN_MSGS
 pytestmark = pytest.mark.timeout(60)
 
 
-async def publish_past_the_move(server: ServerProcess, pub_nc: Client, subject: str, after: int) -> int:
+async def publish_past_the_move(server: ServerProcess, pub_nc: Client, subject: str, after: int,
+                                varied: bool = False) -> int:
     """Publish numbered messages, paced, until the publisher moved to the other worker, then `after` more at
-    once; returns how many it sent."""
+    once; returns how many it sent. `varied`: each on `<subject>.<id>` with a size of its own, every fifth with
+    a header and every seventh with a reply subject (the payload starts with the number)."""
     def moved() -> int:
         return sum(w["clients_moved_out"] for w in server.http_get("/varz")["workers"])
+
+    async def one(n: int) -> None:
+        if not varied:
+            await pub_nc.publish(subject, b"%d" % n)
+            return
+        await pub_nc.publish(f"{subject}.{n % 997}", b"%d " % n + b"x" * (n % 89),
+                             reply=f"_R.{n}" if n % 7 == 0 else "",
+                             headers={"Nats-Seq": str(n)} if n % 5 == 0 else None)
 
     sent = 0
     deadline = time.monotonic() + 30
     while (sent < MIN_MSGS or not moved()) and time.monotonic() < deadline:
-        await pub_nc.publish(subject, b"%d" % sent)
+        await one(sent)
         sent += 1
         await asyncio.sleep(0.004)  # pacing: about 250 messages a second (not a synchronisation)
     assert moved() == 1, f"not moved after {sent} messages"
     for _ in range(after):  # and after the move
-        await pub_nc.publish(subject, b"%d" % sent)
+        await one(sent)
         sent += 1
     await pub_nc.flush()
     return sent
 
 
-async def move_a_publisher(server: ServerProcess, subject: str, after: int) -> int:
+async def move_a_publisher(server: ServerProcess, subject: str, after: int, varied: bool = False) -> int:
     """A subscriber and a publisher on the two workers of `server`; the publisher publishes past its move
     (`publish_past_the_move`); every message arrives once and in order, and both clients are still connected.
     Returns how many were sent."""
@@ -50,12 +62,12 @@ async def move_a_publisher(server: ServerProcess, subject: str, after: int) -> i
         clients = [await nats.connect(server.url, connect_timeout=3, allow_reconnect=False) for _ in range(2)]
         sub_nc, pub_nc = clients
         assert int(sub_nc.client_id) >> 32 != int(pub_nc.client_id) >> 32  # worker i: ids above i * 2^32
-        sub = await sub_nc.subscribe(subject)
+        sub = await sub_nc.subscribe(subject + ".>" if varied else subject)
         await sub_nc.flush()
         await sub_nc.flush()
 
-        sent = await publish_past_the_move(server, pub_nc, subject, after)
-        got = [int((await sub.next_msg(timeout=5)).data) for _ in range(sent)]
+        sent = await publish_past_the_move(server, pub_nc, subject, after, varied)
+        got = [int((await sub.next_msg(timeout=5)).data.split()[0]) for _ in range(sent)]
         assert got == list(range(sent))
         assert pub_nc.is_connected and server.http_get("/varz")["connections"] == 2
         return sent
@@ -68,6 +80,14 @@ async def test_a_slow_publisher_moves_to_its_subscriber() -> None:
     server = ServerProcess("zonebus", "", http_port=free_port(), workers=2).start(timeout=30)
     try:
         await move_a_publisher(server, "slow", 20)
+    finally:
+        server.stop()
+
+
+async def test_a_publisher_of_realistic_traffic_moves_to_its_subscriber() -> None:
+    server = ServerProcess("zonebus", "", http_port=free_port(), workers=2).start(timeout=30)
+    try:
+        await move_a_publisher(server, "orders", 500, varied=True)
     finally:
         server.stop()
 

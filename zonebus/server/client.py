@@ -47,6 +47,7 @@ _OK = b"+OK\r\n"
 _BOOL_FIELDS = ("verbose", "pedantic", "tls_required", "echo", "headers", "no_responders")
 _STR_FIELDS = ("auth_token", "user", "pass", "nkey", "jwt", "sig", "name", "lang", "version")
 INVALID_PROTOCOL = "invalid client protocol"
+MIXED = object()  # a client's messages went to more than one place (`note_routes`)
 MAX_JSON_DEPTH = 10000
 
 
@@ -112,7 +113,7 @@ class ClientConnection(Connection, asyncio.Protocol):
     __slots__ = ("parser", "subs", "connected", "verbose", "pedantic", "echo", "headers", "no_responders",
                  "protocol", "name", "lang", "version", "user", "perms", "auth_user", "nonce", "connect_opts",
                  "pings_out", "rtt", "_ping_sent", "ledger_hdrs", "_timers", "peercert", "info_sent", "pong_sent",
-                 "info_due")
+                 "info_due", "route_noted", "route_link")
 
     def __init__(self, server: Server) -> None:
         super().__init__(server)
@@ -145,6 +146,32 @@ class ClientConnection(Connection, asyncio.Protocol):
         # after its first PING (nats-py's connect is stuck for good otherwise); one that came due goes after it
         self.pong_sent = False
         self.info_due = False
+        self.route_noted = 0  # messages whose routes were noted since `take_route_note` (server.route_notes)
+        self.route_link: object = None  # the one link all of them went to (None: none yet; MIXED: not one)
+
+    # -- where its messages go (server.route_notes) --------------------------------------------------
+    def note_routes(self, routes: dict | None) -> None:
+        """One of its messages went to `routes` only, the links with interest (None: it went elsewhere too:
+        a local subscriber, a queue group, or no link at all). Noted on the routing's general path only."""
+        self.route_noted += 1
+        link = self.route_link
+        if link is MIXED:
+            return
+        if routes is None or len(routes) != 1:
+            self.route_link = MIXED
+            return
+        for only in routes:
+            if link is None:
+                self.route_link = only
+            elif link is not only:
+                self.route_link = MIXED
+
+    def take_route_note(self) -> tuple[int, Connection | None]:
+        """(messages noted, the one link every one of them went to or None) since the last call, which
+        starts a new note. zonebus.workers.migrate: a publisher follows its messages to another worker."""
+        n, link = self.route_noted, self.route_link
+        self.route_noted, self.route_link = 0, None
+        return n, link if isinstance(link, Connection) else None
 
     # -- asyncio.Protocol ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

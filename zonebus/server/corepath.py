@@ -11,11 +11,12 @@ checked to be single-space separated): one slice and one concatenation per deliv
 What this path does, it does as `ClientConnection._handle_ops` and `MessageRouting.process_msg` do, for the
 cases it takes; everything else goes there, one frame at a time (`ClientConnection.feed_ops`), and the core
 path takes over again after it. It takes a client's message only when nothing per message could differ from
-the plain delivery: the server has no publish interceptor, forwarder, queue picker, zone relay or ledger; the
-client is connected, in the global account without mappings, has no permissions, is not verbose, and (when
-pedantic) the subject is a valid publish subject; every subscriber is a plain client subscription (no
-max_msgs, no permissions; headers supported for an HPUB) and a queue group gets one member drawn as
-`_route_queues` draws it. A request no one receives when the client wants no-responders goes the general way.
+the plain delivery: the server has no publish interceptor, forwarder, zone relay or ledger (nor a queue picker,
+the workers' or a cluster's, when the subject has queue groups); the client is connected, in the global account
+without mappings, has no permissions, is not verbose, and (when pedantic) the subject is a valid publish
+subject; every subscriber is a plain client subscription (no max_msgs, no permissions; headers supported for an
+HPUB) and a queue group gets one member drawn as `_route_queues` draws it. A request no one receives when the
+client wants no-responders goes the general way.
 
 Owned by the event loop thread.
 """
@@ -59,8 +60,7 @@ class CorePath:
 
     def server_allows(self) -> bool:
         s = self.server
-        return (s.publish_interceptor is None and s.forwarder is None and s.queue_picker is None
-                and s.zone_relay is None and s.ledger is None)
+        return s.publish_interceptor is None and s.forwarder is None and s.zone_relay is None and s.ledger is None
 
     def memo(self, subject: bytes) -> SubjectMemo | None:
         """The memo of `subject` (built on a miss); None: the subject's messages take the general path."""
@@ -68,7 +68,8 @@ class CorePath:
         if len(memos) >= MEMO_MAX:
             memos.clear()
         r = self.server.global_account.sublist.match(subject)
-        m = build(subject, r.psubs, r.qsubs)
+        # a queue picker (a cluster's policy, the workers' weights) draws the member: the general path's
+        m = build(subject, r.psubs, r.qsubs) if not r.qsubs or self.server.queue_picker is None else None
         memos[subject] = m
         return m
 

@@ -44,6 +44,7 @@ class MessageRouting:
     queue_fallback: QueueFallback | None
     publish_interceptor: PublishInterceptor | None
     zone_relay: ZoneRelay | None
+    route_notes: bool
 
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: list[bytes] | None = None, memo_for: PubLine | None = None,
@@ -162,6 +163,8 @@ class MessageRouting:
                 only = (queues or ()) if src.kind == GATEWAY else None
                 routes, d = self._route_queues(src, r.qsubs, routes, subject, reply, hdr_len, data, echo, only)
                 delivered |= d
+        if src_kind == CLIENT and self.route_notes:  # links only, or anything else (None)
+            src.note_routes(None if delivered or r.qsubs else routes)  # type: ignore[attr-defined]
         if plan is not None:
             return self._forward_planned(plan, routes or {}, subject, reply, hdr_len, data, acc) or delivered
         if routes:
