@@ -58,10 +58,10 @@ def start(tree: str, conf: str, port: int, outdir: str, tag: str) -> subprocess.
     raise SystemExit("server did not start")
 
 
-def client(port: int) -> socket.socket:
+def client(port: int, connect: bytes = b'CONNECT {"verbose":false,"protocol":0}\r\n') -> socket.socket:
     s = socket.create_connection(("127.0.0.1", port))
     s.recv(65536)
-    s.sendall(b'CONNECT {"verbose":false,"protocol":0}\r\nPING\r\n')
+    s.sendall(connect + b"PING\r\n")
     buf = b""
     while b"PONG" not in buf:
         buf += s.recv(65536)
@@ -72,7 +72,7 @@ def run(tree: str, scenario: str, n: int) -> int:
     outdir = tempfile.mkdtemp(prefix="abi-")
     pa, pb, ra, rb = free_port(), free_port(), free_port(), free_port()
     procs = []
-    if scenario == "core":
+    if scenario in ("core", "realistic"):  # one server
         procs.append(start(tree, "", pa, outdir, "a"))
         subport = pubport = pa
     else:  # route: publisher on a, subscriber on b
@@ -81,13 +81,13 @@ def run(tree: str, scenario: str, n: int) -> int:
         procs.append(start(tree, f"cluster {{ listen: 127.0.0.1:{rb}, routes: [nats://127.0.0.1:{ra}] }}\n",
                            pb, outdir, "b"))
         subport, pubport = pb, pa
-    sub = client(subport)
+    sub = client(subport, realistic.CONNECT) if scenario == "realistic" else client(subport)  # (headers: HMSG)
     sub.sendall((b"SUB orders.0.> 1" if scenario == "realistic" else b"SUB bench 1") + b"\r\nPING\r\n")
     buf = b""
     while b"PONG" not in buf:
         buf += sub.recv(65536)
     pub = client(pubport)
-    if scenario != "core":  # wait until the route carries the interest: probe messages until one arrives
+    if scenario == "route":  # wait until the route carries the interest: probe messages until one arrives
         sub.settimeout(0.5)
         while True:
             pub.sendall(b"PUB bench 5\r\nprobe\r\n")
