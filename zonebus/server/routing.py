@@ -44,7 +44,7 @@ class MessageRouting:
     queue_fallback: QueueFallback | None
     publish_interceptor: PublishInterceptor | None
     zone_relay: ZoneRelay | None
-    route_notes: bool
+    route_notes: bool = False  # clients note where their messages go (`ClientConnection.take_route_note`)
 
     def process_msg(self, src: Connection, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes,
                     queues: list[bytes] | None = None, memo_for: PubLine | None = None,
