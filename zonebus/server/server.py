@@ -108,7 +108,6 @@ class Server(ClientLogins, MessageRouting):
         self.zone_relay: ZoneRelay | None = None  # zonebus.cluster.relay: one copy per remote zone
         self.pong_gate: Callable[[ClientConnection], bool] | None = None  # e.g. zonebus.workers: PONG when synced
         self.admission: Callable[[ClientConnection], bool] | None = None  # zonebus.workers: False = not here
-        self.route_notes = False  # clients note where their messages go (`ClientConnection.take_route_note`)
         self.websocket_leaf: Callable[[bool], Any] | None = None  # zonebus.leaf: a leaf on the WebSocket port
         self.websocket_leaf_elsewhere: Callable[[Any, bytes], bool] | None = None  # zonebus.workers: hand it over
         self.random = random.Random()

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from zonebus.server.client import ClientConnection
 
 if TYPE_CHECKING:
+    from zonebus.server.connection import Connection
     from zonebus.server.server import Server
     from zonebus.workers.counts import SharedCounts
     from zonebus.workers.mesh import LocalLink, LocalMesh
@@ -121,18 +122,18 @@ class Migrator:
             return
         seen, self._seen = self._seen, {}
         for conn in list(server.clients.values()):
-            n = conn.in_msgs
+            n, before = conn.in_msgs, seen.get(conn.cid, 0)
             self._seen[conn.cid] = n
             noted, routed = conn.take_route_note()
-            if n == seen.get(conn.cid, 0) or n < MIN_MSGS or conn.subs or not conn.connected or conn.closed \
+            if n == before or n < MIN_MSGS or conn.subs or not conn.connected or conn.closed \
                     or conn.transport_type != "nats" \
                     or (isinstance(conn, _Adopted) and not conn.fresh):  # a client moves once
                 continue
-            link = self._target(conn, routed if noted == n - seen.get(conn.cid, 0) else None)
+            link = self._target(conn, routed if noted == n - before else None)
             if link is not None:
                 self._move(conn, link)
 
-    def _target(self, conn: ClientConnection, routed: Any) -> LocalLink | None:
+    def _target(self, conn: ClientConnection, routed: Connection | None) -> LocalLink | None:
         """The one local link all of this client's current PUB lines go to, if there is one. `routed`: the
         one link every message since the last look went to on the general path (realistic traffic seldom
         repeats a line, so most lines never get a memo), when every one of them took that path; lines without
