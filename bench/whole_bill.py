@@ -350,6 +350,8 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
         await asyncio.gather(*con_tasks)
     finally:
         ticker.cancel()
+    if bench.impl == "zonebus":  # the late bulk commit of the linked batches belongs to this traffic's bill
+        await wait_packed(bench, stream)
     await to_window_edge()
     until = time.time()
     cross = bench.cluster.cross_zone()
@@ -360,6 +362,21 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     return {"pubs": pubs, "cons": cons, "cross": cross, "counts": counts, "stored": stored, "where": where,
             "pub_elapsed": pub_elapsed, "elapsed": time.perf_counter() - t0, "setup": setup,
             "since": since, "until": until, "stream": stream}
+
+
+async def wait_packed(bench: Bench, stream: str, timeout: float = 40.0) -> None:
+    """Until the stream's leader stored its log and packed every linked batch (`zone_router.links`, /jsz)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = 0
+        for srv in bench.cluster.servers:
+            st = srv.http_get("/jsz").get("zone_router", {}).get("links", {}).get("streams", {}).get(stream)
+            if st is not None:
+                left += st.get("unstored_batches", 0) + st.get("unpacked_batches", 0)
+        if not left:
+            return
+        await asyncio.sleep(0.5)
+    log(f"{bench.label}: stream {stream} still had linked batches not packed after {timeout:.0f}s")
 
 
 def router_bytes(bench: Bench) -> str:

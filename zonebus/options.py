@@ -218,6 +218,9 @@ class JetStreamOptions:
     # object every `zone_router_tier` seconds (zonebus.store.sharedtier); `storage` acks once the object is stored
     zone_router_ack: str = "replicas"
     zone_router_tier: float = 5.0
+    # with `replicas`: the log stores link records into the proxies' RouterChannel objects, and their full form is
+    # packed this long after (zonebus.store.sharedpacks); the channels' trim waits for the packs
+    zone_router_pack: float = 10.0
     # encryption at rest (nats-server's keys; zonebus.store.atrest): `key` (or `ek`, `encryption_key`) turns it on;
     # `cipher`: chachapoly (nats-server's default) or aes; `prev_key` (or `prev_ek`, `prev_encryption_key`): the
     # key stores were written with before a rotation (they are re-wrapped under `key` when opened)

@@ -160,9 +160,25 @@ def test_reader_shows_only_settled_batches_during_a_takeover(tmp_path: Path) -> 
 
 def test_unknown_layout_version_is_refused(tmp_path: Path) -> None:
     (tmp_path / "shared").mkdir()
-    (tmp_path / "shared" / "layout.json").write_text(json.dumps({"format": L.FORMAT, "version": 2}))
-    with pytest.raises(L.LayoutError, match="layout version 2 is not supported"):
+    (tmp_path / "shared" / "layout.json").write_text(json.dumps({"format": L.FORMAT, "version": 3}))
+    with pytest.raises(L.LayoutError, match="layout version 3 is not supported"):
         storage(tmp_path)
+
+
+def test_a_version_1_store_is_read_and_a_writer_marks_it_version_2(tmp_path: Path) -> None:
+    """Layout version 2 added link records (`zonebus.store.linklog`): a store of version 1 holds none, so every
+    reader reads it; a writer may write them from then on, so it says so in `layout.json` first."""
+    s = storage(tmp_path).create_stream("S", {"name": "S"}, 0, epoch=1)
+    s.store("a.b", None, b"xy", ts=5)
+    s.close()
+    marker = tmp_path / "shared" / "layout.json"
+    assert json.loads(marker.read_text())["version"] == 2
+    marker.write_text(json.dumps({"format": L.FORMAT, "version": 1}))
+    view = SharedStorage(f"file://{tmp_path}/shared", create=False).open_view("S")
+    assert view.load(1).data == b"xy"
+    assert json.loads(marker.read_text())["version"] == 1  # a reader writes nothing
+    storage(tmp_path)
+    assert json.loads(marker.read_text())["version"] == 2
     with pytest.raises(L.LayoutError, match="no zonebus shared store"):
         SharedStorage(f"file://{tmp_path}/elsewhere", create=False)
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from zonebus.zonerouter import batch
+from zonebus.store import routerbatch as batch
 from zonebus.zonerouter.records import (
     BatchAnswer,
     Handoff,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from zonebus.store import filestore as F
-from zonebus.zonerouter import batch as batchfmt
-from zonebus.zonerouter.batch import Message
+from zonebus.store import routerbatch as batchfmt
+from zonebus.store.routerbatch import Message
 from zonebus.zonerouter.readframes import Poll
 from zonebus.zonerouter.tailrefs import ChannelBatches, Origin, Origins, RefError, SentBatches, rebuild
 

@@ -166,6 +166,7 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "zone_router_epoch": setter("zone_router_epoch", _router_epoch),
     "zone_router_ack": _router_ack,
     "zone_router_tier": setter("zone_router_tier", _router_tier),
+    "zone_router_pack": setter("zone_router_pack", _router_tier),
 }
 
 

@@ -1,7 +1,7 @@
 """A stream read in place from a shared store: the plan (on Spark's driver) and the decoding (in the tasks).
 
-No Spark here: `streams_source` wraps this in Spark's Python data source API. The layout (version 1) is
-`docs/shared-store-layout.md`; names, batch encoding and chain resolution come from
+No Spark here: `streams_source` wraps this in Spark's Python data source API. The layout (versions 1 and 2)
+is `docs/shared-store-layout.md`; names, batch encoding and chain resolution come from
 `zonebus.store.sharedlayout` and `SharedView` (listing, seals, base), so this module only decides which batch
 objects a query needs and applies the log's rules to the records they hold.
 
@@ -23,6 +23,11 @@ Pushdown: `seq` ranges skip batches by their header's sequence span; `time` rang
 times (timestamps are non-decreasing along the log: the store never writes one below the previous, which the
 index's time lookups also rely on); subjects cannot skip objects in layout v1 (no per-object subject
 summary) but are tested before a row is built. Every pushed predicate is applied exactly to each row.
+
+Layout version 2: a batch object may hold link records (the zone router's leader stores where a message is
+in a proxy's RouterChannel object instead of a second copy). A link record stands for its message in the
+plan (same sequence and time); a task reads the batch's full form from the stream's packs or, before its
+pack is written, from the channel objects (`zonebus.store.linklog.LinkResolver`), then decodes it as ever.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import pyarrow as pa
 
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
+from zonebus.store.linklog import LinkResolver
 from zonebus.store.shared import SharedStorage
 from zonebus.store.sharedview import SharedView
 from zonebus.subjects.patterns import matches
@@ -133,7 +139,7 @@ def _is_clean(head: L.BatchHeader, prefix: bytes) -> tuple[bool, int]:
     if len(prefix) < PREFIX_BYTES:
         return False, NO_TS
     _total, kind, seq, ts, _s, _h, _d = L.record_header(prefix, L.BATCH_HDR_LEN)
-    if kind != L.MSG:
+    if kind not in (L.MSG, L.LINK):
         return False, NO_TS
     return seq == head.first_seq and head.nrec == head.last_seq - head.first_seq + 1, ts
 
@@ -155,7 +161,7 @@ def summarize_whole(batch: int, epoch: int, data: bytes) -> BatchSummary:
     removals = []
     first_ts = max_ts = NO_TS
     for n, (_off, kind, seq, ts, _s, _h, _d) in enumerate(L.iter_records(data)):
-        if kind == L.MSG:
+        if kind in (L.MSG, L.LINK):  # (a link record stands for a message: layout version 2)
             if first_ts == NO_TS:
                 first_ts = ts
             max_ts = max(max_ts, ts)
@@ -336,10 +342,11 @@ def parse_headers(raw: bytes) -> list[tuple[str, list[str]]]:
     return list(out.items())
 
 
-def _fetch(objects: ObjectStore, prefix: str, batch: int, epoch: int) -> bytes | None:
-    """A batch object's bytes; None when a base move deleted it since the plan (then it held no live message)."""
+def _fetch(objects: ObjectStore, prefix: str, batch: int, epoch: int, links: LinkResolver) -> bytes | None:
+    """A batch object's version-1 bytes (link records resolved: layout version 2); None when a base move deleted
+    it since the plan (then it held no live message)."""
     try:
-        return objects.get(f"{prefix}/log/{L.batch_name(batch, epoch)}")
+        return links.resolve(batch, epoch, objects.get(f"{prefix}/log/{L.batch_name(batch, epoch)}"))
     except FileNotFoundError:
         for name in objects.list(f"{prefix}/base"):
             p = L.parse_pair(name, ".json")
@@ -358,6 +365,7 @@ def read_task(task: Task, rows_per_batch: int = ROWS_PER_BATCH) -> Iterator[pa.R
 
     objects = ObjectStore.from_url(task.url, task.endpoint, task.region)
     prefix = L.stream_prefix(task.stream)
+    links = LinkResolver(objects.get, objects.list, prefix)
     pred = task.pred
     subject_ok: dict[str, bool] = {}
 
@@ -368,7 +376,7 @@ def read_task(task: Task, rows_per_batch: int = ROWS_PER_BATCH) -> Iterator[pa.R
         return ok
 
     for batch, epoch, last, clean in task.batches:
-        data = _fetch(objects, prefix, batch, epoch)
+        data = _fetch(objects, prefix, batch, epoch, links)
         if data is None:
             continue
         _check_names(L.read_header(data), batch, epoch)

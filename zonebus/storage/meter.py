@@ -1,7 +1,7 @@
 """`RequestMeter`: every request a server makes to a shared store, counted by kind and purpose.
 
 Kinds are what a provider prices: PUT, GET, LIST, HEAD, DELETE, COPY. Purposes say what the request was for,
-from the object's key (`purpose_of`): `stream_log` (a stream's batch and base objects), `router_channel`
+from the object's key (`purpose_of`): `stream_log` (a stream's batch, base and pack objects), `router_channel`
 (the zone router's channel objects), `link_wal` (a leader's link-record log), `consumer_state` (consumer
 documents), `meta` (claims, seals, stream configs, layout and owner markers). `ObjectStore` counts into one
 meter per process (`METER`), from its worker threads; the ledger takes what was counted per interval
@@ -25,7 +25,7 @@ def purpose_of(key: str) -> str:
     if key.startswith("streams/"):
         parts = key.split("/", 3)
         sub = parts[2] if len(parts) > 2 else ""
-        if sub in ("log", "base"):
+        if sub in ("log", "base", "packs"):
             return "stream_log"
         if sub == "links":
             return "link_wal"

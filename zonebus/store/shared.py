@@ -62,7 +62,8 @@ class SharedStorage:
                 raise L.LayoutError(f"{self.url}: no zonebus shared store here ({L.LAYOUT_KEY} missing)")
             self.objects.put(L.LAYOUT_KEY, L.layout_doc())
             return
-        L.check_layout(raw, self.url)
+        if L.check_layout(raw, self.url) < L.VERSION and create:  # a writer may write link records from now on
+            self.objects.put(L.LAYOUT_KEY, L.layout_doc())
 
     @property
     def executor(self) -> ThreadPoolExecutor:

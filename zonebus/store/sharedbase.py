@@ -16,8 +16,10 @@ import time
 from typing import TYPE_CHECKING
 
 from zonebus.store import sharedlayout as L
+from zonebus.store.linklog import pack_name
 from zonebus.store.msgstore import now_ns
 from zonebus.store.sharedfence import Fenced
+from zonebus.store.sharedview import LINKED
 
 if TYPE_CHECKING:
     from zonebus.store.sharedstore import SharedStore
@@ -47,10 +49,10 @@ class BaseMoves:
         old = [(n, e) for n, e in self.batches.items() if n < b]
         self._base_busy = True
         self._last_base_move = time.monotonic()
-        self._run_job(self._put_base, (b, next_seq, old), lambda err: self._base_moved(b, err))
+        self._run_job(self._put_base, (b, next_seq, old, self.packs_below(b)), lambda err: self._base_moved(b, err))
 
-    def _put_base(self: SharedStore, args: tuple[int, int, list[tuple[int, int]]]) -> None:
-        b, next_seq, old = args
+    def _put_base(self: SharedStore, args: tuple[int, int, list[tuple[int, int]], list[tuple[int, int, int]]]) -> None:
+        b, next_seq, old, packs = args
         doc = {"batch": b, "epoch": self.epoch, "next_seq": next_seq, "writer": self.writer, "ts": now_ns()}
         self.objects.put(f"{self.prefix}/base/{L.base_name(b, self.epoch)}", json.dumps(doc).encode())
         self._check_fence()  # never delete anything once another writer owns the stream
@@ -59,6 +61,9 @@ class BaseMoves:
             path = self._cache_path(n, e)
             if path is not None:
                 path.unlink(missing_ok=True)
+                path.with_suffix(LINKED).unlink(missing_ok=True)
+        for first, last, e in packs:
+            self.objects.delete(f"{self.prefix}/packs/{pack_name(first, last, e)}")
         for name in self.objects.list(f"{self.prefix}/base"):
             p = L.parse_pair(name, ".json")
             if p is not None and p[0] < b:
@@ -80,4 +85,5 @@ class BaseMoves:
             if data is not None:
                 self._mem_bytes -= len(data)
         self.chain_start = max(self.chain_start, b)
+        self.packs = [p for p in self.packs if p[1] >= b]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -40,6 +40,8 @@ from zonebus.store import sharedlayout as L
 from zonebus.store.sharedfence import Fenced
 
 if TYPE_CHECKING:
+    from zonebus.store.linklog import LinkRef
+    from zonebus.store.routerbatch import Message
     from zonebus.store.sharedstore import SharedStore
 
 log = logging.getLogger("zonebus.store.sharedstore")
@@ -62,6 +64,7 @@ class CommitOptions:
     tier_interval: float = 0.0
     tier_acks: int = 1
     tier_batch_bytes: int = 8 * 1024 * 1024
+    pack_interval: float = 10.0  # linked batches (`sharedpacks`) are packed this many seconds after the first
 
 
 class PutTimes:
@@ -94,7 +97,7 @@ class PendingBatch:
     """A batch from its first record until it is released (durable, acknowledged, in the view)."""
 
     __slots__ = ("num", "buf", "nrec", "first_seq", "last_seq", "msgs", "removed", "waiters", "data", "state",
-                 "future", "error", "attempts", "size", "marks")
+                 "future", "error", "attempts", "size", "marks", "refs", "stored")
 
     def __init__(self, num: int, first_seq: int) -> None:
         self.num = num
@@ -112,6 +115,8 @@ class PendingBatch:
         self.attempts = 0
         self.size = 0
         self.marks: list[tuple[int, int]] = []  # (end offset, seq) of each message (a replicated tail only)
+        self.refs: Mapping[int, tuple[LinkRef, Message]] | None = None  # messages to store as link records
+        self.stored: bytes | None = None  # the bytes the store gets (`sharedpacks`: the version-2 form)
 
 
 class GroupCommit:
@@ -138,6 +143,7 @@ class GroupCommit:
         b.size = len(b.data)
         b.state = "queued"
         self._unreleased.append(b)
+        self._link_at_seal(b)
 
     def _pump(self: SharedStore) -> None:
         """Start uploads for queued batches while slots are free; run them inline without a loop."""
@@ -174,23 +180,26 @@ class GroupCommit:
         need nothing more), then (s3://) copy the batch into the cache directory."""
         assert b.data is not None
         key = self._key(b.num, self.epoch)
+        body = self._stored_form(b)
         started = time.monotonic()
         try:
-            self.objects.put(key, b.data, if_absent=True)
+            self.objects.put(key, body, if_absent=True)
             self.put_times.add(time.monotonic() - started)
         except ObjectExists:
             try:
                 stored = self.objects.get(key)
             except FileNotFoundError:  # a new writer's base move removed it: it owns the stream
                 stored = b""
-            if stored != b.data:  # a new writer fenced this slot (else: our own earlier attempt landed)
+            if stored != body:  # a new writer fenced this slot (else: our own earlier attempt landed)
                 raise Fenced(f"stream {self.stream}: taken over by epoch {self._max_epoch()} (this writer has "
                              f"epoch {self.epoch}; its batch {b.num} was fenced)")
         self.uploads += 1
         path = self._cache_path(b.num, self.epoch) if not self.objects.local else None
         if path is None:
             return  # the future's callback tells the loop
-        self._cache_write(path, b.data)  # durable before the loop hears of it: replicas drop their parts then
+        # durable before the loop hears of it: replicas drop their parts then (a linked batch: its full form,
+        # marked as linked, so that a takeover by this server knows it still needs a pack)
+        self._cache_write(path, b.data, linked=body is not b.data)
         loop = self.loop
         if loop is not None and attempt:
             try:
@@ -264,6 +273,7 @@ class GroupCommit:
         self.next_batch = b.num + 1
         for target, n in b.removed.items():
             self._dec_live_n(target, n)
+        self._link_released(b)
         if b.msgs:
             self.durable_seq = max(self.durable_seq, b.last_seq)
             self._tail_release(self.durable_seq)  # consumers see them (unless the replicas' quorum showed them)

@@ -1,12 +1,14 @@
-"""The on-storage layout of streams on a shared store (version 1): object names, batch encoding, chain rules.
+"""The on-storage layout of streams on a shared store (version 2): object names, batch encoding, chain rules.
 
 Pure functions over bytes and listings, no I/O; `docs/shared-store-layout.md` is the reference for other
 readers. Under the store's root:
 
-    layout.json                                      {"format": "zonebus-shared-store", "version": 1}
+    layout.json                                      {"format": "zonebus-shared-store", "version": 2}
     streams/<stream>/epochs/<epoch>.claim            a writer starts a takeover with this epoch
     streams/<stream>/epochs/<epoch>.seal             ... and resolved the log: it writes from `start_batch`
     streams/<stream>/log/<batch>.<epoch>.blk         one group-commit batch: header + file-store records
+                                                     (version 2: some are link records, `linklog`)
+    streams/<stream>/packs/<first>.<last>.<epoch>.pk the full (version-1) form of linked batches, written late
     streams/<stream>/base/<batch>.<epoch>.json       the log starts at `batch`; sequences < `next_seq` are gone
     streams/<stream>/stream.<epoch>.json             the stream's config (highest epoch wins)
     streams/<stream>/consumers/states.<epoch>.json   every durable consumer's state: {name: state}
@@ -31,9 +33,12 @@ from dataclasses import dataclass, field
 
 from zonebus.store.filestore import DEL, HDR_LEN, MARK, MSG, encode
 
+LINK = 5  # a link record (batch objects of version 2 only; `zonebus.store.linklog`)
+
 LAYOUT_KEY = "layout.json"
 FORMAT = "zonebus-shared-store"
-VERSION = 1
+VERSION = 2  # of the layout: version 2 added link records and packs (`linklog`); version-1 stores read as ever
+READS = (1, 2)
 STREAMS = "streams"
 BATCH_MAGIC = b"ZBSB"
 _BATCH_HDR = struct.Struct("<4sHHQQQQII")  # magic, version, flags, epoch, batch, first_seq, last_seq, nrec, crc
@@ -65,16 +70,18 @@ def layout_doc() -> bytes:
     return json.dumps({"format": FORMAT, "version": VERSION}).encode()
 
 
-def check_layout(raw: bytes, where: str) -> None:
+def check_layout(raw: bytes, where: str) -> int:
+    """The store's layout version, LayoutError when this zonebus cannot read it."""
     try:
         doc = json.loads(raw)
     except ValueError:
         raise LayoutError(f"{where}/{LAYOUT_KEY} is not JSON")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise LayoutError(f"{where}/{LAYOUT_KEY} is not a zonebus shared store marker")
-    if doc.get("version") != VERSION:
+    if doc.get("version") not in READS:
         raise LayoutError(f"{where}: shared store layout version {doc.get('version')!r} is not supported "
-                          f"(this zonebus reads version {VERSION})")
+                          f"(this zonebus reads versions {', '.join(map(str, READS))})")
+    return int(doc["version"])
 
 
 # -- names ---------------------------------------------------------------------------------------------
@@ -137,8 +144,8 @@ def latest_docs(names: list[str]) -> dict[str, tuple[int, str]]:
 
 
 # -- batch objects -------------------------------------------------------------------------------------
-def batch_header(epoch: int, batch: int, first_seq: int, last_seq: int, nrec: int) -> bytes:
-    head = _BATCH_HDR.pack(BATCH_MAGIC, VERSION, 0, epoch, batch, first_seq, last_seq, nrec, 0)
+def batch_header(epoch: int, batch: int, first_seq: int, last_seq: int, nrec: int, version: int = 1) -> bytes:
+    head = _BATCH_HDR.pack(BATCH_MAGIC, version, 0, epoch, batch, first_seq, last_seq, nrec, 0)
     crc = zlib.crc32(head[:-4])
     return head[:-4] + _CRC.pack(crc)
 
@@ -150,6 +157,7 @@ class BatchHeader:
     first_seq: int  # the stream's next sequence when the batch was opened
     last_seq: int  # the last message sequence in the batch (first_seq - 1 when it holds none)
     nrec: int
+    version: int = 1  # 2: it may hold link records (`linklog.expand` gives the version-1 bytes)
 
 
 def read_header(data: bytes | memoryview) -> BatchHeader:
@@ -160,9 +168,9 @@ def read_header(data: bytes | memoryview) -> BatchHeader:
         raise LayoutError("not a batch object (bad magic)")
     if zlib.crc32(memoryview(data)[: BATCH_HDR_LEN - 4]) != crc:
         raise LayoutError("batch header checksum mismatch")
-    if version != VERSION:
+    if version not in (1, 2):
         raise LayoutError(f"batch object version {version} is not supported")
-    return BatchHeader(epoch, batch, first, last, nrec)
+    return BatchHeader(epoch, batch, first, last, nrec, version)
 
 
 def iter_records(data: bytes) -> Iterator[tuple[int, int, int, int, int, int, int]]:
@@ -170,7 +178,7 @@ def iter_records(data: bytes) -> Iterator[tuple[int, int, int, int, int, int, in
     head = read_header(data)
     end = BATCH_HDR_LEN
     n = 0
-    for rec in iter_records_from(data, BATCH_HDR_LEN, head.batch, head.nrec):
+    for rec in iter_records_from(data, BATCH_HDR_LEN, head.batch, head.nrec, links=head.version == 2):
         n += 1
         end = rec[0] + HDR_LEN + rec[4] + rec[5] + rec[6] + 4
         yield rec
@@ -189,10 +197,12 @@ def check_batch(data: bytes, batch: int, epoch: int) -> None:
         pass
 
 
-def iter_records_from(data: bytes | bytearray, start: int, batch: int = 0,
-                      limit: int = -1) -> Iterator[tuple[int, int, int, int, int, int, int]]:
+def iter_records_from(data: bytes | bytearray, start: int, batch: int = 0, limit: int = -1,
+                      links: bool = False) -> Iterator[tuple[int, int, int, int, int, int, int]]:
     """The records from offset `start` to the end of `data` (or the first `limit` of them): of a batch object,
-    or of the part of one that a replica holds; each checked, LayoutError on any damage or a record cut short."""
+    or of the part of one that a replica holds; each checked, LayoutError on any damage or a record cut short.
+    LINK records only with `links` (a version-2 object)."""
+    kinds = (MSG, DEL, MARK, LINK) if links else (MSG, DEL, MARK)
     off = start
     size = len(data)
     view = memoryview(data)
@@ -201,7 +211,7 @@ def iter_records_from(data: bytes | bytearray, start: int, batch: int = 0,
         if size - off < HDR_LEN + 4:
             raise LayoutError(f"batch {batch}: truncated record at {off}")
         total, kind, seq, ts, slen, hlen, dlen = _REC_HDR.unpack_from(data, off)
-        if total != HDR_LEN + slen + hlen + dlen + 4 or off + total > size or kind not in (MSG, DEL, MARK):
+        if total != HDR_LEN + slen + hlen + dlen + 4 or off + total > size or kind not in kinds:
             raise LayoutError(f"batch {batch}: bad record at {off}")
         end = off + total - 4
         if zlib.crc32(view[off:end]) != _CRC.unpack_from(data, end)[0]:

@@ -15,6 +15,7 @@ their own modules:
 - `sharedbase` (`BaseMoves`): front batches whose messages are all gone (durably) are dropped by writing
   `base/<b>.<epoch>.json` and deleting the objects below it;
 - `sharedtier` (`ReplicatedTail`): acks once replicas in other zones hold the records (a billed store);
+- `sharedpacks` (`LatePacks`): link records instead of a second copy (zone router), packed late and in bulk;
 - `sharedview` (`SharedView`): the reader this writer is, too.
 
 Stream and consumer documents go through one serial queue per store (`shareddocs.DocQueue`). Without an event
@@ -43,13 +44,14 @@ from zonebus.store.sharedbase import BaseMoves
 from zonebus.store.sharedcommit import CommitOptions, DurableCallback, GroupCommit, PendingBatch, PutTimes
 from zonebus.store.shareddocs import DocQueue
 from zonebus.store.sharedfence import TailSource, WriterFencing
+from zonebus.store.sharedpacks import LatePacks
 from zonebus.store.sharedtier import ReplicatedTail
 from zonebus.store.sharedview import SharedView
 
 log = logging.getLogger(__name__)
 
 
-class SharedStore(ReplicatedTail, WriterFencing, BaseMoves, GroupCommit, SharedView):
+class SharedStore(ReplicatedTail, LatePacks, WriterFencing, BaseMoves, GroupCommit, SharedView):
     def __init__(self, objects: ObjectStore, stream: str, epoch: int, writer: str = "",
                  cache_dir: str | Path | None = None, options: CommitOptions | None = None,
                  tail_source: TailSource | None = None) -> None:
@@ -81,15 +83,19 @@ class SharedStore(ReplicatedTail, WriterFencing, BaseMoves, GroupCommit, SharedV
         self.uploads = 0
         self.put_times = PutTimes()
         self._tail_init()
+        self._packs_init()
         self.tail_source = tail_source
         self._limit = self.opts.batch_bytes
         self._takeover()
+        self._adopt_links()
         self.announced_seq = self.durable_seq
 
     def attach(self, loop: asyncio.AbstractEventLoop, executor: Executor) -> None:
         """Run asynchronously from now on: uploads on `executor`, completions on `loop`."""
         self.loop = loop
         self.executor = executor
+        if self.unpacked:  # linked batches of the writer before: their pack comes first
+            self._pack_later(0.0)
 
     # -- MsgStore hooks ------------------------------------------------------------------------------
     def write_error(self) -> str | None:
@@ -334,6 +340,7 @@ class SharedStore(ReplicatedTail, WriterFencing, BaseMoves, GroupCommit, SharedV
             saved, self.loop = self.loop, None
             try:
                 self._maybe_move_base(force=True)  # inline; skipped when a move is already running
+                self.pack_inline()  # the channels' trim need not wait for the next writer
             finally:
                 self.loop = saved
         self.docs.flush(deadline)

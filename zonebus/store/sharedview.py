@@ -29,9 +29,17 @@ from zonebus.store import sharedlayout as L
 from zonebus.store.cachecopies import COPIES
 from zonebus.store.durability import make_dirs, replace_file
 from zonebus.store.filestore import FileStore
+from zonebus.store.linklog import LinkResolver, link_epochs
 from zonebus.store.msgstore import MsgStore
 
 log = logging.getLogger(__name__)
+
+LINKED = ".lnk"  # beside a cached batch: the store holds its linked form (version 2), maybe not packed yet
+
+
+def mark_linked(path: Path) -> None:
+    """Durably mark the cache file `path` as the full form of a linked batch."""
+    replace_file(path.with_suffix(LINKED), b"")
 
 MEM_CACHE_BYTES = 32 * 1024 * 1024
 LOAD_ATTEMPTS = 5
@@ -71,6 +79,8 @@ class SharedView(MsgStore):
         self.part_epoch = 0
         self._unstored: dict[int, tuple[int, bytes]] = {}  # batch -> (epoch, object) completed from parts
         self._held_tail: tuple[dict, bytearray | None, int, int] = ({}, None, 0, 0)
+        self.links = LinkResolver(objects.get, objects.list, self.prefix)  # version-2 objects (`linklog`)
+        self.linked_seen: dict[int, int] = {}  # batch -> lowest route epoch it links into (0: unknown), as read
         if load:
             self.reload()
 
@@ -323,6 +333,8 @@ class SharedView(MsgStore):
                 self._last_ts = max(self._last_ts, ts)
             elif kind == L.DEL:
                 self._index_remove(seq)
+            elif kind != L.MARK:
+                raise L.LayoutError(f"{self.stream}: batch {b}: a link record where full records belong")
             else:  # MARK: below `seq` nothing is live; the last sequence is at least `ts`
                 while idx.msgs and idx.first_seq < seq:
                     self._index_remove(idx.first_seq)
@@ -359,6 +371,12 @@ class SharedView(MsgStore):
             if data is not None:
                 return data
         data = self.objects.get(self._key(b, e))
+        if L.read_header(data).version != 1:  # link records: the full form from a pack or the channel objects
+            low = link_epochs(data)
+            data = self.links.resolve(b, e, data)
+            self.linked_seen[b] = low or 0
+            if path is not None:
+                mark_linked(path)
         if path is not None:
             COPIES.put(path, data, (b, e))  # checked, durable, off this path (a takeover loads whole chains)
         return data
@@ -377,13 +395,17 @@ class SharedView(MsgStore):
                         self.stream, path, exc)
             path.unlink(missing_ok=True)
             return None
+        if path.with_suffix(LINKED).exists():  # the store holds its linked form (`sharedpacks`)
+            self.linked_seen.setdefault(b, 0)
         return data
 
-    def _cache_write(self, path: Path, data: bytes) -> None:
+    def _cache_write(self, path: Path, data: bytes, linked: bool = False) -> None:
         """Keep a checked batch in the cache directory, durably (fsynced, then renamed into place): it is another
         copy of the shared store's object, which a new writer can put back over a damaged one
         (`stream.batchcopies`), and a copy lost to a power cut is none."""
         try:
+            if linked:
+                mark_linked(path)
             replace_file(path, data)
         except OSError:
             log.warning("shared store %s: could not write cache file %s", self.stream, path)
@@ -411,6 +433,7 @@ class SharedView(MsgStore):
         if self.cache_dir is None:
             return
         keep = {L.batch_name(b, e) for b, e in self.batches.items()}
+        keep |= {name[: -len(".blk")] + LINKED for name in keep}
         for p in self.cache_dir.iterdir():
             if p.name not in keep:
                 try:

@@ -324,7 +324,7 @@ class JetStreamService:
         options = CommitOptions(linger=o.shared_store_linger, batch_bytes=o.shared_store_batch,
                                 inflight=o.shared_store_inflight,
                                 latency_budget=o.shared_store_latency_budget if billed else 0.0,
-                                tier_interval=o.zone_router_tier if tiered else 0.0)
+                                tier_interval=o.zone_router_tier if tiered else 0.0, pack_interval=o.zone_router_pack)
         # Blocking, like the local recovery above: no client is served before every stream is back (the
         # listener is open already, but its connections are not set up while the loop is busy here).
         # another account's streams are under `<shared_store>/accounts/<account>` (the same layout inside)

@@ -43,11 +43,14 @@ PHASES: list[Phase] = [
 
 
 class FaultPublisher:
-    """One connection publishing `<who>:<i>` to `subject`, awaited, each retried until acknowledged."""
+    """One connection publishing `<who>:<i>` to `subject` (then a space and `pad` bytes of JSON-ish filler when
+    `pad`), awaited, each retried until acknowledged."""
 
-    def __init__(self, urls: str | list[str], who: str, subject: str, zone: str = "", timeout: float = 2.0) -> None:
+    def __init__(self, urls: str | list[str], who: str, subject: str, zone: str = "", timeout: float = 2.0,
+                 pad: int = 0) -> None:
         self.urls = [urls] if isinstance(urls, str) else urls
         self.who, self.subject, self.zone, self.timeout = who, subject, zone, timeout
+        self.filler = (" " + ('{"k":"v"}' * (pad // 9 + 1))[:pad]).encode() if pad else b""
         self.acked: dict[int, int] = {}  # i -> stream sequence
         self.ack_times: list[float] = []  # monotonic time of each PubAck
         self.failures: Counter[str] = Counter()
@@ -63,7 +66,7 @@ class FaultPublisher:
         try:
             while not stop.is_set():
                 try:
-                    ack = await js.publish(self.subject, f"{self.who}:{i}".encode())
+                    ack = await js.publish(self.subject, self.payload(i))
                 except nats.js.errors.APIError as exc:
                     self.failures[f"js {exc.code} {exc.err_code}"] += 1
                     await asyncio.sleep(0.05)
@@ -81,6 +84,9 @@ class FaultPublisher:
                 i += 1
         finally:
             await nc.close()
+
+    def payload(self, i: int) -> bytes:
+        return f"{self.who}:{i}".encode() + self.filler
 
     async def _connection_error(self, exc: Exception) -> None:
         self.connection_errors += 1  # (its server is down or paused: the publishes that failed count above)
@@ -189,7 +195,7 @@ def check(pubs: list[FaultPublisher], stored: list[tuple[int, bytes]]) -> Report
     who = {p.who: p for p in pubs}
     last: dict[str, int] = {}
     for seq, data in stored:
-        name, _, num = data.decode(errors="replace").partition(":")
+        name, _, num = data.decode(errors="replace").partition(" ")[0].partition(":")
         if name not in who or not num.isdigit():
             r.unknown.append(f"{seq}: {data[:40]!r}")
             continue
@@ -205,7 +211,7 @@ def check(pubs: list[FaultPublisher], stored: list[tuple[int, bytes]]) -> Report
     for p in pubs:
         prev = 0
         for i, seq in sorted(p.acked.items()):
-            if by_seq.get(seq) != f"{p.who}:{i}".encode():
+            if by_seq.get(seq) != p.payload(i):
                 r.lost.append(f"{p.who}:{i} acked at {seq}, stored there: {by_seq.get(seq)!r}")
             if seq <= prev:
                 r.order.append(f"{p.who}:{i} acked at {seq}, not after {prev}")

@@ -18,12 +18,9 @@ import threading
 import time
 
 from zonebus.storage.fs import ObjectStore
+from zonebus.store.routerbatch import PREFIX, object_key
 
-PREFIX = "zonerouter/channels"
-
-
-def object_key(channel: bytes, epoch: int, offset: int) -> str:
-    return f"{PREFIX}/{channel.hex()}/{epoch:010d}/{offset:020d}.zrb"
+__all__ = ["PREFIX", "RouterChannel", "object_key"]
 
 
 class RouterChannel:

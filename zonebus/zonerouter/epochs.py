@@ -9,8 +9,10 @@ record of that epoch or older in flight.
 - The meta leader bumps `current` every `interval` (10 s) and sets `fenced = current - 2`, so a proxy had a
   whole interval to move to a newer epoch and nothing is rejected in normal operation (AutoMQ fences
   `current - 1` at once and rejects what is in flight). It publishes `committed` = the minimum of the live
-  servers' own records (servers that are down do not hold it back).
-- Every server reports its committed epoch once its leader side drained the fenced epochs.
+  servers' own records (servers that are down do not hold it back) and of the streams' pins (`linkrefs`: a
+  linked batch of the stream's log not packed yet needs its channel objects, whoever leads it).
+- Every server reports its committed epoch once its leader side drained the fenced epochs and the streams it
+  leads have packed their links into them; it moves those streams' pins on too.
 - On a new `committed`, every proxy deletes its channel's epoch folders up to it; the meta leader also does
   it for channels nobody runs any more (their server is down or restarted with a new channel) and removes
   such a channel once it is empty, so a proxy killed with batches on the store leaves no objects behind.
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from zonebus.meta import MetaError
 from zonebus.zonerouter.channel import PREFIX, RouterChannel
+from zonebus.zonerouter.linkrefs import LinkPins, pins_floor
 
 if TYPE_CHECKING:
     from zonebus.meta import MetaGroup
@@ -42,12 +45,14 @@ SWEEP_EVERY = 6  # trims (route epochs) between the meta leader's sweeps of chan
 
 class RouteEpochs:
     def __init__(self, name: str, channel: RouterChannel, interval: float,
-                 inflight_floor: Callable[[], int | None], live: Callable[[], set[str]]) -> None:
+                 inflight_floor: Callable[[], int | None], live: Callable[[], set[str]],
+                 pins: LinkPins | None = None) -> None:
         self.name = name
         self.channel = channel
         self.interval = interval
         self.inflight_floor = inflight_floor  # lowest epoch of a link record the leader side still handles
         self.live = live  # the servers the router sees live (with a zone)
+        self.pins = pins  # the link records of the streams led here (`linkrefs`)
         self.meta: MetaGroup | None = None
         self._last_bump = time.monotonic()
         self._busy = False
@@ -106,15 +111,23 @@ class RouteEpochs:
         if not live:
             return
         floor = min((self._rec(s).committed if self._rec(s) is not None else 0) for s in live)
+        pinned = pins_floor(meta.state)
+        if pinned is not None:
+            floor = min(floor, pinned)
         if floor > self.committed:
             await meta.propose({"op": "route_epoch", "server": CLUSTER, "committed": floor}, PROPOSE_TIMEOUT)
 
     async def _report(self, meta: MetaGroup) -> None:
         fenced = self.fenced
+        if self.pins is not None and fenced > 0:
+            await self.pins.report(meta, fenced)
         mine = self._rec(self.name)
         if fenced <= (mine.committed if mine is not None else 0):
             return
         low = self.inflight_floor()
+        linked = self.pins.floor() if self.pins is not None else None
+        if linked is not None:
+            low = linked if low is None else min(low, linked)
         if low is not None and low <= fenced:
             return  # a fenced epoch's records are still being appended here
         await meta.propose({"op": "route_epoch", "server": self.name, "committed": fenced}, PROPOSE_TIMEOUT)

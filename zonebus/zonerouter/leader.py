@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from zonebus.protocol.jserrors import JSError
-from zonebus.zonerouter import batch as batchfmt
+from zonebus.store import routerbatch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.proxy import retry_error
 from zonebus.zonerouter.records import BatchAnswer, LinkRecord, answer_entries

@@ -27,7 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zonebus.zonerouter import batch as batchfmt
+from zonebus.store import routerbatch as batchfmt
 from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.paths import GATHER_GAP, LINK, STORAGE, STORAGE_BATCH, PathChooser
 from zonebus.zonerouter.records import BatchAnswer, LinkRecord, streamed_frame

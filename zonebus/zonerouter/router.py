@@ -30,6 +30,7 @@ from zonebus.zonerouter.channel import RouterChannel
 from zonebus.zonerouter.clientzones import ClientZones
 from zonebus.zonerouter.epochs import RouteEpochs
 from zonebus.zonerouter.leader import LeaderSide
+from zonebus.zonerouter.linkrefs import LinkPins
 from zonebus.zonerouter.paths import LINK, PathChooser
 from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
 from zonebus.zonerouter.reader import Reader
@@ -77,6 +78,7 @@ class ZoneRouter:
         self.leader: LeaderSide | None = None
         self.reader: Reader | None = None
         self.epochs: RouteEpochs | None = None
+        self.pins: LinkPins | None = None
         self._epoch_task: asyncio.Task | None = None
         self.serving = ReadServer(js.svc, self._send)
         js.svc.install_tap(self.serving.tap, REPLY_PREFIX)  # (the pull inboxes the tap serves)
@@ -102,10 +104,12 @@ class ZoneRouter:
         store = ObjectStore.from_url(self.opts.shared_store, self.opts.s3_endpoint, self.opts.s3_region)
         self.channel = RouterChannel(store, self.name)
         await asyncio.to_thread(self.channel.open)
-        stale = await asyncio.to_thread(self.channel.remove_stale)
-        if stale:
-            self.server.log(f"zone router: removed {stale} channel(s) of earlier runs of this server")
         billed = self.opts.shared_store.startswith("s3://")
+        self.tiered = billed and self.opts.zone_router_ack == "replicas"
+        if not self.tiered:  # (with a tail, link records in logs may point into them: the epochs' sweep trims them)
+            stale = await asyncio.to_thread(self.channel.remove_stale)
+            if stale:
+                self.server.log(f"zone router: removed {stale} channel(s) of earlier runs of this server")
         # a channel object costs two requests on a billed store: there its batches fill for a fifth of the
         # latency budget; elsewhere (file://) the router's own linger, as before
         linger = self.opts.zone_router_linger
@@ -113,7 +117,6 @@ class ZoneRouter:
         self.paths = PathChooser(self.opts.zone_router_path, billed, storage_linger)
         if billed:  # a burst's batch gathers for at most this (a storage-path batch of 1 MB costs what 1 kB does)
             self.paths.gather_linger = max(storage_linger, self.opts.shared_store_latency_budget * 2)
-        self.tiered = billed and self.opts.zone_router_ack == "replicas"
         if self.tiered:
             self.paths.further_zones = max(len(self.view.zones) - 2, 0)
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
@@ -125,9 +128,12 @@ class ZoneRouter:
                                  self.serving.origins)
         self.proxy.here = self.name
         self.proxy.local = self._own_batch
+        self.pins = LinkPins(self.serving.origins, self._linking_stores) if self.tiered else None
         self.epochs = RouteEpochs(self.name, self.channel, self.opts.zone_router_epoch, self.leader.inflight_floor,
-                                  self._live_servers)
+                                  self._live_servers, self.pins)
         self.epochs.meta = self.meta
+        if self.pins is not None:
+            self.pins.meta = self.meta
         self._epoch_task = asyncio.get_running_loop().create_task(self._epoch_loop())
         # with a replicated tail this server's snapshots keep what they hold of it on its disk (`heldtail`)
         tail_dir = Path(self.js.svc.root).parent / TAIL_DIR if self.tiered else None
@@ -167,6 +173,8 @@ class ZoneRouter:
         self.meta = meta
         if self.epochs is not None:
             self.epochs.meta = meta
+        if self.pins is not None:
+            self.pins.meta = meta
         self.serving.lease, self.serving.wait_lease = meta.lease, meta.wait_lease
         self.serving.lease_wait = 2 * meta.timing.failover
         meta.on_change(self._meta_change)
@@ -207,6 +215,15 @@ class ZoneRouter:
         for name, snap in self.reader.snapshots.items():
             if snap.pinned and name not in want:
                 snap.pinned = False
+
+    def _linking_stores(self) -> dict[str, Any]:
+        """LinkPins: the stores of the streams this server leads with a replicated tail (link records)."""
+        out = {}
+        for name, stream in list(self.js.svc.streams.items()):
+            store = getattr(stream, "store", None)
+            if getattr(store, "tiered", False) and not store.fenced and not store.closed:
+                out[name] = store
+        return out
 
     def _live_servers(self) -> set[str]:
         return {s for servers in self.view.zones.values() for s in servers}
@@ -249,6 +266,8 @@ class ZoneRouter:
             try:
                 self.recompute()
                 self.serving.tail_check()
+                if self.pins is not None:
+                    self.pins.attach()
                 self._pin_replicas()
                 if self.reader is not None:
                     await self.reader.expire()
@@ -498,6 +517,8 @@ class ZoneRouter:
             out["epochs"] = self.epochs.info()
         if self.tails is not None:
             out["tail"] = {"ack": "replicas" if self.tiered else "storage", **self.tails.stats}
+        if self.pins is not None:
+            out["links"] = self.pins.info()
         if self.js.copies is not None:
             out["batch_copies"] = dict(self.js.copies.stats)
         out["serving"] = {**self.serving.stats, "requests": len(self.serving.reqs)}

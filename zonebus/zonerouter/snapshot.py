@@ -287,6 +287,7 @@ class Snapshot:
                     L.check_batch(data, b, e)
                 except L.LayoutError as exc:
                     raise L.DamagedBatch(f"{view.batch_key(b, e)}: {exc}", b, e) from exc
+                data = view.links.resolve(b, e, data)  # (link records: from a pack or the channel objects)
             try:
                 view.apply_batch(b, e, data)
             except L.LayoutError:  # it does not continue the part the tail brought (a new writer's batch)

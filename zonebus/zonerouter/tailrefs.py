@@ -40,9 +40,10 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from zonebus.store import filestore as F
+from zonebus.store import routerbatch as batchfmt
 from zonebus.store import sharedlayout as L
-from zonebus.zonerouter import batch as batchfmt
-from zonebus.zonerouter.batch import Message
+from zonebus.store.linklog import LinkRef
+from zonebus.store.routerbatch import Message
 
 RAW, REF, LINK = 0, 1, 2
 _SEG = struct.Struct("!BI")
@@ -111,6 +112,17 @@ class Origins:
 
     def streams(self) -> list[str]:
         return list(self._by_stream)
+
+    def linked(self, stream: str, first: int, last: int, above: int) -> dict[int, tuple[LinkRef, Message]]:
+        """Sequences first..last of `stream` that came in a channel object of a route epoch above `above`:
+        where each message is, and the message as the proxy sent it (`zonebus.store.sharedpacks`)."""
+        out: dict[int, tuple[LinkRef, Message]] = {}
+        for seq, o in (self._by_stream.get(stream) or {}).items():
+            if seq > last:
+                break
+            if seq >= first and o.stored and o.epoch > above:
+                out[seq] = (LinkRef(o.source, o.epoch, o.offset, o.index), o.msg)
+        return out
 
     def floor(self) -> int | None:
         """The oldest route epoch of a channel object that a record not in the stored log came from, or None:

@@ -1,5 +1,9 @@
 """One RouterChannel object: the messages of one proxy batch, as the leader reads them back from shared storage.
 
+Objects are named `zonerouter/channels/<channel id>/<epoch, 10 digits>/<offset, 20 digits>.zrb` (`object_key`);
+the zone router writes them (`zonebus.zonerouter.channel`), and the leader's log points into them with link
+records (`zonebus.store.linklog`), so the name and the encoding are part of the shared store's layout.
+
 Layout: `ZRB2`, message count u32, then per message: stream name length u16, subject length u16, header
 block length u32, payload length u32, and those four byte strings; last, the CRC-32 (zlib/IEEE) of every byte
 before it, so that a damaged object is refused rather than stored (`ZRB1`, from servers before the checksum,
@@ -17,6 +21,12 @@ UNCHECKED = b"ZRB1"  # written by servers before the checksum (read during an up
 _HEAD = struct.Struct("!4sI")
 _MSG = struct.Struct("!HHII")
 _CRC = struct.Struct("!I")
+
+PREFIX = "zonerouter/channels"
+
+
+def object_key(channel: bytes, epoch: int, offset: int) -> str:
+    return f"{PREFIX}/{channel.hex()}/{epoch:010d}/{offset:020d}.zrb"
 
 
 class BatchFormatError(ValueError):
