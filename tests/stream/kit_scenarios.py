@@ -54,7 +54,16 @@ class Probe:
         return doc
 
     async def pub(self, subject: str, data: bytes = b"x", headers: dict | None = None) -> dict:
-        msg = await self.nc.request(subject, data, timeout=3, headers=headers)
+        """A publish awaiting its PubAck, recorded. "No responders" (nothing stored) is asked again for up to 3 s:
+        nats-server subscribes a stream created right after one of the same name was deleted asynchronously
+        (`persist_mode` in test_atomic_batch.py got "no responders" once in a CI run, on nats-server)."""
+        async def answered() -> nats.aio.msg.Msg | None:
+            try:
+                return await self.nc.request(subject, data, timeout=3, headers=headers)
+            except nats.errors.NoRespondersError:
+                return None
+
+        msg = await until(answered, f"a PubAck on {subject}", timeout=3)
         doc = json.loads(msg.data)
         self.note("pub", subject, doc)
         return doc
