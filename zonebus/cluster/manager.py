@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 IMPLICIT_RETRIES = 5
-RETIRE_GRACE = 3.0  # seconds a duplicate route that was live is still read before it closes
 
 
 def parse_route_url(url: str) -> tuple[str, int]:
@@ -175,30 +174,15 @@ class ClusterManager:
         if existing is not None and not existing.closed:
             keep = min((existing, conn), key=lambda c: (self._dialer(c), 0 if c is existing else 1))
             drop = conn if keep is existing else existing
+            drop.duplicate = True
             if drop is existing:
                 self.peers[conn.remote_id] = conn
                 self._go_live(conn, info)
-            self._retire(drop)
+            drop.close()
             return drop is existing
         self.peers[conn.remote_id] = conn
         self._go_live(conn, info)
         return True
-
-    def _retire(self, conn: RouteConnection) -> None:
-        """A duplicate route goes. Both ends drop the same one (the rule above), and one that went live here may
-        still bring what the peer sent before it saw the duplicate: nothing is routed to it from now on (its
-        interest is dropped, and interest it brings is ignored), but it is read for `RETIRE_GRACE` seconds
-        before it closes. (Closing it at once lost the messages in flight on it: 9 of 4,920 in
-        tests/gateway/test_gateway_zones.py.) One that never went live here carries nothing: closed at once."""
-        conn.duplicate = True
-        conn.retired = True
-        self.relay.route_gone(conn)
-        conn.drop_remote_interest()
-        self.channels.link_down(conn)
-        if conn.established:
-            self.server.loop.call_later(RETIRE_GRACE, conn.close)
-        else:
-            conn.close()
 
     def _dialer(self, conn: RouteConnection) -> str:
         return self.server.server_id if conn.solicited else conn.remote_id
