@@ -11,6 +11,7 @@ The tests wait with `zonebus.testing.polling.wait_until`, run in a thread (`asyn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,19 @@ class Publisher:
     async def wait_acked(self, n: int, timeout: float = 20.0) -> None:
         await until(lambda: len(self.acked) >= n, f"{n} acknowledged", timeout=timeout,
                     show=lambda: f"only {len(self.acked)} acknowledged")
+
+
+async def stream_leader(nc: nats.NATS, stream: str) -> str:
+    """The stream's leader as STREAM.INFO names it; "" while none answers."""
+    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+        return (await api(nc, f"$JS.API.STREAM.INFO.{stream}", {}, timeout=1.0)).get("cluster", {}).get("leader", "")
+    return ""
+
+
+async def other_leader(nc: nats.NATS, stream: str, old: str) -> str:
+    """The stream's leader once it is another server than `old`; "" until then."""
+    leader = await stream_leader(nc, stream)
+    return leader if leader and leader != old else ""
 
 
 def router_info(server: ServerProcess) -> dict:

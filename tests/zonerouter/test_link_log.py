@@ -10,7 +10,6 @@ real SparkSession reading both layouts, the version-1 batch the takeover wrote a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import nats
 import pytest
 
 from tests.pipeline.conftest import spark  # noqa: F401 - the session fixture
-from tests.zonerouter.kit import api, full_view, router_info, start_zoned
+from tests.zonerouter.kit import full_view, other_leader, router_info, start_zoned, stream_leader
 from zonebus.store import sharedlayout as L
 from zonebus.store.filestore import HDR_LEN
 from zonebus.store.shared import SharedStorage
@@ -63,17 +62,6 @@ def _links_in(data: bytes) -> list[tuple[str, int, int]]:
     return out
 
 
-async def _leader(nc: nats.NATS) -> str:
-    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-        return (await api(nc, "$JS.API.STREAM.INFO.LINKS", {}, timeout=1.0)).get("cluster", {}).get("leader", "")
-    return ""
-
-
-async def _other(nc: nats.NATS, old: str) -> str:
-    leader = await _leader(nc)
-    return leader if leader and leader != old else ""
-
-
 def _channel_key(run: Run, ref: tuple[str, int, int]) -> str:
     return f"{run.prefix}/zonerouter/channels/{ref[0]}/{ref[1]:010d}/{ref[2]:020d}.zrb"
 
@@ -103,7 +91,7 @@ async def _scenario(zoned, run: Run) -> None:
     try:
         await create_stream_retrying(nc, {"name": "LINKS", "subjects": ["l.>"], "storage": "file",
                                           "placement": {"tags": ["az:z1"]}}, time.monotonic() + 15, "LINKS")
-        leader = await until(lambda: _leader(nc), "the stream's leader")
+        leader = await until(lambda: stream_leader(nc, "LINKS"), "the stream's leader")
         assert leader == "a1"
         pubs = [FaultPublisher(x.url, f"p-{n}", f"l.{n}", zone=zoned.zones[n], pad=400) for n, x in s.items()]
         stop = asyncio.Event()
@@ -124,7 +112,7 @@ async def _scenario(zoned, run: Run) -> None:
             assert all(run.s3.keys(_channel_key(run, r)) for r in run.refs)  # kept for the links
             s[leader].kill()
             killed = time.monotonic()
-            new = await until(lambda: _other(nc, leader), "another leader", timeout=30)
+            new = await until(lambda: other_leader(nc, "LINKS", leader), "another leader", timeout=30)
             await until(lambda: all_acked_since([p for p in pubs if p.who != f"p-{leader}"], killed, 10),
                         "publishing healed after the kill", timeout=40)
 

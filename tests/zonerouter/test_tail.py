@@ -14,7 +14,6 @@ the leader stored the records (no reference fails), and the new leader recovers 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from tests.zonerouter.kit import api, full_view, router_info, start_zoned
+from tests.zonerouter.kit import full_view, other_leader, router_info, start_zoned, stream_leader
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
 from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, proxied_s3
@@ -36,12 +35,6 @@ FULL = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}
 def tail_s3() -> Iterator[MotoS3]:
     with proxied_s3("zonebus-tail", seed=3) as s3:
         yield s3
-
-
-async def _leader(nc: nats.NATS) -> str:
-    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-        return (await api(nc, "$JS.API.STREAM.INFO.TAIL", {}, timeout=1.0)).get("cluster", {}).get("leader", "")
-    return ""
 
 
 def _log_puts(counts: dict) -> int:
@@ -65,7 +58,7 @@ async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: Mot
         try:
             await create_stream_retrying(nc, {"name": "TAIL", "subjects": ["t.>"], "storage": "file"},
                                          time.monotonic() + 15, "TAIL")
-            leader = await until(lambda: _leader(nc), "the stream's leader")
+            leader = await until(lambda: stream_leader(nc, "TAIL"), "the stream's leader")
             pubs = [FaultPublisher(x.url, f"p-{n}", f"t.{n}", zone=zoned.zones[n]) for n, x in s.items()]
             stop = asyncio.Event()
             tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
@@ -92,7 +85,7 @@ async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: Mot
                 assert puts <= 2, (puts, acked)
                 s[leader].kill()
                 killed = time.monotonic()
-                new = await until(lambda: _other(nc, leader), "another leader", timeout=30)
+                new = await until(lambda: other_leader(nc, "TAIL", leader), "another leader", timeout=30)
                 await until(lambda: all_acked_since([p for p in pubs if p.who != f"p-{leader}"], killed,
                                                     10), "publishing healed after the kill", timeout=40)
             finally:
@@ -109,8 +102,3 @@ async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: Mot
     assert recovered > 0
     assert report.lost == [], report.lost[:10]
     assert report.order == [] and report.unknown == [], (report.order[:10], report.unknown[:10])
-
-
-async def _other(nc: nats.NATS, old: str) -> str:
-    leader = await _leader(nc)
-    return leader if leader and leader != old else ""

@@ -10,7 +10,6 @@ acknowledged message is in the stream at its acknowledged sequence, in each publ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,9 +17,10 @@ from pathlib import Path
 import nats
 import pytest
 
+from tests.zonerouter.kit import stream_leader
 from zonebus.testing import netzones
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
-from zonebus.testing.jsapi import api, create_stream_retrying
+from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, moto_s3_server
 from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, free_port, start_parallel, stop_all
@@ -59,12 +59,6 @@ def _servers(tmp: Path, nz: netzones.NetZones, s3: MotoS3) -> dict[str, ServerPr
     return out
 
 
-async def _leader(nc: nats.NATS) -> str:
-    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-        return (await api(nc, "$JS.API.STREAM.INFO.PART", {}, timeout=1.0)).get("cluster", {}).get("leader", "")
-    return ""
-
-
 @pytest.mark.timeout(150)
 async def test_leader_zone_isolated_loses_nothing_acknowledged(tmp_path: Path, zones: netzones.NetZones,
                                                                  bridge_s3: MotoS3) -> None:
@@ -77,7 +71,7 @@ async def test_leader_zone_isolated_loses_nothing_acknowledged(tmp_path: Path, z
         try:
             await create_stream_retrying(nc, {"name": "PART", "subjects": ["part.>"], "storage": "file"},
                                          time.monotonic() + 40, "PART")
-            leader = await until(lambda: _leader(nc), "the stream's leader", timeout=20)
+            leader = await until(lambda: stream_leader(nc, "PART"), "the stream's leader", timeout=20)
             cut = zone_of[leader]
             pubs = {z: FaultPublisher(servers[z].url, f"p-{z}", f"part.{z}", zone=z) for z in ZONES}
             stop = asyncio.Event()
@@ -101,7 +95,7 @@ async def test_leader_zone_isolated_loses_nothing_acknowledged(tmp_path: Path, z
                 stop.set()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 zones.heal()
-            new = await until(lambda: _leader(nc), "the stream's leader after healing", timeout=20)
+            new = await until(lambda: stream_leader(nc, "PART"), "the stream's leader after healing", timeout=20)
             report = check(list(pubs.values()), await read_back(nc, "PART"))
         finally:
             await nc.close()

@@ -46,7 +46,6 @@ class LatePacks:
         self.unpacked: dict[int, tuple[int, int]] = {}  # stored linked batch -> (epoch, lowest route epoch)
         self._linking: dict[int, int] = {}  # sealed batch with links, not stored yet -> lowest route epoch
         self.packs: list[Pack] = []
-        self.packed_upto = 0  # every linked batch up to here is in a pack
         self._pack_due = False
         self._pack_busy = False
         self.pack_stats = {"linked_batches": 0, "linked_bytes_saved": 0, "packs": 0, "packed_batches": 0,
@@ -116,8 +115,11 @@ class LatePacks:
         if not nums:
             return
         self._pack_busy = True
-        items = [(n, self.unpacked[n][0], self._mem.get(n)) for n in nums]
-        self._run_job(self._put_pack, items, lambda err: self._packed(nums, err))
+        self._run_job(self._put_pack, self._pack_items(nums), lambda err: self._packed(nums, err))
+
+    def _pack_items(self: SharedStore, nums: list[int]) -> list[tuple[int, int, bytes | None]]:
+        """Loop: (batch, epoch, the bytes held in memory or None) of each batch to pack."""
+        return [(n, self.unpacked[n][0], self._mem.get(n)) for n in nums]
 
     def _put_pack(self: SharedStore, items: list[tuple[int, int, bytes | None]]) -> Pack:
         """Worker thread: one create-only PUT of the version-1 objects of `items` ((batch, epoch, bytes or None))."""
@@ -151,7 +153,6 @@ class LatePacks:
         for n in nums:
             self.unpacked.pop(n, None)
         self.packs.append((nums[0], nums[-1], self.epoch))
-        self.packed_upto = max(self.packed_upto, nums[-1])
         self.pack_stats["packs"] += 1
         self.pack_stats["packed_batches"] += len(nums)
         if self.unpacked:
@@ -163,7 +164,7 @@ class LatePacks:
         if not nums or self.fenced:
             return
         try:
-            self._put_pack([(n, self.unpacked[n][0], self._mem.get(n)) for n in nums])
+            self._put_pack(self._pack_items(nums))
         except Exception as exc:  # noqa: BLE001 - the next writer adopts them
             log.warning("shared store %s: packing at close failed: %r", self.stream, exc)
             return
@@ -172,11 +173,11 @@ class LatePacks:
     def _adopt_links(self: SharedStore) -> None:
         """Takeover (blocking): the packs on the store, and the linked batches of the chain after the last one,
         which this writer packs (their channel objects are kept for them meanwhile)."""
-        self.packs = [p for p in self.links.list_packs()]
-        self.packed_upto = max((p[1] for p in self.packs), default=0)
+        self.packs = self.links.list_packs()
+        packed_upto = max((p[1] for p in self.packs), default=0)  # every linked batch up to here is in a pack
         for b, e in self.batches.items():
             low = self.linked_seen.get(b)
-            if low is not None and b > self.packed_upto:
+            if low is not None and b > packed_upto:
                 self.unpacked[b] = (e, low)
         if self.unpacked:
             log.info("shared store %s: %d linked batches of earlier writers to pack", self.stream, len(self.unpacked))
