@@ -138,6 +138,8 @@ def _run(hub: ServerProcess, a: ServerProcess, b: ServerProcess, a_told_b: bool,
     start_parallel([hub, a, b])
     try:
         wait_until(_connected(hub, {"a", "b"}), "both leafs connected", show=lambda: _links(hub))
+        for label, leaf in (("a", a), ("b", b)):  # (the hub lists a leaf before the leaf lists it: nats-server too)
+            wait_until(_connected(leaf, {"hub"}), f"leaf {label} lists the hub", show=lambda leaf=leaf: _links(leaf))
         assert _isolated(hub) == hub_isolated
         assert _isolated(a) == {"hub": False} and _isolated(b) == {"hub": False}  # (not the leafs' side)
         asyncio.run(_east_west(hub, a, b, a_told_b, b_told_a))

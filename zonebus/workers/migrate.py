@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 CHANNEL = "wmove"
 _WIRE = CHANNEL.encode()
 CHECK_EVERY = 0.05
-MIN_MSGS = 100  # published in all before a client may move (a rate of 1,000/s moves it within 0.1 s)
+MIN_MSGS = 20  # published in all before a client may move (a rate of 1,000/s moves it within 0.07 s)
 _FLAGS = ("verbose", "pedantic", "echo", "headers", "no_responders", "protocol", "name", "lang", "version", "user",
           "pong_sent")
 
