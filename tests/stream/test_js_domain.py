@@ -59,7 +59,7 @@ async def _scenario(server: ServerProcess) -> dict:
 async def test_domain_api_as_nats_server(tmp_path) -> None:
     results = {}
     for impl in ("zonebus", "nats"):
-        with _server(impl, tmp_path).start() as server:
+        with _server(impl, tmp_path) as server:
             results[impl] = await _scenario(server)
     assert results["zonebus"] == results["nats"]
     got = results["zonebus"]

@@ -237,7 +237,8 @@ class ServerProcess(ServerPages):
                 raise RuntimeError(f"worker(s) {alive} outlived their supervisor's SIGKILL by {timeout:.0f} s")
 
     def __enter__(self) -> ServerProcess:
-        return self.start()
+        """Starts the server unless it runs already (`with server.start() as s:` once started two, leaking one)."""
+        return self if self.proc is not None and self.proc.poll() is None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
