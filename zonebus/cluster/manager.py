@@ -178,26 +178,20 @@ class ClusterManager:
             if drop is existing:
                 self.peers[conn.remote_id] = conn
                 self._go_live(conn, info)
-            self._retire(drop, keep)
+            self._retire(drop)
             return drop is existing
         self.peers[conn.remote_id] = conn
         self._go_live(conn, info)
         return True
 
-    def _retire(self, conn: RouteConnection, keep: RouteConnection) -> None:
+    def _retire(self, conn: RouteConnection) -> None:
         """A duplicate route goes. Both ends drop the same one (the rule above), but either end may have gone live
         on it first and routed messages over it until it saw the other route: closing it at once lost those in
-        flight (tests/gateway/test_gateway_zones.py, 9 of 4,920). So nothing is routed to it from now on (it is
-        out of `peers`, `/varz` and `/routez`, and what it brings of interest or INFO is ignored), but the
-        messages it brings are delivered for `RETIRE_GRACE` seconds, then it closes (the peer does the same).
-        The interest the peer told over it passes to `keep` until the peer has told it there (`take_interest`):
-        dropped at once, the peer's subscribers got nothing routed to them in between (10 of 2,880 lost)."""
+        flight (tests/gateway/test_gateway_zones.py, 9 of 4,920). So nothing is routed to it from now on (its
+        interest is dropped and what it brings is ignored, it is out of `peers`, `/varz` and `/routez`), but the
+        messages it brings are delivered for `RETIRE_GRACE` seconds, then it closes (the peer does the same)."""
         conn.duplicate = conn.retired = True
         self.relay.route_gone(conn)
-        if conn.established and keep.infos < 2:
-            keep.take_interest(conn)
-            if keep.interim:
-                self.server.loop.call_later(RETIRE_GRACE, keep.end_interim)
         conn.drop_remote_interest()
         self.channels.link_down(conn)
         self._zone_facts(conn)
@@ -247,8 +241,6 @@ class ClusterManager:
     def route_info_update(self, conn: RouteConnection, info: dict[str, Any]) -> None:
         if conn.duplicate:
             return
-        if conn.interim:
-            conn.end_interim()
         self._zone_facts(conn)
         self.relay.route_live(conn, info)
         self._learn_peers(conn, info.get("peers"))
