@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 IMPLICIT_RETRIES = 5
-RETIRE_GRACE = 5.0  # seconds a dropped duplicate route is still read before it closes (`_retire`)
 
 
 def parse_route_url(url: str) -> tuple[str, int]:
@@ -175,34 +174,15 @@ class ClusterManager:
         if existing is not None and not existing.closed:
             keep = min((existing, conn), key=lambda c: (self._dialer(c), 0 if c is existing else 1))
             drop = conn if keep is existing else existing
+            drop.duplicate = True
             if drop is existing:
                 self.peers[conn.remote_id] = conn
                 self._go_live(conn, info)
-            self._retire(drop)
+            drop.close()
             return drop is existing
         self.peers[conn.remote_id] = conn
         self._go_live(conn, info)
         return True
-
-    def _retire(self, conn: RouteConnection) -> None:
-        """A duplicate route goes. Both ends drop the same one (the rule above), but either end may have gone live
-        on it first and routed messages over it until it saw the other route: closing it at once lost those in
-        flight (tests/gateway/test_gateway_zones.py, 9 of 4,920). So nothing is routed to it from now on (its
-        interest is dropped and what it brings is ignored, it is out of `peers`, `/varz` and `/routez`), but the
-        messages it brings are delivered for `RETIRE_GRACE` seconds, then it closes (the peer does the same)."""
-        conn.duplicate = conn.retired = True
-        self.relay.route_gone(conn)
-        conn.drop_remote_interest()
-        self.channels.link_down(conn)
-        self._zone_facts(conn)
-        conn.msgs_in = True
-        self.server.log(f"duplicate route {conn.describe()}: read for {RETIRE_GRACE:g} s, then closed")
-        self.server.loop.call_later(RETIRE_GRACE, conn.close)
-
-    def _zone_facts(self, conn: RouteConnection) -> None:
-        conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
-        conn.zone = self.server.zone_of_tags(conn.remote_tags)
-        conn.zone_known = bool(conn.zone)
 
     def _dialer(self, conn: RouteConnection) -> str:
         return self.server.server_id if conn.solicited else conn.remote_id
@@ -217,7 +197,9 @@ class ClusterManager:
             if key is not None:
                 self.routes_up[key] = self.routes_up.get(key, 0) + 1
         conn.msgs_in = True
-        self._zone_facts(conn)
+        conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
+        conn.zone = self.server.zone_of_tags(conn.remote_tags)
+        conn.zone_known = bool(conn.zone)
         self.relay.route_live(conn, info)
         if self.server.ledger is not None:
             self.server.ledger.route_connected(conn)
@@ -239,9 +221,9 @@ class ClusterManager:
         self.channels.link_up(conn)
 
     def route_info_update(self, conn: RouteConnection, info: dict[str, Any]) -> None:
-        if conn.duplicate:
-            return
-        self._zone_facts(conn)
+        conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
+        conn.zone = self.server.zone_of_tags(conn.remote_tags)
+        conn.zone_known = bool(conn.zone)
         self.relay.route_live(conn, info)
         self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)

@@ -45,7 +45,7 @@ class RouteConnection(LinkConnection):
         self.tag_match = False
         # an accepted route must send a valid CONNECT first when the cluster block sets credentials
         self.authorized = solicited or not manager.opts.user
-        self.duplicate = False  # dropped as a duplicate (or a seed that is ourselves): read a while, then closed
+        self.duplicate = False
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}  # the global account's
         self.account_subs: dict[tuple[bytes, bytes, bytes | None], Subscription] = {}  # other accounts'
         self.gateway_info: dict[str, Any] | None = None  # the peer's gateway gossip, from its INFO
@@ -86,7 +86,7 @@ class RouteConnection(LinkConnection):
 
     def on_interest(self, op: tuple) -> None:
         code = op[0]
-        if (code != RS_PLUS and code != RS_MINUS) or self.duplicate:  # (a retired duplicate: `_retire`)
+        if code != RS_PLUS and code != RS_MINUS:
             return
         name, subject, queue = op[1], op[2], op[3]
         weight = op[4] if code == RS_PLUS else 0

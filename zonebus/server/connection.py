@@ -37,7 +37,6 @@ STALL_GAP = 0.002  # seconds it reads between two slices while the receiver stil
 class Connection:
     kind = CLIENT
     spoke = False  # a leaf connection this server dialled (its peer is the hub): see `link_allows`
-    retired = False  # a link only read until it closes, no longer counted as one (a dropped duplicate route)
     # seconds a blocked write may take on this connection; None: the server's `write_deadline`. A class
     # default (clients carry no slot for it); links that have their own (leaf connections) set it per instance
     write_deadline: float | None = None

@@ -192,7 +192,7 @@ def varz(server: Server) -> dict[str, Any]:
     now = time.time()
     totals = server.totals()
     clients = client_totals(server)
-    routes = sum(1 for c in server.links.values() if c.kind == ROUTE and not c.retired)
+    routes = sum(1 for c in server.links.values() if c.kind == ROUTE)
     out: dict[str, Any] = {
         "server_id": server.server_id,
         "server_name": server.name,
