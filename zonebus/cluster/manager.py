@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 IMPLICIT_RETRIES = 5
+INTERIM_MAX = 5.0  # seconds a dropped duplicate's interest stays with the kept route unconfirmed (`take_interest`)
 
 
 def parse_route_url(url: str) -> tuple[str, int]:
@@ -178,6 +179,12 @@ class ClusterManager:
             if drop is existing:
                 self.peers[conn.remote_id] = conn
                 self._go_live(conn, info)
+                if existing.established and conn.infos < 2:
+                    # (dropped with it at once, the peer's subscribers got nothing routed to them until its RS+
+                    # came over this route: tests/gateway/test_gateway_zones.py lost 10 of 2,880 so)
+                    conn.take_interest(existing)
+                    if conn.interim:
+                        self.server.loop.call_later(INTERIM_MAX, conn.end_interim)
             drop.close()
             return drop is existing
         self.peers[conn.remote_id] = conn
@@ -221,6 +228,8 @@ class ClusterManager:
         self.channels.link_up(conn)
 
     def route_info_update(self, conn: RouteConnection, info: dict[str, Any]) -> None:
+        if conn.interim:
+            conn.end_interim()
         conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
         conn.zone = self.server.zone_of_tags(conn.remote_tags)
         conn.zone_known = bool(conn.zone)

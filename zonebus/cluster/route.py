@@ -48,6 +48,8 @@ class RouteConnection(LinkConnection):
         self.duplicate = False
         self.remote_subs: dict[tuple[bytes, bytes | None], Subscription] = {}  # the global account's
         self.account_subs: dict[tuple[bytes, bytes, bytes | None], Subscription] = {}  # other accounts'
+        self.infos = 0  # INFOs received: the second comes after the peer's RS+ of all it wants (its go-live)
+        self.interim: set[tuple[bytes, bytes, bytes | None]] = set()  # (account, subject, queue): `take_interest`
         self.gateway_info: dict[str, Any] | None = None  # the peer's gateway gossip, from its INFO
         self.zone_relay = False  # relay frames go both ways (zonebus.cluster.relay), settled when it goes live
         self.relay_seed = 0  # the peer's rendezvous seed (its server_id's CRC)
@@ -74,6 +76,7 @@ class RouteConnection(LinkConnection):
         self.send_json(b"INFO", self.manager.info_fields())
 
     def on_info(self, info: dict[str, Any]) -> bool:
+        self.infos += 1
         first = self.take_identity(info)
         self.remote_route_url = str(info.get("route_url") or "")
         self.remote_cluster = str(info.get("cluster") or "")
@@ -90,6 +93,8 @@ class RouteConnection(LinkConnection):
             return
         name, subject, queue = op[1], op[2], op[3]
         weight = op[4] if code == RS_PLUS else 0
+        if self.interim:
+            self.interim.discard((name, subject, queue))
         if name == ACCOUNT:
             self.remote_interest(self.remote_subs, (subject, queue), self.server.global_account, subject, queue,
                                   weight)
@@ -148,6 +153,36 @@ class RouteConnection(LinkConnection):
             self.send(b"RS+ %b %b %b %d\r\n" % (account, subject, queue, weight))
         else:
             self.send(b"RS- %b %b %b\r\n" % (account, subject, queue))
+
+    def take_interest(self, old: RouteConnection) -> None:
+        """`old`, a live route to the same peer, is dropped as a duplicate of this one, which went live here before
+        the peer's RS+ of its interest came over it: what the peer told over `old` and not yet here is this
+        route's meanwhile (`interim`), so no message for the peer's subscribers is dropped in between. The peer's
+        RS+ or RS- here settles a key; `end_interim` drops those it never told here."""
+        server = self.server
+        for (subject, queue), sub in old.remote_subs.items():
+            if (subject, queue) not in self.remote_subs:
+                self.remote_interest(self.remote_subs, (subject, queue), server.global_account, subject, queue,
+                                     sub.weight)
+                self.interim.add((ACCOUNT, subject, queue))
+        for (name, subject, queue), sub in old.account_subs.items():
+            acc = server.accounts.get(name)
+            if acc is not None and (name, subject, queue) not in self.account_subs:
+                self.remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, sub.weight)
+                self.interim.add((name, subject, queue))
+
+    def end_interim(self) -> None:
+        """The peer has told this route all it wants (its INFO after the RS+ of its go-live, or `INTERIM_MAX`
+        passed): interest taken over that it did not confirm here goes."""
+        interim, self.interim = self.interim, set()
+        for name, subject, queue in interim:
+            if name == ACCOUNT:
+                self.remote_interest(self.remote_subs, (subject, queue), self.server.global_account, subject, queue,
+                                     0)
+                continue
+            acc = self.server.accounts.get(name)
+            if acc is not None:
+                self.remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, 0)
 
     def drop_remote_interest(self) -> None:
         for sub in self.remote_subs.values():
