@@ -92,9 +92,12 @@ class RouteConnection(LinkConnection):
         if code != RS_PLUS and code != RS_MINUS:
             return
         name, subject, queue = op[1], op[2], op[3]
-        weight = op[4] if code == RS_PLUS else 0
         if self.interim:
             self.interim.discard((name, subject, queue))
+        self.told(name, subject, queue, op[4] if code == RS_PLUS else 0)
+
+    def told(self, name: bytes, subject: bytes, queue: bytes | None, weight: int) -> None:
+        """The peer's interest in `subject` (and `queue`) for account `name`: `weight` > 0 as RS+, 0 as RS-."""
         if name == ACCOUNT:
             self.remote_interest(self.remote_subs, (subject, queue), self.server.global_account, subject, queue,
                                   weight)
@@ -159,30 +162,18 @@ class RouteConnection(LinkConnection):
         the peer's RS+ of its interest came over it: what the peer told over `old` and not yet here is this
         route's meanwhile (`interim`), so no message for the peer's subscribers is dropped in between. The peer's
         RS+ or RS- here settles a key; `end_interim` drops those it never told here."""
-        server = self.server
-        for (subject, queue), sub in old.remote_subs.items():
-            if (subject, queue) not in self.remote_subs:
-                self.remote_interest(self.remote_subs, (subject, queue), server.global_account, subject, queue,
-                                     sub.weight)
-                self.interim.add((ACCOUNT, subject, queue))
-        for (name, subject, queue), sub in old.account_subs.items():
-            acc = server.accounts.get(name)
-            if acc is not None and (name, subject, queue) not in self.account_subs:
-                self.remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, sub.weight)
-                self.interim.add((name, subject, queue))
+        taken = [((ACCOUNT, *key), sub.weight) for key, sub in old.remote_subs.items() if key not in self.remote_subs]
+        taken += [(key, sub.weight) for key, sub in old.account_subs.items() if key not in self.account_subs]
+        for key, weight in taken:
+            self.told(*key, weight)
+            self.interim.add(key)
 
     def end_interim(self) -> None:
         """The peer has told this route all it wants (its INFO after the RS+ of its go-live, or `INTERIM_MAX`
         passed): interest taken over that it did not confirm here goes."""
         interim, self.interim = self.interim, set()
-        for name, subject, queue in interim:
-            if name == ACCOUNT:
-                self.remote_interest(self.remote_subs, (subject, queue), self.server.global_account, subject, queue,
-                                     0)
-                continue
-            acc = self.server.accounts.get(name)
-            if acc is not None:
-                self.remote_interest(self.account_subs, (name, subject, queue), acc, subject, queue, 0)
+        for key in interim:
+            self.told(*key, 0)
 
     def drop_remote_interest(self) -> None:
         for sub in self.remote_subs.values():
