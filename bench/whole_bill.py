@@ -6,8 +6,10 @@ proxy process (`zonebus.testing.zonecluster`), the stream led in z2.
 - nats-server: `cluster { compression: s2_best }`, stream `num_replicas: 3` (its own file store), leader
   moved to s2 by stepdowns.
 - zonebus: `jetstream { shared_store: "s3://bucket/zb", zone_router: true, zone_router_ack: replicas|storage,
-  s3 { endpoint, region } }` (`--ack`: `replicas`, the default, acks once a proxy in another zone holds a
-  message and writes the log object every 5 s; `storage` acks once the log object is stored), the
+  zone_router_spread: all|quorum, s3 { endpoint, region } }` (`--ack`: `replicas`, the default, acks once a
+  proxy in another zone holds a message and writes the log object every 5 s; `storage` acks once the log object
+  is stored; `--spread all,quorum` runs zonebus once per spread: `quorum` sends the tail to one proxy only, the
+  third zone reading the stored log objects), the
   endpoint being `zonebus.testing.s3proxy` in front of moto (its own process): S3-like latency (PUT p50 20 ms /
   p99 80 ms, GET/LIST/HEAD/DELETE 10/40 ms; `--latency off` drops it, a flattering figure, labelled) and every
   request counted by kind and key prefix. Stream R1 placed in z2 (`placement: {tags: ["az:z2"]}`).
@@ -230,13 +232,14 @@ async def run_consumer(url: str, con: Con, stream: str, done: asyncio.Event, tar
 class Bench:
     """One setup: its cluster, its S3 stand-in (zonebus), how its streams are made."""
 
-    def __init__(self, impl: str, latency: bool, prefix_depth: int = 4, ack: str = "replicas") -> None:
-        self.impl, self.latency, self.prefix_depth, self.ack = impl, latency, prefix_depth, ack
+    def __init__(self, impl: str, latency: bool, prefix_depth: int = 4, ack: str = "replicas",
+                 spread: str = "all") -> None:
+        self.impl, self.latency, self.prefix_depth, self.ack, self.spread = impl, latency, prefix_depth, ack, spread
         self.s3: MotoS3 | None = None
         if impl == "nats":
             self.label = "nats-server R3, s2_best"
         else:
-            self.label = (f"zonebus zone router, S3, ack: {ack}"
+            self.label = (f"zonebus zone router, S3, ack: {ack}" + (f", spread: {spread}" if spread != "all" else "")
                           + ("" if latency else " (latency off: flattering)"))
 
     def start(self, stack: ExitStack, tmp: Path) -> None:
@@ -251,6 +254,7 @@ class Bench:
                 self.label, "zonebus",
                 lambda i, t: (f'jetstream {{ store_dir: "{t}/z{i + 1}", shared_store: "s3://{BUCKET}/zb", '
                               f'zone_router: true, zone_router_ack: "{self.ack}", '
+                              f'zone_router_spread: "{self.spread}", '
                               f's3 {{ endpoint: "{ep}", region: "{region}" }} }}\n'
                               f'ledger {{ dir: "{tmp}/ledger", interval: "{LEDGER_INTERVAL}s" }}'),
                 cluster_extra="compression: s2_best", env=self.s3.env(endpoint=False))
@@ -501,14 +505,14 @@ def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespac
     for row in rows:
         print("| " + " | ".join(row[c] for c in cols) + " |")
     print()
-    by = {(b.impl, w): r for b, w, r in results}
-    for w in args.workloads:
-        if ("nats", w) in by and ("zonebus", w) in by:
+    nats = {w: r for b, w, r in results if b.impl == "nats"}
+    for b, w, r in results:
+        if b.impl == "zonebus" and w in nats:
             parts = []
             for name in ("s3-standard", "s3-express"):
                 p = storage_prices(name)
-                parts.append(f"{name} {bill_per_gb(by[('zonebus', w)], p) / bill_per_gb(by[('nats', w)], p):.1f}x")
-            print(f"- {w}: bill zonebus / nats-server = " + ", ".join(parts))
+                parts.append(f"{name} {bill_per_gb(r, p) / bill_per_gb(nats[w], p):.2f}x")
+            print(f"- {w}: bill {b.label} / nats-server = " + ", ".join(parts))
     for b, w, r in results:
         counts = r["counts"]
         if not counts:
@@ -558,9 +562,11 @@ async def main_async(args: argparse.Namespace) -> None:
     impls = ["nats", "zonebus"] if args.only in (None, "all") else [args.only]
     results = []
     started_load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    for impl in impls:
+    setups = [(impl, spread) for impl in impls for spread in (args.spread if impl == "zonebus" else ["all"])]
+    for impl, spread in setups:
         for w in args.workloads:  # a fresh cluster (and bucket) per workload: nothing left over from the last
-            bench = Bench(impl, latency=args.latency != "off", prefix_depth=args.prefix_depth, ack=args.ack)
+            bench = Bench(impl, latency=args.latency != "off", prefix_depth=args.prefix_depth, ack=args.ack,
+                          spread=spread)
             with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-bill-") as tmp:
                 log(f"starting {bench.label} for {w}")
                 bench.start(stack, Path(tmp))
@@ -590,6 +596,8 @@ def main() -> None:
                     help="after the publishers: stop reading after this many seconds without a message")
     ap.add_argument("--ack", choices=("replicas", "storage"), default="replicas",
                     help="zonebus's zone_router_ack: replicas (the default) or storage (a PUT before each ack)")
+    ap.add_argument("--spread", default="all", type=lambda s: [w for w in s.split(",") if w],
+                    help="zonebus's zone_router_spread, one run per value: all (the default), quorum")
     ap.add_argument("--prefix-depth", type=int, default=4, help="key prefix depth of the storage request counts")
     ap.add_argument("--no-report", dest="report", action="store_false",
                     help="skip `zonebus cost report` over the zonebus servers' ledger (checked against the bench)")
@@ -597,6 +605,8 @@ def main() -> None:
     bad = set(args.workloads) - {"steady", "burst"}
     if bad:
         ap.error(f"unknown workloads {sorted(bad)}")
+    if not args.spread or set(args.spread) - {"all", "quorum"}:
+        ap.error(f"--spread: expected all, quorum or both, got {','.join(args.spread)!r}")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     asyncio.run(main_async(args))
 

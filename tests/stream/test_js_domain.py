@@ -15,6 +15,7 @@ import pytest
 
 from tests.stream.kit_cluster import cluster_servers, wait_meta_leader
 from zonebus.localservers import free_port
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, check_config, nats_server_binary, start_parallel, stop_all
 
 pytestmark = pytest.mark.timeout(90)
@@ -104,7 +105,14 @@ async def test_clustered_domain_answers_once_per_request(tmp_path) -> None:
                 ("account_info_response", "hub"), ("stream_names_response", None)]
             await n1.jetstream(domain="hub").add_stream(name="C", subjects=["c.>"])
             js2 = n2.jetstream(domain="hub")
-            ack = await js2.publish("c.1", b"x")
+
+            async def publish() -> object:  # (the stream's interest reaches the other server's workers
+                try:                          # asynchronously, as a route's RS+ does: a moment after the answer)
+                    return await js2.publish("c.1", b"x")
+                except nats.js.errors.NoStreamResponseError:
+                    return None
+
+            ack = await until(publish, "the stream's interest on the second server", timeout=10, interval=0.1)
             assert (ack.stream, ack.seq, ack.domain) == ("C", 1, "hub")
             assert (await js2.get_msg("C", 1)).data == b"x"
         finally:

@@ -102,6 +102,12 @@ def _router_ack(opts: JetStreamOptions, v: Value, errors: Errors) -> None:
     opts.zone_router_ack = v.value
 
 
+def _router_spread(opts: JetStreamOptions, v: Value, errors: Errors) -> None:
+    if v.kind != "string" or v.value not in ("all", "quorum"):
+        raise BadValue(f"expected all or quorum, got {show(v)}", v)
+    opts.zone_router_spread = v.value
+
+
 def _router_tier(v: Value) -> float:
     seconds = get_duration(v)
     if not 0.1 <= seconds <= 60:
@@ -166,6 +172,7 @@ _JETSTREAM_HANDLERS: dict[str, Handler] = {
     "zone_router_epoch": setter("zone_router_epoch", _router_epoch),
     "zone_router_ack": _router_ack,
     "zone_router_tier": setter("zone_router_tier", _router_tier),
+    "zone_router_spread": _router_spread,
     "zone_router_pack": setter("zone_router_pack", _router_tier),
 }
 

@@ -158,7 +158,17 @@ class GatewayDialing:
         remote.successor = new
         await new.closed_future
         if remote.successor is new:  # closed before it took over
-            self._successor_failed(remote, new.rejected or "closed during its handshake")
+            self._successor_failed(remote, new.rejected or self._successor_closed(remote, new))
+
+    def _successor_closed(self, remote: RemoteGateway, new: GatewayConnection) -> str:
+        """Why a successor closed before it took over, for the log: the server it reached and at which step."""
+        where = f"{new.remote_name or '?'} at {host_port(new.url)}"
+        if not new.established:
+            return f"{where} closed during its handshake"
+        zone = remote.zone_of(new)
+        if zone != self.server.zone:
+            return f"{where} is in zone {zone or '(unknown)'!r}"
+        return f"{where} closed before its first PONG"
 
     def _successor_failed(self, remote: RemoteGateway, why: str) -> None:
         remote.successor = None

@@ -277,6 +277,11 @@ class GroupCommit:
         if b.msgs:
             self.durable_seq = max(self.durable_seq, b.last_seq)
             self._tail_release(self.durable_seq)  # consumers see them (unless the replicas' quorum showed them)
+            if self.on_stored is not None:
+                try:
+                    self.on_stored()
+                except Exception:
+                    log.exception("shared store %s: stored callback failed", self.stream)
         elif self.durable_seq < b.first_seq - 1:
             self.durable_seq = b.first_seq - 1
             self.announced_seq = max(self.announced_seq, self.durable_seq)

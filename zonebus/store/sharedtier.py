@@ -53,6 +53,7 @@ class ReplicatedTail:
         self.announced_seq = 0  # the highest sequence shown to consumers (on_visible)
         self._rep_waiters: deque[tuple[int, DurableCallback]] = deque()
         self.on_tail: Callable[[], None] | None = None  # records were appended (the router wakes held polls)
+        self.on_stored: Callable[[], None] | None = None  # a batch with messages was stored (durable_seq moved)
         self._tail_soon = False
         self._tail_on = False  # acks follow the replicas (decided when a batch opens)
 
@@ -85,6 +86,11 @@ class ReplicatedTail:
             if self._open is not None and self._open.nrec and self._flight < self.opts.inflight:
                 self._seal()
                 self._pump()
+
+    def fresh_replicas(self: SharedStore) -> list[str]:
+        """The replicas of this writer's epoch that polled within `REPLICA_FRESH` seconds."""
+        now = time.monotonic()
+        return [peer for peer, (_b, _o, t) in self.replicas.items() if now - t < REPLICA_FRESH]
 
     # -- the replicas --------------------------------------------------------------------------------
     def on_replica(self: SharedStore, peer: str, epoch: int, batch: int, offset: int) -> None:

@@ -7,6 +7,11 @@ Declared here so that no extension reaches into JetStream by a private name, or 
   knows no prefix of its own: without a tap nothing is taken.
 - `VisibleHook` (`JetStreamService.on_visible_hook`): a shared stream's store made messages visible.
 - `TailHook` (`JetStreamService.on_tail_hook`): records were appended to a shared stream's replicated tail.
+- `StoredHook` (`JetStreamService.on_stored_hook`): a shared stream's store wrote a batch with messages (its
+  `durable_seq` moved).
+- `Horizon` (`PullQueue.add(..., horizon=)`): the highest stream sequence a pull request may be given now
+  (None: no limit beyond what the store shows); the router's requests from proxies that read only stored
+  objects (`zonebus.zonerouter.spread`). The consumer is kicked when it may rise.
 - `ApiHook` (`ClusteredJetStream.api_hook`): a JetStream API request of a stream led elsewhere; True when the
   hook took it (else the request goes to the stream's leader as usual).
 - `ClusteredJetStream.to_leader(...)`: hand an API request to the stream's leader (the router's fallback).
@@ -34,7 +39,8 @@ if TYPE_CHECKING:
     from zonebus.meta import MetaGroup
     from zonebus.stream.stream import Stream
 
-__all__ = ["ApiHook", "MetaFormedHook", "ShownForwarder", "TailHook", "TapHook", "VisibleHook"]
+__all__ = ["ApiHook", "Horizon", "MetaFormedHook", "ShownForwarder", "StoredHook", "TailHook", "TapHook",
+           "VisibleHook"]
 
 MetaFormedHook = Callable[["MetaGroup"], None]
 
@@ -50,6 +56,13 @@ class VisibleHook(Protocol):
 
 class TailHook(Protocol):
     def __call__(self, stream: Stream) -> None: ...
+
+
+class StoredHook(Protocol):
+    def __call__(self, stream: Stream) -> None: ...
+
+
+Horizon = Callable[[], "int | None"]
 
 
 class ApiHook(Protocol):

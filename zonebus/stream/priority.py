@@ -318,6 +318,9 @@ class PriorityPull:
             req = self._next_waiting(q, size, c.num_pending + (1 if redelivery else 0))
             if req is None:
                 break
+            top = req.horizon() if req.horizon is not None else None
+            if top is not None and seq > top:
+                break  # (the request may not have it yet: kicked again when its horizon rises)
             if not c.deliver(seq, redelivery, req.reply, self.pin if self.policy == "pinned_client" else None):
                 continue  # the message vanished under us; the cursor moved past it
             used += 1

@@ -4,7 +4,9 @@ A request asks for `batch` messages (optionally at most `max_bytes`), waits up t
 `no_wait` answers at once; the replies are the messages themselves and status messages without payload:
 `404 No Messages`, `408 Request Timeout` (with the unfilled batch and bytes), `409 ...` (limits, deleted
 consumer) and `100 Idle Heartbeat` while a request waits. A consumer with a priority policy checks, queues
-and serves its requests by the rules of `zonebus.stream.priority`.
+and serves its requests by the rules of `zonebus.stream.priority`. A request may carry a horizon
+(`zonebus.stream.hooks.Horizon`, the zone router's): it gets no message above that sequence until the horizon
+rises, and the requests behind it are served meanwhile.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from zonebus.stream.consumer import Consumer
+    from zonebus.stream.hooks import Horizon
 
 FILL_SLICE = 128  # messages delivered per loop callback; outbound data is flushed between slices
 
@@ -29,7 +32,7 @@ def status(code: int, desc: str, extra: dict[str, Any] | None = None) -> bytes:
 
 class PullRequest:
     __slots__ = ("reply", "batch", "max_bytes", "expires", "no_wait", "hb", "sent", "done", "timers",
-                 "last_sent", "pg")
+                 "last_sent", "pg", "horizon")
 
     def __init__(self, reply: str, batch: int, max_bytes: int, expires: float, no_wait: bool, hb: float):
         self.reply = reply
@@ -38,6 +41,7 @@ class PullRequest:
         self.expires = expires  # seconds, 0 = never
         self.no_wait = no_wait
         self.hb = hb
+        self.horizon: Horizon | None = None  # the highest sequence it may get now (zonebus.stream.hooks)
         self.sent = 0
         self.done = False
         self.timers: list = []
@@ -81,11 +85,12 @@ class PullQueue:
     def __init__(self, consumer: Consumer) -> None:
         self.c = consumer
         self.q: deque[PullRequest] = deque()
+        self.held_back = False  # the last `_fill` stopped at its request's horizon
 
     def __len__(self) -> int:
         return len(self.q)
 
-    def add(self, reply: str, body: bytes) -> None:
+    def add(self, reply: str, body: bytes, horizon: Horizon | None = None) -> None:
         c = self.c
         svc = c.service
         if c.push:
@@ -110,6 +115,7 @@ class PullQueue:
         c.last_active = time.monotonic()
         req = PullRequest(reply, batch, max_bytes, expires, no_wait, hb)
         req.pg = pg
+        req.horizon = horizon
         if len(self.q) >= cfg.get("max_waiting", 512):
             svc.send(reply, b"", headers=status(409, "Exceeded MaxWaiting"))
             return
@@ -146,9 +152,13 @@ class PullQueue:
         if not svc.has_interest(req.reply):
             self.finish(req, None)
             return 0
+        top = req.horizon() if req.horizon is not None else None
         while n < limit and req.batch > 0:
             seq, redelivery = c.next_seq()
             if not seq:
+                break
+            if top is not None and seq > top:
+                self.held_back = True
                 break
             size = c.msg_size(seq)
             if req.max_bytes and size > req.max_bytes:
@@ -168,17 +178,21 @@ class PullQueue:
         if self.c.cfg.get("priority_policy"):
             return self.c.prio.serve(self, limit)
         used = 0
-        while self.q and used < limit:
-            req = self.q[0]
+        while self.q and self.q[0].done:
+            self.q.popleft()
+        for req in list(self.q):  # (a request held back by its horizon lets the ones behind it have the message)
+            if used >= limit:
+                break
             if req.done:
-                self.q.popleft()
                 continue
+            self.held_back = False
             used += self._fill(req, limit - used)
             if not req.done:
                 if req.no_wait and (req.sent or not req.expires) and used < limit:
                     self.finish(req, status(404, "No Messages"))
                     continue
-                return used >= limit
+                if not self.held_back:
+                    return used >= limit
         return used >= limit
 
     def finish(self, req: PullRequest, final: bytes | None) -> None:

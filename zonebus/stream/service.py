@@ -52,7 +52,7 @@ from zonebus.stream import direct, localdocs, reads
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.domain import DomainAPI
-from zonebus.stream.hooks import TailHook, TapHook, VisibleHook
+from zonebus.stream.hooks import StoredHook, TailHook, TapHook, VisibleHook
 from zonebus.stream.stream import Stream
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ class JetStreamService:
         self.tap_prefix = "\x00"  # the subjects `tap` may take: set by `install_tap`, none before
         self.on_visible_hook: VisibleHook | None = None
         self.on_tail_hook: TailHook | None = None  # records were appended to a replicated tail
+        self.on_stored_hook: StoredHook | None = None  # a batch with messages was stored
         # zone router: every subscription of a stream joins the queue group `STREAM_QUEUE + name`, so that
         # routes tell a stream's interest apart from core subscribers' (its only member is the leader)
         self.stream_queue = False
@@ -426,6 +427,9 @@ class JetStreamService:
         if self.on_tail_hook is not None:
             tail_hook = self.on_tail_hook
             store.on_tail = lambda: tail_hook(stream)
+        if self.on_stored_hook is not None:
+            stored_hook = self.on_stored_hook
+            store.on_stored = lambda: stored_hook(stream)
         store.on_fenced = lambda reason: self._on_fenced(stream, reason)
         return stream
 

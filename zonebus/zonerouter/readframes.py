@@ -50,7 +50,7 @@ from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
 POLL, SNAP, PULL, DELIVER, ACKS, ACKED, API, SYNC, SYNCED = 5, 6, 7, 8, 9, 10, 11, 12, 13
 REPAIR, REPAIRED = 18, 19  # (14 and 17 are `records`' inline batches, 15-16 `tailrecovery`'s)
 DONE, HEADERS_ONLY = 1, 2
-SNAP_OK, SNAP_NOT_LEADER = 0, 1
+SNAP_OK, SNAP_NOT_LEADER, SNAP_ASK_LEADER = 0, 1, 2  # (2: a sync the view would not catch up with soon)
 REPAIR_DONE, REPAIR_NOT_LEADER, REPAIR_WHOLE, REPAIR_NO_COPY, REPAIR_GONE, REPAIR_FAILED = 0, 1, 2, 3, 4, 5
 
 _U8, _U16, _U32, _U64 = struct.Struct("!B"), struct.Struct("!H"), struct.Struct("!I"), struct.Struct("!Q")

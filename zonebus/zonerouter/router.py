@@ -35,6 +35,7 @@ from zonebus.zonerouter.paths import LINK, PathChooser
 from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
+from zonebus.zonerouter.spread import TailSpread
 from zonebus.zonerouter.tailrecovery import TAIL, TAILQ, TailQuery, TailRecovery
 from zonebus.zonerouter.tailrefs import SentBatches
 from zonebus.zonerouter.view import RouterView, derive
@@ -84,6 +85,8 @@ class ZoneRouter:
         js.svc.install_tap(self.serving.tap, REPLY_PREFIX)  # (the pull inboxes the tap serves)
         js.svc.on_visible_hook = self.serving.on_visible
         js.svc.on_tail_hook = self.serving.on_tail
+        js.svc.on_stored_hook = self.serving.on_stored
+        self.serving.spread = TailSpread(self.opts.zone_router_spread)
         self.tails: TailRecovery | None = None
         self.tiered = False  # streams keep a replicated tail: this server's proxies are their replicas
         js.svc.stream_queue = True  # a stream's interest is its queue group: `forwarder` leaves it out
@@ -521,5 +524,6 @@ class ZoneRouter:
             out["links"] = self.pins.info()
         if self.js.copies is not None:
             out["batch_copies"] = dict(self.js.copies.stats)
-        out["serving"] = {**self.serving.stats, "requests": len(self.serving.reqs)}
+        out["serving"] = {**self.serving.stats, "requests": len(self.serving.reqs),
+                          "spread": self.serving.spread.info()}
         return out

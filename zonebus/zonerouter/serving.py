@@ -39,6 +39,7 @@ from zonebus.store import sharedlayout as L
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.paths import ZSTD_LEVEL
 from zonebus.zonerouter.records import RecordError
+from zonebus.zonerouter.spread import TailSpread
 from zonebus.zonerouter.tailrefs import Origins
 
 if TYPE_CHECKING:
@@ -93,6 +94,7 @@ class ReadServer:
         # snapshot answer (`compress`) instead of the proxy reading it from the store
         self.inline_limit = 0
         self.compress: Callable[[bytes], bytes] | None = None
+        self.spread = TailSpread()  # which proxies get a stream's tail as written (`zone_router_spread`)
         self._packed: dict[tuple[str, int, int], bytes] = {}  # (stream, batch, epoch) -> compressed, recent
         self._ctx: dict[tuple[str, str], _Ctx] = {}  # (proxy, stream) -> its tail's compression stream
         self.origins = Origins()  # which proxy's channel each recent record came from (`tailrefs`)
@@ -125,7 +127,8 @@ class ReadServer:
         if store is not None and poll.epoch:
             store.on_replica(peer, poll.epoch, poll.next_batch, poll.offset)
         if store is None or store.durable_batch >= poll.next_batch or poll.next_batch < store.chain_start \
-                or poll.hold_ms == 0 or self._tail_news(store, poll):
+                or poll.hold_ms == 0 or (self._tail_news(store, poll)
+                                         and self.spread.gets_tail(poll.stream, store, peer)):
             self._answer(peer, poll.stream, poll)
             return
         loop = self.svc.loop
@@ -148,11 +151,38 @@ class ReadServer:
             self._answer(held.peer, stream, held.poll)
 
     def on_visible(self, stream: Stream) -> None:
-        """Store hook: a batch with messages was released; answer the polls held for this stream."""
+        """Store hook: messages became visible (stored, or held by the tail's quorum); answer the polls held
+        for this stream, but those of replicas that read only stored objects (`spread`) once there is one."""
         waiting = self.held.pop(stream.name, None)
-        for held in waiting or ():
+        if not waiting:
+            return
+        store = self._store(stream.name)
+        keep = []
+        for held in waiting:
+            poll = held.poll
+            if (store is not None and poll.epoch and store.tiered and store.durable_batch < poll.next_batch
+                    and not self.spread.is_chosen(stream.name, held.peer)):
+                keep.append(held)
+                continue
+            held.timer.cancel()
+            self._answer(held.peer, stream.name, poll)
+        if keep:
+            self.held[stream.name] = keep
+
+    def on_stored(self, stream: Stream) -> None:
+        """Store hook: a batch with messages was stored. Held polls get it; pull requests of proxies that read
+        only stored objects may have more now (their horizon, `spread`)."""
+        if not self.spread.quorum:
+            return
+        for held in self.held.pop(stream.name, None) or ():
             held.timer.cancel()
             self._answer(held.peer, stream.name, held.poll)
+        kicked = set()
+        for req in self.reqs.values():
+            cons = req.cons
+            if cons.stream is stream and id(cons) not in kicked:
+                kicked.add(id(cons))
+                cons.kick()
 
     def on_tail(self, stream: Stream) -> None:
         """Store hook: records were appended to a replicated tail; the held polls of replicas get them."""
@@ -161,7 +191,7 @@ class ReadServer:
             return
         keep = []
         for held in waiting:
-            if held.poll.epoch:
+            if held.poll.epoch and self.spread.is_chosen(stream.name, held.peer):
                 held.timer.cancel()
                 self._answer(held.peer, stream.name, held.poll)
             else:
@@ -175,6 +205,8 @@ class ReadServer:
             store = getattr(stream, "store", None)
             if store is not None and getattr(store, "tiered", False):
                 store.tail_check()
+        self.spread.forget({n for n, st in self.svc.streams.items() if getattr(st, "store", None) is not None
+                            and getattr(st.store, "tiered", False)})
         for name in self.origins.streams():
             store = self._store(name)
             if store is None or not getattr(store, "tiered", False):
@@ -192,7 +224,8 @@ class ReadServer:
             last = min(store.durable_batch, first + SNAP_BATCHES - 1)
             batches = tuple((b, store.batches[b]) for b in range(first, last + 1) if b in store.batches)
             gen, parts = 0, ()
-            if poll.epoch and store.tiered and last == store.durable_batch:
+            if (poll.epoch and store.tiered and last == store.durable_batch
+                    and self.spread.gets_tail(name, store, peer)):
                 gen, parts = self._parts(peer, name, store, poll)
             frame = rf.Snap(name, rf.SNAP_OK, store.epoch, store.chain_start, store.visible_seq(), batches,
                             self._inline(name, store, batches), gen, parts, store.durable_batch).encode()
@@ -257,7 +290,7 @@ class ReadServer:
         lid = self._next
         req = self.reqs[lid] = _Req(lid, peer, pull.rid, cons)
         reply = f"{REPLY_PREFIX}{lid}"
-        cons.waiting.add(reply, pull.body)
+        cons.waiting.add(reply, pull.body, horizon=self.spread.horizon(pull.stream, self._store(pull.stream), peer))
         req.pull = next((r for r in reversed(cons.waiting.q) if r.reply == reply), None)
         self._queue(req)
         self._sweep()
@@ -380,7 +413,10 @@ class ReadServer:
             answer = rf.Synced(sync.sid, rf.SNAP_NOT_LEADER)
         elif store.tiered:  # a replicated tail: the view must hold the records written so far
             b, off = store.tail_position()
-            answer = rf.Synced(sync.sid, rf.SNAP_OK, b if off else b - 1, off, store.epoch)
+            if b - (0 if off else 1) > store.durable_batch and not self.spread.is_chosen(sync.stream, peer):
+                answer = rf.Synced(sync.sid, rf.SNAP_ASK_LEADER)  # (its view gets them only once stored)
+            else:
+                answer = rf.Synced(sync.sid, rf.SNAP_OK, b if off else b - 1, off, store.epoch)
         else:  # the newest batch (maybe still open): it holds the last change made here (a publish, a delete)
             answer = rf.Synced(sync.sid, rf.SNAP_OK, max(store.durable_batch, max(store.batch_first, default=0)))
         self.stats["syncs"] += 1
