@@ -120,8 +120,9 @@ class ZoneRouter:
         self.paths = PathChooser(self.opts.zone_router_path, billed, storage_linger)
         if billed:  # a burst's batch gathers for at most this (a storage-path batch of 1 MB costs what 1 kB does)
             self.paths.gather_linger = max(storage_linger, self.opts.shared_store_latency_budget * 2)
-        if self.tiered:
-            self.paths.further_zones = max(len(self.view.zones) - 2, 0)
+        if self.tiered:  # (with `zone_router_spread: quorum` the tail reaches one further zone at most)
+            further = max(len(self.view.zones) - 2, 0)
+            self.paths.further_zones = min(further, 1) if self.serving.spread.quorum else further
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
                            self.opts.zone_router_batch, self.paths, SentBatches() if self.tiered else None)
         self.proxy.domain = self.opts.domain
