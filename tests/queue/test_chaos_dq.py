@@ -5,7 +5,7 @@ acking what they process; the nemesis kills servers (restart on the same directo
 failover timeout, cuts their power (kill -9, every unsynced write dropped), cuts a zone off and jumps a server's
 wall clock, the group's primary its favourite target. After healing, every acknowledged message must be
 processed by some member and nothing processed that was never sent (duplicates are allowed: at least once).
-`--minutes` from `ZONEBUS_CHAOS_MINUTES` (0.5 by default: CI's time)."""
+`--minutes` from `ZONEBUS_CHAOS_MINUTES` (1 by default: CI's time)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 `start_zoned(tmp, layout)` starts one server per (name, zone) of `layout` (e.g. a1/a2 in z1, b1 in z2, c1 in
 z3), every route listed and, with `proxy`, every route through a byte-counting proxy process
 (`zonebus.testing.byteproxy`), so that the bytes between any two servers are counted on the wire.
+`s3_stream(tmp, s3, stream, subjects, extra)` starts one server per zone on the S3 stand-in with a file stream
+and a client (the replicated-tail tests).
 
 The tests wait with `zonebus.testing.polling.wait_until`, run in a thread (`asyncio.to_thread`) since the checks
 (`full_view`, `router_info`) do blocking HTTP.
@@ -13,14 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import nats
 
 from zonebus.testing.byteproxy import ProxyProcess
-from zonebus.testing.jsapi import api
-from zonebus.testing.polling import until
+from zonebus.testing.jsapi import api, create_stream_retrying
+from zonebus.testing.motos3 import MotoS3
+from zonebus.testing.polling import until, wait_until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 
 
@@ -185,3 +188,31 @@ async def publish_numbered(nc: nats.NATS, subject: str, stream: str, who: str, n
             assert ack.stream == stream and not ack.duplicate
             seqs.append(ack.seq)
     return seqs
+
+
+ONE_PER_ZONE = [("a1", "z1"), ("b1", "z2"), ("c1", "z3")]
+ONE_PER_ZONE_VIEW = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}
+
+
+@contextlib.asynccontextmanager
+async def s3_stream(tmp: Path, s3: MotoS3, stream: str, subjects: list[str], extra: str
+                    ) -> AsyncIterator[tuple[Zoned, nats.NATS, str]]:
+    """One server per zone on the S3 stand-in `s3` (its bucket, under a prefix of this test's own) with more
+    `jetstream` options `extra`, the full mapping, a client of every server and a file stream: yields (the
+    servers, the client, the stream's leader); stops them after."""
+    url = f"s3://{s3.bucket}/{stream.lower()}-{tmp.name}"
+    extra = f'{extra}, s3 {{ endpoint: "{s3.endpoint}", region: "{s3.region}" }}'
+    zoned = start_zoned(tmp, ONE_PER_ZONE, shared=url, js_extra=extra, env=s3.env(endpoint=False))
+    try:
+        await asyncio.to_thread(wait_until, full_view(zoned, ONE_PER_ZONE_VIEW), "the full mapping")
+        nc = await nats.connect(servers=[x.url for x in zoned.servers.values()], max_reconnect_attempts=-1,
+                                reconnect_time_wait=0.1)
+        try:
+            await create_stream_retrying(nc, {"name": stream, "subjects": subjects, "storage": "file"},
+                                         time.monotonic() + 15, stream)
+            leader = await until(lambda: stream_leader(nc, stream), "the stream's leader")
+            yield zoned, nc, leader
+        finally:
+            await nc.close()
+    finally:
+        zoned.stop()

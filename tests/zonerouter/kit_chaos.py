@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MINUTES = float(os.environ.get("ZONEBUS_CHAOS_MINUTES", "0.5"))
+MINUTES = float(os.environ.get("ZONEBUS_CHAOS_MINUTES", "1"))
 TIMEOUT = int(MINUTES * 60) + 420  # each test's pytest timeout: the campaign, its set-up and its read-back
 
 

@@ -3,7 +3,7 @@ the zone router on the S3 stand-in (S3-like latency), the bucket R1 in z2, one c
 servers, pauses them, breaks storage, cuts a zone off, deletes a claim object and jumps a server's wall clock, one
 fault at a time. Every key's history must be linearizable
 (`zonebus.testing.linearizable`). The campaign is the bench's own
-script in its own process, `--minutes` from `ZONEBUS_CHAOS_MINUTES` (0.5 by default: CI's time;
+script in its own process, `--minutes` from `ZONEBUS_CHAOS_MINUTES` (1 by default: CI's time;
 `bench/chaos.py --minutes 30` is the long run)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ router on the S3 stand-in (S3-like latency), the stream R1 in z2, one writer per
 nemesis kills and pauses servers, breaks storage, cuts a zone off, deletes a claim object and jumps a server's
 wall clock (the default mix), one fault at a time. Jepsen's queue checker: nothing
 acknowledged lost, nothing unexpected, each writer's order kept, every zone reads the same log. `--minutes` from
-`ZONEBUS_CHAOS_MINUTES` (0.5 by default: CI's time; `bench/chaos.py --minutes 30` is the long run)."""
+`ZONEBUS_CHAOS_MINUTES` (1 by default: CI's time; `bench/chaos.py --minutes 30` is the long run)."""
 
 from __future__ import annotations
 

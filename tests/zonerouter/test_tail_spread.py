@@ -21,14 +21,10 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from tests.zonerouter.kit import full_view, router_info, start_zoned, stream_leader
+from tests.zonerouter.kit import router_info, s3_stream
 from zonebus.testing.faultload import FaultPublisher, all_acked_since, check, read_back
-from zonebus.testing.jsapi import create_stream_retrying
 from zonebus.testing.motos3 import MotoS3, proxied_s3
-from zonebus.testing.polling import until, wait_until
-
-LAYOUT = [("a1", "z1"), ("b1", "z2"), ("c1", "z3")]
-FULL = {"z1": ["a1"], "z2": ["b1"], "z3": ["c1"]}
+from zonebus.testing.polling import until
 
 
 @pytest.fixture(scope="module")
@@ -71,63 +67,49 @@ class Reader:
 
 @pytest.mark.timeout(180)
 async def test_quorum_spread_sends_the_tail_to_one_zone(tmp_path: Path, spread_s3: MotoS3) -> None:
-    url = f"s3://{spread_s3.bucket}/spread-{tmp_path.name}"
-    extra = (f', zone_router_tier: "1s", zone_router_spread: quorum, '
-             f's3 {{ endpoint: "{spread_s3.endpoint}", region: "{spread_s3.region}" }}')
-    zoned = start_zoned(tmp_path, LAYOUT, shared=url, js_extra=extra, env=spread_s3.env(endpoint=False))
-    s = zoned.servers
-    try:
-        await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
-        nc = await nats.connect(servers=[x.url for x in s.values()], max_reconnect_attempts=-1,
-                                reconnect_time_wait=0.1)
+    extra = ', zone_router_tier: "1s", zone_router_spread: quorum'
+    async with s3_stream(tmp_path, spread_s3, "SPREAD", ["sp.>"], extra) as (zoned, nc, leader):
+        s = zoned.servers
+        js = nc.jetstream(timeout=10)
+        readers = []
+        for n, x in s.items():
+            await js.add_consumer("SPREAD", ConsumerConfig(durable_name=f"r-{n}", ack_policy=AckPolicy.EXPLICIT,
+                                                           ack_wait=5))
+            readers.append(Reader(x.url, f"r-{n}", zoned.zones[n]))
+        pubs = [FaultPublisher(x.url, f"p-{n}", f"sp.{n}", zone=zoned.zones[n], pad=500) for n, x in s.items()]
+        stop, stop_readers = asyncio.Event(), asyncio.Event()
+        tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
+        reading = [asyncio.create_task(r.run(stop_readers)) for r in readers]
         try:
-            await create_stream_retrying(nc, {"name": "SPREAD", "subjects": ["sp.>"], "storage": "file"},
-                                         time.monotonic() + 15, "SPREAD")
-            leader = await until(lambda: stream_leader(nc, "SPREAD"), "the stream's leader")
-            js = nc.jetstream(timeout=10)
-            readers = []
-            for n, x in s.items():
-                await js.add_consumer("SPREAD", ConsumerConfig(durable_name=f"r-{n}", ack_policy=AckPolicy.EXPLICIT,
-                                                                   ack_wait=5))
-                readers.append(Reader(x.url, f"r-{n}", zoned.zones[n]))
-            pubs = [FaultPublisher(x.url, f"p-{n}", f"sp.{n}", zone=zoned.zones[n], pad=500) for n, x in s.items()]
-            stop, stop_readers = asyncio.Event(), asyncio.Event()
-            tasks = [asyncio.create_task(p.run(stop)) for p in pubs]
-            reading = [asyncio.create_task(r.run(stop_readers)) for r in readers]
-            try:
-                started = time.monotonic()
-                await until(lambda: all_acked_since(pubs, started, 100), "every publisher acknowledged", timeout=40)
+            started = time.monotonic()
+            await until(lambda: all_acked_since(pubs, started, 100), "every publisher acknowledged", timeout=40)
 
-                def chosen() -> list[str]:
-                    return router_info(s[leader])["serving"]["spread"]["tail_to"].get("SPREAD", [])
+            def chosen() -> list[str]:
+                return router_info(s[leader])["serving"]["spread"]["tail_to"].get("SPREAD", [])
 
-                tail_to = await until(lambda: asyncio.to_thread(chosen), "one proxy chosen for the tail")
-                assert len(tail_to) == 1, tail_to
-                eager = tail_to[0]
-                lazy = next(n for n in s if n not in (leader, eager))
-                snaps = {n: router_info(s[n])["reader"]["snapshots"]["SPREAD"] for n in (eager, lazy)}
-                assert snaps[eager]["tail_bytes"] > 0, snaps
-                # (the stored objects by GET, or inline with the poll answers when they cost less so)
-                assert snaps[lazy]["tail_bytes"] == 0 and snaps[lazy]["batches"] > 0, snaps
-                s[eager].kill()
-                killed = time.monotonic()
-                alive = [p for p in pubs if p.who != f"p-{eager}"]
-                await until(lambda: all_acked_since(alive, killed, 50), "acks after the kill", timeout=40)
-                assert await asyncio.to_thread(chosen) == [lazy]
-            finally:
-                stop.set()
-                await asyncio.gather(*tasks, return_exceptions=True)
-            last = (await js.stream_info("SPREAD")).state.last_seq
-            up = [r for r in readers if r.durable != f"r-{eager}"]
-            await until(lambda: all(len(r.seen) >= last for r in up), "every consumer up read the stream",
-                        timeout=40, show=lambda: ([len(r.seen) for r in up], last))
-            stop_readers.set()
-            await asyncio.gather(*reading, return_exceptions=True)
-            report = check(pubs, await read_back(nc, "SPREAD"))
+            tail_to = await until(lambda: asyncio.to_thread(chosen), "one proxy chosen for the tail")
+            assert len(tail_to) == 1, tail_to
+            eager = tail_to[0]
+            lazy = next(n for n in s if n not in (leader, eager))
+            snaps = {n: router_info(s[n])["reader"]["snapshots"]["SPREAD"] for n in (eager, lazy)}
+            assert snaps[eager]["tail_bytes"] > 0, snaps
+            # (the stored objects by GET, or inline with the poll answers when they cost less so)
+            assert snaps[lazy]["tail_bytes"] == 0 and snaps[lazy]["batches"] > 0, snaps
+            s[eager].kill()
+            killed = time.monotonic()
+            alive = [p for p in pubs if p.who != f"p-{eager}"]
+            await until(lambda: all_acked_since(alive, killed, 50), "acks after the kill", timeout=40)
+            assert await asyncio.to_thread(chosen) == [lazy]
         finally:
-            await nc.close()
-    finally:
-        zoned.stop()
+            stop.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        last = (await js.stream_info("SPREAD")).state.last_seq
+        up = [r for r in readers if r.durable != f"r-{eager}"]
+        await until(lambda: all(len(r.seen) >= last for r in up), "every consumer up read the stream",
+                    timeout=40, show=lambda: ([len(r.seen) for r in up], last))
+        stop_readers.set()
+        await asyncio.gather(*reading, return_exceptions=True)
+        report = check(pubs, await read_back(nc, "SPREAD"))
     for r in up:  # every message, first deliveries in stream order
         assert r.seen == set(range(1, last + 1)), (r.durable, sorted(set(range(1, last + 1)) - r.seen)[:20])
         assert r.seqs == sorted(set(r.seqs)), (r.durable, [b for a, b in pairwise(r.seqs) if b <= a][:20])
