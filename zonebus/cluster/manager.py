@@ -191,6 +191,12 @@ class ClusterManager:
         self._go_live(conn, info)
         return True
 
+    def _zone_facts(self, conn: RouteConnection) -> None:
+        """What the peer's tags say: a tag in common, its zone."""
+        conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
+        conn.zone = self.server.zone_of_tags(conn.remote_tags)
+        conn.zone_known = bool(conn.zone)
+
     def _dialer(self, conn: RouteConnection) -> str:
         return self.server.server_id if conn.solicited else conn.remote_id
 
@@ -204,9 +210,7 @@ class ClusterManager:
             if key is not None:
                 self.routes_up[key] = self.routes_up.get(key, 0) + 1
         conn.msgs_in = True
-        conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
-        conn.zone = self.server.zone_of_tags(conn.remote_tags)
-        conn.zone_known = bool(conn.zone)
+        self._zone_facts(conn)
         self.relay.route_live(conn, info)
         if self.server.ledger is not None:
             self.server.ledger.route_connected(conn)
@@ -230,9 +234,7 @@ class ClusterManager:
     def route_info_update(self, conn: RouteConnection, info: dict[str, Any]) -> None:
         if conn.interim:
             conn.end_interim()
-        conn.tag_match = tags_overlap(self.tags, conn.remote_tags)
-        conn.zone = self.server.zone_of_tags(conn.remote_tags)
-        conn.zone_known = bool(conn.zone)
+        self._zone_facts(conn)
         self.relay.route_live(conn, info)
         self._learn_peers(conn, info.get("peers"))
         self._gateway_info(conn, info)
