@@ -43,6 +43,32 @@ def test_link_for_small_batches_storage_for_large_ones() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_quorum_spread_counts_the_zones_the_tail_reaches_from_here() -> None:
+    """With `zone_router_spread: quorum` the tail reaches one replica: a proxy that is that replica (its own
+    records come back by reference) pays one crossing for the link path, as the leader's own batches do (the
+    tail's crossing, and the replica's GET through storage); any other proxy pays two, and a GET more."""
+    p = PathChooser("auto", billed=True, storage_linger=0.05)
+    p.here, p.spread_quorum, p.further_zones, p.tail_zones = "b2", True, 1, 1
+    data = b"".join(payload(i) for i in range(200))
+    for leader in ("b1", "b2"):
+        p.compress(leader, data)
+    ratio = p.flows["b1"].ratio
+    further = p.break_even("b1")  # not the replica of b1's streams (no tail part from b1 yet)
+    assert further == pytest.approx(5.8e-6 / (ratio * 0.02e-9 * 2), rel=0.01)
+    p.tail_seen("b1")
+    replica = p.break_even("b1")
+    assert replica == pytest.approx(5.4e-6 / (ratio * 0.02e-9), rel=0.01)
+    size = (further + replica) // 2  # storage as a further zone's proxy, the link as the replica
+    assert p.choose("b1", size) == LINK
+    assert "crossing 1 zone boundary" in p.info()["leaders"]["b1"]["why"]  # type: ignore[index]
+    own = p.break_even("b2")  # this server leads: the tail's one crossing, or the PUT and the replica's GET
+    assert own == pytest.approx(5.4e-6 / (p.flows["b2"].ratio * 0.02e-9), rel=0.01)
+    p.tail_zones = None  # no tail (`zone_router_ack: storage`): as a proxy's batch to a leader elsewhere
+    p.spread_quorum = False
+    assert p.break_even("b2") == pytest.approx(5.8e-6 / (p.flows["b2"].ratio * 0.02e-9 * 2), rel=0.01)
+
+
+@pytest.mark.timeout(10)
 def test_a_batch_that_stays_here_is_measured_as_one_stream() -> None:
     """The leader's own batches are not sent: `measure` gives them the ratio of the tail's stream, which
     (compressing each batch against the ones before) beats compressing each small batch alone."""

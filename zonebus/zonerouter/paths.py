@@ -11,16 +11,21 @@ it is sealed, from that batch's size:
     link:    bytes x ratio x price of a byte crossing x (1 + further zones)
     storage: PUT + GET x (1 + further zones)
 
+The further zones are those whose replica gets the batch's records in full from the leader's tail: every zone
+but the proxy's and the leader's with `zone_router_spread: all`; with `quorum`, none while this proxy is itself
+the replica that gets the stream's tail (its own records come back by reference: `tail_seen`, the last snapshot
+answer from that leader carried tail parts), else the one replica that does.
+
 So a small batch goes over the link and a large one (about 0.7 MB of 1 KiB JSON at S3 Standard and AWS transfer
 prices, with three zones) through storage; a `file://` store (no request price) always uses storage. A large
 batch forms only where that much is in flight: when a leader's unanswered bytes (their peak of the last seconds)
 reach the size at which storage is cheaper (`gather_bytes`), the proxy lets the open batch fill until publishes
 stop coming (`GATHER_GAP`), it reaches `STORAGE_BATCH`, or `gather_linger` passed (`proxy.Proxy`). The leader's
 own zone counts as a proxy too (its batches stay on the server, and the link path's price is the tail's: the
-records cross to the further zones' replicas, `measure`). The read path asks the same prices how large a
-compressed log object may be to go to a proxy inline with the snapshot answer rather than as a GET
-(`inline_limit`). `mode` forces one path (`storage` or `link`). `info()` says per leader which path is taken and
-why, for `/jsz`.
+records cross to the tail's replicas, `tail_zones`, and through storage each of them GETs the object;
+`measure`). The read path asks the same prices how large a compressed log object may be to go to a proxy
+inline with the snapshot answer rather than as a GET (`inline_limit`). `mode` forces one path (`storage` or
+`link`). `info()` says per leader which path is taken and why, for `/jsz`.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ STORAGE, LINK = "storage", "link"
 STORAGE_BATCH = 4 << 20  # bytes at which a gathering batch is sealed (S3 charges per request, not per byte)
 GATHER_FROM = 1.0  # a batch gathers where that many times its break-even size is in flight
 GATHER_GAP = 0.005  # seconds without a publish after which a gathering batch is sealed
+TAIL_SEEN = 2.0  # seconds after the last tail part from a leader during which this proxy counts as its replica
 ZSTD_LEVEL = 3  # the zstd level of what the router sends over the link: batches (here) and tail parts (`serving`)
 
 
@@ -63,6 +69,10 @@ class PathChooser:
         self.per_get = sp.per_request("GET")
         self.per_byte = transfer_per_byte(transfer_doc(transfer)[0])
         self.further_zones = 0  # zones besides the proxy's and the leader's that a replicated tail reaches
+        self.tail_zones: int | None = None  # zones a replicated tail of a stream led here reaches (None: no tail)
+        self.spread_quorum = False  # `zone_router_spread: quorum`: the tail goes to the quorum's replicas only
+        self.here = ""  # this server's name (a batch for it is its own zone's)
+        self._tail_seen: dict[str, float] = {}  # leader -> when its last tail part reached this server
         self.gather_linger = max(storage_linger, 0.001)  # the longest a gathering batch fills
         self.flows: dict[str, _Flow] = {}
         self._cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
@@ -97,13 +107,13 @@ class PathChooser:
         elif not self.billed:
             f.path, f.why = STORAGE, "the store bills no requests"
         else:
-            crossings = 1 + self.further_zones
-            link = size * self._link_per_byte(f)
-            storage = self._storage_per_batch()
+            crossings, gets = self._reach(leader)
+            link = size * self._link_per_byte(f, crossings)
+            storage = self._storage_per_batch(gets)
             f.path = LINK if link < storage else STORAGE
             f.why = (f"a batch of {size / 1e3:.0f} kB x {f.ratio:.2f} compressed crossing {crossings} zone "
                      f"boundar{'y' if crossings == 1 else 'ies'} costs ${link * 1e6:.2f} per million; "
-                     f"through storage {1 + crossings} requests cost ${storage * 1e6:.2f} per million")
+                     f"through storage {1 + gets} requests cost ${storage * 1e6:.2f} per million")
         f.batches[f.path] += 1
         return f.path
 
@@ -112,15 +122,31 @@ class PathChooser:
         prices, or the link forced)."""
         if self.mode == LINK or not self.billed or self.per_byte <= 0:
             return 0
-        return int(self._storage_per_batch() / self._link_per_byte(self._flow(leader)))
+        crossings, gets = self._reach(leader)
+        if crossings <= 0:
+            return 0
+        return int(self._storage_per_batch(gets) / self._link_per_byte(self._flow(leader), crossings))
 
-    def _link_per_byte(self, f: _Flow) -> float:
-        """A batch byte over the link: compressed, it crosses to the leader and to each further zone."""
-        return f.ratio * self.per_byte * (1 + self.further_zones)
+    def tail_seen(self, leader: str) -> None:
+        """A snapshot answer from `leader` carried tail parts: this proxy is (one of) its tail's replicas."""
+        self._tail_seen[leader] = time.monotonic()
 
-    def _storage_per_batch(self) -> float:
-        """A batch through storage: its PUT, the leader's GET and one GET per further zone's replica."""
-        return self.per_batch + self.per_get * self.further_zones
+    def _reach(self, leader: str) -> tuple[int, int]:
+        """(zone boundaries a batch's bytes cross over the link, GETs of its object through storage)."""
+        if leader == self.here and self.tail_zones is not None:  # stays here; the tail carries it to its replicas
+            return self.tail_zones, self.tail_zones  # (or names the object, which each of them GETs)
+        further = self.further_zones
+        if self.spread_quorum and time.monotonic() - self._tail_seen.get(leader, -1e9) < TAIL_SEEN:
+            further = 0  # this proxy is the replica: its records come back by reference
+        return 1 + further, 1 + further
+
+    def _link_per_byte(self, f: _Flow, crossings: int) -> float:
+        """A batch byte over the link: compressed, it crosses `crossings` zone boundaries."""
+        return f.ratio * self.per_byte * crossings
+
+    def _storage_per_batch(self, gets: int) -> float:
+        """A batch through storage: its PUT and `gets` GETs (the leader's, one per further zone's replica)."""
+        return self.per_batch - self.per_get + self.per_get * gets
 
     def gather_bytes(self, leader: str) -> int:
         """The unanswered bytes from which a batch for `leader` gathers (0: never): `GATHER_FROM` times the

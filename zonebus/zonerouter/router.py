@@ -22,6 +22,7 @@ import zstandard
 from zonebus.link.memberqueries import MemberQueries
 from zonebus.server.internal import InternalClient
 from zonebus.storage.fs import ObjectStore
+from zonebus.store.sharedcommit import CommitOptions
 from zonebus.stream import direct
 from zonebus.subjects.patterns import matches
 from zonebus.zonerouter import readframes as rf
@@ -120,9 +121,9 @@ class ZoneRouter:
         self.paths = PathChooser(self.opts.zone_router_path, billed, storage_linger)
         if billed:  # a burst's batch gathers for at most this (a storage-path batch of 1 MB costs what 1 kB does)
             self.paths.gather_linger = max(storage_linger, self.opts.shared_store_latency_budget * 2)
-        if self.tiered:  # (with `zone_router_spread: quorum` the tail reaches one further zone at most)
-            further = max(len(self.view.zones) - 2, 0)
-            self.paths.further_zones = min(further, 1) if self.serving.spread.quorum else further
+        self.paths.here = self.name
+        self.paths.spread_quorum = self.serving.spread.quorum
+        self._tail_reach()
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
                            self.opts.zone_router_batch, self.paths, SentBatches() if self.tiered else None)
         self.proxy.domain = self.opts.domain
@@ -254,11 +255,23 @@ class ZoneRouter:
         view = derive(meta.membership.members, zone_of, self._is_live, self.leaving)
         if view != self.view:
             self.view = view
-            if self.paths is not None and self.tiered:  # the tail reaches every zone but the proxy's and leader's
-                self.paths.further_zones = max(len(view.zones) - 2, 0)
+            self._tail_reach()
             self.changes += 1
             self._forget_routes()
             log.info("zone router: mapping %s", view.proxies)
+
+    def _tail_reach(self) -> None:
+        """The path chooser's count of the zones a replicated tail reaches: from a proxy, every zone but its own
+        and the leader's (with `zone_router_spread: quorum`, `tier_acks` of them at most); from the leader, every
+        other zone (or `tier_acks`)."""
+        if self.paths is None or not self.tiered:
+            return
+        zones = len(self.view.zones)
+        further, reach = max(zones - 2, 0), max(zones - 1, 0)
+        if self.serving.spread.quorum:
+            acks = max(CommitOptions.tier_acks, 1)
+            further, reach = min(further, acks), min(reach, acks)
+        self.paths.further_zones, self.paths.tail_zones = further, reach
 
     def _forget_routes(self) -> None:
         self._routes.clear()
@@ -473,7 +486,10 @@ class ZoneRouter:
         assert self.reader is not None
         try:
             if kind == rf.SNAP:
-                self.reader.on_snap(rf.Snap.decode(frame))
+                snap = rf.Snap.decode(frame)
+                if snap.parts and self.paths is not None:
+                    self.paths.tail_seen(peer)
+                self.reader.on_snap(snap)
             elif kind == rf.DELIVER:
                 self.reader.on_deliveries(peer, rf.Deliveries.decode(frame))
             elif kind == rf.ACKED:
