@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import threading
+from importlib.util import find_spec
 
 import pytest
 
@@ -119,6 +120,8 @@ def reference() -> dict[str, list[str]]:
 @pytest.mark.parametrize("pure", ["", "1"], ids=["compiled-if-built", "pure-python"])
 def test_core_path_delivers_what_nats_server_delivers(reference: dict[str, list[str]], pure: str) -> None:
     with ServerProcess("zonebus", workers=1, env={"ZONEBUS_PURE_PYTHON": pure}) as server:
+        want = "python" if pure or find_spec("zonebus.server.corerun") is None else "compiled"
+        assert f"core path: {want})" in server.log()  # (the server runs the implementation this case is about)
         got = transcript(server.port, traffic(26, 1500))
     assert sum(f.startswith(("MSG", "HMSG")) for f in reference["wild"]) > 1000  # (the traffic really flowed)
     for name, frames in reference.items():

@@ -26,6 +26,7 @@ from zonebus.server.accounts import Account, Accounts
 from zonebus.server.auth import Authenticator
 from zonebus.server.client import ClientConnection
 from zonebus.server.connection import CLIENT, Connection
+from zonebus.server.corepath import IMPLEMENTATION as corepath_implementation
 from zonebus.server.corepath import CorePath
 from zonebus.server.hooks import (
     AccountForwarder,
@@ -182,7 +183,8 @@ class Server(ClientLogins, MessageRouting):
             if wso.tls is None:
                 self.log("Websocket not configured with TLS. DO NOT USE IN PRODUCTION!", "WRN")
         await self._listener.serve()
-        self.log(f"zonebus {SERVER_VERSION} listening for clients on {opts.host}:{opts.port} ({self.name})")
+        self.log(f"zonebus {SERVER_VERSION} listening for clients on {opts.host}:{opts.port} ({self.name}; core path: "
+                 f"{corepath_implementation})")
         if opts.tls is not None:
             self.log("TLS required for client connections"
                      + (" (handshake first)" if opts.tls.handshake_first else ""))
