@@ -302,6 +302,21 @@ async def group_primary(cluster: ZoneCluster) -> str:
     return ""
 
 
+def dq_state(cluster: ZoneCluster, when: str, logs: bool = True) -> None:
+    """A failed dq campaign's evidence: each server's /queuez (its `members` count only while the members are
+    connected: the campaign stops them before its check) and the last warnings and errors of its log (a
+    corrupt group log record, a stall of the meta group, the group's primary coming and going)."""
+    for s, name in zip(cluster.servers, cluster.names, strict=True):
+        with contextlib.suppress(Exception):
+            page = s.http_get("/queuez")
+            log(f"  {name} /queuez {when}: {json.dumps(page['queue_groups'])[:1200]}")
+        if logs:
+            lines = [ln for ln in s.log().splitlines()
+                     if "[ERR]" in ln or "[WRN]" in ln or "queue group" in ln or "corrupt" in ln]
+            for ln in lines[-15:]:
+                log(f"  {name} log: {ln[:300]}")
+
+
 async def dq_campaign(setup: str, args: argparse.Namespace) -> tuple[DQCheck, list[Fault]]:
     """The durable queue group workload: writers in every zone, members in every zone acking what they
     process; after the faults, wait until every acked message was processed (or `DRAIN_TIMEOUT`), check."""
@@ -347,6 +362,7 @@ async def dq_campaign(setup: str, args: argparse.Namespace) -> tuple[DQCheck, li
             except TimeoutError:
                 log(f"{setup} dq: {unprocessed(pubs, members)} acked messages not processed after "
                     f"{DRAIN_TIMEOUT:g} s")
+                dq_state(cluster, "while the members are still connected")
             drained = time.monotonic() - t
             await asyncio.sleep(2 * DQ_ACK_WAIT)  # late redeliveries count as duplicates
         finally:
@@ -361,10 +377,7 @@ async def dq_campaign(setup: str, args: argparse.Namespace) -> tuple[DQCheck, li
                 log(f"  fault {f.kind} {f.target}: healed {f.healed - f.started:.1f} s after it started")
             log(f"  lost (first 20): {q.lost[:20]}")
             log(f"  unexpected (first 20): {q.unexpected[:20]}")
-            for s, name in zip(cluster.servers, cluster.names, strict=True):
-                with contextlib.suppress(Exception):
-                    page = s.http_get("/queuez")
-                    log(f"  {name} /queuez: {json.dumps(page['queue_groups'])[:600]}")
+            dq_state(cluster, "after the members left", logs=False)
         for line in q.order[:5]:
             log(f"  order: {line}")
         return q, faults
