@@ -60,6 +60,11 @@ class GroupLog:
         """The first stored sequence at or after `start`, 0 when none."""
         return self.store.index.next_seq(max(start, self.store.index.first_seq), None) or 0
 
+    def appended_elsewhere(self) -> bool:
+        """Whether another process appended to this log since this one opened it (a former primary that wrote
+        past the meta group's fence): this view of it is stale and must be opened again."""
+        return self.store.appended_elsewhere() != 0
+
     def remove(self, seq: int) -> bool:
         return self.store.remove(seq) is not None
 

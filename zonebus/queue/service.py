@@ -103,6 +103,7 @@ class QueueService:
         self.handoffs: dict[str, GroupLog] = {}  # a group's log on this server's own disk, led elsewhere now
         self._handoff_sent: dict[str, set[int]] = {}  # its sequences on their way to the primary
         self._handoff_check: set[str] = set()  # groups whose own log may still hold messages (`_hand_off`)
+        self._reopening: set[str] = set()  # groups whose shared log another process wrote (`_reopen`)
 
     def attach_workers(self, channels: LinkChannels, index: int, count: int) -> None:
         """This server runs as `count` worker processes, this one is `index`: worker 0 is the groups' primary
@@ -209,11 +210,41 @@ class QueueService:
         failover timeout has been replaced, and its successor writes the same log when it is on a shared
         store; until the meta change reaches it, what it handles after it resumes (its clients' publishes
         and its members' acks, waiting in its sockets) must not touch the log: two writers corrupted it (the
-        chaos campaign's losses). Such publishes wait (`pending`) and acks are dropped (redelivered later)."""
+        chaos campaign's losses). Such publishes wait (`pending`) and acks are dropped (redelivered later).
+        A write of another process found at the end of the shared log closes the fence too (`_reopen`)."""
         if self.meta_source is None or self.worker > 0:
             return True
         meta = self._meta()
-        return meta is not None and self.primary_of(group) == self.server.name and meta.lease()
+        if meta is None or self.primary_of(group) != self.server.name or not meta.lease():
+            return False
+        d = self.dispatchers.get(group)
+        if d is not None and self._shared_log() and d.log.appended_elsewhere():
+            self._reopen_soon(group)
+            return False
+        return True
+
+    def _shared_log(self) -> bool:
+        return self.server.opts.jetstream.shared_store.startswith("file://")
+
+    def _reopen_soon(self, group: str) -> None:
+        if group not in self._reopening:
+            self._reopening.add(group)
+            self.server.loop.call_soon(self._reopen, group)
+
+    def _reopen(self, group: str) -> None:
+        """Another process appended to the group's shared log while this server led it (a former primary back
+        from a stall whose write got past the fence in a race with the meta group's move): this view of the log
+        is stale. Appending on indexed each new record where it is not, so none could be read back: stored,
+        acknowledged, never delivered (a chaos campaign's 606 pending). So the group is led again from the file
+        as it is, the other's records included (what waits meanwhile is stored then, or sent again)."""
+        self._reopening.discard(group)
+        d = self.dispatchers.get(group)
+        if d is None or not d.log.appended_elsewhere():
+            return
+        self.server.log(f"queue group {group}: its log was written by another server meanwhile; opening it "
+                        "again", "WRN")
+        self._release(group)
+        self._sync()
 
     def _sync(self) -> None:
         """Lead the groups this server is primary of, release the others, resend to moved primaries."""

@@ -484,3 +484,10 @@ class FileStore(MsgStore):
 
     def disk_bytes(self) -> int:
         return sum(os.fstat(fd).st_size for fd in self._fds.values())
+
+    def appended_elsewhere(self) -> int:
+        """Bytes at the end of the active segment that this store did not write (0: none): another process
+        appended to the same directory (a second writer of a shared log, which this store's index knows
+        nothing of; its own next records would be indexed at offsets where they are not)."""
+        fd = self._fds.get(self._active)
+        return os.fstat(fd).st_size - self._offset if fd is not None else 0
