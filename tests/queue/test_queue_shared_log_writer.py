@@ -53,6 +53,7 @@ async def test_a_record_another_server_appended_to_the_shared_log_leaves_no_mess
                     timeout=30, show=lambda: (sorted(want - set(got))[:10], group_info(primary)))
         await until(lambda: group_info(primary)["pending"] == 0, "nothing left pending at the primary",
                     timeout=20, show=lambda: group_info(primary))
+        assert group_info(primary)["unreadable"] == 0, group_info(primary)
         assert "opening it again" in primary.log()
     finally:
         for nc in conns:

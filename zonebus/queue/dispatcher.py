@@ -58,6 +58,7 @@ class GroupStats:
     dropped: int = 0  # max_deliver reached
     terminated: int = 0  # +TERM
     recovered: int = 0  # messages found in the log when this server took the group over (may be duplicates)
+    unreadable: int = 0  # messages of the log's index whose record could not be read back (skipped)
     by_zone_pair: dict[str, int] = field(default_factory=dict)  # "from->to": deliveries
 
 
@@ -131,8 +132,10 @@ class Dispatcher:
         while self.retry and done < BATCH_MSGS and size < BATCH_BYTES:
             seq = self.retry[0]
             rec = self.log.read(seq)
-            if rec is None:
+            if rec is None:  # (done meanwhile, or unreadable)
                 self.retry.popleft()
+                if self.log.holds(seq):
+                    self._unreadable(seq)
                 continue
             if not self._push(rec, now):
                 return done > 0
@@ -144,12 +147,21 @@ class Dispatcher:
             if not seq:
                 break
             rec = self.log.read(seq)
-            if rec is not None and not self._push(rec, now):
+            if rec is None:
+                self._unreadable(seq)
+            elif not self._push(rec, now):
                 break
             self.cursor = seq + 1
             done += 1
             size += len(rec.payload) if rec is not None else 0
         return done > 0
+
+    def _unreadable(self, seq: int) -> None:
+        """`seq` is in the log's index and its record cannot be read back: it stays pending, never delivered
+        (a view of a shared log another process wrote, see QueueService._reopen). Counted, the first logged."""
+        if not self.stats.unreadable:
+            self.server.log(f"queue group {self.spec.name}: message {seq} of its log cannot be read; skipped", "ERR")
+        self.stats.unreadable += 1
 
     def _push(self, rec: Record, now: float) -> bool:
         """Give `rec` to one member; False when the group has no member to take it (it waits)."""
@@ -299,5 +311,6 @@ class Dispatcher:
                 "in_flight": len(self.inflight), "deliveries": st.deliveries, "redelivered": st.redelivered,
                 "cross_zone_deliveries": st.cross_zone, "expired": st.expired, "max_deliver_dropped": st.dropped,
                 "terminated": st.terminated, "recovered_at_takeover": st.recovered,
+                "unreadable": st.unreadable,
                 "first_seq": self.log.first_seq, "last_seq": self.log.last_seq,
                 "deliveries_by_zone": dict(st.by_zone_pair)}

@@ -56,6 +56,10 @@ class GroupLog:
         origin, zone, hdrs = decode_origin(m.hdrs)
         return Record(m.seq, m.subject, hdrs, m.data, m.ts, origin, zone)
 
+    def holds(self, seq: int) -> bool:
+        """Whether `seq` is in the log (read() may still fail: a record where the index says none is)."""
+        return self.store.index.meta(seq) is not None
+
     def next_seq(self, start: int) -> int:
         """The first stored sequence at or after `start`, 0 when none."""
         return self.store.index.next_seq(max(start, self.store.index.first_seq), None) or 0
