@@ -35,6 +35,20 @@ cdef inline long long _digits(const char* s, Py_ssize_t a, Py_ssize_t b):
     return v
 
 
+cdef inline int _deliver(c, line, data, sub, long long size, mark_dirty) except -1:
+    """One message to one target: its line and payload queued, the counts, the connection marked dirty."""
+    out = c.out
+    out.append(line)
+    out.append(data)
+    sub.delivered += 1
+    c.out_msgs += 1
+    c.out_bytes += size
+    if not c.dirty:
+        c.dirty = True
+        mark_dirty(c)
+    return 0
+
+
 def run(core, conn, bytes buf, Py_ssize_t pos, Py_ssize_t tail_max):
     cdef const char* s = PyBytes_AS_STRING(buf)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(buf)
@@ -151,15 +165,7 @@ def run(core, conn, bytes buf, Py_ssize_t pos, Py_ssize_t tail_max):
         for c, mline, hline, sub in targets:
             if c is conn and not echo:
                 continue
-            out = c.out
-            out.append((mline if hdr_len < 0 else hline) + rest)
-            out.append(data)
-            sub.delivered += 1
-            c.out_msgs += 1
-            c.out_bytes += size
-            if not c.dirty:
-                c.dirty = True
-                mark_dirty(c)
+            _deliver(c, (mline if hdr_len < 0 else hline) + rest, data, sub, size, mark_dirty)
         if groups is not None:
             for members in groups:
                 if not echo:  # (as `_route_queues`: the publisher's own members left out)
@@ -168,15 +174,7 @@ def run(core, conn, bytes buf, Py_ssize_t pos, Py_ssize_t tail_max):
                 if not k:
                     continue
                 c, mline, hline, sub = members[randrange(k)] if k > 1 else members[0]
-                out = c.out
-                out.append((mline if hdr_len < 0 else hline) + rest)
-                out.append(data)
-                sub.delivered += 1
-                c.out_msgs += 1
-                c.out_bytes += size
-                if not c.dirty:
-                    c.dirty = True
-                    mark_dirty(c)
+                _deliver(c, (mline if hdr_len < 0 else hline) + rest, data, sub, size, mark_dirty)
         if groups is None and prev_pos >= 0 and prev_len == line_len and memcmp(s + prev_pos, s + pos, line_len) == 0:
             # the line twice in a row (a steady publisher's stream): its repeats that follow need no parsing
             hpos = pos
