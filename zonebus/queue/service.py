@@ -328,8 +328,7 @@ class QueueService:
         former primary stored and had not delivered is on that server only. Once it is back and caught up
         with the meta group, it forwards those messages to the current primary (as a server forwards what
         it captures) and removes each once stored there (at least once: a member may have had it already)."""
-        js = self.server.opts.jetstream
-        if self.meta_source is None or self.worker > 0 or js.shared_store.startswith("file://") \
+        if self.meta_source is None or self.worker > 0 or self._shared_log() \
                 or not self._handoff_check or not self._may_lead():
             return
         for name in sorted(self._handoff_check):

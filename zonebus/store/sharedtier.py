@@ -63,11 +63,7 @@ class ReplicatedTail:
 
     def tail_ready(self: SharedStore) -> bool:
         """Enough fresh replicas of this epoch for the tail rule."""
-        if not self.tiered:
-            return False
-        now = time.monotonic()
-        fresh = sum(1 for _b, _o, t in self.replicas.values() if now - t < REPLICA_FRESH)
-        return fresh >= self.opts.tier_acks
+        return self.tiered and len(self.fresh_replicas()) >= self.opts.tier_acks
 
     def _tail_news(self: SharedStore) -> None:
         if self.on_tail is not None and not self._tail_soon and self.loop is not None:
