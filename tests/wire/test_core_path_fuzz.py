@@ -1,6 +1,6 @@
 """The compiled core path (`zonebus/server/corerun.pyx`) against the pure-Python one (`corepath.run`), on mutated
-traffic: two servers, one of each (`ZONEBUS_PURE_PYTHON`), get the same bytes on one echoing connection that
-subscribes to everything, and must send back the very same bytes.
+traffic: two servers with the default workers, one of each (`ZONEBUS_PURE_PYTHON`), get the same bytes on
+one echoing connection that subscribes to everything, and must send back the very same bytes.
 
 The traffic is PUB/HPUB frames with what the compiled scan decides by itself: extra or missing spaces, tabs,
 leading zeros, sizes that are not digits or too long for any payload, header sizes of zero or above the size,
@@ -99,8 +99,8 @@ def test_compiled_and_pure_core_paths_answer_mutated_traffic_alike() -> None:
     for _ in range(INPUTS):
         data = b"".join(frame(rng) for _ in range(rng.randint(5, 60)))
         inputs.append((data, [rng.randint(0, len(data)) for _ in range(rng.randint(0, 12))]))
-    with ServerProcess("zonebus", workers=1, env={"ZONEBUS_PURE_PYTHON": ""}) as compiled, \
-            ServerProcess("zonebus", workers=1, env={"ZONEBUS_PURE_PYTHON": "1"}) as pure:
+    with ServerProcess("zonebus", env={"ZONEBUS_PURE_PYTHON": ""}) as compiled, \
+            ServerProcess("zonebus", env={"ZONEBUS_PURE_PYTHON": "1"}) as pure:
         assert "core path: compiled)" in compiled.log() and "core path: python)" in pure.log()
         delivered = errors = 0
         for i, (data, cuts) in enumerate(inputs):
