@@ -15,8 +15,9 @@ the plain delivery: the server has no publish interceptor, forwarder, zone relay
 the workers' or a cluster's, when the subject has queue groups); the client is connected, in the global account
 without mappings, has no permissions, is not verbose, and (when pedantic) the subject is a valid publish
 subject; every subscriber is a plain client subscription (no max_msgs, no permissions; headers supported for an
-HPUB) and a queue group gets one member drawn as `_route_queues` draws it. A request no one receives when the
-client wants no-responders goes the general way.
+HPUB) or a server subsystem's internal one (a stream's subjects: `InternalClient.deliver` queues the message as
+`deliver_one` would), and a queue group gets one member drawn as `_route_queues` draws it. A request no one
+receives when the client wants no-responders goes the general way.
 
 `run` has a compiled twin, `zonebus.server.corerun` (Cython; `setup.py` builds it where a C compiler is there,
 and the package works without it): the same decisions with the control line scanned in C. `feed` uses it unless
@@ -36,10 +37,12 @@ from zonebus.server.fastpath import deliver_run
 from zonebus.subjects.validate import is_valid_publish_subject
 
 CLIENT = "client"  # (zonebus.server.connection.CLIENT; restated so the compiled module needs no import of it)
+INTERNAL = "internal"  # (zonebus.server.connection.INTERNAL)
 TAIL_MAX = 16 * 1024  # a partial message up to this size waits in the parser's buffer as raw bytes
 MEMO_MAX = 4096  # subjects remembered (then all are dropped)
 
-# a target: (connection, its MSG line prefix, its HMSG line prefix or None (no headers), subscription)
+# a target: (connection, its MSG line prefix, its HMSG line prefix or None (no headers), subscription); an internal
+# subscription's MSG prefix is None (`conn.deliver(sub, subject, reply, hdr_len, data)` takes the message)
 Target = tuple[Any, bytes, Any, Any]
 
 
@@ -60,15 +63,17 @@ IMPLEMENTATION = "compiled" if COMPILED is not None else "python"
 
 class SubjectMemo:
     """Where a message on one subject goes: plain targets, queue groups (one member drawn per message),
-    whether every target takes headers, and whether the subject is a valid publish subject."""
+    whether every target takes headers, whether the subject is a valid publish subject, and whether a target is
+    an internal subscription (then no run of repeated lines is delivered in one go)."""
 
-    __slots__ = ("targets", "groups", "headers", "valid")
+    __slots__ = ("targets", "groups", "headers", "valid", "internal")
 
-    def __init__(self, targets: list, groups: list | None, headers: bool, valid: bool) -> None:
+    def __init__(self, targets: list, groups: list | None, headers: bool, valid: bool, internal: bool = False) -> None:
         self.targets = targets
         self.groups = groups
         self.headers = headers
         self.valid = valid
+        self.internal = internal
 
 
 class CorePath:
@@ -97,7 +102,11 @@ class CorePath:
 
 def _target(sub: Any, subject: bytes) -> Target | None:
     conn = sub.conn
-    if conn.kind != CLIENT or sub.max_msgs or conn.perms is not None:
+    if sub.max_msgs:
+        return None
+    if conn.kind == INTERNAL:  # (a callback's; it takes headers)
+        return (conn, None, None, sub) if sub.callback is not None else None  # type: ignore[return-value]
+    if conn.kind != CLIENT or conn.perms is not None:
         return None
     sid = sub.sid
     hmsg = b"HMSG " + subject + b" " + sid if conn.headers else None
@@ -107,11 +116,15 @@ def _target(sub: Any, subject: bytes) -> Target | None:
 def build(subject: bytes, psubs: list, qsubs: list) -> SubjectMemo | None:
     targets: list = []
     headers = True
+    internal = False
     for sub in psubs:
         t = _target(sub, subject)
         if t is None:
             return None
-        headers = headers and t[2] is not None
+        if t[1] is None:
+            internal = True
+        else:
+            headers = headers and t[2] is not None
         targets.append(t)
     groups: list | None = None
     if qsubs:
@@ -122,10 +135,13 @@ def build(subject: bytes, psubs: list, qsubs: list) -> SubjectMemo | None:
                 t = _target(sub, subject)
                 if t is None:
                     return None
-                headers = headers and t[2] is not None
+                if t[1] is None:
+                    internal = True
+                else:
+                    headers = headers and t[2] is not None
                 members.append(t)
             groups.append(members)
-    return SubjectMemo(targets, groups, headers, is_valid_publish_subject(subject))
+    return SubjectMemo(targets, groups, headers, is_valid_publish_subject(subject), internal)
 
 
 def feed(core: CorePath, conn: Any, data: bytes) -> None:
@@ -295,6 +311,10 @@ def run(core: CorePath, conn: Any, buf: bytes, pos: int) -> int:
         for c, mline, hline, sub in targets:
             if c is conn and not echo:
                 continue
+            if mline is None:  # an internal subscription (`deliver_one`'s work)
+                sub.delivered += 1
+                c.deliver(sub, subject, reply, hdr_len, data)
+                continue
             out = c.out
             out.append((mline if hdr_len < 0 else hline) + rest)
             out.append(data)
@@ -312,6 +332,10 @@ def run(core: CorePath, conn: Any, buf: bytes, pos: int) -> int:
                 if not k:
                     continue
                 c, mline, hline, sub = members[randrange(k)] if k > 1 else members[0]
+                if mline is None:
+                    sub.delivered += 1
+                    c.deliver(sub, subject, reply, hdr_len, data)
+                    continue
                 out = c.out
                 out.append((mline if hdr_len < 0 else hline) + rest)
                 out.append(data)
@@ -321,7 +345,7 @@ def run(core: CorePath, conn: Any, buf: bytes, pos: int) -> int:
                 if not c.dirty:
                     c.dirty = True
                     mark_dirty(c)
-        if groups is None and line == prev:
+        if groups is None and line == prev and not m.internal:
             # the line twice in a row (a steady publisher's stream): its repeats that follow need no parsing
             head = buf[pos : eol + 1]
             pos = stop + 2

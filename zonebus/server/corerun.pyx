@@ -49,6 +49,13 @@ cdef inline int _deliver(c, line, data, sub, long long size, mark_dirty) except 
     return 0
 
 
+cdef inline int _deliver_internal(c, sub, subject, reply, long long hdr_len, data) except -1:
+    """One message to an internal subscription (`deliver_one`'s work; its MSG prefix is None)."""
+    sub.delivered += 1
+    c.deliver(sub, subject, reply, hdr_len, data)
+    return 0
+
+
 def run(core, conn, bytes buf, Py_ssize_t pos, Py_ssize_t tail_max):
     cdef const char* s = PyBytes_AS_STRING(buf)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(buf)
@@ -162,8 +169,14 @@ def run(core, conn, bytes buf, Py_ssize_t pos, Py_ssize_t tail_max):
         rest = PyBytes_FromStringAndSize(s + te[1], eol + 1 - te[1])  # " [reply] [hdr_len] size\r\n"
         in_msgs += 1
         in_bytes += size
+        reply = None
+        if has_reply and m.internal:
+            reply = PyBytes_FromStringAndSize(s + ts[2], te[2] - ts[2])
         for c, mline, hline, sub in targets:
             if c is conn and not echo:
+                continue
+            if mline is None:
+                _deliver_internal(c, sub, subject, reply, hdr_len, data)
                 continue
             _deliver(c, (mline if hdr_len < 0 else hline) + rest, data, sub, size, mark_dirty)
         if groups is not None:
@@ -174,8 +187,11 @@ def run(core, conn, bytes buf, Py_ssize_t pos, Py_ssize_t tail_max):
                 if not k:
                     continue
                 c, mline, hline, sub = members[randrange(k)] if k > 1 else members[0]
+                if mline is None:
+                    _deliver_internal(c, sub, subject, reply, hdr_len, data)
+                    continue
                 _deliver(c, (mline if hdr_len < 0 else hline) + rest, data, sub, size, mark_dirty)
-        if groups is None and prev_pos >= 0 and prev_len == line_len and memcmp(s + prev_pos, s + pos, line_len) == 0:
+        if groups is None and not m.internal and prev_pos >= 0 and prev_len == line_len and memcmp(s + prev_pos, s + pos, line_len) == 0:
             # the line twice in a row (a steady publisher's stream): its repeats that follow need no parsing
             hpos = pos
             hlen = eol + 1 - pos
