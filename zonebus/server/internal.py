@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zonebus.server.connection import CLIENT, INTERNAL, LINKS, Connection
+from zonebus.server.connection import CLIENT, INTERNAL, LINKS, WORKER, Connection
 from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
@@ -94,8 +94,9 @@ class InternalClient(Connection):
 
     def reply(self, subject: bytes, payload: bytes) -> None:
         """Publish a header-less reply (a PubAck) like `publish`, on a short path: when the subject's match is
-        plain client subscriptions only (and no interceptor or forwarder is installed) they get it directly,
-        without the general routing code; anything else goes through `Server.process_msg` as before."""
+        plain client subscriptions only, or the one local link to the worker process whose client asked (and
+        no interceptor or forwarder is installed), they get it directly, without the general routing code;
+        anything else goes through `Server.process_msg` as before."""
         server = self.server
         self.out_msgs += 1
         data = payload + b"\r\n"
@@ -110,6 +111,12 @@ class InternalClient(Connection):
                     for sub in psubs:
                         sub.delivered += 1
                         sub.conn.deliver(sub, subject, None, -1, data)
+                    return
+                if (len(psubs) == 1 and psubs[0].conn.kind == WORKER and self.account is server.global_account
+                        and server.zone_relay is None):
+                    # the requester is a client of another worker process: one RMSG, as `deliver_in_cluster`
+                    # sends it (no queue groups named)
+                    psubs[0].conn.forward(subject, None, -1, data, [], self.account.name)  # type: ignore[attr-defined]
                     return
         server.process_msg(self, subject, None, -1, data)
 
