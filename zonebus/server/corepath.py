@@ -15,8 +15,10 @@ the plain delivery: the server has no publish interceptor, forwarder, zone relay
 the workers' or a cluster's, when the subject has queue groups); the client is connected, in the global account
 without mappings, has no permissions, is not verbose, and (when pedantic) the subject is a valid publish
 subject; every subscriber is a plain client subscription (no max_msgs, no permissions; headers supported for an
-HPUB) or a server subsystem's internal one (a stream's subjects: `InternalClient.deliver` queues the message as
-`deliver_one` would), and a queue group gets one member drawn as `_route_queues` draws it. A request no one
+HPUB), a server subsystem's internal one (a stream's subjects: `InternalClient.deliver` queues the message as
+`deliver_one` would) or the plain interest of a local link to another worker process (one RMSG/HMSG per link,
+as `deliver_in_cluster` forwards it, noted for the workers' migration as there), and a queue group gets one
+member drawn as `_route_queues` draws it. A request no one
 receives when the client wants no-responders goes the general way.
 
 `run` has a compiled twin, `zonebus.server.corerun` (Cython; `setup.py` builds it where a C compiler is there,
@@ -38,11 +40,14 @@ from zonebus.subjects.validate import is_valid_publish_subject
 
 CLIENT = "client"  # (zonebus.server.connection.CLIENT; restated so the compiled module needs no import of it)
 INTERNAL = "internal"  # (zonebus.server.connection.INTERNAL)
+WORKER = "worker"  # (zonebus.server.connection.WORKER)
 TAIL_MAX = 16 * 1024  # a partial message up to this size waits in the parser's buffer as raw bytes
 MEMO_MAX = 4096  # subjects remembered (then all are dropped)
 
 # a target: (connection, its MSG line prefix, its HMSG line prefix or None (no headers), subscription); an internal
-# subscription's MSG prefix is None (`conn.deliver(sub, subject, reply, hdr_len, data)` takes the message)
+# subscription's MSG prefix is None (`conn.deliver(sub, subject, reply, hdr_len, data)` takes the message); a local
+# link to another worker process gets `RMSG <account> <subject>` / `HMSG ...` and counts in its `memo_sub`, as
+# `deliver_in_cluster` and the fast path's entries send it (one per link)
 Target = tuple[Any, bytes, Any, Any]
 
 
@@ -63,17 +68,23 @@ IMPLEMENTATION = "compiled" if COMPILED is not None else "python"
 
 class SubjectMemo:
     """Where a message on one subject goes: plain targets, queue groups (one member drawn per message),
-    whether every target takes headers, whether the subject is a valid publish subject, and whether a target is
-    an internal subscription (then no run of repeated lines is delivered in one go)."""
+    whether every target takes headers, whether the subject is a valid publish subject, whether a target is
+    an internal subscription or a local link (then no run of repeated lines is delivered in one go: `single`),
+    and what a message tells the workers' migration when a target is a link (`note`, see `run`)."""
 
-    __slots__ = ("targets", "groups", "headers", "valid", "internal")
+    __slots__ = ("targets", "groups", "headers", "valid", "internal", "single", "links", "note")
 
-    def __init__(self, targets: list, groups: list | None, headers: bool, valid: bool, internal: bool = False) -> None:
+    def __init__(self, targets: list, groups: list | None, headers: bool, valid: bool, internal: bool = False,
+                 links: list | None = None) -> None:
         self.targets = targets
         self.groups = groups
         self.headers = headers
         self.valid = valid
         self.internal = internal
+        self.single = internal or bool(links)
+        self.links = bool(links)
+        # `ClientConnection.note_routes` as `deliver_in_cluster` calls it: the one link, when it is the only target
+        self.note = {links[0]: []} if links and len(links) == 1 and len(targets) == 1 and not groups else None
 
 
 class CorePath:
@@ -95,17 +106,21 @@ class CorePath:
             memos.clear()
         r = self.server.global_account.sublist.match(subject)
         # a queue picker (a cluster's policy, the workers' weights) draws the member: the general path's
-        m = build(subject, r.psubs, r.qsubs) if not r.qsubs or self.server.queue_picker is None else None
+        server = self.server
+        m = build(subject, r.psubs, r.qsubs, server.global_account.name) \
+            if not r.qsubs or server.queue_picker is None else None
         memos[subject] = m
         return m
 
 
-def _target(sub: Any, subject: bytes) -> Target | None:
+def _target(sub: Any, subject: bytes, account: bytes = b"$G") -> Target | None:
     conn = sub.conn
     if sub.max_msgs:
         return None
     if conn.kind == INTERNAL:  # (a callback's; it takes headers)
         return (conn, None, None, sub) if sub.callback is not None else None  # type: ignore[return-value]
+    if conn.kind == WORKER and sub.queue is None:
+        return (conn, b"RMSG " + account + b" " + subject, b"HMSG " + account + b" " + subject, conn.memo_sub)
     if conn.kind != CLIENT or conn.perms is not None:
         return None
     sid = sub.sid
@@ -113,14 +128,19 @@ def _target(sub: Any, subject: bytes) -> Target | None:
     return (conn, b"MSG " + subject + b" " + sid, hmsg, sub)
 
 
-def build(subject: bytes, psubs: list, qsubs: list) -> SubjectMemo | None:
+def build(subject: bytes, psubs: list, qsubs: list, account: bytes = b"$G") -> SubjectMemo | None:
     targets: list = []
     headers = True
     internal = False
+    links: list = []
     for sub in psubs:
-        t = _target(sub, subject)
+        t = _target(sub, subject, account)
         if t is None:
             return None
+        if t[3] is not sub:  # a link: one message per link, however many of its subscriptions match
+            if t[0] in links:
+                continue
+            links.append(t[0])
         if t[1] is None:
             internal = True
         else:
@@ -133,7 +153,7 @@ def build(subject: bytes, psubs: list, qsubs: list) -> SubjectMemo | None:
             members = []
             for sub in group:
                 t = _target(sub, subject)
-                if t is None:
+                if t is None or t[3] is not sub:  # (a link's queue interest: the general path's)
                     return None
                 if t[1] is None:
                     internal = True
@@ -141,7 +161,7 @@ def build(subject: bytes, psubs: list, qsubs: list) -> SubjectMemo | None:
                     headers = headers and t[2] is not None
                 members.append(t)
             groups.append(members)
-    return SubjectMemo(targets, groups, headers, is_valid_publish_subject(subject), internal)
+    return SubjectMemo(targets, groups, headers, is_valid_publish_subject(subject), internal, links)
 
 
 def feed(core: CorePath, conn: Any, data: bytes) -> None:
@@ -231,6 +251,7 @@ def run(core: CorePath, conn: Any, buf: bytes, pos: int) -> int:
     max_payload = conn.parser.max_payload
     mark_dirty = server.mark_dirty
     randrange = server.random.randrange
+    route_notes = server.route_notes
     n = len(buf)
     find = buf.find
     in_msgs = 0
@@ -345,7 +366,9 @@ def run(core: CorePath, conn: Any, buf: bytes, pos: int) -> int:
                 if not c.dirty:
                     c.dirty = True
                     mark_dirty(c)
-        if groups is None and line == prev and not m.internal:
+        if m.links and route_notes:  # (zonebus.workers.migrate: a publisher follows its messages)
+            conn.note_routes(m.note)
+        if groups is None and line == prev and not m.single:
             # the line twice in a row (a steady publisher's stream): its repeats that follow need no parsing
             head = buf[pos : eol + 1]
             pos = stop + 2

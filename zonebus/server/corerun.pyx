@@ -80,6 +80,7 @@ def run(core, conn, bytes buf, Py_ssize_t pos, Py_ssize_t tail_max):
     max_payload = conn.parser.max_payload
     mark_dirty = server.mark_dirty
     randrange = server.random.randrange
+    route_notes = server.route_notes
     while pos < n:
         e = <const char*>memchr(s + pos, 10, <size_t>(n - pos))
         if e == NULL:
@@ -191,7 +192,9 @@ def run(core, conn, bytes buf, Py_ssize_t pos, Py_ssize_t tail_max):
                     _deliver_internal(c, sub, subject, reply, hdr_len, data)
                     continue
                 _deliver(c, (mline if hdr_len < 0 else hline) + rest, data, sub, size, mark_dirty)
-        if groups is None and not m.internal and prev_pos >= 0 and prev_len == line_len and memcmp(s + prev_pos, s + pos, line_len) == 0:
+        if m.links and route_notes:  # (zonebus.workers.migrate: a publisher follows its messages)
+            conn.note_routes(m.note)
+        if groups is None and not m.single and prev_pos >= 0 and prev_len == line_len and memcmp(s + prev_pos, s + pos, line_len) == 0:
             # the line twice in a row (a steady publisher's stream): its repeats that follow need no parsing
             hpos = pos
             hlen = eol + 1 - pos
