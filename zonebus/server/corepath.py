@@ -18,8 +18,8 @@ subject; every subscriber is a plain client subscription (no max_msgs, no permis
 HPUB), a server subsystem's internal one (a stream's subjects: `InternalClient.deliver` queues the message as
 `deliver_one` would) or the plain interest of a local link to another worker process (one RMSG/HMSG per link,
 as `deliver_in_cluster` forwards it, noted for the workers' migration as there), and a queue group gets one
-member drawn as `_route_queues` draws it. A request no one
-receives when the client wants no-responders goes the general way.
+member drawn as `_route_queues` draws it. A request no one receives when the client wants no-responders goes
+the general way.
 
 `run` has a compiled twin, `zonebus.server.corerun` (Cython; `setup.py` builds it where a C compiler is there,
 and the package works without it): the same decisions with the control line scanned in C. `feed` uses it unless
@@ -152,8 +152,8 @@ def build(subject: bytes, psubs: list, qsubs: list, account: bytes = b"$G") -> S
         for group in qsubs:
             members = []
             for sub in group:
-                t = _target(sub, subject)
-                if t is None or t[3] is not sub:  # (a link's queue interest: the general path's)
+                t = _target(sub, subject)  # (a link's queue interest is no target: the general path's)
+                if t is None:
                     return None
                 if t[1] is None:
                     internal = True
