@@ -11,7 +11,7 @@ import random
 import pytest
 import zstandard
 
-from zonebus.zonerouter.paths import GATHER_FROM, LINK, STORAGE, PathChooser
+from zonebus.zonerouter.paths import GATHER_FROM, LINK, STORAGE, ZSTD_LEVEL, PathChooser, level_for
 
 
 def payload(i: int) -> bytes:
@@ -119,3 +119,21 @@ def test_storage_batches_are_measured_as_the_link_would_send_them() -> None:
     f = p.flows["b1"]
     assert f.measured == len(batches)
     assert f.ratio < first  # later blocks compress against the earlier ones, as on the link
+
+
+@pytest.mark.timeout(20)
+def test_routes_compressed_at_their_best_lend_the_router_their_level() -> None:
+    """`cluster { compression: s2_best }` (zstd 7 on zonebus's routes) sets the level of the router's link
+    batches too: the same batches cost fewer bytes, the leader reads them back whole, and `/jsz` says the level.
+    Routes that do not compress, or compress faster, leave the router's own level."""
+    assert level_for("s2_best") == 7
+    assert level_for("accept") == level_for("off") == level_for("s2_fast") == level_for("s2_auto") == ZSTD_LEVEL
+    plain, best = PathChooser("auto", True, 0.05), PathChooser("auto", True, 0.05, level=level_for("s2_best"))
+    leader = PathChooser("auto", True, 0.05)
+    for k in range(40):
+        data = b"".join(payload(k * 10 + i) for i in range(10))
+        plain.compress_stream("ldr", data)
+        gen, block = best.compress_stream("ldr", data)
+        assert leader.decompress_stream("me", gen, block) == data
+    assert 0 < best.flows["ldr"].ratio < plain.flows["ldr"].ratio
+    assert best.info()["zstd_level"] == 7 and plain.info()["zstd_level"] == ZSTD_LEVEL

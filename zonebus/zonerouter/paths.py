@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import zstandard
 
+from zonebus.link.compression import ZSTD_LEVELS
 from zonebus.prices import storage_prices, transfer_doc, transfer_per_byte
 
 WINDOW = 2.0  # seconds over which the byte rate is averaged
@@ -44,7 +45,16 @@ STORAGE_BATCH = 4 << 20  # bytes at which a gathering batch is sealed (S3 charge
 GATHER_FROM = 1.0  # a batch gathers where that many times its break-even size is in flight
 GATHER_GAP = 0.005  # seconds without a publish after which a gathering batch is sealed
 TAIL_SEEN = 2.0  # seconds after the last tail part from a leader during which this proxy counts as its replica
-ZSTD_LEVEL = 3  # the zstd level of what the router sends over the link: batches (here) and tail parts (`serving`)
+# the zstd level of what the router sends over the link, batches (here) and tail parts (`serving`), where the
+# routes are not compressed; routes that are (`cluster { compression: s2_best }`) lend theirs (`level_for`)
+ZSTD_LEVEL = 3
+
+
+def level_for(route_mode: str) -> int:
+    """The zstd level of the router's link traffic where the routes compress in `route_mode` (nats-server's names,
+    normalised): the routes' own level (`s2_best`: 7) where it is higher than `ZSTD_LEVEL`. A user who asks for the
+    best compression on the routes buys fewer bytes with CPU; the router's bytes cross the same zones."""
+    return max(ZSTD_LEVEL, ZSTD_LEVELS.get(route_mode, 0))
 
 
 @dataclass
@@ -60,8 +70,9 @@ class _Flow:
 
 class PathChooser:
     def __init__(self, mode: str, billed: bool, storage_linger: float, storage: str = "s3-standard",
-                 transfer: str = "aws") -> None:
+                 transfer: str = "aws", level: int = ZSTD_LEVEL) -> None:
         self.mode = mode  # auto | storage | link
+        self.level = level  # zstd level of the link path's batches
         self.billed = billed  # the store bills requests (s3://)
         self.storage_linger = storage_linger  # how long a storage-path batch fills (the proxy's timer)
         sp = storage_prices(storage)
@@ -75,7 +86,7 @@ class PathChooser:
         self._tail_seen: dict[str, float] = {}  # leader -> when its last tail part reached this server
         self.gather_linger = max(storage_linger, 0.001)  # the longest a gathering batch fills
         self.flows: dict[str, _Flow] = {}
-        self._cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        self._cctx = zstandard.ZstdCompressor(level=level)
         self._dctx = zstandard.ZstdDecompressor()
         # the link path's batches to a leader are blocks of one zstd stream (small batches compress like a large
         # one); a new generation starts after anything that may have lost a block (a failed send, a lost link)
@@ -174,7 +185,7 @@ class PathChooser:
         if s is None:
             self._gen = (self._gen + 1) & 0x7FFFFFFF or 1
             # a compressor of its own: compressobj()s of one ZstdCompressor share its context
-            s = self._out[leader] = (self._gen, zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj())
+            s = self._out[leader] = (self._gen, zstandard.ZstdCompressor(level=self.level).compressobj())
         obj: zstandard.ZstdCompressionObj = s[1]  # type: ignore[assignment]
         out = obj.compress(data) + obj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
         self._note_ratio(leader, len(data), len(out))
@@ -208,7 +219,7 @@ class PathChooser:
         JSON, so that objects went to storage where the link was cheaper.)"""
         s = self._probe.get(leader)
         if s is None:
-            s = self._probe[leader] = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj()
+            s = self._probe[leader] = zstandard.ZstdCompressor(level=self.level).compressobj()
         out = s.compress(data) + s.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
         self._note_ratio(leader, len(data), len(out))
 
@@ -226,6 +237,6 @@ class PathChooser:
         return self._cctx.compress(data)
 
     def info(self) -> dict[str, object]:
-        return {"mode": self.mode, "leaders": {
+        return {"mode": self.mode, "zstd_level": self.level, "leaders": {
             leader: {"path": f.path, "why": f.why, "bytes_per_s": round(f.rate), "compression_ratio": round(f.ratio, 3),
                      "batches": dict(f.batches)} for leader, f in self.flows.items()}}

@@ -32,7 +32,7 @@ from zonebus.zonerouter.clientzones import ClientZones
 from zonebus.zonerouter.epochs import RouteEpochs
 from zonebus.zonerouter.leader import LeaderSide
 from zonebus.zonerouter.linkrefs import LinkPins
-from zonebus.zonerouter.paths import LINK, PathChooser
+from zonebus.zonerouter.paths import LINK, PathChooser, level_for
 from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
@@ -118,7 +118,9 @@ class ZoneRouter:
         # latency budget; elsewhere (file://) the router's own linger, as before
         linger = self.opts.zone_router_linger
         storage_linger = max(linger, self.opts.shared_store_latency_budget / 5) if billed else linger
-        self.paths = PathChooser(self.opts.zone_router_path, billed, storage_linger)
+        level = level_for(self.server.opts.cluster.compression.mode)
+        self.paths = PathChooser(self.opts.zone_router_path, billed, storage_linger, level=level)
+        self.serving.level = level
         if billed:  # a burst's batch gathers for at most this (a storage-path batch of 1 MB costs what 1 kB does)
             self.paths.gather_linger = max(storage_linger, self.opts.shared_store_latency_budget * 2)
         self.paths.here = self.name

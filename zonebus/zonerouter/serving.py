@@ -66,9 +66,9 @@ class _Ctx:
 
     __slots__ = ("gen", "obj", "expect")
 
-    def __init__(self, gen: int) -> None:
+    def __init__(self, gen: int, level: int) -> None:
         self.gen = gen
-        self.obj = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compressobj()
+        self.obj = zstandard.ZstdCompressor(level=level).compressobj()
         self.expect: tuple[int, int] = (0, 0)  # the proxy's position after it applied the last answer
 
 
@@ -94,6 +94,7 @@ class ReadServer:
         # snapshot answer (`compress`) instead of the proxy reading it from the store
         self.inline_limit = 0
         self.compress: Callable[[bytes], bytes] | None = None
+        self.level = ZSTD_LEVEL  # zstd level of the tail parts (the router sets the routes' level)
         self.spread = TailSpread()  # which proxies get a stream's tail as written (`zone_router_spread`)
         self._packed: dict[tuple[str, int, int], bytes] = {}  # (stream, batch, epoch) -> compressed, recent
         self._ctx: dict[tuple[str, str], _Ctx] = {}  # (proxy, stream) -> its tail's compression stream
@@ -239,7 +240,7 @@ class ReadServer:
         key = (peer, name)
         ctx = self._ctx.get(key)
         if ctx is None or poll.gen != ctx.gen or (poll.next_batch, poll.offset) != ctx.expect:
-            ctx = self._ctx[key] = _Ctx(((ctx.gen + 1) & 0xFFFFFFFF or 1) if ctx is not None else 1)
+            ctx = self._ctx[key] = _Ctx(((ctx.gen + 1) & 0xFFFFFFFF or 1) if ctx is not None else 1, self.level)
         out = []
         self.origins.prune(name, store.durable_seq)
         for b, e, off, header, chunk in raw:
