@@ -58,11 +58,12 @@ class Zoned:
 
 def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, failover: str = "2s",
                 js_extra: str = "", shared: str = "", env: dict[str, str] | None = None,
-                workers: int | None = None, start_timeout: float = 40, js_extra_of: dict[str, str] | None = None
-                ) -> Zoned:
+                workers: int | None = None, start_timeout: float = 40, js_extra_of: dict[str, str] | None = None,
+                cluster_extra: str = "") -> Zoned:
     """`shared`: the shared store's URL (default: a `shared` folder in `tmp`); `js_extra`: more `jetstream` options
     (`js_extra_of`: more for one server); `env`: the servers' extra environment (S3 credentials); `workers`:
-    worker processes per server (zonebus.testing.processes' default when None)."""
+    worker processes per server (zonebus.testing.processes' default when None); `cluster_extra`: more `cluster`
+    options."""
     ports = {name: free_port() for name, _ in layout}
     bp = ProxyProcess() if proxy else None
     servers = {}
@@ -76,7 +77,7 @@ def start_zoned(tmp: Path, layout: list[tuple[str, str]], proxy: bool = False, f
         js = (f'jetstream {{ store_dir: "{tmp}/{name}", shared_store: "{shared or f"file://{tmp}/shared"}", '
               f'failover_timeout: "{failover}", zone_router: true {js_extra} {(js_extra_of or {}).get(name, "")} }}')
         conf = cluster_config(name, ports[name], tags=[f"az:{zone}"], route_urls=urls,
-                              cluster_extra="no_advertise: true", extra=js)
+                              cluster_extra=f"no_advertise: true\n{cluster_extra}", extra=js)
         (tmp / f"work-{name}").mkdir(exist_ok=True)
         servers[name] = ServerProcess("zonebus", conf, http_port=free_port(), workdir=tmp / f"work-{name}", env=env,
                                       workers=workers)

@@ -1,9 +1,9 @@
 """The zone router on an s3:// shared store (moto's S3 server): publishes from z1 and z3 reach the stream led by b1
-(z2) through the proxies (over the link, compressed, as cheaper than channel objects at this rate), a pull
-consumer in z1 reads them back through its proxy's snapshot of the stream (the records come with the leader's
-answers: the snapshot is a replica of the stream's tail), every
-message once and in each publisher's order, and route epochs (1 s) leave no channel object of a committed epoch
-in the bucket."""
+(z2) through the proxies (over the link, compressed at the routes' zstd level, `s2_best`: 7, as cheaper than
+channel objects at this rate), a pull consumer in z1 reads them back through its proxy's snapshot of the stream
+(the records come with the leader's answers: the snapshot is a replica of the stream's tail), every message once
+and in each publisher's order, and route epochs (1 s) leave no channel object of a committed epoch in the
+bucket."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ async def _publish(url: str, who: str) -> list[int]:
 async def test_router_on_s3(tmp_path, moto_s3) -> None:
     url = f"s3://{moto_s3.bucket}/zb"
     extra = f', zone_router_epoch: "1s", s3 {{ endpoint: "{moto_s3.endpoint}", region: "{moto_s3.region}" }}'
-    zoned = start_zoned(tmp_path, LAYOUT, shared=url, js_extra=extra, env=moto_s3.env(endpoint=False))
+    zoned = start_zoned(tmp_path, LAYOUT, shared=url, js_extra=extra, env=moto_s3.env(endpoint=False),
+                        cluster_extra="compression: s2_best")
     try:
         s = zoned.servers
         await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
@@ -59,7 +60,9 @@ async def test_router_on_s3(tmp_path, moto_s3) -> None:
             # channel object (a PUT and a GET): the proxies sent them inline
             assert leader["inline_batches"] == leader["batches"] > 0
             for proxy in ("a1", "c1"):
-                paths = router_info(s[proxy])["proxy"]["paths"]["leaders"]["b1"]
+                chooser = router_info(s[proxy])["proxy"]["paths"]
+                assert chooser["zstd_level"] == 7, chooser
+                paths = chooser["leaders"]["b1"]
                 assert paths["path"] == "link" and paths["batches"]["storage"] == 0, paths
                 assert 0 < paths["compression_ratio"] < 1
             await nc.jetstream(timeout=10).add_consumer("S3", ConsumerConfig(durable_name="rd",
