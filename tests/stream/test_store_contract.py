@@ -223,9 +223,11 @@ def test_filestore_corrupt_record_stops_at_checksum(tmp_path):
     loc = fs.index.meta(2)[3] & ((1 << 40) - 1)
     fs.close()
     seg = sorted(d.glob("*.blk"))[-1]
-    with open(seg, "r+b") as f:
+    with open(seg, "r+b") as f:  # flip every bit of one byte of its checksum (a fixed value can be the byte itself)
         f.seek(loc + 35)
-        f.write(b"\xff")
+        byte = f.read(1)[0]
+        f.seek(loc + 35)
+        f.write(bytes([byte ^ 0xFF]))
     # with its index the segment is trusted, but the damaged record fails its checksum when read
     fs2 = FileStore(d)
     assert fs2.indexed_segments == 1
