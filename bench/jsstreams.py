@@ -34,7 +34,7 @@ WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
 
 
 def build(k: int, count: int, seed: int = 26) -> list[bytes]:
-    """Publisher k's PUB frames, one per message (reply inbox `_JS.<k>.<n>`)."""
+    """Publisher k's PUB frames, one per message (reply inbox `_INBOX.js<k>.<n>`, as clients name their inboxes)."""
     rng = random.Random(seed * 1000 + k)
     out = []
     for n in range(count):
@@ -45,7 +45,7 @@ def build(k: int, count: int, seed: int = 26) -> list[bytes]:
         while len(doc) + sum(len(w) + 1 for w in words) < size - 2:
             words.append(rng.choice(WORDS))
         payload = (doc + " ".join(words))[: size - 2].encode() + b'"}'
-        out.append(f"PUB s{k}.{rng.randrange(IDS)} _JS.{k}.{n} {len(payload)}\r\n".encode() + payload + b"\r\n")
+        out.append(f"PUB s{k}.{rng.randrange(IDS)} _INBOX.js{k}.{n} {len(payload)}\r\n".encode() + payload + b"\r\n")
     return out
 
 
@@ -100,7 +100,7 @@ def _start(port: int, inbox: str, ready, go, started) -> _Reader:  # noqa: ANN00
 
 def publisher_main(port: int, k: int, frames: list[bytes], ready, go, started, finished, acked, errors) -> None:
     try:
-        reader = _start(port, f"_JS.{k}.*", ready, go, started)
+        reader = _start(port, f"_INBOX.js{k}.*", ready, go, started)
         sock = reader.sock
         sent = done = 0
         while done < len(frames):
@@ -123,10 +123,10 @@ def publisher_main(port: int, k: int, frames: list[bytes], ready, go, started, f
 
 def consumer_main(port: int, k: int, count: int, ready, go, started, finished, got, errors) -> None:
     try:
-        reader = _start(port, f"_C.{k}", ready, go, started)
+        reader = _start(port, f"_INBOX.c{k}", ready, go, started)
         sock = reader.sock
         ask = json.dumps({"batch": BATCH, "expires": 2_000_000_000}).encode()
-        nxt = f"PUB $JS.API.CONSUMER.MSG.NEXT.S{k}.C _C.{k} {len(ask)}\r\n".encode() + ask + b"\r\n"
+        nxt = f"PUB $JS.API.CONSUMER.MSG.NEXT.S{k}.C _INBOX.c{k} {len(ask)}\r\n".encode() + ask + b"\r\n"
         while got.value < count:
             sock.sendall(nxt)
             this = 0

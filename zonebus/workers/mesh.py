@@ -135,8 +135,7 @@ class LocalLink(RouteConnection):
                 parts.pop(sub, None)
 
     def build_memo(self, subject: bytes, size: int) -> list[tuple] | None:
-        """The fast path of plain messages, except on the worker holding the gateways: what another worker
-        sends it may be for other clusters too (the full path asks the gateways)."""
+        """The fast path of plain messages, except on the worker holding the gateways (the full path asks them)."""
         if self.mesh.relay and self.server.forwarder is not None:
             return None
         return super().build_memo(subject, size)
@@ -154,13 +153,11 @@ class LocalLink(RouteConnection):
         self._place_remote(sub, None, part, self.leaf_of if leaf else None)
 
     def members_elsewhere(self, sub: Subscription) -> int:
-        """The part of a queue entry's weight that stands for members on other servers (the ledger: the
-        worker holding the routes picks among those again)."""
+        """The part of a queue entry's weight standing for members on other servers (picked among again there)."""
         return self.remote_of.get(sub, 0)
 
     def slow_consumer(self) -> None:
-        """A peer worker reads as fast as its own clients let it: the link is not cut at the clients'
-        `max_pending` (their producers are stalled meanwhile), only past `LINK_PENDING` (a stuck worker)."""
+        """A peer worker reads as fast as its clients let it: the link is cut past `LINK_PENDING` only (stuck)."""
         if self._buffered() > max(LINK_PENDING, self.server.opts.max_pending):
             super().slow_consumer()
 
@@ -186,8 +183,7 @@ class LocalLink(RouteConnection):
         super().close(abort)
         self.mesh.link_closed(self)
 
-    def _not_counted(self) -> None:
-        """The server adds a closing connection's counts to its totals: a local link's are not the server's."""
+    def _not_counted(self) -> None:  # a local link's counts are not the server's (added to them as it closes)
         self.in_msgs = self.in_bytes = self.out_msgs = self.out_bytes = 0
 
     def describe(self) -> str:
@@ -498,7 +494,15 @@ class LocalMesh:
             return None
         return next((s for s in group if s.conn is src), None)
 
+    def sole_interest(self, subject: bytes, account: bytes = ACCOUNT) -> bool:
+        """Is one local subscription alone behind this worker's interest in `subject` (a client's inbox)?"""
+        return self.refs.plain.get((account, subject), 0) == 1
+
     # -- PONGs held until the peers have this worker's interest ------------------------------------------
+    def holds_pong(self, conn: ClientConnection) -> bool:
+        """Is a PONG of `conn` held here (sent once the peers confirmed)?"""
+        return any(held.conn is conn for held in self._held)
+
     def pong_gate(self, conn: ClientConnection) -> bool:
         """A client PINGed: True when its PONG is held (sent later by the mesh), False to send it now.
 
@@ -587,8 +591,7 @@ class LocalMesh:
 
 
 def _members_here(sub: Subscription) -> int:
-    """The members of this server a queue entry stands for: a local link's weight less the part that stands
-    for other servers (told by the relaying worker, `wremote`)."""
+    """The members of this server a queue entry stands for: a local link's weight less the others' (`wremote`)."""
     return sub.weight - sub.conn.remote_of.get(sub, 0) if sub.conn.kind == WORKER else sub.weight
 
 

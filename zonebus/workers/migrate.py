@@ -18,6 +18,17 @@ generation) all go to exactly one local link and nowhere else; such a client is 
    leftover bytes first and reads on: the client notices nothing, and its next messages are delivered in
    the process of its subscribers. A client moves once; clients over TLS or WebSocket, or of a server with
    authorization never move (their state is not all in the CONNECT options).
+
+A client whose subscriptions are all its own inboxes (`_INBOX.` subjects, no queue group, no auto-unsubscribe,
+no other subscription of this worker on the subject) moves the same way, with them: a requester, or a JetStream
+publisher waiting for its PubAcks, goes to the worker that answers it. The replies on their way must not be lost,
+so its interest moves first (`prep`): this worker stops reading the client and sends the subscriptions on the
+link; the peer drops this worker's interest in those subjects and subscribes a stand-in client there, which
+keeps what it gets until the socket comes, and answers `ready`. Every reply the peer sent this way before then
+came ahead of that answer and is in the client's output here; once that is written (and no PONG of the client is
+held), steps 2 and 3 follow, and the stand-in takes the socket. What a third worker (or this one) publishes to
+such an inbox in the instant of the move may reach it twice or not at all (core NATS promises at most once;
+replies come from the peer). A move that does not finish in time closes the client (it reconnects).
 Clients are handed only to a worker that accepts clients itself (`LocalMesh.serving_peers`): one still
 starting may not have the other workers' interest yet.
 A leaf node that upgrades on the WebSocket port of a worker other than 0 (which alone holds the leaf nodes)
@@ -35,6 +46,8 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from zonebus.server.client import ClientConnection
+from zonebus.server.connection import ACCOUNT
+from zonebus.subjects.sublist import Subscription
 
 if TYPE_CHECKING:
     from zonebus.server.connection import Connection
@@ -46,6 +59,10 @@ CHANNEL = "wmove"
 _WIRE = CHANNEL.encode()
 CHECK_EVERY = 0.05
 MIN_MSGS = 20  # published in all before a client may move (a rate of 1,000/s moves it within 0.07 s)
+INBOX = b"_INBOX."  # the subscriptions a moving client may take along (its own inboxes)
+READY_WAIT = 5.0  # seconds a client with inboxes waits for the peer's `ready` before it is closed instead
+FINISH_WAIT = 2.0  # then, seconds its output may take to be written
+STAND_IN_WAIT = 10.0  # seconds a stand-in waits for its socket before it is dropped
 _FLAGS = ("verbose", "pedantic", "echo", "headers", "no_responders", "protocol", "name", "lang", "version", "user",
           "pong_sent")
 
@@ -56,12 +73,27 @@ class _Adopted(ClientConnection):
 
     __slots__ = ("leftover", "fresh")
 
+    def flush(self) -> None:
+        if self.transport is None:  # a stand-in (its socket is on its way): its output waits for it
+            self.dirty = False
+            return
+        super().flush()
+
     def connection_made(self, transport: Any) -> None:
+        self.server.clients.pop(self.cid, None)  # (a stand-in is counted as a client already)
         super().connection_made(transport)
+        if self.closed:  # not admitted (max_connections): a stand-in's subscriptions go too
+            for sub in list(self.subs.values()):
+                self.server.remove_subscription(sub)
+            self.subs.clear()
+            return
+        if self.out and not self.dirty:  # what the stand-in kept
+            self.dirty = True
+            self.server.mark_dirty(self)
         if not self.fresh:
             self.server.total_connections -= 1  # the same client: counted once, where it first came
-            if self.server.ledger is not None:  # its traffic from now on is this worker's to count
-                self.server.ledger.client_connected(self)
+            if self.server.ledger is not None and self.ledger_out is None:  # (a stand-in's counts from the start)
+                self.server.ledger.client_connected(self)  # its traffic from now on is this worker's to count
         data, self.leftover = self.leftover, b""
         if data and not self.closed:
             self.data_received(data)
@@ -78,6 +110,8 @@ class Migrator:
         self._seen: dict[int, int] = {}  # cid -> in_msgs at the last look
         self._fds: dict[bytes, int] = {}  # token -> received socket descriptor
         self._states: dict[bytes, tuple[dict[str, Any], bytes]] = {}  # token -> (options, leftover)
+        self._leaving: dict[bytes, tuple[ClientConnection, LocalLink, Any]] = {}  # token -> (client, link, timer)
+        self._stand_ins: dict[bytes, tuple[_Adopted, Any]] = {}  # token -> (stand-in, its timer)
         self._next = 0
         self.moved_out = self.moved_in = 0
 
@@ -125,13 +159,30 @@ class Migrator:
             n, before = conn.in_msgs, seen.get(conn.cid, 0)
             self._seen[conn.cid] = n
             noted, routed = conn.take_route_note()
-            if n == before or n < MIN_MSGS or conn.subs or not conn.connected or conn.closed \
-                    or conn.transport_type != "nats" \
-                    or (isinstance(conn, _Adopted) and not conn.fresh):  # a client moves once
+            if n == before or n < MIN_MSGS or not conn.connected or conn.closed or conn.transport_type != "nats" \
+                    or (isinstance(conn, _Adopted) and not conn.fresh) \
+                    or any(token_conn is conn for token_conn, _, _ in self._leaving.values()):  # a client moves once
+                continue
+            inboxes = self._inboxes(conn)
+            if inboxes is None:
                 continue
             link = self._target(conn, routed if noted == n - before else None)
-            if link is not None:
+            if link is None:
+                continue
+            if inboxes:
+                self._prepare(conn, link, inboxes)
+            else:
                 self._move(conn, link)
+
+    def _inboxes(self, conn: ClientConnection) -> list[list[str]] | None:
+        """The client's subscriptions as `[sid, subject]` when all may move with it (see the docstring), else None."""
+        out = []
+        for sub in conn.subs.values():
+            if sub.queue is not None or sub.max_msgs or not sub.subject.startswith(INBOX) \
+                    or not self.mesh.sole_interest(sub.subject):
+                return None
+            out.append([sub.sid.decode("latin-1"), sub.subject.decode("latin-1")])
+        return out
 
     def _target(self, conn: ClientConnection, routed: Connection | None) -> LocalLink | None:
         """The one local link all of this client's current PUB lines go to, if there is one. `routed`: the
@@ -163,7 +214,7 @@ class Migrator:
 
     def _move(self, conn: ClientConnection, link: LocalLink) -> None:
         transport = conn.transport
-        if transport is None or any(held.conn is conn for held in self.mesh._held):
+        if transport is None or self.mesh.holds_pong(conn):
             return
         transport.pause_reading()
         conn.flush()
@@ -172,6 +223,78 @@ class Migrator:
             return
         self.moved_out += 1
         conn.close(abort=True)  # this process's descriptor only: the peer holds the connection now
+
+    def _prepare(self, conn: ClientConnection, link: LocalLink, inboxes: list[list[str]]) -> None:
+        """A client with its inboxes: stop reading it and send `prep` (its subscriptions) to the peer."""
+        if conn.transport is None or self.mesh.holds_pong(conn):
+            return
+        token = self._token()
+        try:
+            link.send_frame(_WIRE, json.dumps({"token": token.decode(), "prep": inboxes, "from": self.mesh.index,
+                                               "ip": conn.ip, "name": conn.name}).encode() + b"\n")
+        except OSError:
+            return
+        conn.stall()  # (reading stops; `unstall` by a receiver that stalled it too cannot resume it meanwhile)
+        timer = self.server.loop.call_later(READY_WAIT, self._not_ready, token)
+        self._leaving[token] = (conn, link, timer)
+
+    def _not_ready(self, token: bytes) -> None:
+        conn, _, _ = self._leaving.pop(token)
+        self.server.log(f"worker {self.mesh.index}: client {conn.cid} not taken in time; closing it", "WRN")
+        conn.close(abort=True)
+
+    def _ready(self, token: bytes) -> None:
+        entry = self._leaving.pop(token, None)
+        if entry is not None:
+            entry[2].cancel()
+            self._finish(token, entry[0], entry[1], self.server.loop.time() + FINISH_WAIT)
+
+    def _finish(self, token: bytes, conn: ClientConnection, link: LocalLink, deadline: float) -> None:
+        """The peer holds the client's inboxes: once its output here is written, its socket goes there."""
+        loop = self.server.loop
+        if conn.closed:
+            return
+        conn.flush()
+        transport = conn.transport
+        if link.closed or transport is None or loop.time() > deadline:
+            conn.close(abort=True)
+            return
+        if transport.get_write_buffer_size() or self.mesh.holds_pong(conn):
+            loop.call_later(0.005, self._finish, token, conn, link, deadline)
+            return
+        if not self._hand_over(conn, link, fresh=False, token=token):
+            conn.close(abort=True)
+            return
+        self.moved_out += 1
+        conn.close(abort=True)
+
+    def _stand_in(self, state: dict[str, Any], token: bytes) -> None:
+        """`prep` from a peer: its interest in the client's inboxes goes, a stand-in subscribes to them here."""
+        link = self.mesh.links.get(int(state.get("from", -1)))
+        if link is None:
+            return
+        conn = _Adopted(self.server)
+        conn.leftover, conn.fresh = b"", False
+        conn.ip, conn.name = str(state.get("ip", "")), str(state.get("name", ""))
+        if self.server.ledger is not None:  # what it gets from now on is counted here, in its zone
+            self.server.ledger.client_connected(conn)
+        self.server.clients[conn.cid] = conn  # (closed with it, its subscriptions go)
+        for sid, subject in state["prep"]:
+            raw = subject.encode("latin-1")
+            link.told(ACCOUNT, raw, None, 0)
+            sub = Subscription(conn, raw, None, sid.encode("latin-1"))
+            conn.subs[sub.sid] = sub
+            self.server.add_subscription(sub)
+        timer = self.server.loop.call_later(STAND_IN_WAIT, self._stand_in_expired, token)
+        self._stand_ins[token] = (conn, timer)
+        link.send_frame(_WIRE, json.dumps({"token": token.decode(), "ready": True}).encode() + b"\n")
+
+    def _stand_in_expired(self, token: bytes) -> None:
+        conn, _ = self._stand_ins.pop(token)
+        fd = self._fds.pop(token, None)
+        if fd is not None:
+            os.close(fd)
+        conn.close(abort=True)
 
     def hand_over_leaf(self, transport: Any, head: bytes) -> bool:
         """A leaf node's WebSocket upgrade request (`head`, not answered) reached this worker: its socket goes
@@ -189,12 +312,16 @@ class Migrator:
         self.server.log(f"worker {self.mesh.index}: websocket leafnode connection handed to worker 0")
         return True
 
-    def _pass_socket(self, link: LocalLink, sock: socket.socket, state: dict[str, Any], tail: bytes) -> None:
-        """Under a new token: `state` (then `tail`, the bytes read and not handled yet) as a `wmove` frame on
-        `link`, then a duplicate of `sock`'s descriptor on the datagram socket to `link`'s worker; OSError when
-        either fails."""
+    def _token(self) -> bytes:
         self._next += 1
-        token = b"%d.%d" % (self.mesh.index, self._next)
+        return b"%d.%d" % (self.mesh.index, self._next)
+
+    def _pass_socket(self, link: LocalLink, sock: socket.socket, state: dict[str, Any], tail: bytes,
+                     token: bytes | None = None) -> None:
+        """Under `token` (a new one by default): `state` (then `tail`, the bytes read and not handled yet) as a
+        `wmove` frame on `link`, then a duplicate of `sock`'s descriptor on the datagram socket to `link`'s worker;
+        OSError when either fails."""
+        token = token or self._token()
         fd = os.dup(sock.fileno())
         try:
             link.send_frame(_WIRE, json.dumps({"token": token.decode(), **state}).encode() + b"\n" + tail)
@@ -203,7 +330,7 @@ class Migrator:
         finally:
             os.close(fd)
 
-    def _hand_over(self, conn: ClientConnection, link: LocalLink, fresh: bool) -> bool:
+    def _hand_over(self, conn: ClientConnection, link: LocalLink, fresh: bool, token: bytes | None = None) -> bool:
         """Send `conn`'s socket to `link`'s worker: a `wmove` frame on the link (after all this client's
         messages forwarded before) and the descriptor on the datagram socket. A fresh connection (no INFO
         sent yet) is marked closed and its transport dropped here."""
@@ -215,7 +342,7 @@ class Migrator:
         if not fresh:
             state.update(connect=conn.connect_opts, **{k: getattr(conn, k) for k in _FLAGS})
         try:
-            self._pass_socket(link, sock, state, b"" if fresh else conn.parser.unparsed())
+            self._pass_socket(link, sock, state, b"" if fresh else conn.parser.unparsed(), token)
         except OSError as exc:
             self.server.log(f"worker {self.mesh.index}: could not hand client {conn.cid} over: {exc}", "WRN")
             return False
@@ -243,8 +370,13 @@ class Migrator:
         except ValueError:
             return
         token = str(state.get("token", "")).encode()
-        self._states[token] = (state, leftover)
-        self._adopt(token)
+        if "prep" in state:
+            self._stand_in(state, token)
+        elif "ready" in state:
+            self._ready(token)
+        else:
+            self._states[token] = (state, leftover)
+            self._adopt(token)
 
     def _adopt(self, token: bytes) -> None:
         if token not in self._fds or token not in self._states:
@@ -256,7 +388,10 @@ class Migrator:
         if state.get("wsleaf"):
             self.server.loop.create_task(self._adopt_leaf(sock, leftover))
             return
-        conn = _Adopted(self.server)
+        stand_in = self._stand_ins.pop(token, None)
+        if stand_in is not None:
+            stand_in[1].cancel()
+        conn = _Adopted(self.server) if stand_in is None else stand_in[0]
         conn.leftover = leftover
         conn.fresh = bool(state.get("fresh"))
         if not conn.fresh:
