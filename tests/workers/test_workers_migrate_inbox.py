@@ -38,6 +38,25 @@ async def two_clients(server: ServerProcess) -> tuple[Client, Client]:
     return (a, b) if worker_of(a) == 0 else (b, a)
 
 
+async def client_on(server: ServerProcess, worker: int) -> Client:
+    """A third client, on `worker` (where a new connection lands is the kernel's pick when both have as many)."""
+    for _ in range(40):
+        nc = await nats.connect(server.url, connect_timeout=3, allow_reconnect=False)
+        if worker_of(nc) == worker:
+            return nc
+        await nc.close()
+    raise AssertionError(f"no client landed on worker {worker}")
+
+
+async def serve(nc: Client, subject: str, echo: bool = False) -> None:
+    """`nc` answers the requests on `subject`: `re:` and the request's data (`echo`), else `ok`."""
+    async def answer(msg) -> None:  # noqa: ANN001
+        await msg.respond(b"re:" + msg.data if echo else b"ok")
+
+    await nc.subscribe(subject, cb=answer)
+    await nc.flush()
+
+
 async def requests_past_the_move(server: ServerProcess, nc: Client, subject: str, after: int) -> list[bytes]:
     """Requests numbered from 0, kept `WINDOW` in flight all the time (each task sends its next one as soon as it
     has its reply), until the client moved, then `after` more; returns every reply in the order of the requests
@@ -69,11 +88,7 @@ async def test_a_requester_moves_to_its_responder_with_its_inbox() -> None:
     try:
         responder, requester = clients[:] = await two_clients(server)
 
-        async def answer(msg) -> None:  # noqa: ANN001
-            await msg.respond(b"re:" + msg.data)
-
-        await responder.subscribe("svc.echo", cb=answer)
-        await responder.flush()
+        await serve(responder, "svc.echo", echo=True)
         replies = await requests_past_the_move(server, requester, "svc.echo", 200)
         assert replies == [b"re:" + json.dumps({"n": i}).encode() for i in range(len(replies))]
         assert moved(server) == 1 and requester.is_connected
@@ -145,11 +160,7 @@ async def test_a_client_with_other_subscriptions_stays() -> None:
     try:
         responder, requester = clients[:] = await two_clients(server)
 
-        async def answer(msg) -> None:  # noqa: ANN001
-            await msg.respond(b"ok")
-
-        await responder.subscribe("svc.ping", cb=answer)
-        await responder.flush()
+        await serve(responder, "svc.ping")
         mine = await requester.subscribe("events.mine")
         for _ in range(10):
             await asyncio.gather(*[requester.request("svc.ping", b"", timeout=10) for _ in range(WINDOW)])
@@ -176,22 +187,11 @@ async def test_what_the_peer_sends_an_inbox_during_the_move_arrives_once_in_orde
     try:
         responder, requester = await two_clients(server)
         clients += [responder, requester]
-        feeder = None
-        for _ in range(20):  # a third client on the responder's worker (the kernel picks one at random)
-            nc = await nats.connect(server.url, connect_timeout=3, allow_reconnect=False)
-            if worker_of(nc) == worker_of(responder):
-                feeder = nc
-                break
-            await nc.close()
-        assert feeder is not None
+        feeder = await client_on(server, worker_of(responder))
         clients.append(feeder)
         await feeder.subscribe("feeder.stays")  # (not an inbox: the feeder itself does not follow its messages)
 
-        async def answer(msg) -> None:  # noqa: ANN001
-            await msg.respond(b"ok")
-
-        await responder.subscribe("svc.ping", cb=answer)
-        await responder.flush()
+        await serve(responder, "svc.ping")
         inbox = requester.new_inbox()
         got: list[int] = []
         async def note(msg) -> None:  # noqa: ANN001
@@ -258,25 +258,14 @@ async def test_a_client_that_reads_slowly_moves_with_what_came_meanwhile() -> No
         responder = await nats.connect(server.url, connect_timeout=3, allow_reconnect=False)
         clients.append(responder)
 
-        async def answer(msg) -> None:  # noqa: ANN001
-            await msg.respond(b"ok")
-
-        await responder.subscribe("svc.ping", cb=answer)
-        await responder.subscribe("responder.stays")
-        await responder.flush()
+        await serve(responder, "svc.ping")
+        await responder.subscribe("responder.stays")  # (the responder stays where it is)
         here = worker_of(responder)
         reader, writer = await raw_client_on(server, 1 - here)
         writer.write(b'CONNECT {"verbose":false,"pedantic":false,"protocol":1}\r\nSUB _INBOX.raw.* 1\r\nPING\r\n')
         while (await reader.readline()) != b"PONG\r\n":
             pass
-        feeder = None
-        for _ in range(40):
-            nc = await nats.connect(server.url, connect_timeout=3, allow_reconnect=False)
-            if worker_of(nc) == here:
-                feeder = nc
-                break
-            await nc.close()
-        assert feeder is not None
+        feeder = await client_on(server, here)
         clients.append(feeder)
         await feeder.subscribe("feeder.stays")
         chunk = b"x" * 32_000
