@@ -4,12 +4,16 @@ same workloads, cross-zone transfer and storage requests priced together.
 Topology: three zones, one server per zone (s1..s3 tagged `az:z1..z3`), every route through a byte-counting
 proxy process (`zonebus.testing.zonecluster`), the stream led in z2.
 - nats-server: `cluster { compression: s2_best }`, stream `num_replicas: 3` (its own file store), leader
-  moved to s2 by stepdowns.
+  moved to s2 by stepdowns. Its bill depends on how many of the three readers' consumers its elections lead
+  outside the reader's zone; `--nats-placements each` (the default) runs it once per count, 0 to 3, and weighs
+  the four bills by how often its elections lead a consumer outside (sampled in each run): its expected bill
+  (`nats_placements.py`). `elected` runs it once, as its elections fall.
 - zonebus: `jetstream { shared_store: "s3://bucket/zb", zone_router: true, zone_router_ack: replicas|storage,
-  zone_router_spread: all|quorum, s3 { endpoint, region } }` (`--ack`: `replicas`, the default, acks once a
-  proxy in another zone holds a message and writes the log object every 5 s; `storage` acks once the log object
-  is stored; `--spread all,quorum` runs zonebus once per spread: `quorum` sends the tail to one proxy only, the
-  third zone reading the stored log objects), the
+  zone_router_spread: auto|all|quorum, s3 { endpoint, region } }` (`--ack`: `replicas`, the default, acks once
+  a proxy in another zone holds a message and writes the log object every 5 s; `storage` acks once the log
+  object is stored; `--spread auto,all,quorum` runs zonebus once per spread: `quorum` sends the tail to one proxy
+  only, the third zone reading the stored log objects; `auto`, the default, also to the proxies whose readers
+  are at the head), the
   endpoint being `zonebus.testing.s3proxy` in front of moto (its own process): S3-like latency (PUT p50 20 ms /
   p99 80 ms, GET/LIST/HEAD/DELETE 10/40 ms; `--latency off` drops it, a flattering figure, labelled) and every
   request counted by kind and key prefix. Stream R1 placed in z2 (`placement: {tags: ["az:z2"]}`).
@@ -39,13 +43,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import logging
 import math
 import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,12 +57,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig  # noqa: E402
+from nats_placements import election_lines, lead_consumer, nats_bill, sample_elections, wanted_leader  # noqa: E402
+from whole_bill_report import bill_per_gb, cost_report, report_lines  # noqa: E402
 
 from zonebus.pipeline.prices import load_prices  # noqa: E402
-from zonebus.prices import StoragePrices, storage_prices  # noqa: E402
+from zonebus.prices import storage_prices  # noqa: E402
 from zonebus.testing.jsapi import api  # noqa: E402
 from zonebus.testing.motos3 import MotoS3, proxied_s3  # noqa: E402
 from zonebus.testing.s3proxy import KINDS, kind_totals  # noqa: E402
@@ -233,13 +238,14 @@ class Bench:
     """One setup: its cluster, its S3 stand-in (zonebus), how its streams are made."""
 
     def __init__(self, impl: str, latency: bool, prefix_depth: int = 4, ack: str = "replicas",
-                 spread: str = "all") -> None:
+                 spread: str = "auto", outside: int | None = None) -> None:
         self.impl, self.latency, self.prefix_depth, self.ack, self.spread = impl, latency, prefix_depth, ack, spread
+        self.outside = outside  # nats-server: readers z1..z<outside> get consumers led outside their zone
         self.s3: MotoS3 | None = None
         if impl == "nats":
-            self.label = "nats-server R3, s2_best"
+            self.label = "nats-server R3, s2_best" + (f", {outside}/3 led outside" if outside is not None else "")
         else:
-            self.label = (f"zonebus zone router, S3, ack: {ack}" + (f", spread: {spread}" if spread != "all" else "")
+            self.label = (f"zonebus zone router, S3, ack: {ack}" + (f", spread: {spread}" if spread != "auto" else "")
                           + ("" if latency else " (latency off: flattering)"))
 
     def start(self, stack: ExitStack, tmp: Path) -> None:
@@ -328,6 +334,13 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     con_tasks = [asyncio.create_task(run_consumer(servers[c.zone - 1].url, c, stream, done, target, r, args.drain))
                  for c, r in zip(cons, readies, strict=True)]
     await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
+    elected = None
+    if bench.outside is not None:  # nats-server: this run's placement of the consumers' leaders, and a sample
+        for c in cons:             # of how its elections place them (`nats_placements`)
+            c.leader = await lead_consumer(servers[1].url, stream, f"c{c.zone}", wanted_leader(c.zone, bench.outside))
+        elected = await sample_elections([x.url for x in servers], stream)
+        log(f"{bench.label}: consumer leaders {[c.leader for c in cons]}; elections sampled: {elected[0]} of "
+            f"{elected[1]} consumers led outside the zone they were created in")
     # counted from here: the stream's and the consumers' creation are one-off requests, not a cost per GB (a run
     # of seconds would weigh them a thousandfold); their state kept while the workload runs is counted
     await to_window_edge()  # the counted span is whole ledger windows: the cost report counts the same
@@ -365,7 +378,7 @@ async def run_workload(bench: Bench, workload: str, args: argparse.Namespace) ->
     stored, where = await bench.stored_bytes(stream)
     return {"pubs": pubs, "cons": cons, "cross": cross, "counts": counts, "stored": stored, "where": where,
             "pub_elapsed": pub_elapsed, "elapsed": time.perf_counter() - t0, "setup": setup,
-            "since": since, "until": until, "stream": stream}
+            "since": since, "until": until, "stream": stream, "elected": elected}
 
 
 async def wait_packed(bench: Bench, stream: str, timeout: float = 40.0) -> None:
@@ -399,19 +412,6 @@ def router_bytes(bench: Bench) -> str:
 
 
 # -- the bill and the table --------------------------------------------------------------------------------
-
-
-def bill_per_gb(res: dict, prices: StoragePrices) -> float:
-    transfer = load_prices("aws")
-    published = sum(p.bytes for p in res["pubs"])
-    if not published:
-        return float("nan")
-    counts = res["counts"]
-    reqs = kind_totals(counts) if counts else {}
-    put_bytes = sum(kind_totals(counts, "req_bytes").values()) if counts else 0
-    get_bytes = kind_totals(counts, "resp_bytes")["GET"] if counts else 0
-    dollars = transfer.cost(res["cross"]) + prices.bill(reqs, put_bytes, get_bytes)["total"]
-    return dollars / (published / prices.bytes_per_gb)
 
 
 def summarize(label: str, workload: str, res: dict) -> dict[str, str]:
@@ -450,53 +450,6 @@ def _in_order(con: Con, pub: str) -> bool:
     return counters == sorted(counters)
 
 
-def cost_report(bench: Bench, ledger: Path, res: dict) -> dict:
-    """`zonebus cost report --json` over the zonebus servers' ledger, for the windows of the counted span (it
-    starts and ends at window edges, `to_window_edge`), with the R3 comparison measured on the
-    stream's own messages (`--streams`)."""
-    assert bench.s3 is not None
-    stream = res["stream"]
-    cmd = [sys.executable, "-m", "zonebus", "cost", "report", "--ledger", str(ledger), "--json", "--quiet",
-           "--since", str(math.floor(res["since"] / LEDGER_INTERVAL) * LEDGER_INTERVAL),
-           "--until", str(math.floor(res["until"] / LEDGER_INTERVAL) * LEDGER_INTERVAL),
-           "--r3-subjects", f"{stream.lower()}.>", "--streams", f"s3://{BUCKET}/zb", "--stream", stream]
-    env = {**os.environ, **bench.s3.env(), "SPARK_LOCAL_IP": "127.0.0.1"}
-    log(f"cost report over the zonebus ledger ({stream})")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    if out.returncode != 0:
-        log(f"cost report failed: {out.stderr.strip()[-500:]}")
-        return {}
-    return json.loads(out.stdout).get("whole_bill", {})
-
-
-def report_lines(results: list[tuple[Bench, str, dict]]) -> list[str]:
-    """The cost report's whole bill (the zonebus run's ledger) against the bench's own figures: zonebus's bill
-    (transfer, requests and per-GB charges; the bench leaves storage kept out of its $/GB) and the report's
-    model of nats-server R3 against the nats-server run measured in the same bench, both per GB published."""
-    std = storage_prices("s3-standard")
-    nats = {w: r for b, w, r in results if b.impl == "nats"}
-    lines = []
-    for b, w, r in results:
-        bill = r.get("report")
-        if b.impl != "zonebus" or not bill:
-            continue
-        parts = bill["parts_usd"]
-        report_usd = parts["transfer"] + parts["storage_requests"] + parts["storage_per_gb"]
-        published = sum(p.bytes for p in r["pubs"]) / std.bytes_per_gb
-        bench_gb = bill_per_gb(r, std)
-        line = (f"- cost report vs bench, {w}: zonebus ${report_usd / published:.4f}/GB (report: transfer "
-                f"${parts['transfer']:.6f}, requests ${parts['storage_requests']:.6f}) vs ${bench_gb:.4f}/GB "
-                f"(bench): {100 * (report_usd / published / bench_gb - 1):+.1f}%")
-        r3 = bill.get("nats_r3")
-        if r3 and w in nats:
-            model = r3["cost_usd"] / published
-            measured = bill_per_gb(nats[w], std)
-            line += (f"; nats-server R3 ${model:.4f}/GB (report's model, ratio {r3['compression_ratio']:.3f}) vs "
-                     f"${measured:.4f}/GB (measured): {100 * (model / measured - 1):+.1f}%")
-        lines.append(line)
-    return lines
-
-
 def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespace) -> None:
     rows = [summarize(b.label, w, r) for b, w, r in results]
     cols = list(rows[0])
@@ -505,14 +458,24 @@ def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespac
     for row in rows:
         print("| " + " | ".join(row[c] for c in cols) + " |")
     print()
-    nats = {w: r for b, w, r in results if b.impl == "nats"}
+    for line in election_lines(results):
+        print(line)
     for b, w, r in results:
-        if b.impl == "zonebus" and w in nats:
-            parts = []
-            for name in ("s3-standard", "s3-express"):
-                p = storage_prices(name)
-                parts.append(f"{name} {bill_per_gb(r, p) / bill_per_gb(nats[w], p):.2f}x")
-            print(f"- {w}: bill {b.label} / nats-server = " + ", ".join(parts))
+        if b.impl != "zonebus":
+            continue
+        parts, what = [], ""
+        for name in ("s3-standard", "s3-express"):
+            p = storage_prices(name)
+            ref = nats_bill(results, w, p)
+            if ref is not None:
+                what = ref[1]
+                parts.append(f"{name} {bill_per_gb(r, p) / ref[0]:.2f}x")
+                runs = sorted(bill_per_gb(x, p) for bb, ww, x in results if bb.impl == "nats" and ww == w)
+                if len(runs) > 1:
+                    ours = bill_per_gb(r, p)
+                    parts[-1] += f" ({ours / runs[-1]:.2f}-{ours / runs[0]:.2f}x over its runs)"
+        if parts:
+            print(f"- {w}: bill {b.label} / nats-server ({what}) = " + ", ".join(parts))
     for b, w, r in results:
         counts = r["counts"]
         if not counts:
@@ -552,7 +515,7 @@ def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespac
               f"{ratio:.2f} B stored per B published): " + ", ".join(
                   f"{n} ${ratio * gb_month * storage_prices(n).storage_per_gb_month:.4f}/GB published"
                   for n in lists))
-    for line in report_lines(results):
+    for line in report_lines(results, lambda w, p: nats_bill(results, w, p)):
         print(line)
     print(f"- prices: transfer {load_prices('aws').per_gb_crossing:.3f} $/GB crossing (aws); requests, upload and "
           "retrieval from zonebus.prices s3-standard / s3-express; storage GB-month not in the $/GB columns.")
@@ -562,18 +525,22 @@ async def main_async(args: argparse.Namespace) -> None:
     impls = ["nats", "zonebus"] if args.only in (None, "all") else [args.only]
     results = []
     started_load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    setups = [(impl, spread) for impl in impls for spread in (args.spread if impl == "zonebus" else ["all"])]
-    for impl, spread in setups:
+    placements = [0, 1, 2, 3] if args.nats_placements == "each" else [None]
+    setups = [(impl, spread, k) for impl in impls for spread in (args.spread if impl == "zonebus" else ["-"])
+              for k in (placements if impl == "nats" else [None])]
+    for impl, spread, k in setups:
         for w in args.workloads:  # a fresh cluster (and bucket) per workload: nothing left over from the last
             bench = Bench(impl, latency=args.latency != "off", prefix_depth=args.prefix_depth, ack=args.ack,
-                          spread=spread)
+                          spread=spread, outside=k)
             with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-bill-") as tmp:
                 log(f"starting {bench.label} for {w}")
                 bench.start(stack, Path(tmp))
                 res = await run_workload(bench, w, args)
                 bench.cluster.stop()  # (the servers write their last ledger window; before `tmp` goes)
                 if bench.impl == "zonebus" and args.report:
-                    res["report"] = await asyncio.to_thread(cost_report, bench, Path(tmp) / "ledger", res)
+                    assert bench.s3 is not None
+                    res["report"] = await asyncio.to_thread(cost_report, bench.s3.env(), Path(tmp) / "ledger", res,
+                                                            f"s3://{BUCKET}/zb", LEDGER_INTERVAL, log)
                 results.append((bench, w, res))
             log(f"done: {bench.label}, {w}")
     print_report(results, args)
@@ -596,8 +563,11 @@ def main() -> None:
                     help="after the publishers: stop reading after this many seconds without a message")
     ap.add_argument("--ack", choices=("replicas", "storage"), default="replicas",
                     help="zonebus's zone_router_ack: replicas (the default) or storage (a PUT before each ack)")
-    ap.add_argument("--spread", default="all", type=lambda s: [w for w in s.split(",") if w],
-                    help="zonebus's zone_router_spread, one run per value: all (the default), quorum")
+    ap.add_argument("--spread", default="auto", type=lambda s: [w for w in s.split(",") if w],
+                    help="zonebus's zone_router_spread, one run per value: auto (the default), all, quorum")
+    ap.add_argument("--nats-placements", choices=("each", "elected"), default="each",
+                    help="each: nats-server once per count of consumers led outside their reader's zone, weighed "
+                         "by its sampled elections (its expected bill); elected: one run, as its election falls")
     ap.add_argument("--prefix-depth", type=int, default=4, help="key prefix depth of the storage request counts")
     ap.add_argument("--no-report", dest="report", action="store_false",
                     help="skip `zonebus cost report` over the zonebus servers' ledger (checked against the bench)")
@@ -605,8 +575,8 @@ def main() -> None:
     bad = set(args.workloads) - {"steady", "burst"}
     if bad:
         ap.error(f"unknown workloads {sorted(bad)}")
-    if not args.spread or set(args.spread) - {"all", "quorum"}:
-        ap.error(f"--spread: expected all, quorum or both, got {','.join(args.spread)!r}")
+    if not args.spread or set(args.spread) - {"auto", "all", "quorum"}:
+        ap.error(f"--spread: expected auto, all or quorum (or several), got {','.join(args.spread)!r}")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     asyncio.run(main_async(args))
 

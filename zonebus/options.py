@@ -218,10 +218,10 @@ class JetStreamOptions:
     # object every `zone_router_tier` seconds (zonebus.store.sharedtier); `storage` acks once the object is stored
     zone_router_ack: str = "replicas"
     zone_router_tier: float = 5.0
-    # with `replicas`: `all` sends the tail to every proxy of the stream (every zone's consumers read at once);
-    # `quorum` only to the proxies the ack waits for, the others read the stored log objects (cheaper transfer,
-    # their consumers see messages up to `zone_router_tier` later; zonebus.zonerouter.spread)
-    zone_router_spread: str = "all"
+    # with `replicas`: `quorum` sends the tail only to the proxies the ack waits for, the others read the stored
+    # log objects (cheaper transfer, their consumers see messages up to `zone_router_tier` later); `auto` also to
+    # the proxies whose consumers read at the head; `all` to every proxy (zonebus.zonerouter.spread)
+    zone_router_spread: str = "auto"
     # with `replicas`: the log stores link records into the proxies' RouterChannel objects, and their full form is
     # packed this long after (zonebus.store.sharedpacks); the channels' trim waits for the packs
     zone_router_pack: float = 10.0

@@ -41,7 +41,9 @@ def _log_puts(counts: dict) -> int:
 async def test_replicated_tail_survives_leader_kill(tmp_path: Path, tail_s3: MotoS3, path: str) -> None:
     proxy = tail_s3.proxy
     assert proxy is not None
-    extra = f', zone_router_tier: "30s", zone_router_path: {path}'
+    # (`all`: every replica gets the tail, so every one resolves the other zones' link records; with the default
+    # `auto` a proxy without readers gets only the stored log objects, `test_tail_spread.py`)
+    extra = f', zone_router_tier: "30s", zone_router_path: {path}, zone_router_spread: all'
     async with s3_stream(tmp_path, tail_s3, "TAIL", ["t.>"], extra) as (zoned, nc, leader):
         s = zoned.servers
         pubs = [FaultPublisher(x.url, f"p-{n}", f"t.{n}", zone=zoned.zones[n]) for n, x in s.items()]

@@ -103,8 +103,8 @@ def _router_ack(opts: JetStreamOptions, v: Value, errors: Errors) -> None:
 
 
 def _router_spread(opts: JetStreamOptions, v: Value, errors: Errors) -> None:
-    if v.kind != "string" or v.value not in ("all", "quorum"):
-        raise BadValue(f"expected all or quorum, got {show(v)}", v)
+    if v.kind != "string" or v.value not in ("auto", "all", "quorum"):
+        raise BadValue(f"expected auto, all or quorum, got {show(v)}", v)
     opts.zone_router_spread = v.value
 
 

@@ -14,7 +14,9 @@ it is sealed, from that batch's size:
 The further zones are those whose replica gets the batch's records in full from the leader's tail: every zone
 but the proxy's and the leader's with `zone_router_spread: all`; with `quorum`, none while this proxy is itself
 the replica that gets the stream's tail (its own records come back by reference: `tail_seen`, the last snapshot
-answer from that leader carried tail parts), else the one replica that does.
+answer from that leader carried tail parts), else the one replica that does. `auto` is priced as `quorum`: where
+batches grow large enough for the choice to matter (a burst), the other zones' readers fall behind and read
+stored log objects (`spread`).
 
 So a small batch goes over the link and a large one (about 0.7 MB of 1 KiB JSON at S3 Standard and AWS transfer
 prices, with three zones) through storage; a `file://` store (no request price) always uses storage. A large
@@ -81,7 +83,7 @@ class PathChooser:
         self.per_byte = transfer_per_byte(transfer_doc(transfer)[0])
         self.further_zones = 0  # zones besides the proxy's and the leader's that a replicated tail reaches
         self.tail_zones: int | None = None  # zones a replicated tail of a stream led here reaches (None: no tail)
-        self.spread_quorum = False  # `zone_router_spread: quorum`: the tail goes to the quorum's replicas only
+        self.spread_quorum = False  # `zone_router_spread: quorum` or `auto`: the tail may reach the quorum only
         self.here = ""  # this server's name (a batch for it is its own zone's)
         self._tail_seen: dict[str, float] = {}  # leader -> when its last tail part reached this server
         self.gather_linger = max(storage_linger, 0.001)  # the longest a gathering batch fills

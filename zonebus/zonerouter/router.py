@@ -87,7 +87,8 @@ class ZoneRouter:
         js.svc.on_visible_hook = self.serving.on_visible
         js.svc.on_tail_hook = self.serving.on_tail
         js.svc.on_stored_hook = self.serving.on_stored
-        self.serving.spread = TailSpread(self.opts.zone_router_spread)
+        self.serving.spread = TailSpread(self.opts.zone_router_spread, self.serving.reader_lag,
+                                         self.serving.on_joined)
         self.tails: TailRecovery | None = None
         self.tiered = False  # streams keep a replicated tail: this server's proxies are their replicas
         js.svc.stream_queue = True  # a stream's interest is its queue group: `forwarder` leaves it out
@@ -124,7 +125,7 @@ class ZoneRouter:
         if billed:  # a burst's batch gathers for at most this (a storage-path batch of 1 MB costs what 1 kB does)
             self.paths.gather_linger = max(storage_linger, self.opts.shared_store_latency_budget * 2)
         self.paths.here = self.name
-        self.paths.spread_quorum = self.serving.spread.quorum
+        self.paths.spread_quorum = self.serving.spread.partial
         self._tail_reach()
         self.proxy = Proxy(self.channel, self.link.send, self._reply, self.opts.zone_router_linger,
                            self.opts.zone_router_batch, self.paths, SentBatches() if self.tiered else None)
@@ -270,7 +271,7 @@ class ZoneRouter:
             return
         zones = len(self.view.zones)
         further, reach = max(zones - 2, 0), max(zones - 1, 0)
-        if self.serving.spread.quorum:
+        if self.serving.spread.partial:
             acks = max(CommitOptions.tier_acks, 1)
             further, reach = min(further, acks), min(reach, acks)
         self.paths.further_zones, self.paths.tail_zones = further, reach

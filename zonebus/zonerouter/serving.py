@@ -39,7 +39,7 @@ from zonebus.store import sharedlayout as L
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.paths import ZSTD_LEVEL
 from zonebus.zonerouter.records import RecordError
-from zonebus.zonerouter.spread import TailSpread
+from zonebus.zonerouter.spread import READERS_GONE, TailSpread
 from zonebus.zonerouter.tailrefs import Origins
 
 if TYPE_CHECKING:
@@ -95,7 +95,10 @@ class ReadServer:
         self.inline_limit = 0
         self.compress: Callable[[bytes], bytes] | None = None
         self.level = ZSTD_LEVEL  # zstd level of the tail parts (the router sets the routes' level)
-        self.spread = TailSpread()  # which proxies get a stream's tail as written (`zone_router_spread`)
+        # which proxies get a stream's tail as written (`zone_router_spread`)
+        self.spread = TailSpread(lag=self.reader_lag, joined=self.on_joined)
+        # (stream, proxy) -> consumer -> (messages it was behind at its last pull request, when): `reader_lag`
+        self._lags: dict[tuple[str, str], dict[str, tuple[int, float]]] = {}
         self._packed: dict[tuple[str, int, int], bytes] = {}  # (stream, batch, epoch) -> compressed, recent
         self._ctx: dict[tuple[str, str], _Ctx] = {}  # (proxy, stream) -> its tail's compression stream
         self.origins = Origins()  # which proxy's channel each recent record came from (`tailrefs`)
@@ -173,15 +176,20 @@ class ReadServer:
     def on_stored(self, stream: Stream) -> None:
         """Store hook: a batch with messages was stored. Held polls get it; pull requests of proxies that read
         only stored objects may have more now (their horizon, `spread`)."""
-        if not self.spread.quorum:
+        if not self.spread.partial:
             return
         for held in self.held.pop(stream.name, None) or ():
             held.timer.cancel()
             self._answer(held.peer, stream.name, held.poll)
+        self.kick(stream.name)
+
+    def kick(self, name: str) -> None:
+        """The consumers of stream `name` with pull requests from proxies look again: a horizon moved (a batch
+        was stored, or a proxy now gets the tail: `TailSpread`'s `joined`)."""
         kicked = set()
         for req in self.reqs.values():
             cons = req.cons
-            if cons.stream is stream and id(cons) not in kicked:
+            if cons.stream.name == name and id(cons) not in kicked:
                 kicked.add(id(cons))
                 cons.kick()
 
@@ -208,12 +216,39 @@ class ReadServer:
                 store.tail_check()
         self.spread.forget({n for n, st in self.svc.streams.items() if getattr(st, "store", None) is not None
                             and getattr(st.store, "tiered", False)})
+        for key in [k for k in self._lags if self._store(k[0]) is None]:
+            del self._lags[key]  # (streams no longer led here)
         for name in self.origins.streams():
             store = self._store(name)
             if store is None or not getattr(store, "tiered", False):
                 self.origins.drop(name)  # no longer led here: a new leader keeps its own
             else:
                 self.origins.prune(name, store.durable_seq)
+
+    def on_joined(self, name: str) -> None:
+        self.svc.loop.call_soon(self.kick, name)  # (after the answer that brings that proxy the tail)
+
+    def reader_lag(self, name: str, peer: str) -> int | None:
+        """How many messages of stream `name` the most advanced consumer reading through `peer`'s proxy was behind
+        the last visible one at its last pull request, or now while one waits (consumers that asked within
+        `READERS_GONE` seconds; None: no readers there). `TailSpread` asks it for `auto`."""
+        for req in self.reqs.values():  # a request still waiting (a long poll at the head) is a fresh reading
+            if req.peer == peer and req.cons.stream.name == name:
+                self._note_lag(name, peer, req.cons)
+        lags = self._lags.get((name, peer))
+        if not lags:
+            return None
+        now = self.svc.loop.time()
+        for cons in [c for c, (_, t) in lags.items() if now - t > READERS_GONE]:
+            del lags[cons]
+        return min(lag for lag, _ in lags.values()) if lags else None
+
+    def _note_lag(self, name: str, peer: str, cons: Any) -> None:
+        """A pull request came: how far its consumer is behind (`reader_lag`)."""
+        store = self._store(name)
+        if store is not None:
+            lag = max(0, store.visible_seq() - cons.sseq + 1)
+            self._lags.setdefault((name, peer), {})[cons.name] = (lag, self.svc.loop.time())
 
     def _answer(self, peer: str, name: str, poll: rf.Poll) -> None:
         next_batch = poll.next_batch
@@ -287,6 +322,8 @@ class ReadServer:
         if cons is None:  # like nats-server: no answer for the client (it times out); the proxy forgets it
             self.send(peer, rf.Deliveries(pull.rid, rf.DONE, ()).encode())
             return
+        if self.spread.mode == "auto":
+            self._note_lag(pull.stream, peer, cons)
         self._next += 1
         lid = self._next
         req = self.reqs[lid] = _Req(lid, peer, pull.rid, cons)

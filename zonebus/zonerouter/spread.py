@@ -3,8 +3,6 @@
 With a replicated tail (`zonebus.store.sharedtier`) the leader acknowledges a publish once `tier_acks` proxies
 in other zones (one, by default) hold its record, and stores its log object every `zone_router_tier` seconds.
 
-- `all` (the default): every proxy that polls as a replica gets the records as they are written, so every
-  zone's consumers read them at once. Each message crosses into every other zone over the link.
 - `quorum`: only as many proxies as the ack waits for get the tail: the first fresh replicas to poll, kept
   while they stay fresh. One that has not polled for `REPLICA_FRESH` seconds (its server died, its zone was cut
   off) is replaced by the next replica that polls, which catches up from its own position in one answer. The
@@ -14,35 +12,59 @@ in other zones (one, by default) hold its record, and stores its log object ever
   `durable_seq`, `zonebus.stream.hooks.Horizon`) and are served again when a batch is stored. They see
   messages up to `zone_router_tier` seconds later than the quorum's zones do; everything else (acks,
   durability, order) is as with `all`.
+- `auto` (the default): the quorum as with `quorum`, and besides it every proxy whose consumers read at the
+  head (`live`): their pull requests reach within `JOIN_LAG` messages of the last one visible. Such a proxy
+  gets the tail until its consumers fall `LEAVE_LAG` messages behind (a burst they do not keep up with: what
+  they read next is stored before they reach it, so the tail's bytes would buy nothing), or until none of its
+  consumers asked for `READERS_GONE` seconds. Then it reads stored log objects again, as `quorum`'s other
+  zones do, and rejoins from its own position when its consumers are back at the head. So steady traffic is
+  read in every zone as soon as it is acknowledged (as with `all`), a burst crosses zones about as often as
+  with `quorum`, and a zone without readers gets no tail beyond the quorum.
+- `all`: every proxy that polls as a replica gets the records as they are written, so every zone's consumers
+  read them at once. Each message crosses into every other zone over the link.
 
-Runs on the event loop (the leader's `ReadServer` asks it).
+Runs on the event loop (the leader's `ReadServer` asks it; `lag` is its count of how far a proxy's consumers
+are behind).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from zonebus.stream.hooks import Horizon
 
-SPREADS = ("all", "quorum")
+SPREADS = ("auto", "all", "quorum")
+JOIN_LAG = 100  # `auto`: a proxy's consumers within this many messages of the last: the proxy gets the tail
+LEAVE_LAG = 500  # ... and stops getting it once all of them are this many behind
+READERS_GONE = 2.0  # seconds: a proxy none of whose consumers asked this long gets no tail beyond the quorum
+
+Lag = Callable[[str, str], "int | None"]  # (stream, proxy) -> messages its most advanced consumer is behind
 
 
 class TailSpread:
-    """The proxies chosen to get each stream's tail (`quorum`), or every one (`all`)."""
+    """The proxies chosen to get each stream's tail: the quorum, those whose readers are at the head (`auto`),
+    or every one (`all`)."""
 
-    def __init__(self, mode: str = "all") -> None:
+    def __init__(self, mode: str = "auto", lag: Lag | None = None,
+                 joined: Callable[[str], None] | None = None) -> None:
         if mode not in SPREADS:
-            raise ValueError(f"zone_router_spread: expected all or quorum, got {mode!r}")
+            raise ValueError(f"zone_router_spread: expected auto, all or quorum, got {mode!r}")
         self.mode = mode
-        self.chosen: dict[str, list[str]] = {}  # stream -> the proxies (server names) that get its tail
+        self.lag = lag
+        self.joined = joined  # a proxy of this stream now gets its tail: its consumers' horizon is gone
+        self.chosen: dict[str, list[str]] = {}  # stream -> the proxies (server names) of its tail's quorum
+        self.live: dict[str, set[str]] = {}  # stream -> proxies beyond the quorum whose readers are at the head
+        self.stats = {"joins": 0, "leaves": 0}
 
     @property
-    def quorum(self) -> bool:
-        return self.mode == "quorum"
+    def partial(self) -> bool:
+        """Some proxies may read only stored log objects (`quorum`, `auto`)."""
+        return self.mode != "all"
 
     def gets_tail(self, name: str, store: Any, peer: str) -> bool:
         """Does `peer`'s proxy of stream `name` get the records as written? Chooses it when a place is free."""
-        if not self.quorum:
+        if not self.partial:
             return True
         fresh = store.fresh_replicas()
         chosen = self.chosen.setdefault(name, [])
@@ -51,30 +73,52 @@ class TailSpread:
             return True
         if peer in fresh and len(chosen) < max(store.opts.tier_acks, 1):
             chosen.append(peer)
+            self.live.get(name, set()).discard(peer)
+            return True
+        return self.mode == "auto" and self._at_head(name, peer)
+
+    def _at_head(self, name: str, peer: str) -> bool:
+        live = self.live.setdefault(name, set())
+        lag = self.lag(name, peer) if self.lag is not None else None
+        if peer in live:
+            if lag is None or lag >= LEAVE_LAG:
+                live.discard(peer)
+                self.stats["leaves"] += 1
+                return False
+            return True
+        if lag is not None and lag <= JOIN_LAG:
+            live.add(peer)
+            self.stats["joins"] += 1
+            if self.joined is not None:
+                self.joined(name)
             return True
         return False
 
     def is_chosen(self, name: str, peer: str) -> bool:
-        return not self.quorum or peer in self.chosen.get(name, ())
+        return not self.partial or peer in self.chosen.get(name, ()) or peer in self.live.get(name, ())
 
     def horizon(self, name: str, store: Any, peer: str) -> Horizon | None:
         """The horizon of a pull request from `peer`'s proxy (None: none, the proxy gets the tail)."""
-        if not self.quorum or store is None or not getattr(store, "tiered", False):
+        if not self.partial or store is None or not getattr(store, "tiered", False):
             return None
 
         def top() -> int | None:
-            return None if peer in self.chosen.get(name, ()) else store.durable_seq
+            return None if self.is_chosen(name, peer) else store.durable_seq
 
         return top
 
     def forget(self, keep: set[str]) -> None:
         """Streams no longer led here with a tail."""
-        for name in [n for n in self.chosen if n not in keep]:
-            del self.chosen[name]
+        for held in (self.chosen, self.live):
+            for name in [n for n in held if n not in keep]:
+                del held[name]
 
     def info(self) -> dict[str, Any]:
-        """`/jsz`: the mode and, with `quorum`, the proxies each stream led here sends its tail to."""
+        """`/jsz`: the mode and, with `quorum` or `auto`, the proxies each stream led here sends its tail to."""
         out: dict[str, Any] = {"mode": self.mode}
-        if self.quorum:
+        if self.partial:
             out["tail_to"] = {name: list(peers) for name, peers in self.chosen.items()}
+        if self.mode == "auto":
+            out["readers_at_head"] = {name: sorted(peers) for name, peers in self.live.items() if peers}
+            out.update(self.stats)
         return out

@@ -1,0 +1,122 @@
+"""nats-server R3's bill over its consumer-leader elections, for `bench/whole_bill.py`.
+
+nats-server elects each R3 consumer's leader among the stream's three servers, and delivers from it: a reader
+whose consumer is led outside its zone gets every message across a zone boundary. So one run's bill is one draw:
+it moves by about a third between none and three of the bench's three consumers led outside their zone. With
+`--nats-placements each` the bench runs nats-server once per count k = 0..3 of consumers led outside (consumers
+z1..zk, placed by leader stepdowns with a preferred server, which nats-server 2.11+ honours), samples how often
+nats-server elects a consumer's leader outside the zone of the server the consumer was created through (as the
+bench's readers create theirs), and weighs the four bills by that binomial: nats-server's expected bill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig
+from whole_bill_report import bill_per_gb
+
+from zonebus.prices import StoragePrices, storage_prices
+from zonebus.testing.jsapi import api
+
+Results = list[tuple[Any, str, dict]]  # (the setup: `impl`, `outside`; the workload; the run's figures)
+SAMPLE = 30  # consumers created per nats-server run to sample its elections
+
+
+def wanted_leader(zone: int, outside: int, zones: int = 3) -> str:
+    """The server to lead the consumer read in `zone` (1-based) when the first `outside` readers are led outside
+    their zone: its own server, or the next zone's."""
+    return f"s{zone % zones + 1}" if zone <= outside else f"s{zone}"
+
+
+async def lead_consumer(url: str, stream: str, durable: str, server: str, timeout: float = 30) -> str:
+    """Step the consumer's leader down towards `server` until it leads it; the leader it ended with."""
+    nc = await nats.connect(url)
+    current = ""
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                info = await api(nc, f"$JS.API.CONSUMER.INFO.{stream}.{durable}", timeout=2)
+                current = info.get("cluster", {}).get("leader", "")
+            except (nats.errors.Error, TimeoutError):
+                current = ""
+            if current == server:
+                break
+            if current:
+                try:
+                    await api(nc, f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{durable}",
+                              {"placement": {"preferred": server}}, timeout=5)
+                except (nats.errors.Error, TimeoutError):
+                    pass
+            await asyncio.sleep(0.5)
+        return current
+    finally:
+        await nc.close()
+
+
+async def sample_elections(urls: list[str], stream: str, n: int = SAMPLE) -> tuple[int, int]:
+    """(consumers nats-server elected a leader outside the zone of the server they were created through, of
+    `n`): each created through server i % zones, as a reader in that zone creates its own, then deleted."""
+    out = 0
+    for i in range(n):
+        z = i % len(urls)
+        nc = await nats.connect(urls[z])
+        try:
+            js = nc.jetstream(timeout=10)
+            name = f"sample{i}"
+            info = await js.add_consumer(stream, ConsumerConfig(durable_name=name, ack_policy=AckPolicy.EXPLICIT))
+            leader = (info.cluster.leader or "") if info.cluster else ""
+            out += leader != f"s{z + 1}"
+            await js.delete_consumer(stream, name)
+        finally:
+            await nc.close()
+    return out, n
+
+
+def weights(p_out: float, zones: int = 3) -> list[float]:
+    """P(k of `zones` consumers led outside), k = 0..zones, each outside with probability `p_out`."""
+    return [math.comb(zones, k) * p_out ** k * (1 - p_out) ** (zones - k) for k in range(zones + 1)]
+
+
+def expected(bills: dict[int, float], p_out: float) -> float:
+    """nats-server's expected bill over its elections, from the bill measured at each count outside."""
+    return sum(w * bills[k] for k, w in enumerate(weights(p_out)))
+
+
+def nats_bill(results: Results, w: str, prices: StoragePrices) -> tuple[float, str] | None:
+    """nats-server's bill for workload `w` ($/GB) and what it is: its expected bill over its elections when it
+    ran once per placement (`--nats-placements each`), else its one run's."""
+    runs = {b.outside: r for b, ww, r in results if b.impl == "nats" and ww == w}
+    if set(runs) == {0, 1, 2, 3}:
+        out, n = (sum(r["elected"][i] for r in runs.values()) for i in (0, 1))
+        bills = {k: bill_per_gb(r, prices) for k, r in runs.items()}
+        return expected(bills, out / n), f"expected over its elections, {out}/{n} led outside"
+    if runs:
+        return bill_per_gb(next(iter(runs.values())), prices), "one run's placement"
+    return None
+
+
+def election_lines(results: Results) -> list[str]:
+    """Per workload run at every placement: nats-server's bill at each, the weights its sampled elections give
+    them, and the expected bill."""
+    lines = []
+    std = storage_prices("s3-standard")
+    for w in dict.fromkeys(ww for _, ww, _ in results):
+        runs = {b.outside: r for b, ww, r in results if b.impl == "nats" and ww == w}
+        if set(runs) != {0, 1, 2, 3}:
+            continue
+        out, n = (sum(r["elected"][i] for r in runs.values()) for i in (0, 1))
+        ws = weights(out / n)
+        ref = nats_bill(results, w, std)
+        assert ref is not None
+        lines.append(f"- {w}: nats-server at S3 Standard prices with 0/1/2/3 of the 3 readers' consumers led outside "
+                     "their zone: " + " / ".join(f"${bill_per_gb(runs[k], std):.4f}" for k in range(4))
+                     + f" per GB; its elections led {out} of {n} sampled consumers outside the zone they were "
+                     f"created in, so these placements weigh " + " / ".join(f"{x:.2f}" for x in ws)
+                     + f": expected ${ref[0]:.4f}/GB")
+    return lines

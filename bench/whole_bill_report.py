@@ -1,0 +1,79 @@
+"""The bill of one `bench/whole_bill.py` run per GB published, and `zonebus cost report` over the zonebus servers'
+ledger for the same span, checked against it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from zonebus.pipeline.prices import load_prices
+from zonebus.prices import StoragePrices, storage_prices
+from zonebus.testing.s3proxy import kind_totals
+
+
+def bill_per_gb(res: dict, prices: StoragePrices) -> float:
+    """Cross-zone bytes at AWS transfer prices plus the storage requests (and per-GB charges) at `prices`, per GB
+    published."""
+    transfer = load_prices("aws")
+    published = sum(p.bytes for p in res["pubs"])
+    if not published:
+        return float("nan")
+    counts = res["counts"]
+    reqs = kind_totals(counts) if counts else {}
+    put_bytes = sum(kind_totals(counts, "req_bytes").values()) if counts else 0
+    get_bytes = kind_totals(counts, "resp_bytes")["GET"] if counts else 0
+    dollars = transfer.cost(res["cross"]) + prices.bill(reqs, put_bytes, get_bytes)["total"]
+    return dollars / (published / prices.bytes_per_gb)
+
+
+def cost_report(s3_env: dict[str, str], ledger: Path, res: dict, store_url: str, interval: int,
+                log: Callable[[str], None]) -> dict:
+    """`zonebus cost report --json` over the zonebus servers' ledger, for the windows of the counted span (it
+    starts and ends at window edges of `interval` seconds), with the R3 comparison measured on the stream's own
+    messages (`--streams`)."""
+    stream = res["stream"]
+    cmd = [sys.executable, "-m", "zonebus", "cost", "report", "--ledger", str(ledger), "--json", "--quiet",
+           "--since", str(math.floor(res["since"] / interval) * interval),
+           "--until", str(math.floor(res["until"] / interval) * interval),
+           "--r3-subjects", f"{stream.lower()}.>", "--streams", store_url, "--stream", stream]
+    env = {**os.environ, **s3_env, "SPARK_LOCAL_IP": "127.0.0.1"}
+    log(f"cost report over the zonebus ledger ({stream})")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode != 0:
+        log(f"cost report failed: {out.stderr.strip()[-500:]}")
+        return {}
+    return json.loads(out.stdout).get("whole_bill", {})
+
+
+def report_lines(results: list[tuple[Any, str, dict]],
+                 nats_bill: Callable[[str, StoragePrices], tuple[float, str] | None]) -> list[str]:
+    """The cost report's whole bill (the zonebus run's ledger) against the bench's own figures: zonebus's bill
+    (transfer, requests and per-GB charges; the bench leaves storage kept out of its $/GB) and the report's
+    model of nats-server R3 against nats-server measured in the same bench (`nats_bill`: $/GB and what it is),
+    both per GB published."""
+    std = storage_prices("s3-standard")
+    lines = []
+    for b, w, r in results:
+        bill = r.get("report")
+        if b.impl != "zonebus" or not bill:
+            continue
+        parts = bill["parts_usd"]
+        report_usd = parts["transfer"] + parts["storage_requests"] + parts["storage_per_gb"]
+        published = sum(p.bytes for p in r["pubs"]) / std.bytes_per_gb
+        bench_gb = bill_per_gb(r, std)
+        line = (f"- cost report vs bench, {w}: zonebus ${report_usd / published:.4f}/GB (report: transfer "
+                f"${parts['transfer']:.6f}, requests ${parts['storage_requests']:.6f}) vs ${bench_gb:.4f}/GB "
+                f"(bench): {100 * (report_usd / published / bench_gb - 1):+.1f}%")
+        r3, measured = bill.get("nats_r3"), nats_bill(w, std)
+        if r3 and measured:
+            model = r3["cost_usd"] / published
+            line += (f"; nats-server R3 ${model:.4f}/GB (report's model, ratio {r3['compression_ratio']:.3f}) vs "
+                     f"${measured[0]:.4f}/GB ({measured[1]}): {100 * (model / measured[0] - 1):+.1f}%")
+        lines.append(line)
+    return lines
