@@ -584,3 +584,12 @@ def test_gateway_advertise_is_read_and_checked() -> None:
     assert parse_config_text('gateway { name: A, advertise: "gw.example" }', "t.conf", env={}).gateway.advertise \
         == "gw.example"
     assert any("advertise" in e for e in errors_of('gateway { name: A, advertise: "a:b:c:d" }'))
+
+
+def test_zone_router_spread_defaults_to_auto_and_names_the_choices() -> None:
+    assert parse_config_text("jetstream: true\n", "t.conf", env={}).jetstream.zone_router_spread == "auto"
+    for mode in ("auto", "all", "quorum"):
+        opts = parse_config_text(f"jetstream {{ zone_router_spread: {mode} }}\n", "t.conf", env={})
+        assert opts.jetstream.zone_router_spread == mode
+    (err,) = errors_of("jetstream { zone_router_spread: most }\n")
+    assert "zone_router_spread" in err and "expected auto, all or quorum" in err, err
