@@ -97,8 +97,9 @@ class ReadServer:
         self.level = ZSTD_LEVEL  # zstd level of the tail parts (the router sets the routes' level)
         # which proxies get a stream's tail as written (`zone_router_spread`)
         self.spread = TailSpread(lag=self.reader_lag, joined=self.on_joined)
-        # (stream, proxy) -> consumer -> (messages it was behind at its last pull request, when): `reader_lag`
-        self._lags: dict[tuple[str, str], dict[str, tuple[int, float]]] = {}
+        # (stream, proxy) -> consumer -> (messages it was behind at its last pull request, whether it had read
+        # everything stored, when): `reader_lag`
+        self._lags: dict[tuple[str, str], dict[str, tuple[int, bool, float]]] = {}
         self._packed: dict[tuple[str, int, int], bytes] = {}  # (stream, batch, epoch) -> compressed, recent
         self._ctx: dict[tuple[str, str], _Ctx] = {}  # (proxy, stream) -> its tail's compression stream
         self.origins = Origins()  # which proxy's channel each recent record came from (`tailrefs`)
@@ -228,10 +229,12 @@ class ReadServer:
     def on_joined(self, name: str) -> None:
         self.svc.loop.call_soon(self.kick, name)  # (after the answer that brings that proxy the tail)
 
-    def reader_lag(self, name: str, peer: str) -> int | None:
+    def reader_lag(self, name: str, peer: str) -> tuple[int, bool] | None:
         """How many messages of stream `name` the most advanced consumer reading through `peer`'s proxy was behind
         the last visible one at its last pull request, or now while one waits (consumers that asked within
-        `READERS_GONE` seconds; None: no readers there). `TailSpread` asks it for `auto`."""
+        `READERS_GONE` seconds; None: no readers there), and whether one of them had read everything stored then
+        (its cursor past the store's durable sequence: it waits at the horizon). `TailSpread` asks it for
+        `auto`."""
         for req in self.reqs.values():  # a request still waiting (a long poll at the head) is a fresh reading
             if req.peer == peer and req.cons.stream.name == name:
                 self._note_lag(name, peer, req.cons)
@@ -239,16 +242,19 @@ class ReadServer:
         if not lags:
             return None
         now = self.svc.loop.time()
-        for cons in [c for c, (_, t) in lags.items() if now - t > READERS_GONE]:
+        for cons in [c for c, (_, _, t) in lags.items() if now - t > READERS_GONE]:
             del lags[cons]
-        return min(lag for lag, _ in lags.values()) if lags else None
+        if not lags:
+            return None
+        return min(lag for lag, _, _ in lags.values()), any(stored for _, stored, _ in lags.values())
 
     def _note_lag(self, name: str, peer: str, cons: Any) -> None:
         """A pull request came: how far its consumer is behind (`reader_lag`)."""
         store = self._store(name)
         if store is not None:
             lag = max(0, store.visible_seq() - cons.sseq + 1)
-            self._lags.setdefault((name, peer), {})[cons.name] = (lag, self.svc.loop.time())
+            self._lags.setdefault((name, peer), {})[cons.name] = (lag, cons.sseq > store.durable_seq,
+                                                                 self.svc.loop.time())
 
     def _answer(self, peer: str, name: str, poll: rf.Poll) -> None:
         next_batch = poll.next_batch

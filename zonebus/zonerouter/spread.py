@@ -13,11 +13,14 @@ in other zones (one, by default) hold its record, and stores its log object ever
   messages up to `zone_router_tier` seconds later than the quorum's zones do; everything else (acks,
   durability, order) is as with `all`.
 - `auto` (the default): the quorum as with `quorum`, and besides it every proxy whose consumers read at the
-  head (`live`): their pull requests reach within `JOIN_LAG` messages of the last one visible. Such a proxy
-  gets the tail until its consumers fall `LEAVE_LAG` messages behind (a burst they do not keep up with: what
-  they read next is stored before they reach it, so the tail's bytes would buy nothing), or until none of its
-  consumers asked for `READERS_GONE` seconds. Then it reads stored log objects again, as `quorum`'s other
-  zones do, and rejoins from its own position when its consumers are back at the head. So steady traffic is
+  head (`live`): their pull requests reach within `JOIN_LAG` messages of the last one visible, or they read
+  everything stored and wait at the horizon with at most `JOIN_UNSTORED` messages not stored yet (a consumer
+  that reads faster than the log is stored: it catches up, so it must not wait for each log object). Such a
+  proxy gets the tail until its consumers fall `LEAVE_LAG` messages behind (a burst they do not keep up with:
+  what they read next is stored before they reach it, so the tail's bytes would buy nothing; not within
+  `JOIN_GRACE` of the join, while they read what the join brought), or until none of its consumers asked for
+  `READERS_GONE` seconds. Then it reads stored log objects again, as `quorum`'s other zones do, and rejoins
+  from its own position when its consumers are back at the head. So steady traffic is
   read in every zone as soon as it is acknowledged (as with `all`), a burst crosses zones about as often as
   with `quorum`, and a zone without readers gets no tail beyond the quorum.
 - `all`: every proxy that polls as a replica gets the records as they are written, so every zone's consumers
@@ -29,6 +32,7 @@ are behind).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,10 +40,14 @@ from zonebus.stream.hooks import Horizon
 
 SPREADS = ("auto", "all", "quorum")
 JOIN_LAG = 100  # `auto`: a proxy's consumers within this many messages of the last: the proxy gets the tail
+JOIN_UNSTORED = 1000  # ... or waiting at the horizon with at most this many messages not stored yet
 LEAVE_LAG = 500  # ... and stops getting it once all of them are this many behind
+JOIN_GRACE = 1.0  # seconds after a join without leaving for the lag: the consumers read what the join brought
 READERS_GONE = 2.0  # seconds: a proxy none of whose consumers asked this long gets no tail beyond the quorum
 
-Lag = Callable[[str, str], "int | None"]  # (stream, proxy) -> messages its most advanced consumer is behind
+# (stream, proxy) -> (messages its most advanced consumer is behind the last one, whether one of its consumers
+# read everything stored: its cursor is past the store's durable sequence), or None: no readers there
+Lag = Callable[[str, str], "tuple[int, bool] | None"]
 
 
 class TailSpread:
@@ -54,7 +62,8 @@ class TailSpread:
         self.lag = lag
         self.joined = joined  # a proxy of this stream now gets its tail: its consumers' horizon is gone
         self.chosen: dict[str, list[str]] = {}  # stream -> the proxies (server names) of its tail's quorum
-        self.live: dict[str, set[str]] = {}  # stream -> proxies beyond the quorum whose readers are at the head
+        self.live: dict[str, dict[str, float]] = {}  # stream -> proxies beyond the quorum reading at the head:
+        # when they joined (monotonic)
         self.stats = {"joins": 0, "leaves": 0}
 
     @property
@@ -73,21 +82,22 @@ class TailSpread:
             return True
         if peer in fresh and len(chosen) < max(store.opts.tier_acks, 1):
             chosen.append(peer)
-            self.live.get(name, set()).discard(peer)
+            self.live.get(name, {}).pop(peer, None)
             return True
         return self.mode == "auto" and self._at_head(name, peer)
 
     def _at_head(self, name: str, peer: str) -> bool:
-        live = self.live.setdefault(name, set())
-        lag = self.lag(name, peer) if self.lag is not None else None
+        live = self.live.setdefault(name, {})
+        seen = self.lag(name, peer) if self.lag is not None else None
+        now = time.monotonic()
         if peer in live:
-            if lag is None or lag >= LEAVE_LAG:
-                live.discard(peer)
+            if seen is None or (seen[0] >= LEAVE_LAG and now - live[peer] > JOIN_GRACE):
+                del live[peer]
                 self.stats["leaves"] += 1
                 return False
             return True
-        if lag is not None and lag <= JOIN_LAG:
-            live.add(peer)
+        if seen is not None and (seen[0] <= JOIN_LAG or (seen[1] and seen[0] <= JOIN_UNSTORED)):
+            live[peer] = now
             self.stats["joins"] += 1
             if self.joined is not None:
                 self.joined(name)
