@@ -249,9 +249,12 @@ class ClusteredJetStream(StreamLeadership, ApiForwarding, Stepdowns, StreamLists
             self.to_leader(self._stream_of(toks), subject, reply, headers, payload, kind)
 
     def _placeable(self) -> bool:
-        """The meta group has a leader and knows this server: requests can be placed and forwarded."""
+        """The meta group has a leader, knows this server, and this server applied what that leader had committed
+        when it joined (`ready`): requests can be placed and forwarded. Before that, a server restarting (after a
+        power loss, say) would answer from a state still being replayed: "stream not found" for a stream that
+        exists."""
         meta = self.meta
-        return meta is not None and meta.leader is not None and self.name in meta.state.peers
+        return meta is not None and meta.leader is not None and meta.ready and self.name in meta.state.peers
 
     async def _when_placeable(self, subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
         """Hold a request that came while the meta group had no leader (or did not know this server yet) for
