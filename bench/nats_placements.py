@@ -11,9 +11,7 @@ bench's readers create theirs), and weighs the four bills by that binomial: nats
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from typing import Any
 
 import nats
@@ -21,7 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from whole_bill_report import bill_per_gb
 
 from zonebus.prices import StoragePrices, storage_prices
-from zonebus.testing.jsapi import api
+from zonebus.testing.zonecluster import step_leader_to
 
 Results = list[tuple[Any, str, dict]]  # (the setup: `impl`, `outside`; the workload; the run's figures)
 SAMPLE = 30  # consumers created per nats-server run to sample its elections
@@ -33,28 +31,13 @@ def wanted_leader(zone: int, outside: int, zones: int = 3) -> str:
     return f"s{zone % zones + 1}" if zone <= outside else f"s{zone}"
 
 
-async def lead_consumer(url: str, stream: str, durable: str, server: str, timeout: float = 30) -> str:
+async def lead_consumer(url: str, stream: str, durable: str, server: str) -> str:
     """Step the consumer's leader down towards `server` until it leads it; the leader it ended with."""
     nc = await nats.connect(url)
-    current = ""
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                info = await api(nc, f"$JS.API.CONSUMER.INFO.{stream}.{durable}", timeout=2)
-                current = info.get("cluster", {}).get("leader", "")
-            except (nats.errors.Error, TimeoutError):
-                current = ""
-            if current == server:
-                break
-            if current:
-                try:
-                    await api(nc, f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{durable}",
-                              {"placement": {"preferred": server}}, timeout=5)
-                except (nats.errors.Error, TimeoutError):
-                    pass
-            await asyncio.sleep(0.5)
-        return current
+        return await step_leader_to(nc, f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+                                    f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{durable}", server,
+                                    {"placement": {"preferred": server}}, tries=30, pause=0.5)
     finally:
         await nc.close()
 

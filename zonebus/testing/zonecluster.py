@@ -169,23 +169,31 @@ async def stream_led_in(url: str, cfg: dict, leader: str, what: str, timeout: fl
     name = cfg["name"]
     try:
         await create_stream_retrying(nc, cfg, time.monotonic() + timeout, what)
-        current = ""
-        for _ in range(15):
-            try:
-                current = (await api(nc, f"$JS.API.STREAM.INFO.{name}", timeout=2))["cluster"]["leader"]
-            except (nats.errors.Error, TimeoutError, KeyError):
-                await asyncio.sleep(0.5)
-                continue
-            if current == leader:
-                break
-            try:
-                await api(nc, f"$JS.API.STREAM.LEADER.STEPDOWN.{name}", timeout=5)
-            except (nats.errors.Error, TimeoutError):
-                pass
-            await asyncio.sleep(1.0)
-        return current
+        return await step_leader_to(nc, f"$JS.API.STREAM.INFO.{name}", f"$JS.API.STREAM.LEADER.STEPDOWN.{name}",
+                                    leader)
     finally:
         await nc.close()
+
+
+async def step_leader_to(nc: nats.NATS, info: str, stepdown: str, leader: str, body: dict | None = None,
+                         tries: int = 15, pause: float = 1.0) -> str:
+    """Step a stream's or a consumer's leader down (`stepdown`, with `body`) until its `info` names `leader`, at
+    most `tries` times; returns the leader it ended with."""
+    current = ""
+    for _ in range(tries):
+        try:
+            current = (await api(nc, info, timeout=2))["cluster"]["leader"]
+        except (nats.errors.Error, TimeoutError, KeyError):
+            await asyncio.sleep(0.5)
+            continue
+        if current == leader:
+            break
+        try:
+            await api(nc, stepdown, body, timeout=5)
+        except (nats.errors.Error, TimeoutError):
+            pass
+        await asyncio.sleep(pause)
+    return current
 
 
 def pct(xs: list[float], p: float) -> str:
