@@ -18,6 +18,7 @@ import itertools
 import json
 import re
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -318,7 +319,17 @@ async def clustered(nc: nats.NATS) -> list:
     out: list = []
 
     async def pub(subject: str, data: bytes, headers: dict) -> None:
-        msg = await nc.request(subject, data, timeout=5, headers=headers)
+        # (a publish nothing received is retried: the stream's interest reaches the client's server, and its
+        # worker, over routes and the local mesh, and may come after the create's answer; nothing was stored)
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                msg = await nc.request(subject, data, timeout=5, headers=headers)
+                break
+            except nats.errors.NoRespondersError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
         out.append(json.loads(msg.data) if msg.data else "")
 
     async def call(subject: str, body: dict | None = None) -> dict:
