@@ -71,13 +71,21 @@ def expected(bills: dict[int, float], p_out: float) -> float:
     return sum(w * bills[k] for k, w in enumerate(weights(p_out)))
 
 
+def _nats_runs(results: Results, w: str) -> tuple[dict[int | None, dict], int, int]:
+    """nats-server's runs of workload `w` by count led outside, and its sampled elections over them: (consumers
+    led outside, sampled); (0, 0) unless it ran at every placement."""
+    runs = {b.outside: r for b, ww, r in results if b.impl == "nats" and ww == w}
+    if set(runs) != {0, 1, 2, 3}:
+        return runs, 0, 0
+    return runs, sum(r["elected"][0] for r in runs.values()), sum(r["elected"][1] for r in runs.values())
+
+
 def nats_bill(results: Results, w: str, prices: StoragePrices) -> tuple[float, str] | None:
     """nats-server's bill for workload `w` ($/GB) and what it is: its expected bill over its elections when it
     ran once per placement (`--nats-placements each`), else its one run's."""
-    runs = {b.outside: r for b, ww, r in results if b.impl == "nats" and ww == w}
-    if set(runs) == {0, 1, 2, 3}:
-        out, n = (sum(r["elected"][i] for r in runs.values()) for i in (0, 1))
-        bills = {k: bill_per_gb(r, prices) for k, r in runs.items()}
+    runs, out, n = _nats_runs(results, w)
+    if n:
+        bills = {k: bill_per_gb(r, prices) for k, r in runs.items() if k is not None}
         return expected(bills, out / n), f"expected over its elections, {out}/{n} led outside"
     if runs:
         return bill_per_gb(next(iter(runs.values())), prices), "one run's placement"
@@ -90,10 +98,9 @@ def election_lines(results: Results) -> list[str]:
     lines = []
     std = storage_prices("s3-standard")
     for w in dict.fromkeys(ww for _, ww, _ in results):
-        runs = {b.outside: r for b, ww, r in results if b.impl == "nats" and ww == w}
-        if set(runs) != {0, 1, 2, 3}:
+        runs, out, n = _nats_runs(results, w)
+        if not n:
             continue
-        out, n = (sum(r["elected"][i] for r in runs.values()) for i in (0, 1))
         ws = weights(out / n)
         ref = nats_bill(results, w, std)
         assert ref is not None

@@ -70,6 +70,7 @@ from zonebus.testing.jsapi import api  # noqa: E402
 from zonebus.testing.motos3 import MotoS3, proxied_s3  # noqa: E402
 from zonebus.testing.s3proxy import KINDS, kind_totals  # noqa: E402
 from zonebus.testing.zonecluster import ZoneCluster, pct, stream_led_in  # noqa: E402
+from zonebus.zonerouter.spread import SPREADS  # noqa: E402
 
 LEADER = "s2"
 BUCKET = "zonebus-whole-bill"
@@ -575,7 +576,7 @@ def main() -> None:
     bad = set(args.workloads) - {"steady", "burst"}
     if bad:
         ap.error(f"unknown workloads {sorted(bad)}")
-    if not args.spread or set(args.spread) - {"auto", "all", "quorum"}:
+    if not args.spread or set(args.spread) - set(SPREADS):
         ap.error(f"--spread: expected auto, all or quorum (or several), got {','.join(args.spread)!r}")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     asyncio.run(main_async(args))

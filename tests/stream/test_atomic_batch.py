@@ -18,7 +18,6 @@ import itertools
 import json
 import re
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tests.stream.kit_cluster import api
 from tests.stream.kit_scenarios import Probe, first_difference, run_scenarios
 from tests.stream.test_clustered_differential import on_both
 from tests.stream.test_counters import wait_last_seq
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess
 
 _counter = itertools.count()
@@ -321,15 +321,13 @@ async def clustered(nc: nats.NATS) -> list:
     async def pub(subject: str, data: bytes, headers: dict) -> None:
         # (a publish nothing received is retried: the stream's interest reaches the client's server, and its
         # worker, over routes and the local mesh, and may come after the create's answer; nothing was stored)
-        deadline = time.monotonic() + 5
-        while True:
+        async def answered() -> tuple | None:
             try:
-                msg = await nc.request(subject, data, timeout=5, headers=headers)
-                break
+                return (await nc.request(subject, data, timeout=5, headers=headers),)
             except nats.errors.NoRespondersError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+                return None
+
+        (msg,) = await until(answered, f"a responder for {subject}", timeout=5)
         out.append(json.loads(msg.data) if msg.data else "")
 
     async def call(subject: str, body: dict | None = None) -> dict:
