@@ -14,7 +14,7 @@ from zonebus.zonerouter import records, tailrecovery
 def test_every_frame_kind_is_used_once() -> None:
     kinds = [records.LINK, records.ANSWER, records.HANDOFF, records.BYE, records.INLINE, records.STREAMED,
              rf.POLL, rf.SNAP, rf.PULL, rf.DELIVER, rf.ACKS, rf.ACKED, rf.API, rf.SYNC, rf.SYNCED,
-             rf.REPAIR, rf.REPAIRED, tailrecovery.TAILQ, tailrecovery.TAIL]
+             rf.REPAIR, rf.REPAIRED, rf.PUSH, rf.PUSHED, tailrecovery.TAILQ, tailrecovery.TAIL]
     assert len(set(kinds)) == len(kinds), sorted(kinds)
     assert records.kind_of(rf.Sync(7, "S").encode()) == rf.SYNC != records.INLINE
 
@@ -42,3 +42,20 @@ def test_tail_frames_round_trip() -> None:
     assert tailrecovery.decode_tail(tailrecovery.tail_frame(5, b"zz")) == (5, b"zz")
     rec = records.LinkRecord(b"12345678", 9, 2, 123, 4)
     assert records.decode_streamed(records.streamed_frame(rec, 77, b"data")) == (rec, 77, b"data")
+
+
+@pytest.mark.timeout(10)
+def test_push_frames_round_trip() -> None:
+    """A proxy's push consumer create carries the client's request; the leader's records keep the order of runs
+    and statuses, with a flow-control request's reply."""
+    create = rf.PushCreate(3, "KV_CFG", "_INBOX.abc", "$JS.API.CONSUMER.CREATE.KV_CFG", "_INBOX.r", b"",
+                           b'{"config":{"deliver_subject":"_INBOX.abc"}}')
+    assert records.kind_of(create.encode()) == rf.PUSH and rf.PushCreate.decode(create.encode()) == create
+    pushed = rf.Pushed(3, rf.HEADERS_ONLY, "c1", ((5, 1, 2, 1, 10),),
+                       ((b"NATS/1.0 100 FlowControl Request\r\n\r\n", "$JS.FC.KV_CFG.c1.2"),
+                        (b"NATS/1.0 100 Idle Heartbeat\r\n\r\n", "")))
+    back = rf.Pushed.decode(pushed.encode())
+    assert records.kind_of(pushed.encode()) == rf.PUSHED and back == pushed and not back.done
+    assert back.status_msgs()[0][1] == "$JS.FC.KV_CFG.c1.2" and back.status_msgs()[1][1] is None
+    with pytest.raises(records.RecordError):
+        rf.PushCreate.decode(create.encode()[:-3])

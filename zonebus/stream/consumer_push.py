@@ -4,7 +4,8 @@ A push consumer delivers while the deliver subject has interest (else it polls f
 it has something to deliver), at most `BATCH_PER_TICK` messages per loop callback. With `flow_control` it asks
 for a response every `FC_EVERY_BYTES` and stops while `FC_MAX_OUTSTANDING` requests are unanswered; with
 `idle_heartbeat` it sends `100 Idle Heartbeat` status messages while idle (naming a stalled flow control
-request). Runs on the event loop thread.
+request). A deliver subject an extension taps may carry a horizon (`JetStreamService.push_horizon`): nothing above
+it is delivered until it rises. Runs on the event loop thread.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ class PushDelivery:
             self._watch_interest()
             return False
         self._no_interest_since = None
+        svc = self.service
+        top = svc.push_horizon(self.stream.name, self.push) \
+            if svc.push_horizon is not None and self.push in svc.tapped else None
         for _ in range(BATCH_PER_TICK):
             if len(self._fc_outstanding) >= FC_MAX_OUTSTANDING:
                 return False
             seq, redelivery = self.next_seq()
-            if not seq:
-                return False
+            if not seq or (top is not None and seq > top):
+                return False  # (past the horizon: kicked when it rises)
             sent = self.deliver(seq, redelivery, self.push)
             if self.cfg.get("flow_control"):
                 self._fc_bytes += sent

@@ -4,7 +4,11 @@ Declared here so that no extension reaches into JetStream by a private name, or 
 - `TapHook` (`JetStreamService.install_tap(tap, prefix)`): a delivery or status message for a subject under
   `prefix` (the installer's own subjects: the zone router's `$ZR.D.` inboxes of pull requests that a proxy
   in another zone serves) is handed to the hook instead of being published; True when taken. JetStream
-  knows no prefix of its own: without a tap nothing is taken.
+  knows no prefix of its own: without a tap nothing is taken. `JetStreamService.tap_subject(subject, on)` adds
+  (or removes) one subject the tap takes as well: a push consumer's deliver subject that a proxy serves.
+- `PushHorizon` (`JetStreamService.push_horizon`): (stream, deliver subject) -> the highest stream sequence a push
+  consumer may deliver to a tapped deliver subject now (None: no limit); asked once per delivery round of a
+  push consumer whose deliver subject is tapped. The consumer is kicked when it may rise.
 - `VisibleHook` (`JetStreamService.on_visible_hook`): a shared stream's store made messages visible.
 - `TailHook` (`JetStreamService.on_tail_hook`): records were appended to a shared stream's replicated tail.
 - `StoredHook` (`JetStreamService.on_stored_hook`): a shared stream's store wrote a batch with messages (its
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
     from zonebus.meta import MetaGroup
     from zonebus.stream.stream import Stream
 
-__all__ = ["ApiHook", "Horizon", "MetaFormedHook", "ShownForwarder", "StoredHook", "TailHook", "TapHook",
+__all__ = ["ApiHook", "Horizon", "MetaFormedHook", "PushHorizon", "ShownForwarder", "StoredHook", "TailHook", "TapHook",
            "VisibleHook"]
 
 MetaFormedHook = Callable[["MetaGroup"], None]
@@ -63,6 +67,7 @@ class StoredHook(Protocol):
 
 
 Horizon = Callable[[], "int | None"]
+PushHorizon = Callable[[str, str], "int | None"]
 
 
 class ApiHook(Protocol):

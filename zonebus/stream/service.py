@@ -52,7 +52,7 @@ from zonebus.stream import direct, localdocs, reads
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.domain import DomainAPI
-from zonebus.stream.hooks import StoredHook, TailHook, TapHook, VisibleHook
+from zonebus.stream.hooks import PushHorizon, StoredHook, TailHook, TapHook, VisibleHook
 from zonebus.stream.stream import Stream
 
 if TYPE_CHECKING:
@@ -101,6 +101,9 @@ class JetStreamService:
         # runs when a shared stream's store releases a batch with messages
         self.tap: TapHook | None = None
         self.tap_prefix = "\x00"  # the subjects `tap` may take: set by `install_tap`, none before
+        self.tapped: set[str] = set()  # deliver subjects `tap` takes as well (`tap_subject`)
+        # the highest sequence a push consumer may deliver to a tapped deliver subject now (None: no limit)
+        self.push_horizon: PushHorizon | None = None
         self.on_visible_hook: VisibleHook | None = None
         self.on_tail_hook: TailHook | None = None  # records were appended to a replicated tail
         self.on_stored_hook: StoredHook | None = None  # a batch with messages was stored
@@ -207,16 +210,24 @@ class JetStreamService:
         self.tap = tap
         self.tap_prefix = prefix
 
+    def tap_subject(self, subject: str, on: bool = True) -> None:
+        """What JetStream sends to `subject` (a push consumer's deliver subject) goes to the tap first as well
+        (`on`), or no longer (`zonebus.stream.hooks`)."""
+        if on:
+            self.tapped.add(subject)
+        else:
+            self.tapped.discard(subject)
+
     def send(self, subject: str, payload: bytes, reply: str | None = None, headers: bytes | None = None) -> None:
-        if self.tap is not None and subject.startswith(self.tap_prefix) and self.tap(subject, None, payload, reply,
-                                                                                    headers):
+        if self.tap is not None and (subject.startswith(self.tap_prefix) or subject in self.tapped) \
+                and self.tap(subject, None, payload, reply, headers):
             return  # zone router hook
         self.client.publish(subject, payload, reply, headers)
 
     def deliver(self, to: str, msg_subject: str, payload: bytes, reply: str | None, headers: bytes | None) -> None:
         """Send a stored message to `to` (deliver subject or pull inbox), keeping its stream subject."""
-        if self.tap is not None and to.startswith(self.tap_prefix) and self.tap(to, msg_subject, payload, reply,
-                                                                               headers):
+        if self.tap is not None and (to.startswith(self.tap_prefix) or to in self.tapped) \
+                and self.tap(to, msg_subject, payload, reply, headers):
             return  # zone router hook
         self.client.publish(to, payload, reply, headers, msg_subject=msg_subject)
 

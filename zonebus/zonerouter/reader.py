@@ -10,7 +10,10 @@ request's later records, or another request's, never overtake one whose messages
 snapshot, so deliveries keep the leader's order (stream and consumer sequences). Direct gets are answered from
 the snapshot alone; message gets (`STREAM.MSG.GET`) from the snapshot once it applied the leader's newest
 batch, which a `Sync` asks for. Acks (`+ACK`, `-NAK`, `+TERM`, `+WPI`) are gathered for at most `ACK_LINGER` and
-sent as ranges (`Acks`); an ack that asked for a reply is answered once the leader applied it.
+sent as ranges (`Acks`); an ack that asked for a reply is answered once the leader applied it. A push consumer
+created here (`push_create`: KV watch, object-store get, push subscriptions) is served the same way: the leader's
+`Pushed` records name its deliveries and status messages (flow-control requests with their replies, heartbeats),
+and this side publishes them to the deliver subject in its own lane, in order.
 With a replicated tail, each snapshot keeps the tail it holds in this server's files of it (`heldtail`, under
 `tail_dir`, read back at start by `load_held`), and a new writer's tail query (`tail`) is answered with the
 longer of the snapshot's and the files' records: after a restart the files answer while no snapshot runs yet.
@@ -46,12 +49,14 @@ SYNC_TIMEOUT = 2.0  # seconds a message get waits for the leader's `Synced` befo
 
 
 class _Req:
-    __slots__ = ("rid", "reply", "stream", "consumer", "leader", "queued", "expires")
+    __slots__ = ("rid", "reply", "stream", "consumer", "leader", "queued", "expires", "push")
 
-    def __init__(self, rid: int, reply: str, stream: str, consumer: str, leader: str, expires: float) -> None:
+    def __init__(self, rid: int, reply: str, stream: str, consumer: str, leader: str, expires: float,
+                 push: bool = False) -> None:
         self.rid, self.reply, self.stream, self.consumer, self.leader = rid, reply, stream, consumer, leader
         self.queued = 0  # its `Deliveries` records waiting in its consumer's lane
         self.expires = expires  # monotonic time after which it is forgotten
+        self.push = push  # a push consumer's registration (`reply` is its deliver subject), not a pull request
 
 
 class _Lane:
@@ -61,7 +66,7 @@ class _Lane:
     __slots__ = ("queue", "task")
 
     def __init__(self) -> None:
-        self.queue: deque[tuple[_Req, rf.Deliveries]] = deque()
+        self.queue: deque[tuple[_Req, rf.Deliveries | rf.Pushed]] = deque()
         self.task: asyncio.Task | None = None
 
 
@@ -92,13 +97,15 @@ class Reader:
         self.own: tuple[bytes, SentBatches] | None = None  # this server's channel and its proxy's sent batches
         self.min_epochs: dict[str, int] = {}  # stream -> a new writer took the tail: older writers are ignored
         self.reqs: dict[int, _Req] = {}
+        self.pushes: dict[int, _Req] = {}  # push consumers created here of streams led elsewhere (`push_create`)
         self.lanes: dict[tuple[str, str, str], _Lane] = {}  # (leader, stream, consumer) -> its lane
         self._next = 0
         self.acks: dict[str, _AckBatch] = {}  # leader -> acks being gathered
         self.ack_waiters: dict[int, list[str]] = {}  # ack batch id -> replies to answer
         self._next_bid = 0
         self.stats = {"pulls": 0, "delivered": 0, "delivered_bytes": 0, "missing": 0, "acks": 0, "ack_frames": 0,
-                      "direct_gets": 0, "msg_gets": 0, "msg_gets_to_leader": 0}
+                      "direct_gets": 0, "msg_gets": 0, "msg_gets_to_leader": 0, "push_creates": 0,
+                      "push_delivered": 0}
         self._tasks: set[asyncio.Task] = set()
 
     # -- snapshots -----------------------------------------------------------------------------------
@@ -142,9 +149,11 @@ class Reader:
         req = self.reqs.get(d.rid)
         if req is None or req.leader != peer:
             return
-        req.queued += 1
         req.expires = max(req.expires, time.monotonic() + REQUEST_TTL)
-        key = (req.leader, req.stream, req.consumer)
+        self._enqueue((req.leader, req.stream, req.consumer), req, d)
+
+    def _enqueue(self, key: tuple[str, str, str], req: _Req, d: rf.Deliveries | rf.Pushed) -> None:
+        req.queued += 1
         lane = self.lanes.get(key)
         if lane is None:
             lane = self.lanes[key] = _Lane()
@@ -164,11 +173,11 @@ class Reader:
                 log.exception("zone router: serving deliveries of %s > %s failed", req.stream, req.consumer)
             req.queued -= 1
             if d.done:
-                self.reqs.pop(req.rid, None)
+                (self.pushes if req.push else self.reqs).pop(req.rid, None)
         if self.lanes.get(key) is lane:
             del self.lanes[key]
 
-    async def _deliver(self, req: _Req, snap: Snapshot, d: rf.Deliveries) -> None:
+    async def _deliver(self, req: _Req, snap: Snapshot, d: rf.Deliveries | rf.Pushed) -> None:
         items = [x for run in d.runs for x in rf.expand(run)]
         if items:
             msgs = await snap.read([x[0] for x in items])
@@ -184,10 +193,35 @@ class Reader:
                     data = b""
                 ack = f"{prefix}{count}.{sseq}.{dseq}.{msg.ts}.{pending}"
                 self.publish(req.reply, data, ack, hdrs, msg.subject)
-                self.stats["delivered"] += 1
+                self.stats["push_delivered" if req.push else "delivered"] += 1
                 self.stats["delivered_bytes"] += len(data)
-        for status in d.statuses:
-            self.publish(req.reply, b"", None, status, None)
+        for status, reply in d.status_msgs():
+            self.publish(req.reply, b"", reply, status, None)
+
+    # -- push consumers ------------------------------------------------------------------------------
+    def push_create(self, stream: str, deliver: str, subject: str, reply: str, headers: bytes | None,
+                    payload: bytes, leader: str) -> bool:
+        """A client here creates a push consumer of `stream` delivering to `deliver`: the request goes to the
+        leader with a registration of its deliver subject for this proxy (`pushserving`), so that the consumer's
+        deliveries come as `Pushed` records and their payloads are read here; False when it cannot be sent (the
+        caller forwards the request as usual)."""
+        self.snapshot(stream)
+        self._next += 1
+        pid = self._next
+        frame = rf.PushCreate(pid, stream, deliver, subject, reply, headers or b"", payload).encode()
+        if not self.send(leader, frame):
+            return False
+        self.pushes[pid] = _Req(pid, deliver, stream, "", leader, float("inf"), push=True)
+        self.stats["push_creates"] += 1
+        return True
+
+    def on_pushed(self, peer: str, d: rf.Pushed) -> None:
+        req = self.pushes.get(d.pid)
+        if req is None or req.leader != peer:
+            return
+        if d.consumer:
+            req.consumer = d.consumer
+        self._enqueue((req.leader, req.stream, f"\x00push {req.rid}"), req, d)  # (one lane per registration)
 
     # -- direct gets ---------------------------------------------------------------------------------
     def direct_get(self, stream: str, key: str, payload: bytes, reply: str) -> None:
@@ -354,9 +388,10 @@ class Reader:
         return disk if len(disk) > len(got) else got
 
     def leader_down(self, leader: str) -> None:
-        for rid, req in list(self.reqs.items()):
-            if req.leader == leader and not req.queued:
-                del self.reqs[rid]
+        for reqs in (self.reqs, self.pushes):
+            for rid, req in list(reqs.items()):
+                if req.leader == leader and not req.queued:
+                    del reqs[rid]
 
     async def expire(self) -> None:
         now = time.monotonic()
@@ -365,6 +400,9 @@ class Reader:
                 del self.reqs[rid]
         if len(self.ack_waiters) > 10_000:
             self.ack_waiters.clear()
+        for name in {req.stream for req in self.pushes.values()}:  # (a push consumer may be idle a long while)
+            if name in self.snapshots:
+                self.snapshots[name].used = time.monotonic()
         for name, snap in list(self.snapshots.items()):
             if snap.idle:
                 del self.snapshots[name]
@@ -380,7 +418,8 @@ class Reader:
                     await lane.task
 
     def info(self) -> dict[str, Any]:
-        return {**self.stats, "requests": len(self.reqs), "held_bytes": sum(len(h) for h in self.held.values()),
+        return {**self.stats, "requests": len(self.reqs), "push_consumers": len(self.pushes),
+                "held_bytes": sum(len(h) for h in self.held.values()),
                 "held_files": {n: {"bytes": len(h), **h.stats} for n, h in sorted(self.held.items())},
                 "snapshots": {n: s.info() for n, s in sorted(self.snapshots.items())}}
 

@@ -33,6 +33,14 @@ Cross zones (proxy <-> leader), all small:
   2 the store's object is whole, 3 no checked copy here, 4 not in the chain any more, 5 the PUT failed); the
   proxy then polls again and reads the object from the store anew.
 
+- 20 push create (proxy -> leader): push id u64, stream, deliver subject, then a client's consumer create
+  request with that `deliver_subject`, as an API hand-off's subject, reply, headers and payload (u16, u16, u32,
+  u32 lengths first): the leader registers the deliver subject for the proxy, then serves the request
+  (`pushserving`);
+- 21 pushed (leader -> proxy): push id u64, flags u8 (1 done: the registration ended, 2 headers only), consumer
+  name, runs u16 and runs as in deliveries, statuses u8, then per status a u16-prefixed NATS status header
+  block and its u16-prefixed reply (a flow-control request's; empty for heartbeats).
+
 Inside one zone:
 - 11 API hand-off (a server -> its zone's proxy): a client's pull request or ack, as subject, reply,
   headers and payload (u16, u16, u32, u32 lengths first).
@@ -49,6 +57,7 @@ from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
 
 POLL, SNAP, PULL, DELIVER, ACKS, ACKED, API, SYNC, SYNCED = 5, 6, 7, 8, 9, 10, 11, 12, 13
 REPAIR, REPAIRED = 18, 19  # (14 and 17 are `records`' inline batches, 15-16 `tailrecovery`'s)
+PUSH, PUSHED = 20, 21
 DONE, HEADERS_ONLY = 1, 2
 SNAP_OK, SNAP_NOT_LEADER, SNAP_ASK_LEADER = 0, 1, 2  # (2: a sync the view would not catch up with soon)
 REPAIR_DONE, REPAIR_NOT_LEADER, REPAIR_WHOLE, REPAIR_NO_COPY, REPAIR_GONE, REPAIR_FAILED = 0, 1, 2, 3, 4, 5
@@ -277,6 +286,69 @@ class Deliveries:
     @property
     def done(self) -> bool:
         return bool(self.flags & DONE)
+
+    def status_msgs(self) -> tuple[tuple[bytes, str | None], ...]:
+        """The status messages with their replies (a pull request's have none)."""
+        return tuple((s, None) for s in self.statuses)
+
+
+@dataclass(frozen=True)
+class PushCreate:
+    pid: int
+    stream: str
+    deliver: str
+    subject: str
+    reply: str
+    headers: bytes
+    payload: bytes
+
+    def encode(self) -> bytes:
+        s, r = self.subject.encode(), self.reply.encode()
+        return b"".join((_head(PUSH), _U64.pack(self.pid), _s(self.stream), _s(self.deliver),
+                         _APIHEAD.pack(len(s), len(r), len(self.headers), len(self.payload)),
+                         s, r, self.headers, self.payload))
+
+    @classmethod
+    def decode(cls, frame: bytes) -> PushCreate:
+        r = _Reader(frame)
+        pid, stream, deliver = r.take(_U64)[0], r.text(), r.text()
+        a, b, c, d = r.take(_APIHEAD)
+        if r.left() != a + b + c + d:
+            raise RecordError("push create lengths do not add up")
+        return cls(pid, stream, deliver, r.sized(a).decode(), r.sized(b).decode(), r.sized(c), r.sized(d))
+
+
+@dataclass(frozen=True)
+class Pushed:
+    pid: int
+    flags: int
+    consumer: str
+    runs: tuple[Run, ...]
+    statuses: tuple[tuple[bytes, str], ...] = ()  # (header block, reply or "")
+
+    def encode(self) -> bytes:
+        parts = [_head(PUSHED), _U64.pack(self.pid), _U8.pack(self.flags), _s(self.consumer),
+                 _U16.pack(len(self.runs))]
+        parts += [_RUN.pack(*run) for run in self.runs]
+        parts.append(_U8.pack(len(self.statuses)))
+        for hdr, reply in self.statuses:
+            parts += (_s(hdr), _s(reply))
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, frame: bytes) -> Pushed:
+        r = _Reader(frame)
+        pid, flags, consumer, n = r.take(_U64)[0], r.take(_U8)[0], r.text(), r.take(_U16)[0]
+        runs = tuple(r.take(_RUN) for _ in range(n))
+        statuses = tuple((r.raw(), r.text()) for _ in range(r.take(_U8)[0]))
+        return cls(pid, flags, consumer, runs, statuses)  # type: ignore[arg-type]
+
+    @property
+    def done(self) -> bool:
+        return bool(self.flags & DONE)
+
+    def status_msgs(self) -> tuple[tuple[bytes, str | None], ...]:
+        return tuple((h, reply or None) for h, reply in self.statuses)
 
 
 def add_run(runs: list[list[int]], sseq: int, dseq: int, count: int, pending: int) -> None:

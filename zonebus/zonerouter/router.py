@@ -34,6 +34,7 @@ from zonebus.zonerouter.leader import LeaderSide
 from zonebus.zonerouter.linkrefs import LinkPins
 from zonebus.zonerouter.paths import LINK, PathChooser, level_for
 from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
+from zonebus.zonerouter.pushserving import push_deliver, stream_of_create
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
 from zonebus.zonerouter.spread import TailSpread
@@ -87,6 +88,8 @@ class ZoneRouter:
         js.svc.on_visible_hook = self.serving.on_visible
         js.svc.on_tail_hook = self.serving.on_tail
         js.svc.on_stored_hook = self.serving.on_stored
+        js.svc.push_horizon = self.serving.pushes.horizon
+        self.serving.pushes.api = self._push_api
         self.serving.spread = TailSpread(self.opts.zone_router_spread, self.serving.reader_lag,
                                          self.serving.on_joined)
         self.tails: TailRecovery | None = None
@@ -389,7 +392,8 @@ class ZoneRouter:
         zone's proxy for the leader (here, or a hand-off inside the zone); True when taken."""
         direct_get = subject.startswith(DIRECT_PREFIX)
         msg_get = subject.startswith(MSG_GET_PREFIX) and subject.count(".") == 5 and bool(reply)
-        if not direct_get and not msg_get and (not subject.startswith(PULL_PREFIX) or subject.count(".") != 6):
+        pull = subject.startswith(PULL_PREFIX) and subject.count(".") == 6
+        if not direct_get and not msg_get and not pull and not push_deliver(subject, payload):
             return False
         target = self.stream_target(stream)
         if target is None:
@@ -419,6 +423,14 @@ class ZoneRouter:
             else:
                 self._msg_get_to_leader(toks[5], subject, reply, headers, payload)
             return True
+        deliver = push_deliver(subject, payload)
+        if deliver:  # a push consumer's create: its deliveries are served here if the leader takes it
+            target = self.stream_target(stream_of_create(toks))
+            if target is None or not self.reader.push_create(target[0], deliver, subject, reply, headers, payload,
+                                                             target[1]):
+                self.js.to_leader(stream_of_create(toks), subject, reply, headers, payload,
+                                  "consumer_create_response")
+            return True
         target = self.stream_target(toks[2] if subject.startswith(ACK_PREFIX) else toks[5] if len(toks) > 5 else "")
         if subject.startswith(ACK_PREFIX):
             if target is None or not self.reader.ack(subject, reply or None, payload, target[1]):
@@ -428,6 +440,11 @@ class ZoneRouter:
             return True
         self.js.to_leader(toks[5], subject, reply, headers, payload, "")
         return True
+
+    def _push_api(self, stream: str, subject: str, reply: str, headers: bytes | None, payload: bytes) -> None:
+        """Leader side: a push consumer's create request that a proxy sent (after registering its deliver
+        subject), served as if it came over a route."""
+        self.js.to_leader(stream, subject, reply, headers, payload, "consumer_create_response")
 
     def _msg_get_to_leader(self, stream: str, subject: str, reply: str, headers: bytes | None,
                            payload: bytes) -> None:
@@ -495,6 +512,8 @@ class ZoneRouter:
                 self.reader.on_snap(snap)
             elif kind == rf.DELIVER:
                 self.reader.on_deliveries(peer, rf.Deliveries.decode(frame))
+            elif kind == rf.PUSHED:
+                self.reader.on_pushed(peer, rf.Pushed.decode(frame))
             elif kind == rf.ACKED:
                 self.reader.on_acked(rf.acked_id(frame))
             elif kind == rf.SYNCED:
@@ -544,6 +563,7 @@ class ZoneRouter:
             out["links"] = self.pins.info()
         if self.js.copies is not None:
             out["batch_copies"] = dict(self.js.copies.stats)
-        out["serving"] = {**self.serving.stats, "requests": len(self.serving.reqs),
+        out["serving"] = {**self.serving.stats, **self.serving.pushes.info(), "requests": len(self.serving.reqs),
                           "spread": self.serving.spread.info()}
         return out
+

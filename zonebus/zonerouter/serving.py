@@ -17,6 +17,8 @@
   records of one turn in the order of their first delivery (the consumer's order). Consumer state (cursor,
   pending acks, redelivery timers, num_pending) never leaves the consumer.
 - Acks: ranges are applied one by one through the consumer's own `on_ack`.
+- Push consumers created from another zone (`pushserving.PushServer`): their deliveries and statuses go to the
+  proxy as `Pushed` records, as pull requests' do.
 - Syncs (a proxy answers a `STREAM.MSG.GET` from its snapshot): the stream's newest batch (maybe still open),
   at once; the proxy answers once its view has applied that batch, so it shows every change made before
   (what was acknowledged, deletes included).
@@ -38,6 +40,7 @@ import zstandard
 from zonebus.store import sharedlayout as L
 from zonebus.zonerouter import readframes as rf
 from zonebus.zonerouter.paths import ZSTD_LEVEL
+from zonebus.zonerouter.pushserving import PushServer
 from zonebus.zonerouter.records import RecordError
 from zonebus.zonerouter.spread import READERS_GONE, TailSpread
 from zonebus.zonerouter.tailrefs import Origins
@@ -97,6 +100,7 @@ class ReadServer:
         self.level = ZSTD_LEVEL  # zstd level of the tail parts (the router sets the routes' level)
         # which proxies get a stream's tail as written (`zone_router_spread`)
         self.spread = TailSpread(lag=self.reader_lag, joined=self.on_joined)
+        self.pushes = PushServer(svc, send, self._push_horizon)  # push consumers served by proxies
         # (stream, proxy) -> consumer -> (messages it was behind at its last pull request, whether it had read
         # everything stored, when): `reader_lag`
         self._lags: dict[tuple[str, str], dict[str, tuple[int, bool, float]]] = {}
@@ -193,6 +197,7 @@ class ReadServer:
             if cons.stream.name == name and id(cons) not in kicked:
                 kicked.add(id(cons))
                 cons.kick()
+        self.pushes.kick(name)
 
     def on_tail(self, stream: Stream) -> None:
         """Store hook: records were appended to a replicated tail; the held polls of replicas get them."""
@@ -225,6 +230,7 @@ class ReadServer:
                 self.origins.drop(name)  # no longer led here: a new leader keeps its own
             else:
                 self.origins.prune(name, store.durable_seq)
+        self.pushes.sweep()
 
     def on_joined(self, name: str) -> None:
         self.svc.loop.call_soon(self.kick, name)  # (after the answer that brings that proxy the tail)
@@ -238,6 +244,8 @@ class ReadServer:
         for req in self.reqs.values():  # a request still waiting (a long poll at the head) is a fresh reading
             if req.peer == peer and req.cons.stream.name == name:
                 self._note_lag(name, peer, req.cons)
+        for cons in self.pushes.readers(name, peer):  # push consumers deliver as they can: readings too
+            self._note_lag(name, peer, cons)
         lags = self._lags.get((name, peer))
         if not lags:
             return None
@@ -247,6 +255,11 @@ class ReadServer:
         if not lags:
             return None
         return min(lag for lag, _, _ in lags.values()), any(stored for _, stored, _ in lags.values())
+
+    def _push_horizon(self, name: str, peer: str) -> int | None:
+        """The highest sequence of stream `name` that `peer`'s proxy reads now (`spread`; None: no limit)."""
+        top = self.spread.horizon(name, self._store(name), peer)
+        return top() if top is not None else None
 
     def _note_lag(self, name: str, peer: str, cons: Any) -> None:
         """A pull request came: how far its consumer is behind (`reader_lag`)."""
@@ -341,9 +354,10 @@ class ReadServer:
 
     def tap(self, to: str, msg_subject: str | None, payload: bytes, reply: str | None,
             headers: bytes | None) -> bool:
-        """JetStream service hook: a delivery or status message for `$ZR.D.<id>`; True when taken."""
+        """JetStream service hook: a delivery or status message for `$ZR.D.<id>` (or a push consumer's deliver
+        subject a proxy serves: `pushes`); True when taken."""
         if not to.startswith(REPLY_PREFIX):
-            return False
+            return self.pushes.tap(to, msg_subject, payload, reply, headers)
         try:
             req = self.reqs.get(int(to[len(REPLY_PREFIX):]))
         except ValueError:
@@ -417,6 +431,7 @@ class ReadServer:
                     req.cons.waiting.finish(req.pull, None)
         for key in [k for k in self._ctx if k[0] == peer]:
             del self._ctx[key]
+        self.pushes.peer_down(peer)
         for name, waiting in list(self.held.items()):
             keep = [h for h in waiting if h.peer != peer]
             for h in waiting:
@@ -518,6 +533,8 @@ class ReadServer:
                 self.on_sync(peer, rf.Sync.decode(frame))
             elif kind == rf.REPAIR:
                 self.on_repair(peer, rf.Repair.decode(frame))
+            elif kind == rf.PUSH:
+                self.pushes.on_create(peer, rf.PushCreate.decode(frame))
             else:
                 return False
         except (RecordError, UnicodeDecodeError) as exc:
