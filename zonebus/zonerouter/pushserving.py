@@ -16,7 +16,9 @@ objects (`spread`) gives the consumer a horizon (`JetStreamService.push_horizon`
 stored sequence until a batch is stored or the proxy joins the tail (then it is kicked). A registration ends when
 its consumer is gone (deleted, or an ephemeral one after its inactive threshold), when no consumer took the
 deliver subject within `BIND_TIMEOUT` (its create failed), or when the proxy's link goes down; from then on the
-subject's messages are published as usual. Runs on the event loop.
+subject's messages are published as usual. After a failover (or a lost link) the proxy registers the deliver
+subject with the stream's new leader, without a create request: a durable consumer that lives on there is
+served by the proxy again. Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class PushServer:
         self.by_subject[pc.deliver] = _Push(peer, pc.pid, pc.stream, pc.deliver, self.svc.loop.time())
         self.svc.tap_subject(pc.deliver)
         self.stats["push_creates"] += 1
-        if self.api is not None:
+        if self.api is not None and pc.subject:  # (none: a registration that follows a new leader)
             self.api(pc.stream, pc.subject, pc.reply, pc.headers or None, pc.payload)
 
     def horizon(self, stream: str, deliver: str) -> int | None:

@@ -105,7 +105,7 @@ class Reader:
         self._next_bid = 0
         self.stats = {"pulls": 0, "delivered": 0, "delivered_bytes": 0, "missing": 0, "acks": 0, "ack_frames": 0,
                       "direct_gets": 0, "msg_gets": 0, "msg_gets_to_leader": 0, "push_creates": 0,
-                      "push_delivered": 0}
+                      "push_delivered": 0, "push_follows": 0}
         self._tasks: set[asyncio.Task] = set()
 
     # -- snapshots -----------------------------------------------------------------------------------
@@ -388,10 +388,24 @@ class Reader:
         return disk if len(disk) > len(got) else got
 
     def leader_down(self, leader: str) -> None:
-        for reqs in (self.reqs, self.pushes):
-            for rid, req in list(reqs.items()):
-                if req.leader == leader and not req.queued:
-                    del reqs[rid]
+        for rid, req in list(self.reqs.items()):
+            if req.leader == leader and not req.queued:
+                del self.reqs[rid]
+        for req in self.pushes.values():  # registered again with the stream's leader once known (`expire`)
+            if req.leader == leader:
+                req.leader = ""
+
+    def _push_follow(self) -> None:
+        """Push registrations follow their stream's leader: after a failover (or a lost link) the deliver
+        subject is registered with the leader of the moment, without a create request (the consumer, if it
+        lives on, is there already); the leader ends a registration no consumer takes."""
+        for req in self.pushes.values():
+            leader = self.leader_of(req.stream)
+            if leader is None or leader == req.leader:
+                continue
+            if self.send(leader, rf.PushCreate(req.rid, req.stream, req.reply, "", "", b"", b"").encode()):
+                req.leader = leader
+                self.stats["push_follows"] += 1
 
     async def expire(self) -> None:
         now = time.monotonic()
@@ -400,6 +414,7 @@ class Reader:
                 del self.reqs[rid]
         if len(self.ack_waiters) > 10_000:
             self.ack_waiters.clear()
+        self._push_follow()
         for name in {req.stream for req in self.pushes.values()}:  # (a push consumer may be idle a long while)
             if name in self.snapshots:
                 self.snapshots[name].used = time.monotonic()

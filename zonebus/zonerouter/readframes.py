@@ -36,7 +36,7 @@ Cross zones (proxy <-> leader), all small:
 - 20 push create (proxy -> leader): push id u64, stream, deliver subject, then a client's consumer create
   request with that `deliver_subject`, as an API hand-off's subject, reply, headers and payload (u16, u16, u32,
   u32 lengths first): the leader registers the deliver subject for the proxy, then serves the request
-  (`pushserving`);
+  (`pushserving`; an empty subject: a registration only, with a stream's new leader);
 - 21 pushed (leader -> proxy): push id u64, flags u8 (1 done: the registration ended, 2 headers only), consumer
   name, runs u16 and runs as in deliveries, statuses u8, then per status a u16-prefixed NATS status header
   block and its u16-prefixed reply (a flow-control request's; empty for heartbeats).
