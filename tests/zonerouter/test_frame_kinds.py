@@ -59,3 +59,7 @@ def test_push_frames_round_trip() -> None:
     assert back.status_msgs()[0][1] == "$JS.FC.KV_CFG.c1.2" and back.status_msgs()[1][1] is None
     with pytest.raises(records.RecordError):
         rf.PushCreate.decode(create.encode()[:-3])
+    handoff = rf.ApiHandoff("$JS.API.CONSUMER.MSG.NEXT.S.c", "_INBOX.r", b"NATS/1.0\r\n\r\n", b'{"batch":5}')
+    assert rf.ApiHandoff.decode(handoff.encode()) == handoff  # (the same request layout inside one zone)
+    with pytest.raises(records.RecordError):
+        rf.ApiHandoff.decode(handoff.encode() + b"x")

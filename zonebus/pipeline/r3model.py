@@ -26,10 +26,12 @@ the comparison only when the ledger has storage rows (streams on a shared store)
 `--streams` is (`zonebus.pipeline.bill.compute`).
 
 The default compression ratio, 0.4, is an assumption, not a measurement (what S2 achieves depends on the payloads);
-`zonebus cost report --streams URL` measures it instead on the streams' own messages with Snappy (S2's
-subset, pyarrow's codec), route-framed, in blocks of the messages one route write would carry at the stream
-rate of each ledger window (`write_msgs`, weighed by the window's bytes: `write_mix`), and
-`--r3-compression-ratio` sets it.
+`zonebus cost report --streams URL` measures it instead on the streams' own messages, route-framed, in blocks of
+the messages one route write would carry at the stream rate of each ledger window (`write_msgs`, weighed by the
+window's bytes: `write_mix`), and `--r3-compression-ratio` sets it. PyPI has no S2 codec; the measure uses zstd's
+fast mode at `STANDIN_LEVEL` as S2 best's stand-in (`standin_size`): like S2 it gains little on a message or two
+and much on large blocks. Snappy, S2's subset, cannot stand in for `s2_best`: on large blocks it compresses
+about a fifth worse (the cost report was 14-17% over nats-server's bursts with it).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
+import zstandard
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -50,6 +52,7 @@ REPLICAS = 3
 SAMPLE_FRAMES = 4096  # messages compressed to measure the ratio
 BATCH_BYTES = 64 * 1024  # a route write carries at most about this much
 COALESCE_S = 0.005  # a stream's messages that reach a route within this long leave in one write (see below)
+STANDIN_LEVEL = -3  # zstd's fast mode: the stand-in for nats-server's `s2_best` (`standin_size`)
 
 
 def matches(prefix: str, pattern: str) -> bool:
@@ -128,15 +131,16 @@ def r3_bill(traffic: dict[str, int], zones: int, ratio: float, prices: Prices,
     }
 
 
-def write_msgs(rate: float) -> int:
-    """Messages per route write at `rate` stream messages per second: those that arrive within `COALESCE_S`.
+def write_msgs(rate: float) -> float:
+    """Messages per route write at `rate` stream messages per second: those that arrive within `COALESCE_S`
+    (at least one; a fraction between two counts is measured at both and interpolated, `mixed_ratio`).
     S2 compresses each write as one block, so a slow stream's writes (a message or two, the case of clients
-    that await each PubAck) compress far worse than a burst's. The window is fitted to nats-server 2.15 in
-    `bench/whole_bill.py` (R3, `s2_best`, 1 KiB JSON; 2026-11-28): with 3 ms the model was 22% over the
-    steady run's measured bill (560 msgs/s) and 11% over the burst's (about 2,400 msgs/s); 5 ms (3 and 12
-    messages a write there) puts both within about 5% of that run. nats-server's own figure moves by about 10%
-    between runs (where it places its R3 leader)."""
-    return max(1, round(rate * COALESCE_S))
+    that await each PubAck) compress far worse than a burst's. The window and the stand-in were fitted to
+    nats-server 2.15 in `bench/whole_bill.py` (R3, `s2_best`, 1 KiB JSON): on 2026-11-28, with Snappy, 5 ms put
+    the model within about 5% of one run of each workload; on 2026-12-01, against nats-server's bill expected
+    over its consumer elections, Snappy at 5 ms was +2.5% (steady, 580 msgs/s) and +14-17% (burst, about 3,700
+    msgs/s), and zstd at level -3 at 5 ms (interpolated) within about 2% of both on the bench's messages."""
+    return max(1.0, rate * COALESCE_S)
 
 
 def write_mix(traffic: DataFrame, subjects: Sequence[str]) -> dict[int, int]:
@@ -153,28 +157,50 @@ def write_mix(traffic: DataFrame, subjects: Sequence[str]) -> dict[int, int]:
             w[0] += int(r[S.MSGS] or 0)
             w[1] += int(r[S.BYTES] or 0)
             w[2] = max(w[2], float(r["iv"] or 0))
-    mix: dict[int, int] = {}
+    mix: dict[float, int] = {}
     for msgs, nbytes, interval in windows.values():
         if nbytes:
-            k = write_msgs(msgs / interval if interval > 0 else 0.0)
+            k = round(write_msgs(msgs / interval if interval > 0 else 0.0), 1)
             mix[k] = mix.get(k, 0) + int(nbytes)
     return mix
 
 
-def mixed_ratio(payloads: Sequence[tuple[str, bytes]], mix: dict[int, int]) -> float | None:
-    """`measure_ratio` at each messages-per-write of `mix`, weighed by its bytes (None without messages)."""
+def mixed_ratio(payloads: Sequence[tuple[str, bytes]], mix: dict[float, int]) -> float | None:
+    """`measure_ratio` at each messages-per-write of `mix` (a fraction: interpolated between the whole counts
+    around it), weighed by its bytes (None without messages)."""
     total = sum(mix.values())
     if not total:
         return measure_ratio(payloads)
-    parts = [(measure_ratio(payloads, k), n) for k, n in mix.items()]
-    if any(r is None for r, _ in parts):
-        return None
-    return sum(r * n for r, n in parts if r is not None) / total
+    measured: dict[int, float | None] = {}
+
+    def at(k: int) -> float | None:
+        if k not in measured:
+            measured[k] = measure_ratio(payloads, k)
+        return measured[k]
+
+    out = 0.0
+    for k, n in mix.items():
+        lo = max(1, int(k))
+        hi, f = (lo + 1, k - lo) if k > lo else (lo, 0.0)
+        r_lo, r_hi = at(lo), at(hi)
+        if r_lo is None or r_hi is None:
+            return None
+        out += ((1 - f) * r_lo + f * r_hi) * n
+    return out / total
+
+
+def standin_size(block: bytes) -> int:
+    """The compressed size of one route write's block, by nats-server's `s2_best`'s stand-in (module doc)."""
+    return len(_STANDIN.compress(block))
+
+
+_STANDIN = zstandard.ZstdCompressor(level=STANDIN_LEVEL)
 
 
 def measure_ratio(payloads: Sequence[tuple[str, bytes]], per_write: int | None = None) -> float | None:
-    """Compressed / raw bytes of route-framed messages (`RMSG $G <subject> <size>\\r\\n<data>\\r\\n`), with
-    Snappy, `per_write` messages a block (None: blocks of about BATCH_BYTES); None without messages."""
+    """Compressed / raw bytes of route-framed messages (`RMSG $G <subject> <size>\\r\\n<data>\\r\\n`), by S2
+    best's stand-in (`standin_size`), `per_write` messages a block (None: blocks of about BATCH_BYTES); None
+    without messages."""
     raw = done = 0
     batch: list[bytes] = []
     size = 0
@@ -183,8 +209,8 @@ def measure_ratio(payloads: Sequence[tuple[str, bytes]], per_write: int | None =
         batch.append(frame)
         size += len(frame)
         if size >= BATCH_BYTES or (per_write is not None and len(batch) >= per_write):
-            raw, done = raw + size, done + len(pa.compress(b"".join(batch), codec="snappy", asbytes=True))
+            raw, done = raw + size, done + standin_size(b"".join(batch))
             batch, size = [], 0
     if batch:
-        raw, done = raw + size, done + len(pa.compress(b"".join(batch), codec="snappy", asbytes=True))
+        raw, done = raw + size, done + standin_size(b"".join(batch))
     return done / raw if raw else None

@@ -247,7 +247,8 @@ def _add_whole_bill(spark: SparkSession, opts: ReportOptions, loc: Any, summary:
         ratio = r3model.mixed_ratio(sample_messages(spark, opts.streams, opts.stream_names, r3model.SAMPLE_FRAMES),
                                     mix)
         writes = ", ".join(f"{k} ({n / max(sum(mix.values()), 1):.0%} of the bytes)" for k, n in sorted(mix.items()))
-        basis = (f"measured: Snappy (S2's subset) on up to {r3model.SAMPLE_FRAMES:,} of the streams' messages, "
+        basis = (f"measured: zstd level {r3model.STANDIN_LEVEL} (S2 best's stand-in) on up to "
+                 f"{r3model.SAMPLE_FRAMES:,} of the streams' messages, "
                  f"route-framed, as many a write as reach a route in {r3model.COALESCE_S * 1e3:g} ms at each ledger "
                  f"window's stream rate: {writes or 'no stream publishes'}")
     if ratio is None:

@@ -303,19 +303,14 @@ class PushCreate:
     payload: bytes
 
     def encode(self) -> bytes:
-        s, r = self.subject.encode(), self.reply.encode()
         return b"".join((_head(PUSH), _U64.pack(self.pid), _s(self.stream), _s(self.deliver),
-                         _APIHEAD.pack(len(s), len(r), len(self.headers), len(self.payload)),
-                         s, r, self.headers, self.payload))
+                         _request(self.subject, self.reply, self.headers, self.payload)))
 
     @classmethod
     def decode(cls, frame: bytes) -> PushCreate:
         r = _Reader(frame)
         pid, stream, deliver = r.take(_U64)[0], r.text(), r.text()
-        a, b, c, d = r.take(_APIHEAD)
-        if r.left() != a + b + c + d:
-            raise RecordError("push create lengths do not add up")
-        return cls(pid, stream, deliver, r.sized(a).decode(), r.sized(b).decode(), r.sized(c), r.sized(d))
+        return cls(pid, stream, deliver, *_request_of(r, "push create"))
 
 
 @dataclass(frozen=True)
@@ -421,22 +416,25 @@ class ApiHandoff:
     payload: bytes
 
     def encode(self) -> bytes:
-        s, r = self.subject.encode(), self.reply.encode()
-        return b"".join((_head(API), _APIHEAD.pack(len(s), len(r), len(self.headers), len(self.payload)),
-                         s, r, self.headers, self.payload))
+        return _head(API) + _request(self.subject, self.reply, self.headers, self.payload)
 
     @classmethod
     def decode(cls, frame: bytes) -> ApiHandoff:
-        r = _Reader(frame)
-        a, b, c, d = r.take(_APIHEAD)
-        pos = r.pos
-        if len(frame) != pos + a + b + c + d:
-            raise RecordError("API hand-off lengths do not add up")
-        out = []
-        for n in (a, b, c, d):
-            out.append(bytes(frame[pos : pos + n]))
-            pos += n
-        return cls(out[0].decode(), out[1].decode(), out[2], out[3])
+        return cls(*_request_of(_Reader(frame), "API hand-off"))
+
+
+def _request(subject: str, reply: str, headers: bytes, payload: bytes) -> bytes:
+    """A client's request (an API hand-off's, a push create's): the four lengths, then the four parts."""
+    s, r = subject.encode(), reply.encode()
+    return b"".join((_APIHEAD.pack(len(s), len(r), len(headers), len(payload)), s, r, headers, payload))
+
+
+def _request_of(r: _Reader, what: str) -> tuple[str, str, bytes, bytes]:
+    """(subject, reply, headers, payload) of a `_request` that ends the frame."""
+    a, b, c, d = r.take(_APIHEAD)
+    if r.left() != a + b + c + d:
+        raise RecordError(f"{what} lengths do not add up")
+    return r.sized(a).decode(), r.sized(b).decode(), r.sized(c), r.sized(d)
 
 
 def ack_token(reply: str) -> tuple[str, str, int, int, int, int, int] | None:
