@@ -399,12 +399,16 @@ async def wait_packed(bench: Bench, stream: str, timeout: float = 40.0) -> None:
 
 def router_bytes(bench: Bench) -> str:
     """Where the router's link bytes went, from each server's /jsz: the replicated tail (records raw ->
-    compressed), the snapshot answers in all, the publish path's batches and their answers."""
+    compressed; `auto`'s joins and leaves; the tail bytes this server's proxy got), the snapshot answers in all,
+    the publish path's batches and their answers."""
     out = []
     for srv in bench.cluster.servers:
         zr = srv.http_get("/jsz").get("zone_router", {})
         sv, px, ld = zr.get("serving", {}), zr.get("proxy", {}), zr.get("leader", {})
+        spread = sv.get("spread", {})
+        got = sum(x.get("tail_bytes", 0) for x in zr.get("reader", {}).get("snapshots", {}).values())
         out.append(f"{srv.info.get('server_name', '?')}: tail {sv.get('tail_bytes', 0)}->{sv.get('tail_wire_bytes', 0)}"
+                   f" (spread joins {spread.get('joins', 0)}, leaves {spread.get('leaves', 0)}; tail got {got})"
                    f" snap {sv.get('snap_bytes', 0)} polls {sv.get('polls', 0)} deliver-frames "
                    f"{sv.get('delivered', 0)} publish {px.get('link_bytes', 0)} answers {ld.get('answer_bytes', 0)}"
                    f" batches {px.get('batches', 0)} (inline {px.get('inline_batches', 0)}, gathered "
