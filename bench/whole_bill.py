@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nats  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig  # noqa: E402
 from nats_placements import election_lines, lead_consumer, nats_bill, sample_elections, wanted_leader  # noqa: E402
-from whole_bill_report import bill_per_gb, cost_report, report_lines  # noqa: E402
+from whole_bill_report import bill_per_gb, cost_report, report_lines, storage_lines  # noqa: E402
 
 from zonebus.pipeline.prices import load_prices  # noqa: E402
 from zonebus.prices import storage_prices  # noqa: E402
@@ -75,7 +75,6 @@ from zonebus.zonerouter.spread import SPREADS  # noqa: E402
 LEADER = "s2"
 BUCKET = "zonebus-whole-bill"
 LEDGER_INTERVAL = 1  # seconds: the zonebus servers' ledger windows (the cost report's check)
-RETENTION_DAYS = 7
 HEAD_RE = re.compile(rb'"pub":"([^"]+)","seq":(\d+),"ts":(\d+)')
 WORDS = ("express", "standard", "parcel", "fragile", "return", "gift", "priority", "bulk", "north", "south",
          "warehouse", "pickup", "invoice", "refund", "backorder", "coupon", "loyalty", "weekend", "door", "dock")
@@ -509,48 +508,12 @@ def print_report(results: list[tuple[Bench, str, dict]], args: argparse.Namespac
             moto = sum(v.get("upstream_ms", 0.0) for v in kinds.values()) / n
             print(f"- S3 stand-in, {b.label}, {w}: {n:,} requests ({n / r['elapsed']:,.0f}/s), mean injected delay "
                   f"{delay:.1f} ms, mean moto answer time {moto:.1f} ms (moto's share is the stand-in's, not S3's)")
-    gb_month = RETENTION_DAYS / 30
-    for b, w, r in results:
-        published = sum(p.bytes for p in r["pubs"])
-        if not published:
-            continue
-        ratio = r["stored"] / published
-        lists = ["ebs-gp3"] if b.impl == "nats" else ["s3-standard", "s3-express"]
-        print(f"- storage kept, {b.label}, {w} (assumption: the stream keeps {RETENTION_DAYS} days; {r['where']}, "
-              f"{ratio:.2f} B stored per B published): " + ", ".join(
-                  f"{n} ${ratio * gb_month * storage_prices(n).storage_per_gb_month:.4f}/GB published"
-                  for n in lists))
-    for line in whole_bill_lines(results):
+    for line in storage_lines(results, lambda w, p: nats_bill(results, w, p)):
         print(line)
     for line in report_lines(results, lambda w, p: nats_bill(results, w, p)):
         print(line)
     print(f"- prices: transfer {load_prices('aws').per_gb_crossing:.3f} $/GB crossing (aws); requests, upload and "
           "retrieval from zonebus.prices s3-standard / s3-express; storage GB-month not in the $/GB columns.")
-
-
-def kept_per_gb(r: dict, prices: str) -> float:
-    """$ per GB published of keeping what the run stored for `RETENTION_DAYS` at `prices`' GB-month rate."""
-    published = sum(p.bytes for p in r["pubs"])
-    return r["stored"] / published * RETENTION_DAYS / 30 * storage_prices(prices).storage_per_gb_month \
-        if published else 0.0
-
-
-def whole_bill_lines(results: list[tuple[Bench, str, dict]]) -> list[str]:
-    """The whole bill (transfer, requests and storage kept `RETENTION_DAYS`) of zonebus at S3 Standard against
-    nats-server's (its bill as `nats_bill` weighs it, plus 3 x EBS gp3), per workload. With no retention the
-    ratio is the $/GB columns'; a day kept lowers it (nats-server keeps three copies on block storage)."""
-    std = storage_prices("s3-standard")
-    lines = []
-    for b, w, r in results:
-        ref = nats_bill(results, w, std)
-        nats_runs = [x for bb, ww, x in results if bb.impl == "nats" and ww == w]
-        if b.impl != "zonebus" or ref is None or not nats_runs:
-            continue
-        ours = bill_per_gb(r, std) + kept_per_gb(r, "s3-standard")
-        theirs = ref[0] + sum(kept_per_gb(x, "ebs-gp3") for x in nats_runs) / len(nats_runs)
-        lines.append(f"- {w}: whole bill with storage kept {RETENTION_DAYS} days: {b.label} ${ours:.4f}/GB (S3 "
-                     f"Standard) / nats-server ${theirs:.4f}/GB ({ref[1]}; 3 x EBS gp3) = {ours / theirs:.2f}x")
-    return lines
 
 
 async def main_async(args: argparse.Namespace) -> None:

@@ -16,6 +16,8 @@ from zonebus.pipeline.prices import load_prices
 from zonebus.prices import StoragePrices, storage_prices
 from zonebus.testing.s3proxy import kind_totals
 
+RETENTION_DAYS = 7  # how long the storage-kept lines assume a stream keeps what it stored
+
 
 def bill_per_gb(res: dict, prices: StoragePrices) -> float:
     """Cross-zone bytes at AWS transfer prices plus the storage requests (and per-GB charges) at `prices`, per GB
@@ -76,4 +78,39 @@ def report_lines(results: list[tuple[Any, str, dict]],
             line += (f"; nats-server R3 ${model:.4f}/GB (report's model, ratio {r3['compression_ratio']:.3f}) vs "
                      f"${measured[0]:.4f}/GB ({measured[1]}): {100 * (model / measured[0] - 1):+.1f}%")
         lines.append(line)
+    return lines
+
+
+def kept_per_gb(r: dict, prices: str) -> float:
+    """$ per GB published of keeping what the run stored for `RETENTION_DAYS` at `prices`' GB-month rate."""
+    published = sum(p.bytes for p in r["pubs"])
+    return r["stored"] / published * RETENTION_DAYS / 30 * storage_prices(prices).storage_per_gb_month \
+        if published else 0.0
+
+
+def storage_lines(results: list[tuple[Any, str, dict]],
+                  nats_bill: Callable[[str, StoragePrices], tuple[float, str] | None]) -> list[str]:
+    """Per run, what keeping its stored bytes `RETENTION_DAYS` costs (nats-server: 3 x EBS gp3; zonebus: S3), then
+    per workload the whole bill (transfer, requests and storage kept) of zonebus at S3 Standard against
+    nats-server's (`nats_bill`, plus its storage). With no retention the ratio is the $/GB columns'; a day kept
+    lowers it (nats-server keeps three copies on block storage)."""
+    lines = []
+    for b, w, r in results:
+        published = sum(p.bytes for p in r["pubs"])
+        if not published:
+            continue
+        names = ["ebs-gp3"] if b.impl == "nats" else ["s3-standard", "s3-express"]
+        lines.append(f"- storage kept, {b.label}, {w} (assumption: the stream keeps {RETENTION_DAYS} days; "
+                     f"{r['where']}, {r['stored'] / published:.2f} B stored per B published): " + ", ".join(
+                         f"{n} ${kept_per_gb(r, n):.4f}/GB published" for n in names))
+    std = storage_prices("s3-standard")
+    for b, w, r in results:
+        ref = nats_bill(w, std)
+        nats_runs = [x for bb, ww, x in results if bb.impl == "nats" and ww == w]
+        if b.impl != "zonebus" or ref is None or not nats_runs:
+            continue
+        ours = bill_per_gb(r, std) + kept_per_gb(r, "s3-standard")
+        theirs = ref[0] + sum(kept_per_gb(x, "ebs-gp3") for x in nats_runs) / len(nats_runs)
+        lines.append(f"- {w}: whole bill with storage kept {RETENTION_DAYS} days: {b.label} ${ours:.4f}/GB (S3 "
+                     f"Standard) / nats-server ${theirs:.4f}/GB ({ref[1]}; 3 x EBS gp3) = {ours / theirs:.2f}x")
     return lines

@@ -53,6 +53,7 @@ from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.domain import DomainAPI
 from zonebus.stream.hooks import PushHorizon, StoredHook, TailHook, TapHook, VisibleHook
+from zonebus.stream.sending import Sending
 from zonebus.stream.stream import Stream
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ HOUSEKEEPING_INTERVAL = 0.5
 STREAM_QUEUE = "$JSQ."  # with `stream_queue`: a stream's subscriptions join the queue group STREAM_QUEUE + name
 
 
-class JetStreamService:
+class JetStreamService(Sending):
     def __init__(self, opts: JetStreamOptions, server_name: str, client: Any, clustered: bool = False,
                  account: str = "", account_limits: AccountJetStream | None = None) -> None:
         if account_limits is not None and (account_limits.max_memory >= 0 or account_limits.max_storage >= 0):
@@ -202,37 +203,6 @@ class JetStreamService:
     def _sync_all(self) -> None:
         for s in self.streams.values():
             s.store.sync()
-
-    # -- sending -------------------------------------------------------------------------------------
-    def install_tap(self, tap: TapHook, prefix: str) -> None:
-        """From now on, what JetStream sends to a subject under `prefix` (the installer's own subjects) goes
-        to `tap` first, and is published only when the tap does not take it (`zonebus.stream.hooks`)."""
-        self.tap = tap
-        self.tap_prefix = prefix
-
-    def tap_subject(self, subject: str, on: bool = True) -> None:
-        """What JetStream sends to `subject` (a push consumer's deliver subject) goes to the tap first as well
-        (`on`), or no longer (`zonebus.stream.hooks`)."""
-        if on:
-            self.tapped.add(subject)
-        else:
-            self.tapped.discard(subject)
-
-    def send(self, subject: str, payload: bytes, reply: str | None = None, headers: bytes | None = None) -> None:
-        if self.tap is not None and (subject.startswith(self.tap_prefix) or subject in self.tapped) \
-                and self.tap(subject, None, payload, reply, headers):
-            return  # zone router hook
-        self.client.publish(subject, payload, reply, headers)
-
-    def deliver(self, to: str, msg_subject: str, payload: bytes, reply: str | None, headers: bytes | None) -> None:
-        """Send a stored message to `to` (deliver subject or pull inbox), keeping its stream subject."""
-        if self.tap is not None and (to.startswith(self.tap_prefix) or to in self.tapped) \
-                and self.tap(to, msg_subject, payload, reply, headers):
-            return  # zone router hook
-        self.client.publish(to, payload, reply, headers, msg_subject=msg_subject)
-
-    def has_interest(self, subject: str) -> bool:
-        return self.client.has_interest(subject)
 
     # -- internal subscriptions ----------------------------------------------------------------------
     def _on_api(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
