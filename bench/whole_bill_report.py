@@ -105,9 +105,11 @@ def storage_lines(results: list[tuple[Any, str, dict]],
                          f"{n} ${kept_per_gb(r, n):.4f}/GB published" for n in names))
     std = storage_prices("s3-standard")
     for b, w, r in results:
+        if b.impl != "zonebus":
+            continue
         ref = nats_bill(w, std)
         nats_runs = [x for bb, ww, x in results if bb.impl == "nats" and ww == w]
-        if b.impl != "zonebus" or ref is None or not nats_runs:
+        if ref is None or not nats_runs:
             continue
         ours = bill_per_gb(r, std) + kept_per_gb(r, "s3-standard")
         theirs = ref[0] + sum(kept_per_gb(x, "ebs-gp3") for x in nats_runs) / len(nats_runs)

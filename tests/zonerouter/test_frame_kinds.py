@@ -63,3 +63,13 @@ def test_push_frames_round_trip() -> None:
     assert rf.ApiHandoff.decode(handoff.encode()) == handoff  # (the same request layout inside one zone)
     with pytest.raises(records.RecordError):
         rf.ApiHandoff.decode(handoff.encode() + b"x")
+
+
+@pytest.mark.timeout(10)
+def test_runs_and_statuses_split_into_frames() -> None:
+    """A frame holds at most 4096 runs and 255 statuses; the rest go in more frames, the last one marked."""
+    runs = [[i, i, 1, 1, 0] for i in range(5000)]
+    statuses = [b"NATS/1.0 100 Idle Heartbeat\r\n\r\n"] * 300
+    frames = rf.in_frames(runs, statuses)
+    assert [(len(r), len(s), last) for r, s, last in frames] == [(4096, 255, False), (904, 45, True)]
+    assert rf.in_frames([], []) == [((), (), True)]

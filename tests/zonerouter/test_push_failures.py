@@ -84,7 +84,7 @@ async def test_push_consumers_survive_leader_then_proxy_kill(zoned) -> None:
         s[leader].kill()  # the stream fails over to the other z2 server
         n = len(pub.acked)
         await pub.wait_acked(n + 200, timeout=40)
-        new = await until(lambda: _new_leader(s, leader), "the new leader")
+        new = await until(lambda: other_leader(nc, "PF", leader), "the new leader")
         await until(lambda: asyncio.to_thread(
             lambda: router_info(s[new])["serving"]["push_creates"] >= 1 and _reader(zoned, proxy, "push_follows") >= 1),
             "the proxy registered the deliver subject with the new leader", timeout=20)
@@ -111,14 +111,3 @@ async def test_push_consumers_survive_leader_then_proxy_kill(zoned) -> None:
     print(f"leader {leader} then proxy {proxy} killed: {last} acknowledged, durable redelivered {sub.redelivered}, "
           f"publisher retries {pub.retries}")
 
-
-async def _new_leader(servers: dict, old: str) -> str:
-    for name in ("b1", "b2"):
-        if name == old:
-            continue
-        nc = await nats.connect(servers[name].url)
-        try:
-            return await other_leader(nc, "PF", old)
-        finally:
-            await nc.close()
-    return ""

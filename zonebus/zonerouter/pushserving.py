@@ -119,16 +119,9 @@ class PushServer:
         name = cons.name if cons is not None else ""
         if cons is not None and cons.cfg.get("headers_only"):
             flags |= rf.HEADERS_ONLY
-        runs: list[Any] = [tuple(r) for r in p.runs]
-        p.runs = []
-        while True:  # a frame holds at most 65535 runs and 255 statuses
-            chunk, runs = runs[:4096], runs[4096:]
-            statuses, p.statuses = p.statuses[:255], p.statuses[255:]
-            last = not runs and not p.statuses
-            self.send(p.peer, rf.Pushed(p.pid, flags if last else flags & ~rf.DONE, name, tuple(chunk),
-                                        tuple(statuses)).encode())
-            if last:
-                break
+        for chunk, statuses, last in rf.in_frames(p.runs, p.statuses):
+            self.send(p.peer, rf.Pushed(p.pid, flags if last else flags & ~rf.DONE, name, chunk, statuses).encode())
+        p.runs, p.statuses = [], []
 
     # -- lifetime ----------------------------------------------------------------------------------------
     def _bound(self, p: _Push) -> Any:
@@ -143,12 +136,16 @@ class PushServer:
         p.seen = p.seen or cons is not None
         return cons
 
-    def _end(self, p: _Push) -> None:
+    def _drop(self, p: _Push) -> None:
+        """`p`'s subject is published as usual from now on, and nothing of `p` waits to be sent."""
         if self.by_subject.get(p.deliver) is p:
             del self.by_subject[p.deliver]
             self.svc.tap_subject(p.deliver, on=False)
         if p in self._flush:
             self._flush.remove(p)
+
+    def _end(self, p: _Push) -> None:
+        self._drop(p)
         self._send(p, rf.DONE)
         self.stats["push_ended"] += 1
 
@@ -179,16 +176,14 @@ class PushServer:
     def peer_down(self, peer: str) -> None:
         """The proxy's link went down: its consumers deliver as usual from now on (past their horizon too)."""
         for p in [p for p in self.by_subject.values() if p.peer == peer]:
-            del self.by_subject[p.deliver]
-            self.svc.tap_subject(p.deliver, on=False)
+            self._drop(p)
             p.runs, p.statuses = [], []
-            if p in self._flush:
-                self._flush.remove(p)
             if p.cons is not None and not p.cons.closed:
                 p.cons.kick()
 
     def info(self) -> dict[str, Any]:
         return {**self.stats, "push_consumers": len(self.by_subject)}
+
 
 def push_deliver(subject: str, payload: bytes) -> str:
     """The deliver subject of a consumer create request that a proxy may serve (a push consumer without a

@@ -346,6 +346,20 @@ class Pushed:
         return tuple((h, reply or None) for h, reply in self.statuses)
 
 
+def in_frames(runs: list[list[int]], statuses: list) -> list[tuple[tuple, tuple, bool]]:
+    """A request's (or push registration's) runs and statuses split into what frames hold (at most 4096 runs and
+    255 statuses each): (runs, statuses, is the last frame) per frame, at least one."""
+    out = []
+    i = j = 0
+    while True:
+        chunk, got = tuple(tuple(r) for r in runs[i : i + 4096]), tuple(statuses[j : j + 255])
+        i, j = i + 4096, j + 255
+        last = i >= len(runs) and j >= len(statuses)
+        out.append((chunk, got, last))
+        if last:
+            return out
+
+
 def add_run(runs: list[list[int]], sseq: int, dseq: int, count: int, pending: int) -> None:
     """Append one delivery to `runs` ([sseq, dseq, n, count, pending] lists), extending the last run when it
     continues it."""

@@ -425,11 +425,11 @@ class ZoneRouter:
             return True
         deliver = push_deliver(subject, payload)
         if deliver:  # a push consumer's create: its deliveries are served here if the leader takes it
-            target = self.stream_target(stream_of_create(toks))
-            if target is None or not self.reader.push_create(target[0], deliver, subject, reply, headers, payload,
+            name = stream_of_create(toks)
+            target = self.stream_target(name)
+            if target is None or not self.reader.push_create(name, deliver, subject, reply, headers, payload,
                                                              target[1]):
-                self.js.to_leader(stream_of_create(toks), subject, reply, headers, payload,
-                                  "consumer_create_response")
+                self.js.to_leader(name, subject, reply, headers, payload, "consumer_create_response")
             return True
         target = self.stream_target(toks[2] if subject.startswith(ACK_PREFIX) else toks[5] if len(toks) > 5 else "")
         if subject.startswith(ACK_PREFIX):
@@ -566,4 +566,3 @@ class ZoneRouter:
         out["serving"] = {**self.serving.stats, **self.serving.pushes.info(), "requests": len(self.serving.reqs),
                           "spread": self.serving.spread.info()}
         return out
-

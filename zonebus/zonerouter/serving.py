@@ -400,16 +400,9 @@ class ReadServer:
         if not (req.runs or req.statuses or done):
             return
         flags = (rf.DONE if done else 0) | (rf.HEADERS_ONLY if req.cons.cfg.get("headers_only") else 0)
-        runs: list[Any] = [tuple(r) for r in req.runs]
-        while True:  # a frame holds at most 65535 runs and 255 statuses
-            chunk, runs = runs[:4096], runs[4096:]
-            statuses, req.statuses = req.statuses[:255], req.statuses[255:]
-            last = not runs and not req.statuses
-            frame = rf.Deliveries(req.rid, flags if last else flags & ~rf.DONE, tuple(chunk), tuple(statuses))
-            self.send(req.peer, frame.encode())
-            if last:
-                break
-        req.runs = []
+        for chunk, statuses, last in rf.in_frames(req.runs, req.statuses):
+            self.send(req.peer, rf.Deliveries(req.rid, flags if last else flags & ~rf.DONE, chunk, statuses).encode())
+        req.runs, req.statuses = [], []
         if done:
             self.reqs.pop(req.lid, None)
 
