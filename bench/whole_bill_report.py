@@ -73,10 +73,12 @@ def report_lines(results: list[tuple[Any, str, dict]],
                 f"${parts['transfer']:.6f}, requests ${parts['storage_requests']:.6f}) vs ${bench_gb:.4f}/GB "
                 f"(bench): {100 * (report_usd / published / bench_gb - 1):+.1f}%")
         r3, measured = bill.get("nats_r3"), nats_bill(w, std)
-        if r3 and measured:
+        if r3:
             model = r3["cost_usd"] / published
-            line += (f"; nats-server R3 ${model:.4f}/GB (report's model, ratio {r3['compression_ratio']:.3f}) vs "
-                     f"${measured[0]:.4f}/GB ({measured[1]}): {100 * (model / measured[0] - 1):+.1f}%")
+            line += (f"; nats-server R3 ${model:.4f}/GB (report's model, ratios {r3['write_compression_ratio']:.3f} / "
+                     f"{r3['delivery_compression_ratio']:.3f})")
+            if measured:
+                line += f" vs ${measured[0]:.4f}/GB ({measured[1]}): {100 * (model / measured[0] - 1):+.1f}%"
         lines.append(line)
     return lines
 

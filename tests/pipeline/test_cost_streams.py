@@ -140,6 +140,7 @@ def test_report_gives_bytes_per_subject_and_zone_of_origin(cluster_run, spark, r
     r3 = bill["nats_r3"]
     assert r3["zones"] == 3 and r3["compression_ratio_basis"].startswith("measured")
     assert 0 < r3["compression_ratio"] < 0.5  # runs of "x" compress well
+    assert 0 < r3["delivery_compression_ratio"] <= r3["write_compression_ratio"]  # deliveries leave in blocks
     assert "stream ORDERS: 74 messages" in stdout
     assert "orders.mix" in stdout and "from z1 50%, z3 50%" in stdout
     page = (out / "report.html").read_text()

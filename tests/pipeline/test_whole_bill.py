@@ -262,19 +262,33 @@ def test_r3_subject_matching_and_measured_ratio() -> None:
 
 @pytest.mark.timeout(60)
 def test_r3_ratio_follows_the_messages_per_route_write() -> None:
-    """A slow stream's route writes carry a message or two, which S2 compresses worse than a burst's: the model
-    measures the ratio at the messages per write that the ledger's stream rate implies."""
+    """A slow stream's route writes carry one message, which S2 compresses worse than a burst's: the model
+    measures publishes and replication at the messages per write that the ledger's stream rate implies, and
+    deliveries in blocks, whatever the rate; each hop is priced at its own ratio."""
     import json
     import random as rnd
 
-    from zonebus.pipeline.r3model import COALESCE_S, measure_ratio, write_msgs
+    from zonebus.pipeline import r3model as M
+    from zonebus.pipeline.prices import load_prices
 
     rng = rnd.Random(5)
     words = [f"w{rng.randrange(10**6)}" for _ in range(400)]
     msgs = [("orders.eu", json.dumps({"order": i, "customer": rng.randrange(10**6), "sku": rng.choice(words),
                                        "note": " ".join(rng.choice(words) for _ in range(60))}).encode())
             for i in range(600)]
-    one, burst = measure_ratio(msgs, write_msgs(100)), measure_ratio(msgs, write_msgs(5000))
-    assert write_msgs(100) == 1 and write_msgs(5000) == round(5000 * COALESCE_S) > 1
+    one, burst = M.measure_ratio(msgs, M.write_msgs(100)), M.measure_ratio(msgs, M.write_msgs(5000))
+    assert M.write_msgs(100) == M.write_msgs(M.SINGLE_RATE) == 1
+    assert M.write_msgs(5000) == pytest.approx(1 + (5000 - M.SINGLE_RATE) * M.COALESCE_S) and M.write_msgs(5000) > 1
     assert one is not None and burst is not None and burst < one
-    assert measure_ratio(msgs) is not None and measure_ratio(msgs) <= burst  # (64 KiB blocks: best of all)
+    assert M.measure_ratio(msgs) is not None and M.measure_ratio(msgs) <= burst  # (64 KiB blocks: best of all)
+    steady = M.measure(msgs, {1.0: 1000})
+    assert steady is not None and steady.write == pytest.approx(one) and steady.delivery == M.measure_ratio(msgs)
+    assert "one up to" in steady.basis and "deliveries in blocks" in steady.basis
+    assert M.measure([], {1.0: 1000}) is None
+    traffic = {"published_msgs": 10, "published_bytes": 3000, "delivered_msgs": 30, "delivered_bytes": 9000}
+    r3 = M.r3_bill(traffic, 3, M.Compression(0.7, 0.3, "test"), load_prices("aws"), ())
+    hops = r3["hops"]
+    assert hops["publish_to_leader"]["cross_zone_bytes"] == pytest.approx(3000 * 2 / 3 * 0.7)
+    assert hops["replication"]["cross_zone_bytes"] == pytest.approx(3000 * 2 * 0.7)
+    assert hops["delivery_from_leader"]["cross_zone_bytes"] == pytest.approx(9000 * 2 / 3 * 0.3)
+    assert r3["compression_ratio"] == pytest.approx(r3["cross_zone_bytes"] / r3["raw_cross_zone_bytes"])

@@ -117,7 +117,7 @@ def whole_bill(transfer_usd: float, rows: list[dict[str, Any]], byte_seconds: fl
 
 
 def compute(traffic: DataFrame, storage: DataFrame, transfer_usd: float, first_s: float, end_s: float,
-            prices: Prices, storage_prices: StoragePrices, ratio: float, ratio_basis: str,
+            prices: Prices, storage_prices: StoragePrices, compression: r3model.Compression,
             subjects: tuple[str, ...] = (), streams: bool = False) -> dict[str, Any]:
     """The `whole_bill` section from the ledger's traffic and storage rows (Spark aggregations). The R3
     comparison needs stream traffic: it is made when the ledger has storage rows (streams on a shared store),
@@ -132,8 +132,7 @@ def compute(traffic: DataFrame, storage: DataFrame, transfer_usd: float, first_s
     if rows or subjects or streams:
         flows = r3model.client_flows(traffic)
         zones = r3model.ledger_zones(traffic)
-        r3 = r3model.r3_bill(r3model.stream_traffic(flows, subjects), len(zones), ratio, prices, ratio_basis,
-                             subjects)
+        r3 = r3model.r3_bill(r3model.stream_traffic(flows, subjects), len(zones), compression, prices, subjects)
     bill = whole_bill(transfer_usd, rows, byte_seconds, max(0.0, end - start), storage_prices, r3)
     bill["seconds"] = max(0.0, end - start)
     if r3 is None:
@@ -165,7 +164,8 @@ def format_lines(bill: dict[str, Any], currency: str) -> list[str]:
         lines.append(
             f"nats-server R3 with route compression, same stream traffic: {money(r3['cost_usd'], currency)} "
             f"({money(r3['monthly_cost_usd'], currency)} per month; {size(r3['cross_zone_bytes'])} cross-zone). "
-            f"Compression ratio {r3['compression_ratio']:.3g}: {r3['compression_ratio_basis']}.")
+            f"Compression ratio {r3['write_compression_ratio']:.3g} (publishes, replication), "
+            f"{r3['delivery_compression_ratio']:.3g} (deliveries): {r3['compression_ratio_basis']}.")
         lines.append(f"  model: {r3['model']}")
     elif bill.get("nats_r3_note"):
         lines.append(bill["nats_r3_note"] + ".")

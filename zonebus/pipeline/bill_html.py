@@ -75,13 +75,15 @@ def bill_section(bill: dict[str, Any], currency: str) -> str:
     if r3:
         parts += [
             "<h3>nats-server R3 with route compression</h3>",
-            f"<p>{esc(r3['model'])}. Compression ratio {r3['compression_ratio']:.3g}: "
+            f"<p>{esc(r3['model'])}. Compression ratio {r3['write_compression_ratio']:.3g} (publishes, "
+            f"replication), {r3['delivery_compression_ratio']:.3g} (deliveries): "
             f"{esc(r3['compression_ratio_basis'])}. Stream traffic: {r3['published_msgs']:,} publishes "
             f"({esc(size(r3['published_bytes']))}), {r3['delivered_msgs']:,} deliveries "
             f"({esc(size(r3['delivered_bytes']))}); subjects: {esc(str(r3['subjects']))}.</p>",
-            _table(["hop", "cross-zone bytes before compression", "after", "cost"],
-                   [[k.replace("_", " "), size(h["raw_cross_zone_bytes"]), size(h["cross_zone_bytes"]),
-                     money(h["cost_usd"], currency)] for k, h in r3["hops"].items()], left=1),
+            _table(["hop", "cross-zone bytes before compression", "ratio", "after", "cost"],
+                   [[k.replace("_", " "), size(h["raw_cross_zone_bytes"]), f"{h['compression_ratio']:.3g}",
+                     size(h["cross_zone_bytes"]), money(h["cost_usd"], currency)] for k, h in r3["hops"].items()],
+                   left=1),
         ]
     elif bill.get("nats_r3_note"):
         parts.append(f"<p class='note'>{esc(bill['nats_r3_note'])}.</p>")

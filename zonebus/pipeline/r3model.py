@@ -9,11 +9,11 @@ The model (cross-zone bytes of one stream message of B bytes, in a cluster of Z 
     delivery     nats-server delivers a consumer's messages from the leader; each delivery to a client in
                  another zone than the leader's crosses: probability (Z - 1) / Z.
 
-    cross-zone bytes = ratio x [ P x (Z - 1) / Z  +  P x min(2, Z - 1)  +  D x (Z - 1) / Z ]
+    cross-zone bytes = write ratio x [ P x (Z - 1) / Z  +  P x min(2, Z - 1) ]  +  delivery ratio x D x (Z - 1) / Z
 
 where P are the bytes clients published to streams and D the bytes delivered to consuming clients, both from
 the ledger's client rows (protocol bytes, as the client link carries them: the route's framing is close to
-the client's), and `ratio` is the route compression ratio (compressed / raw bytes, `compression: s2_*`
+the client's), and the ratios are the route compression's (compressed / raw bytes, `compression: s2_*`
 applies to every route crossing above). Cost = cross-zone bytes x the transfer price per byte crossing.
 No storage is charged (nats-server keeps streams on local disks, whose cost is the same either way and is
 left out). Client-to-server hops stay in the client's zone in both systems and cost nothing.
@@ -25,18 +25,34 @@ default every client subject except the JetStream API, acks, system and reply su
 the comparison only when the ledger has storage rows (streams on a shared store), `--r3-subjects` is given or
 `--streams` is (`zonebus.pipeline.bill.compute`).
 
-The default compression ratio, 0.4, is an assumption, not a measurement (what S2 achieves depends on the payloads);
-`zonebus cost report --streams URL` measures it instead on the streams' own messages, route-framed, in blocks of
-the messages one route write would carry at the stream rate of each ledger window (`write_msgs`, weighed by the
-window's bytes: `write_mix`), and `--r3-compression-ratio` sets it. PyPI has no S2 codec; the measure uses zstd's
-fast mode at `STANDIN_LEVEL` as S2 best's stand-in (`standin_size`): like S2 it gains little on a message or two
-and much on large blocks. Snappy, S2's subset, cannot stand in for `s2_best`: on large blocks it compresses
-about a fifth worse (the cost report was 14-17% over nats-server's bursts with it).
+The ratio is one per kind of hop (`Compression`), because S2 compresses each route write as one block and the
+hops write differently:
+- publish and replication: the messages one route write carries at the stream rate of each ledger window
+  (`write_msgs`, weighed by the window's bytes: `write_mix`). Clients that await each PubAck at a few hundred
+  messages per second get one message a write, which compresses poorly; a burst queues many behind each write.
+- delivery: a consumer's leader sends what a pull request asks for in blocks (`DELIVERY_BLOCK_BYTES`), which
+  compress about as well as a burst's writes, whatever the publish rate.
+The default ratio, 0.4 for every hop, is an assumption, not a measurement (what S2 achieves depends on the
+payloads); `zonebus cost report --streams URL` measures both on the streams' own messages, route-framed
+(`measure_ratio`), and `--r3-compression-ratio` sets one for every hop. PyPI has no S2 codec; the measure uses
+zstd's fast mode at `STANDIN_LEVEL` as S2 best's stand-in (`standin_size`): like S2 it gains little on a message
+or two and much on large blocks. Snappy, S2's subset, cannot stand in for `s2_best`: on large blocks it
+compresses about a fifth worse (the cost report was 14-17% over nats-server's bursts with it).
+
+The constants were fitted to nats-server 2.15 in `bench/whole_bill.py` (R3, `s2_best`, 1 KiB JSON, 2-core
+machine), hop by hop from its runs at each placement of its consumers' leaders:
+- steady (awaited publishes, 480-580 acked msgs/s): 0.67-0.77 cross-zone bytes per payload byte per crossing of
+  publish and replication (one message a write: 0.70), 0.22-0.33 per consumer led outside the reader's zone;
+- burst (3,000-4,000 msgs/s): 0.33 per crossing of publish and replication (14-17 messages a write), 0.30 per
+  consumer led outside (blocks of 20 messages or more: 0.30-0.32).
+One ratio for every hop (the model before 2026-12-01's second change) was 9-12% under nats-server's steady bill:
+too good for its publishes, too poor for its deliveries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import zstandard
@@ -51,7 +67,9 @@ EXCLUDED_PREFIXES = ("$JS.", "$SYS.", "_INBOX", "_R_", "$JSC.", "$JSD")
 REPLICAS = 3
 SAMPLE_FRAMES = 4096  # messages compressed to measure the ratio
 BATCH_BYTES = 64 * 1024  # a route write carries at most about this much
-COALESCE_S = 0.005  # a stream's messages that reach a route within this long leave in one write (see below)
+DELIVERY_BLOCK_BYTES = BATCH_BYTES  # a consumer's deliveries leave its leader in blocks of about this much
+SINGLE_RATE = 600.0  # stream msgs/s up to which a route write carries one message (`write_msgs`)
+COALESCE_S = 0.005  # above it, the messages arriving within this long share a write (`write_msgs`)
 STANDIN_LEVEL = -3  # zstd's fast mode: the stand-in for nats-server's `s2_best` (`standin_size`)
 
 
@@ -100,50 +118,63 @@ def stream_traffic(flows: list[dict[str, Any]], subjects: Sequence[str]) -> dict
     return out
 
 
-def r3_bill(traffic: dict[str, int], zones: int, ratio: float, prices: Prices,
-            ratio_basis: str, subjects: Sequence[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Compression:
+    """nats-server's route compression ratios, by kind of hop (module doc), and where they come from."""
+
+    write: float  # publish to the leader and replication: as many messages a write as the stream rate brings
+    delivery: float  # deliveries from a consumer's leader: blocks of DELIVERY_BLOCK_BYTES
+    basis: str
+
+    @classmethod
+    def every_hop(cls, ratio: float, basis: str) -> Compression:
+        return cls(ratio, ratio, basis)
+
+
+def r3_bill(traffic: dict[str, int], zones: int, compression: Compression, prices: Prices,
+            subjects: Sequence[str]) -> dict[str, Any]:
     """The R3 counterfactual: cross-zone bytes by hop, compressed, and their cost (see the module's model)."""
     z = max(1, zones)
     away = (z - 1) / z
     followers = min(REPLICAS - 1, z - 1)
     raw = {
-        "publish_to_leader": traffic["published_bytes"] * away,
-        "replication": traffic["published_bytes"] * followers,
-        "delivery_from_leader": traffic["delivered_bytes"] * away,
+        "publish_to_leader": (traffic["published_bytes"] * away, compression.write),
+        "replication": (traffic["published_bytes"] * followers, compression.write),
+        "delivery_from_leader": (traffic["delivered_bytes"] * away, compression.delivery),
     }
-    hops = {k: {"raw_cross_zone_bytes": v, "cross_zone_bytes": v * ratio, "cost_usd": prices.cost(v * ratio)}
-            for k, v in raw.items()}
+    hops = {k: {"raw_cross_zone_bytes": v, "compression_ratio": r, "cross_zone_bytes": v * r,
+                "cost_usd": prices.cost(v * r)} for k, (v, r) in raw.items()}
     cross = sum(h["cross_zone_bytes"] for h in hops.values())
+    raw_total = sum(v for v, _ in raw.values())
     return {
         **traffic,
         "zones": zones,
-        "compression_ratio": ratio,
-        "compression_ratio_basis": ratio_basis,
+        "compression_ratio": cross / raw_total if raw_total else compression.write,
+        "write_compression_ratio": compression.write,
+        "delivery_compression_ratio": compression.delivery,
+        "compression_ratio_basis": compression.basis,
         "subjects": list(subjects) or "every client subject but $JS., $SYS., _INBOX and _R_",
         "hops": hops,
-        "raw_cross_zone_bytes": sum(raw.values()),
+        "raw_cross_zone_bytes": raw_total,
         "cross_zone_bytes": cross,
         "cost_usd": prices.cost(cross),
         "model": (f"nats-server R3 across {zones} zone(s): a publish crosses to the leader with probability "
                   f"(Z-1)/Z = {away:.3g} (leaders spread evenly over zones), the leader replicates it to "
                   f"{followers} follower(s) in other zones, a delivery crosses from the leader with probability "
-                  f"{away:.3g}; every crossing compressed to {ratio:.3g} of its bytes (route compression)"),
+                  f"{away:.3g}; route compression takes publishes and replication to {compression.write:.3g} of "
+                  f"their bytes and deliveries to {compression.delivery:.3g}"),
     }
 
 
 def write_msgs(rate: float) -> float:
-    """Messages per route write at `rate` stream messages per second: those that arrive within `COALESCE_S`
-    (at least one; a fraction between two counts is measured at both and interpolated, `mixed_ratio`).
-    S2 compresses each write as one block, so a slow stream's writes (a message or two, the case of clients
-    that await each PubAck) compress far worse than a burst's. The window and the stand-in were fitted to
-    nats-server 2.15 in `bench/whole_bill.py` (R3, `s2_best`, 1 KiB JSON): on 2026-11-28, with Snappy, 5 ms put
-    the model within about 5% of one run of each workload; on 2026-12-01, against nats-server's bill expected
-    over its consumer elections, Snappy at 5 ms was +2.5% (steady, 580 msgs/s) and +14-17% (burst, about 3,700
-    msgs/s), and zstd at level -3 at 5 ms (interpolated) within about 2% of both on the bench's messages."""
-    return max(1.0, rate * COALESCE_S)
+    """Messages per route write of publishes and replication at `rate` stream messages per second: one up to
+    `SINGLE_RATE` (nats-server writes each as it comes), then one more per `COALESCE_S` of arrivals (a fraction
+    between two counts is measured at both and interpolated, `mixed_ratio`). S2 compresses each write as one
+    block, so a slow stream's writes compress far worse than a burst's (fitted: module doc)."""
+    return max(1.0, 1.0 + (rate - SINGLE_RATE) * COALESCE_S)
 
 
-def write_mix(traffic: DataFrame, subjects: Sequence[str]) -> dict[int, int]:
+def write_mix(traffic: DataFrame, subjects: Sequence[str]) -> dict[float, int]:
     """Messages per route write (`write_msgs` of each ledger window's stream publish rate) -> the stream bytes
     published in windows of that rate: a burst and the quiet after it are weighed each at its own rate."""
     rows = (traffic.where((F.col(S.LINK_KIND) == "client") & (F.col(S.DIRECTION) == "in"))
@@ -197,9 +228,10 @@ def standin_size(block: bytes) -> int:
 _STANDIN = zstandard.ZstdCompressor(level=STANDIN_LEVEL)
 
 
-def measure_ratio(payloads: Sequence[tuple[str, bytes]], per_write: int | None = None) -> float | None:
+def measure_ratio(payloads: Sequence[tuple[str, bytes]], per_write: int | None = None,
+                  block_bytes: int = BATCH_BYTES) -> float | None:
     """Compressed / raw bytes of route-framed messages (`RMSG $G <subject> <size>\\r\\n<data>\\r\\n`), by S2
-    best's stand-in (`standin_size`), `per_write` messages a block (None: blocks of about BATCH_BYTES); None
+    best's stand-in (`standin_size`), `per_write` messages a block (None: blocks of about `block_bytes`); None
     without messages."""
     raw = done = 0
     batch: list[bytes] = []
@@ -208,9 +240,25 @@ def measure_ratio(payloads: Sequence[tuple[str, bytes]], per_write: int | None =
         frame = b"RMSG $G %s %d\r\n%s\r\n" % (subject.encode(), len(data), data)
         batch.append(frame)
         size += len(frame)
-        if size >= BATCH_BYTES or (per_write is not None and len(batch) >= per_write):
+        if size >= block_bytes or (per_write is not None and len(batch) >= per_write):
             raw, done = raw + size, done + standin_size(b"".join(batch))
             batch, size = [], 0
     if batch:
         raw, done = raw + size, done + standin_size(b"".join(batch))
     return done / raw if raw else None
+
+
+def measure(payloads: Sequence[tuple[str, bytes]], mix: dict[float, int]) -> Compression | None:
+    """Both ratios measured on the streams' messages (`payloads`), publishes and replication at the write mix
+    of the ledger (`write_mix`), deliveries in blocks of DELIVERY_BLOCK_BYTES; None without messages."""
+    write = mixed_ratio(payloads, mix)
+    delivery = measure_ratio(payloads, block_bytes=DELIVERY_BLOCK_BYTES)
+    if write is None or delivery is None:
+        return None
+    total = sum(mix.values())
+    writes = ", ".join(f"{k:g} ({n / max(total, 1):.0%} of the bytes)" for k, n in sorted(mix.items()))
+    return Compression(write, delivery, (
+        f"measured: zstd level {STANDIN_LEVEL} (S2 best's stand-in) on up to {SAMPLE_FRAMES:,} of the streams' "
+        f"messages, route-framed; publishes and replication at the messages a route write carries at each ledger "
+        f"window's stream rate (one up to {SINGLE_RATE:g} msgs/s, then one more per {COALESCE_S * 1e3:g} ms): "
+        f"{writes or 'no stream publishes'}; deliveries in blocks of {DELIVERY_BLOCK_BYTES // 1024} KiB"))

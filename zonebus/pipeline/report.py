@@ -239,24 +239,22 @@ def _add_whole_bill(spark: SparkSession, opts: ReportOptions, loc: Any, summary:
                     progress: Progress) -> None:
     """The whole bill and the nats-server R3 comparison (`zonebus.pipeline.bill`, `zonebus.pipeline.r3model`)."""
     progress.phase("pricing storage requests and the R3 comparison")
-    ratio, basis = opts.r3_ratio, "set with --r3-compression-ratio"
-    if ratio is None and opts.streams:
+    compression = None
+    if opts.r3_ratio is not None:
+        compression = r3model.Compression.every_hop(opts.r3_ratio, "set with --r3-compression-ratio")
+    elif opts.streams:
         from zonebus.pipeline.stream_contents import sample_messages
 
-        mix = r3model.write_mix(read_traffic(spark, loc), opts.r3_subjects)
-        ratio = r3model.mixed_ratio(sample_messages(spark, opts.streams, opts.stream_names, r3model.SAMPLE_FRAMES),
-                                    mix)
-        writes = ", ".join(f"{k} ({n / max(sum(mix.values()), 1):.0%} of the bytes)" for k, n in sorted(mix.items()))
-        basis = (f"measured: zstd level {r3model.STANDIN_LEVEL} (S2 best's stand-in) on up to "
-                 f"{r3model.SAMPLE_FRAMES:,} of the streams' messages, "
-                 f"route-framed, as many a write as reach a route in {r3model.COALESCE_S * 1e3:g} ms at each ledger "
-                 f"window's stream rate: {writes or 'no stream publishes'}")
-    if ratio is None:
-        ratio, basis = r3model.DEFAULT_RATIO, ("assumed, not measured; measure it on the streams with --streams "
-                                               "URL or set it with --r3-compression-ratio")
+        compression = r3model.measure(sample_messages(spark, opts.streams, opts.stream_names,
+                                                      r3model.SAMPLE_FRAMES),
+                                      r3model.write_mix(read_traffic(spark, loc), opts.r3_subjects))
+    if compression is None:
+        compression = r3model.Compression.every_hop(r3model.DEFAULT_RATIO, (
+            "assumed, not measured; measure it on the streams with --streams URL or set it with "
+            "--r3-compression-ratio"))
     summary["whole_bill"] = B.compute(read_traffic(spark, loc), read_storage(spark, loc), summary["cost_usd"],
                                       span.first_s, span.end_s, opts.prices,
-                                      opts.storage_prices or storage_prices(), ratio, basis, opts.r3_subjects,
+                                      opts.storage_prices or storage_prices(), compression, opts.r3_subjects,
                                       bool(opts.streams))
 
 
