@@ -102,3 +102,70 @@ def assert_same(results: dict[str, list]) -> None:
 @pytest.mark.timeout(180)
 async def test_clustered_api_answers_like_nats_server(tmp_path: Path) -> None:
     assert_same(await on_both(tmp_path, scenario))
+
+
+CID_BLOCK = 1 << 32  # zonebus: client ids of worker process i start above i * CID_BLOCK (`zonebus.workers`)
+
+
+async def _member(url: str) -> nats.NATS:
+    """A connection to `url`, on the server's second worker process when it has one and the kernel gives one
+    within 20 tries (a member of a group whose members here are all behind the local link)."""
+    spare: list[nats.NATS] = []
+    try:
+        for _ in range(20):
+            nc = await nats.connect(url)
+            if (nc.client_id or 0) > CID_BLOCK:
+                return nc
+            spare.append(nc)
+        return spare.pop()  # (nats-server, or one worker)
+    finally:
+        for nc in spare:
+            await nc.close()
+
+
+async def queue_push_members(servers: list[ServerProcess], n: int = 300) -> tuple[int, int, int]:
+    """A queue push consumer (a deliver group) of a stream placed on the first server, with a member on each
+    other server, fed from the first: (messages got, distinct, redelivered) once the group got `n` or 10 s
+    passed. Every delivery crosses a route with the group named; with worker processes the members are on each
+    server's second worker, behind the local link of the worker that holds the routes."""
+    admin = await nats.connect(servers[0].url)
+    got: list[int] = []
+    redelivered = 0
+    members: list[nats.NATS] = []
+    try:
+        await ready(admin)
+        js = admin.jetstream(timeout=10)
+        await js.add_stream(name="QP", subjects=["qp.>"], placement=nats.js.api.Placement(tags=["az:z1"]))
+
+        async def on_msg(m) -> None:
+            nonlocal redelivered
+            got.append(int(m.data))
+            redelivered += m.metadata.num_delivered > 1
+            await m.ack()
+
+        members = [await _member(s.url) for s in servers[1:]]
+        for nc in members:
+            await nc.jetstream(timeout=10).subscribe("qp.>", queue="workers", cb=on_msg, manual_ack=True)
+        for start in range(0, n, 50):
+            await asyncio.gather(*(js.publish(f"qp.{i % 7}", str(i).encode()) for i in range(start, start + 50)))
+        with contextlib.suppress(TimeoutError):
+            await until(lambda: len(got) >= n, "every message delivered to the group", timeout=10)
+        return len(got), len(set(got)), redelivered
+    finally:
+        for nc in [admin, *members]:
+            await nc.close()
+
+
+@pytest.mark.timeout(180)
+async def test_queue_push_consumer_across_servers_like_nats_server(tmp_path: Path) -> None:
+    """Each message reaches one member of the deliver group once, without waiting for a redelivery. (With
+    worker processes, a delivery routed to a server whose member was on its other worker was dropped when the
+    receiving worker picked a member behind another route, and came back only after `ack_wait`.)"""
+    results = {}
+    for impl in ("nats", "zonebus"):
+        servers = nats_cluster(tmp_path / impl) if impl == "nats" else start_cluster(tmp_path / impl)
+        try:
+            results[impl] = await queue_push_members(servers)
+        finally:
+            stop_all(servers)
+    assert results["zonebus"] == results["nats"] == (300, 300, 0), results

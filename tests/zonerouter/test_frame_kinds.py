@@ -14,7 +14,7 @@ from zonebus.zonerouter import records, tailrecovery
 def test_every_frame_kind_is_used_once() -> None:
     kinds = [records.LINK, records.ANSWER, records.HANDOFF, records.BYE, records.INLINE, records.STREAMED,
              rf.POLL, rf.SNAP, rf.PULL, rf.DELIVER, rf.ACKS, rf.ACKED, rf.API, rf.SYNC, rf.SYNCED,
-             rf.REPAIR, rf.REPAIRED, rf.PUSH, rf.PUSHED, tailrecovery.TAILQ, tailrecovery.TAIL]
+             rf.REPAIR, rf.REPAIRED, rf.PUSH, rf.PUSHED, rf.PUSH_OFFER, tailrecovery.TAILQ, tailrecovery.TAIL]
     assert len(set(kinds)) == len(kinds), sorted(kinds)
     assert records.kind_of(rf.Sync(7, "S").encode()) == rf.SYNC != records.INLINE
 
@@ -51,6 +51,8 @@ def test_push_frames_round_trip() -> None:
     create = rf.PushCreate(3, "KV_CFG", "_INBOX.abc", "$JS.API.CONSUMER.CREATE.KV_CFG", "_INBOX.r", b"",
                            b'{"config":{"deliver_subject":"_INBOX.abc"}}')
     assert records.kind_of(create.encode()) == rf.PUSH and rf.PushCreate.decode(create.encode()) == create
+    offer = rf.PushOffer("ORDERS", "dlv.ops")
+    assert records.kind_of(offer.encode()) == rf.PUSH_OFFER and rf.PushOffer.decode(offer.encode()) == offer
     pushed = rf.Pushed(3, rf.HEADERS_ONLY, "c1", ((5, 1, 2, 1, 10),),
                        ((b"NATS/1.0 100 FlowControl Request\r\n\r\n", "$JS.FC.KV_CFG.c1.2"),
                         (b"NATS/1.0 100 Idle Heartbeat\r\n\r\n", "")))

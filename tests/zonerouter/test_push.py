@@ -11,7 +11,15 @@ import os
 
 import nats
 import pytest
-from nats.js.api import DiscardPolicy, ObjectStoreConfig, Placement, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DiscardPolicy,
+    ObjectStoreConfig,
+    Placement,
+    StorageType,
+    StreamConfig,
+)
 
 from tests.zonerouter.kit import FULL, LAYOUT, full_view, router_info, start_zoned
 from zonebus.testing.polling import until, wait_until
@@ -181,3 +189,100 @@ async def test_durable_push_subscription_acks_through_the_proxy(zoned) -> None:
     finally:
         await nc.close()
         await sub_nc.close()
+
+
+async def _reader_total(zoned, names: tuple[str, ...], key: str) -> int:
+    return await asyncio.to_thread(_served, zoned, names, key)
+
+
+@pytest.mark.timeout(90)
+async def test_push_consumer_made_elsewhere_is_claimed_by_its_subscribers_zone(zoned) -> None:
+    """An admin in z2 creates a durable push consumer; its subscriber binds from z1. The leader offers it to z1's
+    proxy (its deliver subject's only subscriber is in z1), which claims it: its deliveries are read from the
+    shared store in z1."""
+    s = zoned.servers
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
+    nc = await nats.connect(s["b1"].url)
+    sub_nc = await nats.connect(s["a2"].url)
+    n = 300
+    try:
+        js = nc.jetstream(timeout=10)
+        await js.add_stream(name="MADE", subjects=["made.>"], storage=StorageType.FILE, placement=Z2)
+        await js.add_consumer("MADE", ConsumerConfig(durable_name="ops", deliver_subject="dlv.ops",
+                                                     filter_subject="made.>", ack_policy=AckPolicy.EXPLICIT))
+        claims = await _reader_total(zoned, ("a1", "a2"), "push_claims")
+        got: list[int] = []
+        done = asyncio.Event()
+
+        async def on_msg(m) -> None:
+            got.append(int(m.data.rstrip(b".")))
+            await m.ack()
+            if len(got) == n:
+                done.set()
+
+        await sub_nc.jetstream(timeout=10).subscribe("made.>", durable="ops", cb=on_msg, manual_ack=True)
+
+        async def claimed() -> bool:
+            return await _reader_total(zoned, ("a1", "a2"), "push_claims") > claims \
+                and router_info(s["b1"])["serving"]["push_offers"] >= 1
+        await until(claimed, "z1's proxy claimed the consumer", timeout=10)
+        zoned.proxy.reset()
+        for start in range(0, n, 100):
+            await asyncio.gather(*(js.publish(f"made.{i % 5}", f"{i}".encode().ljust(VALUE, b"."))
+                                   for i in range(start, start + 100)))
+        await asyncio.wait_for(done.wait(), 30)
+        crossed = zoned.cross_zone_bytes()
+        assert got == list(range(n))
+        ratio = crossed / (n * VALUE)
+        print(f"claimed push consumer: cross-zone bytes {crossed} for {n * VALUE} payload bytes: {ratio:.4f}")
+        assert ratio < 0.25, ratio  # served by the leader, every delivery would cross in full (> 1)
+    finally:
+        await nc.close()
+        await sub_nc.close()
+
+
+@pytest.mark.timeout(90)
+async def test_deliver_group_served_by_the_proxy_of_its_creators_zone(zoned) -> None:
+    """A queue push subscription (a deliver group) made from z1, with members on both z1 servers and one in z3:
+    z1's proxy serves it, its members here get the deliveries, each message once across the group (z3's member
+    is one more subscriber: nothing is offered while a proxy serves the subject)."""
+    s = zoned.servers
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
+    nc = await nats.connect(s["b1"].url)
+    members = [await nats.connect(s[name].url) for name in ("a2", "a1", "c1")]
+    n = 300
+    try:
+        js = nc.jetstream(timeout=10)
+        await js.add_stream(name="GRP", subjects=["grp.>"], storage=StorageType.FILE, placement=Z2)
+        got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        done = asyncio.Event()
+
+        def handler(k: int):
+            async def on_msg(m) -> None:
+                got[k].append(int(m.data.rstrip(b".")))
+                await m.ack()
+                if sum(len(v) for v in got.values()) >= n:
+                    done.set()
+            return on_msg
+
+        for k, member in enumerate(members):  # (the first one creates the consumer, through z1's proxy)
+            await member.jetstream(timeout=10).subscribe("grp.>", queue="workers", cb=handler(k), manual_ack=True)
+        await until(lambda: router_info(s["b1"])["serving"]["push_consumers"] >= 1, "z1's proxy serves it",
+                    timeout=10)
+        zoned.proxy.reset()
+        for start in range(0, n, 100):
+            await asyncio.gather(*(js.publish(f"grp.{i % 5}", f"{i}".encode().ljust(VALUE, b"."))
+                                   for i in range(start, start + 100)))
+        await asyncio.wait_for(done.wait(), 30)
+        crossed = zoned.cross_zone_bytes()
+        everything = sorted(x for v in got.values() for x in v)
+        assert everything == list(range(n)), (len(everything), len(set(everything)))
+        assert not got[2]  # z1's members are preferred: nothing crossed to z3's member
+        ratio = crossed / (n * VALUE)
+        print(f"deliver group: cross-zone bytes {crossed} for {n * VALUE} payload bytes: {ratio:.4f}; "
+              f"per member {[len(v) for v in got.values()]}")
+        assert ratio < 0.25, ratio
+    finally:
+        await nc.close()
+        for member in members:
+            await member.close()

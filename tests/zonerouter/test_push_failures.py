@@ -5,7 +5,8 @@ z3 (Nats-Msg-Id, each publish retried until acknowledged) and, on the z1 server 
 client with a durable push subscription (explicit acks) and an ordered push consumer. The proxy serves both.
 - The leader is killed: the stream fails over to the other z2 server; the proxy registers the durable consumer's
   deliver subject with the new leader (`reader.push_follows`, `serving.push_creates` there) and serves it again.
-- The proxy is killed: its client reconnects to the other z1 server and the new leader delivers there.
+- The proxy is killed: its client reconnects to the other z1 server, the zone's proxy now, which claims the
+  durable consumer (`reader.push_claims`: its deliver subject has a subscriber in the zone) and serves it.
 Every acknowledged message reaches the durable subscription (redeliveries counted) and the ordered consumer (in
 stream order, no gaps), and is in the stream once."""
 
@@ -91,9 +92,12 @@ async def test_push_consumers_survive_leader_then_proxy_kill(zoned) -> None:
         after = await asyncio.to_thread(_reader, zoned, proxy, "push_delivered")
         await until(lambda: asyncio.to_thread(lambda: _reader(zoned, proxy, "push_delivered") >= after + 100),
                     "the proxy serves the durable consumer again", timeout=30)
-        s[proxy].kill()  # the client reconnects to the other z1 server; the new leader delivers there
+        s[proxy].kill()  # the client reconnects to the other z1 server, which claims the durable consumer
         n = len(pub.acked)
         await pub.wait_acked(n + 200, timeout=40)
+        await until(lambda: asyncio.to_thread(
+            lambda: _reader(zoned, other_z1, "push_claims") >= 1 and _reader(zoned, other_z1, "push_delivered") >= 100),
+            "z1's next proxy claimed the durable consumer and serves it", timeout=30)
     finally:
         pub.stop = True
         await asyncio.gather(task, return_exceptions=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from zonebus.server.connection import CLIENT, INTERNAL, LINKS, WORKER, Connection
@@ -133,9 +133,13 @@ class InternalClient(Connection):
                              self.account.name)
 
     def deliver_local_as(self, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int,
-                         data: bytes) -> dict[Connection, list[bytes]]:
+                         data: bytes, queues: Collection[bytes] | None = None,
+                         came_over: str | None = None) -> dict[Connection, list[bytes]]:
         """Deliver to the local subscribers of `subject` under `shown`; returns the links (with the queue
-        groups they are to serve) that still want the message."""
+        groups they are to serve) that still want the message. `queues`: serve only these queue groups (a
+        peer's delivery names the groups it picked this server for; None: every group). `came_over`: the kind
+        of link the message came over, whose members are the sender's to pick (one hop per kind). A group's
+        member is a local one if any, else one behind the nearest link (`_nearest`)."""
         server = self.server
         r = self.account.sublist.match(subject)
         routes: dict[Connection, list[bytes]] = {}
@@ -146,12 +150,16 @@ class InternalClient(Connection):
             else:
                 routes.setdefault(sub.conn, [])
         for group in r.qsubs:
+            if not group or (queues is not None and group[0].queue not in queues):
+                continue
             local = [s for s in group if s.conn.kind in (CLIENT, INTERNAL)]
             if local:
                 sub = local[server.random.randrange(len(local))] if len(local) > 1 else local[0]
                 server.deliver_one(sub, shown, reply, hdr_len, data)
-            elif group:
-                member = group[server.random.randrange(len(group))]
+                continue
+            members = _nearest([s for s in group if s.conn.kind != came_over], server.zone)
+            if members:
+                member = members[server.random.randrange(len(members))] if len(members) > 1 else members[0]
                 routes.setdefault(member.conn, []).append(member.queue)
         return routes
 
@@ -210,3 +218,13 @@ class InternalClient(Connection):
     def flush(self) -> None:
         self.dirty = False
         self.out.clear()
+
+
+def _nearest(members: list[Subscription], zone: str) -> list[Subscription]:
+    """The queue members behind links that are nearest: this server's other worker processes, else routes to
+    servers of its zone (a link's `zone`, when its extension set one), else any."""
+    workers = [s for s in members if s.conn.kind == WORKER]
+    if workers:
+        return workers
+    near = [s for s in members if zone and getattr(s.conn, "zone", "") == zone]
+    return near or members

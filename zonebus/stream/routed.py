@@ -7,9 +7,11 @@ peer travel on the `jsd` link channel instead, one frame per message:
 
     <routed subject> <shown subject> <reply or -> <hdr_len> <queue,...|->[ <account>]\\n<headers+payload>
 
-and the peer hands them to its own local subscribers of the routed subject under the shown subject (one
-hop: never further). Every server of a cluster receives them (the composition root registers the channel,
-JetStream or not); a JetStream server sends them (`attach` sets its internal client's `shown_forwarder`).
+and the peer hands them to its own local subscribers of the routed subject under the shown subject, and to one
+member of each queue group the frame names (its own, or one behind a link of another kind: the worker holding
+the routes passes them on to its other workers; a group not named is served elsewhere). Every server of a
+cluster receives them (the composition root registers the channel, JetStream or not); a JetStream server sends
+them (`attach` sets its internal client's `shown_forwarder`).
 Owned by the event loop thread.
 """
 
@@ -77,9 +79,11 @@ class RoutedDeliveries:
             return
         # links left over are served from here only if they are of another kind than the sender's (one hop
         # per kind: the worker holding a server's routes passes deliveries on to its other workers)
-        links = client.deliver_local_as(subject, shown, None if reply == b"-" else reply, hdr_len, data)
         sender = self.channels.links.get(peer)
-        for conn, queues in links.items():
+        queues = () if parts[4] == b"-" else parts[4].split(b",")  # (the groups the sender picked this server for)
+        links = client.deliver_local_as(subject, shown, None if reply == b"-" else reply, hdr_len, data, queues,
+                                        sender.kind if sender is not None else None)
+        for conn, named in links.items():
             if sender is not None and conn.kind != sender.kind and conn.kind in LINKS:
-                self.forward(conn, subject, shown, None if reply == b"-" else reply, hdr_len, data, queues or None,
+                self.forward(conn, subject, shown, None if reply == b"-" else reply, hdr_len, data, named or None,
                              b"" if len(parts) == 5 else parts[5])

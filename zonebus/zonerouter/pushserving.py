@@ -1,9 +1,12 @@
 """The leader side of push consumers served in another zone (KV watch, object-store get, push subscriptions).
 
-A client in another zone creates a push consumer (a `deliver_subject`, no `deliver_group`) of a stream led here:
-its zone's proxy sends the create request as a `PushCreate` frame. This side registers the deliver subject for
-that proxy (the JetStream service's tap now takes what is sent there: `JetStreamService.tap_subject`), then hands
-the request to JetStream as if it had come over a route. What the consumer then sends to its deliver subject goes
+A client in another zone creates a push consumer (a `deliver_subject`, with or without a `deliver_group`) of a
+stream led here: its zone's proxy sends the create request as a `PushCreate` frame (or, for a consumer created
+elsewhere whose subscribers are in the proxy's zone, a claim without a request once this side offered it:
+`pushclaims`; a claim of a subject that another proxy serves is ended at once). This side registers the deliver
+subject for that proxy (the JetStream service's tap now takes what is sent there:
+`JetStreamService.tap_subject`), then hands the request to JetStream as if it had come over a route.
+What the consumer then sends to its deliver subject goes
 to the proxy instead of crossing zones in full: deliveries as runs of (stream seq, consumer seq, delivery count,
 pending), flow-control requests and idle heartbeats as status messages with their replies, in `Pushed` records,
 one per kind of message in a row so that statuses and deliveries keep the order the consumer sent them in (an
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zonebus.zonerouter import readframes as rf
+from zonebus.zonerouter.pushclaims import literal
 
 if TYPE_CHECKING:
     from zonebus.stream.service import JetStreamService
@@ -59,11 +63,15 @@ class PushServer:
         self.by_subject: dict[str, _Push] = {}
         self._flush: list[_Push] = []
         self.stats = {"push_creates": 0, "push_delivered": 0, "push_deliver_bytes": 0, "push_statuses": 0,
-                      "push_ended": 0}
+                      "push_ended": 0, "push_claims_refused": 0}
 
     def on_create(self, peer: str, pc: rf.PushCreate) -> None:
         old = self.by_subject.get(pc.deliver)
         if old is not None and (old.peer, old.pid) != (peer, pc.pid):
+            if not pc.subject:  # a claim (or a follow) leaves the subject with the proxy that serves it
+                self.send(peer, rf.Pushed(pc.pid, rf.DONE, "", ()).encode())
+                self.stats["push_claims_refused"] += 1
+                return
             self._end(old)
         self.by_subject[pc.deliver] = _Push(peer, pc.pid, pc.stream, pc.deliver, self.svc.loop.time())
         self.svc.tap_subject(pc.deliver)
@@ -186,8 +194,8 @@ class PushServer:
 
 
 def push_deliver(subject: str, payload: bytes) -> str:
-    """The deliver subject of a consumer create request that a proxy may serve (a push consumer without a
-    deliver group, on a literal subject); "" for any other request."""
+    """The deliver subject of a consumer create request that a proxy may serve (a push consumer on a literal
+    subject, with or without a deliver group); "" for any other request."""
     if not subject.startswith(CREATE_PREFIXES):
         return ""
     try:
@@ -195,10 +203,7 @@ def push_deliver(subject: str, payload: bytes) -> str:
     except (ValueError, AttributeError):
         return ""
     deliver = cfg.get("deliver_subject") if isinstance(cfg, dict) else None
-    if not isinstance(deliver, str) or not deliver or cfg.get("deliver_group") or "*" in deliver \
-            or ">" in deliver or " " in deliver:
-        return ""
-    return deliver
+    return deliver if isinstance(deliver, str) and literal(deliver) else ""
 
 
 def stream_of_create(toks: list[str]) -> str:

@@ -105,7 +105,7 @@ class Reader:
         self._next_bid = 0
         self.stats = {"pulls": 0, "delivered": 0, "delivered_bytes": 0, "missing": 0, "acks": 0, "ack_frames": 0,
                       "direct_gets": 0, "msg_gets": 0, "msg_gets_to_leader": 0, "push_creates": 0,
-                      "push_delivered": 0, "push_follows": 0}
+                      "push_delivered": 0, "push_follows": 0, "push_claims": 0}
         self._tasks: set[asyncio.Task] = set()
 
     # -- snapshots -----------------------------------------------------------------------------------
@@ -214,6 +214,25 @@ class Reader:
         self.pushes[pid] = _Req(pid, deliver, stream, "", leader, float("inf"), push=True)
         self.stats["push_creates"] += 1
         return True
+
+    def push_claim(self, stream: str, deliver: str, leader: str) -> bool:
+        """Claim a push consumer created elsewhere whose subscribers are in this zone (the leader offered it:
+        `pushclaims`): its deliver subject is registered with the leader without a create request; the leader
+        ends the registration at once when another proxy serves that subject."""
+        if (stream, deliver) in self.push_subjects():
+            return False
+        self.snapshot(stream)
+        self._next += 1
+        pid = self._next
+        if not self.send(leader, rf.PushCreate(pid, stream, deliver, "", "", b"", b"").encode()):
+            return False
+        self.pushes[pid] = _Req(pid, deliver, stream, "", leader, float("inf"), push=True)
+        self.stats["push_claims"] += 1
+        return True
+
+    def push_subjects(self) -> set[tuple[str, str]]:
+        """(stream, deliver subject) of every push registration of this proxy."""
+        return {(req.stream, req.reply) for req in self.pushes.values()}
 
     def on_pushed(self, peer: str, d: rf.Pushed) -> None:
         req = self.pushes.get(d.pid)

@@ -40,6 +40,8 @@ Cross zones (proxy <-> leader), all small:
 - 21 pushed (leader -> proxy): push id u64, flags u8 (1 done: the registration ended, 2 headers only), consumer
   name, runs u16 and runs as in deliveries, statuses u8, then per status a u16-prefixed NATS status header
   block and its u16-prefixed reply (a flow-control request's; empty for heartbeats).
+- 22 push offer (leader -> proxy): stream and deliver subject of a push consumer created elsewhere whose
+  subscribers are in the proxy's zone (`pushclaims`); the proxy claims it with a push create without request.
 
 Inside one zone:
 - 11 API hand-off (a server -> its zone's proxy): a client's pull request or ack, as subject, reply,
@@ -57,7 +59,7 @@ from zonebus.zonerouter.records import _HEAD, MAGIC, VERSION, RecordError
 
 POLL, SNAP, PULL, DELIVER, ACKS, ACKED, API, SYNC, SYNCED = 5, 6, 7, 8, 9, 10, 11, 12, 13
 REPAIR, REPAIRED = 18, 19  # (14 and 17 are `records`' inline batches, 15-16 `tailrecovery`'s)
-PUSH, PUSHED = 20, 21
+PUSH, PUSHED, PUSH_OFFER = 20, 21, 22
 DONE, HEADERS_ONLY = 1, 2
 SNAP_OK, SNAP_NOT_LEADER, SNAP_ASK_LEADER = 0, 1, 2  # (2: a sync the view would not catch up with soon)
 REPAIR_DONE, REPAIR_NOT_LEADER, REPAIR_WHOLE, REPAIR_NO_COPY, REPAIR_GONE, REPAIR_FAILED = 0, 1, 2, 3, 4, 5
@@ -311,6 +313,20 @@ class PushCreate:
         r = _Reader(frame)
         pid, stream, deliver = r.take(_U64)[0], r.text(), r.text()
         return cls(pid, stream, deliver, *_request_of(r, "push create"))
+
+
+@dataclass(frozen=True)
+class PushOffer:
+    stream: str
+    deliver: str
+
+    def encode(self) -> bytes:
+        return b"".join((_head(PUSH_OFFER), _s(self.stream), _s(self.deliver)))
+
+    @classmethod
+    def decode(cls, frame: bytes) -> PushOffer:
+        r = _Reader(frame)
+        return cls(r.text(), r.text())
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 MAGIC = b"ZR"
 VERSION = 1
 LINK, ANSWER, HANDOFF, BYE = 1, 2, 3, 4
-INLINE = 14  # (5-13 and 18-21 are the read path's, `readframes`; 15-16 `tailrecovery`'s)
+INLINE = 14  # (5-13 and 18-22 are the read path's, `readframes`; 15-16 `tailrecovery`'s)
 STREAMED = 17  # an inline batch compressed by the proxy's zstd stream to that leader (generation u32 first)
 
 _HEAD = struct.Struct("!2sBB")

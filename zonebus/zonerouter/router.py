@@ -34,6 +34,7 @@ from zonebus.zonerouter.leader import LeaderSide
 from zonebus.zonerouter.linkrefs import LinkPins
 from zonebus.zonerouter.paths import LINK, PathChooser, level_for
 from zonebus.zonerouter.proxy import OUT_OF_STEP, Proxy, retry_error
+from zonebus.zonerouter.pushclaims import PushOffers
 from zonebus.zonerouter.pushserving import push_deliver, stream_of_create
 from zonebus.zonerouter.reader import Reader
 from zonebus.zonerouter.serving import REPLY_PREFIX, ReadServer
@@ -90,6 +91,8 @@ class ZoneRouter:
         js.svc.on_stored_hook = self.serving.on_stored
         js.svc.push_horizon = self.serving.pushes.horizon
         self.serving.pushes.api = self._push_api
+        self.offers = PushOffers(server, js.svc, self.serving.pushes, lambda zone: self.view.proxy(zone, self.name),
+                                 self._send)  # push consumers made elsewhere go to their subscribers' proxy
         self.serving.spread = TailSpread(self.opts.zone_router_spread, self.serving.reader_lag,
                                          self.serving.on_joined)
         self.tails: TailRecovery | None = None
@@ -292,6 +295,7 @@ class ZoneRouter:
                 if self.pins is not None:
                     self.pins.attach()
                 self._pin_replicas()
+                self.offers.scan(asyncio.get_running_loop().time())
                 if self.reader is not None:
                     await self.reader.expire()
                 if self.proxy is not None:
@@ -514,6 +518,10 @@ class ZoneRouter:
                 self.reader.on_deliveries(peer, rf.Deliveries.decode(frame))
             elif kind == rf.PUSHED:
                 self.reader.on_pushed(peer, rf.Pushed.decode(frame))
+            elif kind == rf.PUSH_OFFER:  # a push consumer made elsewhere, subscribed in this zone (`pushclaims`)
+                offer = rf.PushOffer.decode(frame)
+                if self.stream_target(offer.stream) == (offer.stream, peer, self.name):
+                    self.reader.push_claim(offer.stream, offer.deliver, peer)
             elif kind == rf.ACKED:
                 self.reader.on_acked(rf.acked_id(frame))
             elif kind == rf.SYNCED:
@@ -563,6 +571,7 @@ class ZoneRouter:
             out["links"] = self.pins.info()
         if self.js.copies is not None:
             out["batch_copies"] = dict(self.js.copies.stats)
-        out["serving"] = {**self.serving.stats, **self.serving.pushes.info(), "requests": len(self.serving.reqs),
+        out["serving"] = {**self.serving.stats, **self.serving.pushes.info(), **self.offers.stats,
+                          "requests": len(self.serving.reqs),
                           "spread": self.serving.spread.info()}
         return out
