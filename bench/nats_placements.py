@@ -71,24 +71,36 @@ def expected(bills: dict[int, float], p_out: float) -> float:
     return sum(w * bills[k] for k, w in enumerate(weights(p_out)))
 
 
-def _nats_runs(results: Results, w: str) -> tuple[dict[int | None, dict], int, int]:
-    """nats-server's runs of workload `w` by count led outside, and its sampled elections over them: (consumers
-    led outside, sampled); (0, 0) unless it ran at every placement."""
-    runs = {b.outside: r for b, ww, r in results if b.impl == "nats" and ww == w}
+def _nats_runs(results: Results, w: str) -> tuple[dict[int | None, list[dict]], int, int]:
+    """nats-server's runs of workload `w` by count led outside (each placement's rounds), and its sampled
+    elections over them: (consumers led outside, sampled); (0, 0) unless it ran at every placement."""
+    runs: dict[int | None, list[dict]] = {}
+    for b, ww, r in results:
+        if b.impl == "nats" and ww == w:
+            runs.setdefault(b.outside, []).append(r)
     if set(runs) != {0, 1, 2, 3}:
         return runs, 0, 0
-    return runs, sum(r["elected"][0] for r in runs.values()), sum(r["elected"][1] for r in runs.values())
+    return (runs, sum(r["elected"][0] for rs in runs.values() for r in rs),
+            sum(r["elected"][1] for rs in runs.values() for r in rs))
+
+
+def placement_bill(runs: list[dict], prices: StoragePrices) -> float:
+    """The mean bill of one placement's rounds."""
+    return sum(bill_per_gb(r, prices) for r in runs) / len(runs)
 
 
 def nats_bill(results: Results, w: str, prices: StoragePrices) -> tuple[float, str] | None:
     """nats-server's bill for workload `w` ($/GB) and what it is: its expected bill over its elections when it
-    ran once per placement (`--nats-placements each`), else its one run's."""
+    ran at every placement (`--nats-placements each`; each placement's bill the mean of its rounds), else its
+    one run's (the mean of its rounds)."""
     runs, out, n = _nats_runs(results, w)
     if n:
-        bills = {k: bill_per_gb(r, prices) for k, r in runs.items() if k is not None}
-        return expected(bills, out / n), f"expected over its elections, {out}/{n} led outside"
+        bills = {k: placement_bill(rs, prices) for k, rs in runs.items() if k is not None}
+        rounds = min(len(rs) for rs in runs.values())
+        return expected(bills, out / n), (f"expected over its elections, {out}/{n} led outside"
+                                          + (f", {rounds} rounds" if rounds > 1 else ""))
     if runs:
-        return bill_per_gb(next(iter(runs.values())), prices), "one run's placement"
+        return placement_bill(next(iter(runs.values())), prices), "one placement, as elected"
     return None
 
 
@@ -105,7 +117,8 @@ def election_lines(results: Results) -> list[str]:
         ref = nats_bill(results, w, std)
         assert ref is not None
         lines.append(f"- {w}: nats-server at S3 Standard prices with 0/1/2/3 of the 3 readers' consumers led outside "
-                     "their zone: " + " / ".join(f"${bill_per_gb(runs[k], std):.4f}" for k in range(4))
+                     "their zone (mean of its rounds): "
+                     + " / ".join(f"${placement_bill(runs[k], std):.4f}" for k in range(4))
                      + f" per GB; its elections led {out} of {n} sampled consumers outside the zone they were "
                      f"created in, so these placements weigh " + " / ".join(f"{x:.2f}" for x in ws)
                      + f": expected ${ref[0]:.4f}/GB")

@@ -238,12 +238,13 @@ class Bench:
     """One setup: its cluster, its S3 stand-in (zonebus), how its streams are made."""
 
     def __init__(self, impl: str, latency: bool, prefix_depth: int = 4, ack: str = "replicas",
-                 spread: str = "auto", outside: int | None = None) -> None:
+                 spread: str = "auto", outside: int | None = None, round_no: int = 0) -> None:
         self.impl, self.latency, self.prefix_depth, self.ack, self.spread = impl, latency, prefix_depth, ack, spread
         self.outside = outside  # nats-server: readers z1..z<outside> get consumers led outside their zone
         self.s3: MotoS3 | None = None
         if impl == "nats":
-            self.label = "nats-server R3, s2_best" + (f", {outside}/3 led outside" if outside is not None else "")
+            self.label = ("nats-server R3, s2_best" + (f", {outside}/3 led outside" if outside is not None else "")
+                          + (f", round {round_no}" if round_no else ""))
         else:
             self.label = (f"zonebus zone router, S3, ack: {ack}" + (f", spread: {spread}" if spread != "auto" else "")
                           + ("" if latency else " (latency off: flattering)"))
@@ -521,12 +522,13 @@ async def main_async(args: argparse.Namespace) -> None:
     results = []
     started_load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     placements = [0, 1, 2, 3] if args.nats_placements == "each" else [None]
-    setups = [(impl, spread, k) for impl in impls for spread in (args.spread if impl == "zonebus" else ["-"])
-              for k in (placements if impl == "nats" else [None])]
-    for impl, spread, k in setups:
+    rounds = range(1, args.nats_rounds + 1) if args.nats_rounds > 1 else [0]
+    setups = [(impl, spread, k, r) for impl in impls for spread in (args.spread if impl == "zonebus" else ["-"])
+              for r in (rounds if impl == "nats" else [0]) for k in (placements if impl == "nats" else [None])]
+    for impl, spread, k, r in setups:
         for w in args.workloads:  # a fresh cluster (and bucket) per workload: nothing left over from the last
             bench = Bench(impl, latency=args.latency != "off", prefix_depth=args.prefix_depth, ack=args.ack,
-                          spread=spread, outside=k)
+                          spread=spread, outside=k, round_no=r)
             with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="zb-bill-") as tmp:
                 log(f"starting {bench.label} for {w}")
                 bench.start(stack, Path(tmp))
@@ -563,6 +565,9 @@ def main() -> None:
     ap.add_argument("--nats-placements", choices=("each", "elected"), default="each",
                     help="each: nats-server once per count of consumers led outside their reader's zone, weighed "
                          "by its sampled elections (its expected bill); elected: one run, as its election falls")
+    ap.add_argument("--nats-rounds", type=int, default=2,
+                    help="nats-server's runs per placement (interleaved; its bill at each is their mean): its "
+                         "steady bill moves 4-9%% from one run to the next")
     ap.add_argument("--prefix-depth", type=int, default=4, help="key prefix depth of the storage request counts")
     ap.add_argument("--no-report", dest="report", action="store_false",
                     help="skip `zonebus cost report` over the zonebus servers' ledger (checked against the bench)")
@@ -570,6 +575,8 @@ def main() -> None:
     bad = set(args.workloads) - {"steady", "burst"}
     if bad:
         ap.error(f"unknown workloads {sorted(bad)}")
+    if args.nats_rounds < 1:
+        ap.error(f"--nats-rounds: expected 1 or more, got {args.nats_rounds}")
     if not args.spread or set(args.spread) - set(SPREADS):
         ap.error(f"--spread: expected auto, all or quorum (or several), got {','.join(args.spread)!r}")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)

@@ -76,6 +76,30 @@ async def _watch(url: str, bucket: str, want: int, ready: asyncio.Event) -> list
     return got
 
 
+async def _publish(js: nats.js.JetStreamContext, prefix: str, n: int, subjects: int) -> None:
+    """`n` messages of VALUE bytes carrying their index, on `subjects` subjects under `prefix`, 100 in flight."""
+    for start in range(0, n, 100):
+        await asyncio.gather(*(js.publish(f"{prefix}.{i % subjects}", f"{i}".encode().ljust(VALUE, b"."))
+                               for i in range(start, min(n, start + 100))))
+
+
+async def _stream_in_z2(zoned, name: str) -> tuple[nats.NATS, nats.js.JetStreamContext]:
+    """Once the mapping is full: a client of b1 and a file stream `name` on `<name in lower case>.>` led by b1."""
+    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
+    nc = await nats.connect(zoned.servers["b1"].url)
+    try:
+        js = nc.jetstream(timeout=10)
+        await js.add_stream(name=name, subjects=[f"{name.lower()}.>"], storage=StorageType.FILE, placement=Z2)
+    except BaseException:
+        await nc.close()
+        raise
+    return nc, js
+
+
+def _index(m: nats.aio.msg.Msg) -> int:
+    return int(m.data.rstrip(b"."))
+
+
 def _served(zoned, names: tuple[str, ...], key: str) -> int:
     return sum(router_info(zoned.servers[n]).get("reader", {}).get(key, 0) for n in names)
 
@@ -156,21 +180,16 @@ async def test_object_get_in_another_zone_reads_through_its_proxy(zoned) -> None
 @pytest.mark.timeout(90)
 async def test_durable_push_subscription_acks_through_the_proxy(zoned) -> None:
     s = zoned.servers
-    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
-    nc = await nats.connect(s["b1"].url)
+    nc, js = await _stream_in_z2(zoned, "PUSHED")
     sub_nc = await nats.connect(s["a2"].url)
     n = 500
     try:
-        js = nc.jetstream(timeout=10)
-        await js.add_stream(name="PUSHED", subjects=["pushed.>"], storage=StorageType.FILE, placement=Z2)
-        for start in range(0, n, 100):
-            await asyncio.gather(*(js.publish(f"pushed.{i % 7}", f"{i}".encode().ljust(VALUE, b"."))
-                                   for i in range(start, start + 100)))
+        await _publish(js, "pushed", n, 7)
         got: list[int] = []
         done = asyncio.Event()
 
         async def on_msg(m) -> None:
-            got.append(int(m.data.rstrip(b".")))
+            got.append(_index(m))
             assert m.metadata.num_delivered == 1 and m.metadata.sequence.stream == len(got)
             await m.ack()
             if len(got) == n:
@@ -201,13 +220,10 @@ async def test_push_consumer_made_elsewhere_is_claimed_by_its_subscribers_zone(z
     proxy (its deliver subject's only subscriber is in z1), which claims it: its deliveries are read from the
     shared store in z1."""
     s = zoned.servers
-    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
-    nc = await nats.connect(s["b1"].url)
+    nc, js = await _stream_in_z2(zoned, "MADE")
     sub_nc = await nats.connect(s["a2"].url)
     n = 300
     try:
-        js = nc.jetstream(timeout=10)
-        await js.add_stream(name="MADE", subjects=["made.>"], storage=StorageType.FILE, placement=Z2)
         await js.add_consumer("MADE", ConsumerConfig(durable_name="ops", deliver_subject="dlv.ops",
                                                      filter_subject="made.>", ack_policy=AckPolicy.EXPLICIT))
         claims = await _reader_total(zoned, ("a1", "a2"), "push_claims")
@@ -215,7 +231,7 @@ async def test_push_consumer_made_elsewhere_is_claimed_by_its_subscribers_zone(z
         done = asyncio.Event()
 
         async def on_msg(m) -> None:
-            got.append(int(m.data.rstrip(b".")))
+            got.append(_index(m))
             await m.ack()
             if len(got) == n:
                 done.set()
@@ -227,9 +243,7 @@ async def test_push_consumer_made_elsewhere_is_claimed_by_its_subscribers_zone(z
                 and router_info(s["b1"])["serving"]["push_offers"] >= 1
         await until(claimed, "z1's proxy claimed the consumer", timeout=10)
         zoned.proxy.reset()
-        for start in range(0, n, 100):
-            await asyncio.gather(*(js.publish(f"made.{i % 5}", f"{i}".encode().ljust(VALUE, b"."))
-                                   for i in range(start, start + 100)))
+        await _publish(js, "made", n, 5)
         await asyncio.wait_for(done.wait(), 30)
         crossed = zoned.cross_zone_bytes()
         assert got == list(range(n))
@@ -247,19 +261,16 @@ async def test_deliver_group_served_by_the_proxy_of_its_creators_zone(zoned) -> 
     z1's proxy serves it, its members here get the deliveries, each message once across the group (z3's member
     is one more subscriber: nothing is offered while a proxy serves the subject)."""
     s = zoned.servers
-    await asyncio.to_thread(wait_until, full_view(zoned, FULL), "the full mapping")
-    nc = await nats.connect(s["b1"].url)
+    nc, js = await _stream_in_z2(zoned, "GRP")
     members = [await nats.connect(s[name].url) for name in ("a2", "a1", "c1")]
     n = 300
     try:
-        js = nc.jetstream(timeout=10)
-        await js.add_stream(name="GRP", subjects=["grp.>"], storage=StorageType.FILE, placement=Z2)
         got: dict[int, list[int]] = {0: [], 1: [], 2: []}
         done = asyncio.Event()
 
         def handler(k: int):
             async def on_msg(m) -> None:
-                got[k].append(int(m.data.rstrip(b".")))
+                got[k].append(_index(m))
                 await m.ack()
                 if sum(len(v) for v in got.values()) >= n:
                     done.set()
@@ -270,9 +281,7 @@ async def test_deliver_group_served_by_the_proxy_of_its_creators_zone(zoned) -> 
         await until(lambda: router_info(s["b1"])["serving"]["push_consumers"] >= 1, "z1's proxy serves it",
                     timeout=10)
         zoned.proxy.reset()
-        for start in range(0, n, 100):
-            await asyncio.gather(*(js.publish(f"grp.{i % 5}", f"{i}".encode().ljust(VALUE, b"."))
-                                   for i in range(start, start + 100)))
+        await _publish(js, "grp", n, 5)
         await asyncio.wait_for(done.wait(), 30)
         crossed = zoned.cross_zone_bytes()
         everything = sorted(x for v in got.values() for x in v)

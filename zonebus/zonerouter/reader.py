@@ -205,13 +205,8 @@ class Reader:
         leader with a registration of its deliver subject for this proxy (`pushserving`), so that the consumer's
         deliveries come as `Pushed` records and their payloads are read here; False when it cannot be sent (the
         caller forwards the request as usual)."""
-        self.snapshot(stream)
-        self._next += 1
-        pid = self._next
-        frame = rf.PushCreate(pid, stream, deliver, subject, reply, headers or b"", payload).encode()
-        if not self.send(leader, frame):
+        if not self._push_register(stream, deliver, leader, subject, reply, headers or b"", payload):
             return False
-        self.pushes[pid] = _Req(pid, deliver, stream, "", leader, float("inf"), push=True)
         self.stats["push_creates"] += 1
         return True
 
@@ -219,15 +214,19 @@ class Reader:
         """Claim a push consumer created elsewhere whose subscribers are in this zone (the leader offered it:
         `pushclaims`): its deliver subject is registered with the leader without a create request; the leader
         ends the registration at once when another proxy serves that subject."""
-        if (stream, deliver) in self.push_subjects():
+        if (stream, deliver) in self.push_subjects() or not self._push_register(stream, deliver, leader):
             return False
+        self.stats["push_claims"] += 1
+        return True
+
+    def _push_register(self, stream: str, deliver: str, leader: str, subject: str = "", reply: str = "",
+                       headers: bytes = b"", payload: bytes = b"") -> bool:
         self.snapshot(stream)
         self._next += 1
         pid = self._next
-        if not self.send(leader, rf.PushCreate(pid, stream, deliver, "", "", b"", b"").encode()):
+        if not self.send(leader, rf.PushCreate(pid, stream, deliver, subject, reply, headers, payload).encode()):
             return False
         self.pushes[pid] = _Req(pid, deliver, stream, "", leader, float("inf"), push=True)
-        self.stats["push_claims"] += 1
         return True
 
     def push_subjects(self) -> set[tuple[str, str]]:

@@ -20,7 +20,9 @@ in other zones (one, by default) hold its record, and stores its log object ever
   what they read next is stored before they reach it, so the tail's bytes would buy nothing; not within
   `JOIN_GRACE` of the join, while they read what the join brought), or until none of its consumers asked for
   `READERS_GONE` seconds. Then it reads stored log objects again, as `quorum`'s other zones do, and rejoins
-  from its own position when its consumers are back at the head. So steady traffic is
+  from its own position when its consumers are back at the head; after a leave for lag, not within
+  `REJOIN_AFTER` (the burst they fell behind in is likely still on: a reader that catches up on a stored
+  object and joins again would be sent, and fall behind on, the tail of the same burst once more). So steady traffic is
   read in every zone as soon as it is acknowledged (as with `all`), a burst crosses zones about as often as
   with `quorum`, and a zone without readers gets no tail beyond the quorum.
 - `all`: every proxy that polls as a replica gets the records as they are written, so every zone's consumers
@@ -44,6 +46,7 @@ JOIN_UNSTORED = 1000  # ... or waiting at the horizon with at most this many mes
 LEAVE_LAG = 500  # ... and stops getting it once all of them are this many behind
 JOIN_GRACE = 1.0  # seconds after a join without leaving for the lag: the consumers read what the join brought
 READERS_GONE = 2.0  # seconds: a proxy none of whose consumers asked this long gets no tail beyond the quorum
+REJOIN_AFTER = 5.0  # seconds after a proxy left for lag before it may join again
 
 # (stream, proxy) -> (messages its most advanced consumer is behind the last one, whether one of its consumers
 # read everything stored: its cursor is past the store's durable sequence), or None: no readers there
@@ -64,6 +67,7 @@ class TailSpread:
         self.chosen: dict[str, list[str]] = {}  # stream -> the proxies (server names) of its tail's quorum
         self.live: dict[str, dict[str, float]] = {}  # stream -> proxies beyond the quorum reading at the head:
         # when they joined (monotonic)
+        self.left: dict[str, dict[str, float]] = {}  # stream -> proxies that left for lag: when (monotonic)
         self.stats = {"joins": 0, "leaves": 0}
 
     @property
@@ -94,8 +98,12 @@ class TailSpread:
             if seen is None or (seen[0] >= LEAVE_LAG and now - live[peer] > JOIN_GRACE):
                 del live[peer]
                 self.stats["leaves"] += 1
+                if seen is not None:
+                    self.left.setdefault(name, {})[peer] = now
                 return False
             return True
+        if now - self.left.get(name, {}).get(peer, -REJOIN_AFTER) < REJOIN_AFTER:
+            return False
         if seen is not None and (seen[0] <= JOIN_LAG or (seen[1] and seen[0] <= JOIN_UNSTORED)):
             live[peer] = now
             self.stats["joins"] += 1
@@ -119,7 +127,7 @@ class TailSpread:
 
     def forget(self, keep: set[str]) -> None:
         """Streams no longer led here with a tail."""
-        for held in (self.chosen, self.live):
+        for held in (self.chosen, self.live, self.left):
             for name in [n for n in held if n not in keep]:
                 del held[name]
 
