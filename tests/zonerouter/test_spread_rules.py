@@ -21,7 +21,7 @@ def test_a_proxy_that_left_for_lag_rejoins_only_after_a_while(monkeypatch: pytes
     def step(dt: float, lag: tuple[int, bool] | None) -> bool:
         clock[0] += dt
         seen["p"] = lag
-        return spread._at_head("S", "p")
+        return spread.at_head("S", "p")
 
     assert step(0, (0, False)) and joined == ["S"]  # at the head: joins
     assert step(sp.JOIN_GRACE / 2, (sp.LEAVE_LAG, False))  # behind, but within the grace of its join

@@ -88,9 +88,11 @@ class TailSpread:
             chosen.append(peer)
             self.live.get(name, {}).pop(peer, None)
             return True
-        return self.mode == "auto" and self._at_head(name, peer)
+        return self.mode == "auto" and self.at_head(name, peer)
 
-    def _at_head(self, name: str, peer: str) -> bool:
+    def at_head(self, name: str, peer: str) -> bool:
+        """`auto`: does `peer`'s proxy, beyond the quorum, get `name`'s tail now? Joins and leaves it by its
+        consumers' lag (module doc), counted in `stats`."""
         live = self.live.setdefault(name, {})
         seen = self.lag(name, peer) if self.lag is not None else None
         now = time.monotonic()
