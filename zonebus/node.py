@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from zonebus.stream.cluster import ClusteredJetStream
     from zonebus.stream.monitoring import JetStreamMonitor
     from zonebus.stream.routed import RoutedDeliveries
+    from zonebus.stream.shards import WorkerShards
     from zonebus.zonerouter.router import ZoneRouter
 
 Query = Mapping[str, str]
@@ -62,6 +63,7 @@ class JetStreamExtension:
         self.server = server
         self.service: Any = None
         self.services: dict[str, Any] = {}  # account name ("" = global) -> its JetStreamService
+        self.workers: WorkerShards | None = None  # worker processes: each worker serves its share of the streams
 
     async def start(self) -> None:
         from zonebus.server.internal import InternalClient
@@ -76,10 +78,16 @@ class JetStreamExtension:
             account = server.accounts.lookup(name)
             client = InternalClient(server, f"$JS-{name}" if name else "$JS", account)
             svc = JetStreamService(js, server.name, client, account=name, account_limits=limits)
+            if self.workers is not None:
+                from zonebus.stream.shards import StreamShards
+
+                w = self.workers
+                svc.shards = StreamShards(svc, w.channels, w.index, w.count)
             await svc.start()
             self.services[name] = svc
         self.service = self.services.get("") or next(iter(self.services.values()))
-        start_not_enabled(server, set(self.services))
+        if self.workers is None or self.workers.index == 0:  # (worker 0 answers the API of them all)
+            start_not_enabled(server, set(self.services))
         server.info_extras["jetstream"] = True
         if js.domain:
             server.info_extras["domain"] = js.domain
@@ -127,7 +135,7 @@ class Node:
         elif opts.jetstream.enabled:
             self.jetstream = JetStreamExtension(server)
             server.add_extension(self.jetstream)
-        server.pages["/jsz"] = self._jsz_page
+        server.pages["/jsz"] = self.jsz_page
         server.varz_sections["jetstream"] = self._jsz_varz
         server.pages["/queuez"] = self._queuez
         if self.cluster is not None or opts.queue_groups:
@@ -238,7 +246,7 @@ class Node:
         self.zone_router = router = ZoneRouter(server, self.cluster, self.clustered_js)
         server.add_extension(router)
         server.forwarder = RouterForwarder(router, server.forwarder)
-        server.pages["/jsz"] = lambda query: {**self._jsz_page(query), "zone_router": router.info()}
+        server.pages["/jsz"] = lambda query: {**self.jsz_page(query), "zone_router": router.info()}
         server.pages["/connz"] = router.zones.connz_page
 
     def _wire_queue_groups(self) -> QueueService:
@@ -307,7 +315,7 @@ class Node:
                 self._jsz = JetStreamMonitor(self.server, lambda: getattr(self.jetstream, "service", None))
         return self._jsz
 
-    def _jsz_page(self, query: Query) -> dict[str, Any]:
+    def jsz_page(self, query: Query) -> dict[str, Any]:
         page = self.jsz.page(query)
         if self.jetstream is not None:
             from zonebus.storage.usage import storage_requests

@@ -1,4 +1,4 @@
-"""JetStream on a server of several workers: worker 0 runs it; clients of every worker use it over the local links.
+"""JetStream on a server of several workers: clients of every worker use every stream, wherever it lives.
 
 The JetStream API, stream capture of what clients of any worker publish, PubAcks, and pull and push consumers
 whose deliveries keep the stored message's subject when they cross to another worker.
@@ -44,7 +44,7 @@ async def test_streams_and_consumers_from_every_worker(server: ServerProcess) ->
     clients = await clients_on_both(server.url)
     try:
         assert all(c._server_info.get("jetstream") for c in clients)
-        other = next(c for c in clients if worker_of(c) == 1)  # JetStream itself runs in worker 0
+        other = next(c for c in clients if worker_of(c) == 1)  # (the API's front is worker 0)
         js = other.jetstream()
         await js.add_stream(name="ORDERS", subjects=["orders.>"])
         for i, c in enumerate(clients):  # plain publishes of every worker are captured, in order

@@ -406,7 +406,7 @@ def metrics_text(server: Server, sections: Iterable[str] = SECTIONS, built: Mapp
     if "healthz" in wanted:
         out.gauge("gnatsd_healthz_status", {"server_id": sid, "value": "ok"}, 0, "status")
     if "jsz" in wanted:
-        doc = _page(server, "/jsz", JSZ_QUERY)
+        doc = built.get("/jsz") or _page(server, "/jsz", JSZ_QUERY)
         if doc is not None:
             jetstream_series(out, doc, sid, server.name)
     if "ledger" in wanted:

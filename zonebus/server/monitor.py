@@ -413,13 +413,13 @@ async def _page(build: Any, request: web.Request) -> web.Response:
 
 
 async def _metrics(server: Server, request: web.Request) -> web.Response:
-    from zonebus.server.metrics import CONTENT_TYPE, metrics_text
+    from zonebus.server.metrics import CONTENT_TYPE, JSZ_QUERY, metrics_text
 
     built: dict[str, Any] = {}
-    for path in ("/varz", "/connz", "/subsz"):  # an extension's builder (zonebus.workers: summed over the workers)
+    for path in ("/varz", "/connz", "/subsz", "/jsz"):  # an extension's builder (zonebus.workers: of all workers)
         build = server.pages.get(path)
         if build is not None:
-            body = build({})
+            body = build(JSZ_QUERY if path == "/jsz" else {})
             built[path] = await body if inspect.isawaitable(body) else body
     if server.ledger_totals is not None:
         built["ledger"] = await server.ledger_totals()

@@ -169,7 +169,7 @@ class JSApi:
         subjects it must not overlap (default: this server's)."""
         req = decode(parse_json(payload, "StreamConfigRequest"), jsconfig.STREAM_FIELDS, "StreamConfigRequest")
         if others is None:
-            others = {n: s.cfg for n, s in self.svc.streams.items()}
+            others = self._all_configs()
         return stream_config.normalize(req, name, others, self.svc.clustered, update)
 
     def stream_create(self, payload: bytes, name: str) -> dict[str, Any]:
@@ -180,7 +180,7 @@ class JSApi:
                 raise JSError("stream_name_exist")
             return {**existing.info(), "did_create": True}
         acc = self.svc.account_limits
-        if acc is not None and 0 <= acc.max_streams <= len(self.svc.streams):
+        if acc is not None and 0 <= acc.max_streams <= len(self.svc.streams) + len(self.svc.foreign_configs()):
             raise JSError("max_streams")
         limits.check_reservation(self.svc, cfg)
         stream = self.svc.create_stream(cfg)
@@ -191,7 +191,7 @@ class JSApi:
         if req.get("name", "") != name:
             raise JSError("stream_mismatch")
         stream = self._stream(name)
-        others = {n: s.cfg for n, s in self.svc.streams.items()}
+        others = self._all_configs()
         cfg = stream_config.normalize(req, name, others, self.svc.clustered, update=True)
         stream_config.check_update(stream.cfg, cfg)
         limits.check_reservation(self.svc, cfg)
@@ -232,13 +232,16 @@ class JSApi:
     def _paged(self, payload: bytes) -> dict[str, Any]:
         return decode(parse_json(payload, "JSApiStreamNamesRequest"), jsconfig.LIST_FIELDS, "JSApiStreamNamesRequest")
 
-    def _names(self, req: dict[str, Any]) -> list[str]:
-        """Stream names, sorted, limited to streams with a subject overlapping the request's `subject`."""
-        names = sorted(self.svc.streams)
+    def _all_configs(self) -> dict[str, dict[str, Any]]:
+        """Every stream's config (name -> config): this server's, other workers' too."""
+        return {**self.svc.foreign_configs(), **{n: s.cfg for n, s in self.svc.streams.items()}}
+
+    def _names(self, req: dict[str, Any], local: bool = False) -> list[str]:
+        """Stream names (the other workers' too, unless `local`), sorted, limited to streams with a subject
+        overlapping the request's `subject`."""
+        configs = {n: s.cfg for n, s in self.svc.streams.items()} if local else self._all_configs()
         subj = req.get("subject")
-        if subj:
-            names = [n for n in names if any(overlaps(subj, s) for s in self.svc.streams[n].cfg["subjects"])]
-        return names
+        return sorted(n for n, cfg in configs.items() if not subj or any(overlaps(subj, s) for s in cfg["subjects"]))
 
     def stream_names(self, payload: bytes) -> dict[str, Any]:
         req = self._paged(payload)
@@ -247,15 +250,27 @@ class JSApi:
         return {"total": len(names), "offset": off, "limit": NAMES_LIMIT, "streams": names[off : off + NAMES_LIMIT]}
 
     def stream_list(self, payload: bytes) -> dict[str, Any]:
-        req = self._paged(payload)
-        names = self._names(req)
-        off = max(req.get("offset", 0), 0)
+        return self.stream_list_of(payload, [])
+
+    def local_stream_infos(self, payload: bytes) -> list[dict[str, Any]]:
+        """The infos of this server's (or worker's) streams a STREAM.LIST request asks for, unpaged."""
         infos = []
-        for n in names[off : off + LIST_LIMIT]:
+        for n in self._names(self._paged(payload), local=True):
             info = self.svc.streams[n].info()
             info.pop("cluster", None)
             infos.append(info)
-        return {"total": len(names), "offset": off, "limit": LIST_LIMIT, "streams": infos}
+        return infos
+
+    def stream_list_of(self, payload: bytes, others: list[dict[str, Any]]) -> dict[str, Any]:
+        """The STREAM.LIST answer over this server's streams and `others` (other workers' stream infos)."""
+        try:
+            req = self._paged(payload)
+            infos = sorted(self.local_stream_infos(payload) + others, key=lambda i: i["config"]["name"])
+        except JSError as err:
+            return {"type": PREFIX + "stream_list_response", "error": err.to_dict()}
+        off = max(req.get("offset", 0), 0)
+        return {"type": PREFIX + "stream_list_response", "total": len(infos), "offset": off, "limit": LIST_LIMIT,
+                "streams": infos[off : off + LIST_LIMIT]}
 
     def msg_get(self, payload: bytes, name: str) -> dict[str, Any]:
         req = decode(parse_json(payload, "JSApiMsgGetRequest"), jsconfig.MSG_GET_FIELDS, "JSApiMsgGetRequest")

@@ -42,5 +42,7 @@ def check_reservation(svc: JetStreamService, cfg: dict[str, Any]) -> None:
     if limit is None or limit < 0:
         return
     add = cfg["max_bytes"] if cfg["max_bytes"] > 0 else 1
-    if reserved(svc.streams.values(), storage, exclude=cfg["name"]) + add > limit:
+    foreign = sum(c["max_bytes"] for n, c in svc.foreign_configs().items()  # (other workers' streams)
+                  if c["storage"] == storage and c["max_bytes"] > 0 and n != cfg["name"])
+    if reserved(svc.streams.values(), storage, exclude=cfg["name"]) + foreign + add > limit:
         raise JSError("memory_resources_exceeded" if storage == "memory" else "storage_resources_exceeded")

@@ -211,3 +211,28 @@ class JetStreamMonitor:
         if meta is not None:
             out["meta"] = meta
         return out
+
+
+def merge_jsz(page: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """`/jsz` of a server of several workers, each serving its share of the streams (zonebus.stream.shards):
+    worker 0's page with the other workers' usage, counts and stream details added."""
+    for part in parts:
+        for key in ("memory", "storage", "streams", "consumers", "messages", "bytes", "streams_leader",
+                    "consumers_leader"):
+            if key in page:
+                page[key] += part.get(key, 0)
+        for key in ("total", "errors"):
+            if "api" in page:
+                page["api"][key] = page["api"].get(key, 0) + part.get("api", {}).get(key, 0)
+        mine = {a["name"]: a for a in page.get("account_details", ())}
+        for detail in part.get("account_details", ()):
+            acc = mine.get(detail["name"])
+            if acc is None:
+                continue
+            acc["memory"] += detail.get("memory", 0)
+            acc["storage"] += detail.get("storage", 0)
+            if detail.get("stream_detail"):
+                acc["stream_detail"] = sorted([*acc.get("stream_detail", ()), *detail["stream_detail"]],
+                                              key=lambda d: d["name"])
+    return page
+

@@ -24,6 +24,10 @@ meta group makes it lead (`adopt_shared` / `adopt_memory`, `release`), recovers 
 subscribe the API (the clustered layer answers it); acks and flow control are subscribed per stream, so that
 they reach the stream's leader wherever they are published.
 
+With worker processes (`shards`, zonebus.stream.shards) each worker's service serves its share of the streams:
+it recovers only its own, subscribes acks, flow control, pull requests and direct gets per stream, and worker 0
+alone subscribes the API, passing requests about other workers' streams on.
+
 With `stream_queue` (set by the zone router) a stream's subscriptions (its subjects, acks, flow control) join
 the queue group `$JSQ.<stream>` instead of being plain ones: a route then names that group on the copies the
 stream is to store, and a copy for the core subscribers of the leader's server alone does not reach it.
@@ -53,11 +57,14 @@ from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
 from zonebus.stream.domain import DomainAPI
 from zonebus.stream.hooks import PushHorizon, StoredHook, TailHook, TapHook, VisibleHook
+from zonebus.stream.inbound import Inbound
 from zonebus.stream.sending import Sending
+from zonebus.stream.shards import FRONT_SUBJECTS
 from zonebus.stream.stream import Stream
 
 if TYPE_CHECKING:
     from zonebus.options import AccountJetStream, JetStreamOptions
+    from zonebus.stream.shards import StreamShards
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +74,7 @@ HOUSEKEEPING_INTERVAL = 0.5
 STREAM_QUEUE = "$JSQ."  # with `stream_queue`: a stream's subscriptions join the queue group STREAM_QUEUE + name
 
 
-class JetStreamService(Sending):
+class JetStreamService(Sending, Inbound):
     def __init__(self, opts: JetStreamOptions, server_name: str, client: Any, clustered: bool = False,
                  account: str = "", account_limits: AccountJetStream | None = None) -> None:
         if account_limits is not None and (account_limits.max_memory >= 0 or account_limits.max_storage >= 0):
@@ -111,6 +118,7 @@ class JetStreamService(Sending):
         # zone router: every subscription of a stream joins the queue group `STREAM_QUEUE + name`, so that
         # routes tell a stream's interest apart from core subscribers' (its only member is the leader)
         self.stream_queue = False
+        self.shards: StreamShards | None = None  # worker processes: this worker's part (zonebus.stream.shards)
         # encryption at rest of the local file store (`jetstream { key, cipher, prev_key }`); None: plaintext
         self.atrest = configured(opts.encryption_key, opts.encryption_cipher, opts.prev_encryption_key)
 
@@ -127,7 +135,10 @@ class JetStreamService(Sending):
             make_dirs(self.root)
         except OSError as exc:
             raise OSError(f"jetstream store_dir {store_dir!r}: {exc.strerror or exc}") from None
+        shards = self.shards
         for d in sorted(p for p in self.root.iterdir() if p.is_dir() and not self.clustered):
+            if shards is not None and (shards.owner_of_dir(d) != shards.index or not shards.claim(d)):
+                continue  # another worker's
             try:
                 self._recover_stream(d)
             except AtRestKeyError as exc:  # as nats-server: the stream is not loaded, its files are kept
@@ -139,16 +150,21 @@ class JetStreamService(Sending):
             base = Path(store_dir) / "jetstream" / self.account if self.account else Path(store_dir) / "jetstream"
             self._start_shared(base / "shared-cache")
         c = self.client
-        if not self.clustered:
-            self._sids.append(c.subscribe("$JS.API.>", self._on_api))
+        front = shards is None or shards.front  # (with workers, worker 0 subscribes the API and passes it on)
+        if not self.clustered and front:
+            for subject in FRONT_SUBJECTS if shards is not None else ("$JS.API.>",):
+                self._sids.append(c.subscribe(subject, self._on_api))
+        if not self.clustered and shards is None:  # (else per stream, where the stream is)
             self._sids.append(c.subscribe("$JS.ACK.>", self._on_ack))
             self._sids.append(c.subscribe("$JS.FC.>", self._on_fc))
-        if self.opts.domain:  # `$JS.<domain>.API.>` (zonebus.stream.domain)
+        if self.opts.domain and front:  # `$JS.<domain>.API.>` (zonebus.stream.domain)
             self._sids.append(DomainAPI(c, self.opts.domain).subscribe(clustered=self.clustered))
         for stream in self.streams.values():
             self._subscribe_stream(stream)
             for cons in stream.consumers.values():
                 cons.start()
+            if shards is not None:
+                shards.created(stream)
         self.started = True
         self._every(HOUSEKEEPING_INTERVAL, self._housekeeping)
         if not self._sync_always() and self.opts.sync_interval > 0:
@@ -206,6 +222,15 @@ class JetStreamService(Sending):
 
     # -- internal subscriptions ----------------------------------------------------------------------
     def _on_api(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        self.api_request(subject, reply, payload)
+
+    def api_request(self, subject: str, reply: str | None, payload: bytes) -> None:
+        """An API request as it came: passed on to the worker of its stream (zonebus.stream.shards), or served."""
+        if self.shards is None or not self.shards.route(subject, reply, payload):
+            self.serve_api(subject, reply, payload)
+
+    def serve_api(self, subject: str, reply: str | None, payload: bytes) -> None:
+        """Answer an API request here (from the subscription, or passed on by the front worker)."""
         if subject.startswith("$JS.API.CONSUMER.MSG.NEXT."):
             self._on_pull(subject, reply, payload)
             return
@@ -217,52 +242,6 @@ class JetStreamService(Sending):
         resp = self.api.handle(subject, payload)
         if resp is not None and reply:
             self.send(reply, json.dumps(resp, separators=(",", ":")).encode())
-
-    def _on_direct_get(self, subject: str, reply: str | None, payload: bytes) -> None:
-        if not reply:
-            return
-        name, key = direct.split_subject(subject)
-        stream = self.streams.get(name)
-        if stream is None or not stream.cfg.get("allow_direct"):
-            self.send(reply, b"", headers=direct.no_responders(subject))
-            return
-        for hdrs, data in direct.answer(stream, key, payload):
-            self.send(reply, data, headers=hdrs)
-
-    def _on_pull(self, subject: str, reply: str | None, payload: bytes) -> None:
-        toks = subject.split(".")
-        if len(toks) != 7 or not reply:
-            return
-        stream = self.streams.get(toks[5])
-        cons = stream.consumers.get(toks[6]) if stream else None
-        if cons is None:
-            return  # nats-server does not answer either: the client sees no responders or a timeout
-        cons.waiting.add(reply, payload)
-
-    def _on_ack(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
-        toks = subject.split(".")
-        # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<dseq>.<ts>.<pending>
-        if len(toks) != 9:
-            return
-        stream = self.streams.get(toks[2])
-        cons = stream.consumers.get(toks[3]) if stream else None
-        if cons is None:
-            if reply:
-                self.send(reply, b"")
-            return
-        try:
-            sseq, dseq = int(toks[5]), int(toks[6])
-        except ValueError:
-            return
-        cons.on_ack(sseq, dseq, payload, reply)
-
-    def _on_fc(self, subject: str, reply: str | None, headers: bytes | None, payload: bytes) -> None:
-        cons = self._fc.pop(subject, None)
-        if cons is not None:
-            cons.on_flow_control_reply(subject)
-
-    def register_fc(self, token: str, consumer: Consumer) -> None:
-        self._fc[token] = consumer
 
     # -- streams -------------------------------------------------------------------------------------
     def _stream_dir(self, name: str) -> Path:
@@ -296,6 +275,26 @@ class JetStreamService(Sending):
             stream.save_meta()
         self.streams[cfg["name"]] = stream
         self._subscribe_stream(stream)
+        if self.shards is not None:
+            self.shards.created(stream)
+        return stream
+
+    def foreign_configs(self) -> dict[str, dict[str, Any]]:
+        """The streams other workers of this server own (name -> config): none without workers."""
+        return self.shards.foreign_configs() if self.shards is not None else {}
+
+    def adopt_dir(self, name: str) -> Stream | None:
+        """Serve a file stream of the store directory that another worker just handed over."""
+        try:
+            self._recover_stream(self._stream_dir(name))
+        except Exception:
+            log.exception("JetStream: could not take stream %s over", name)
+            return None
+        stream = self.streams.get(name)
+        if stream is not None:
+            self._subscribe_stream(stream)
+            for cons in stream.consumers.values():
+                cons.start()
         return stream
 
     # -- shared store --------------------------------------------------------------------------------
@@ -439,10 +438,14 @@ class JetStreamService(Sending):
             self._subscribe_stream(stream)
         if cfg["retention"] != "limits":
             stream.recheck_interest()
+        if self.shards is not None:
+            self.shards.created(stream)
 
     def delete_stream(self, stream: Stream) -> None:
         self._unsubscribe_stream(stream)
         self.streams.pop(stream.name, None)
+        if self.shards is not None:
+            self.shards.gone(stream.name)
         for c in stream.consumers.values():
             self._dirty.discard(c)
         stream.destroy()
@@ -451,9 +454,14 @@ class JetStreamService(Sending):
         queue = STREAM_QUEUE + stream.name if self.stream_queue else None
         for subj in stream.cfg["subjects"]:
             stream.sids.append(self.client.subscribe(subj, stream.on_publish, queue))
-        if self.clustered:  # acks and flow control reach the leader wherever they are published
+        if self.clustered or self.shards is not None:  # acks and flow control reach the stream where it is
             stream.sids.append(self.client.subscribe(f"$JS.ACK.{stream.name}.>", self._on_ack, queue))
             stream.sids.append(self.client.subscribe(f"$JS.FC.{stream.name}.>", self._on_fc, queue))
+        if self.shards is not None:  # (where the stream is: the front's API subscriptions leave these out)
+            name = stream.name
+            stream.sids.append(self.client.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{name}.*", self._on_api))
+            stream.sids.append(self.client.subscribe(f"$JS.API.DIRECT.GET.{name}", self._on_api))
+            stream.sids.append(self.client.subscribe(f"$JS.API.DIRECT.GET.{name}.>", self._on_api))
 
     def _unsubscribe_stream(self, stream: Stream) -> None:
         for sid in stream.sids:

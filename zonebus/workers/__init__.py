@@ -6,12 +6,13 @@ whole zonebus server (`zonebus.node`) with the same server id and name; they sha
 messages travel over *local links* (`mesh.py`): Unix sockets in a private directory, one per pair of
 workers, speaking the route protocol (RS+/RS- with queue weights, RMSG/HMSG, LMSG channel frames) with the
 route's one-hop rule; they are no routes to anyone outside: not in `/routez`, not in the ledger, not counted
-in `/varz`. Worker 0 alone owns what must be single: the monitoring port (its `/varz`, `/connz`, `/subsz` and
-`/metrics`' ledger counters ask the other workers over the links, `stats.py`) and JetStream (its internal
-subscriptions are its interest, told to the other workers like a client's; deliveries that keep a stream
-subject cross on the `jsd` channel), and with them the routes, the meta group and the zone router, which takes
-what the other workers' clients publish as it comes over the local links (zonebus.zonerouter.forwarder).
-Nothing needs a server of one process.
+in `/varz`. Worker 0 alone owns what must be single: the monitoring port (its `/varz`, `/connz`, `/subsz`, `/jsz`
+and `/metrics`' ledger counters ask the other workers over the links, `stats.py`), the routes, gateways and leaf
+nodes, and with a cluster JetStream, the meta group and the zone router, which takes what the other workers'
+clients publish as it comes over the local links (zonebus.zonerouter.forwarder). JetStream of a server alone
+runs on every worker, each stream on one of them, worker 0 fronting the API (zonebus.stream.shards); a
+stream's internal subscriptions are its interest, told to the other workers like a client's, and deliveries
+that keep a stream subject cross on the `jsd` channel. Nothing needs a server of one process.
 """
 
 from __future__ import annotations

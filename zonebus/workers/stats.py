@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from zonebus.server.connection import WORKER
@@ -60,6 +60,11 @@ class WorkerStats:
         self._pending: dict[int, tuple[asyncio.Future, dict[str, Any]]] = {}
         self.migrator: Any = None  # zonebus.workers.migrate.Migrator, for its counts
         self.zones: ClientZones | None = None  # the zone router's client zones, marked in `/connz`
+        # JetStream on every worker (zonebus.stream.shards): this worker's `/jsz` for a query, and how worker 0
+        # adds the others' to its own
+        self.jsz_part: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.jsz_merge: Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]] | None = None
+        self.js_stats: Callable[[], dict[str, Any]] | None = None  # this worker's `/varz` `jetstream.stats`
 
     def serve_pages(self) -> None:
         """Worker 0: `/varz`, `/connz`, `/subsz` and `/metrics`' ledger totals of the whole server."""
@@ -80,11 +85,15 @@ class WorkerStats:
             return self._own_subsz(args)
         if page == "ledger":
             return self._own_ledger()
+        if page == "jsz":
+            return self.jsz_part(dict(args)) if self.jsz_part is not None else {}
         v = varz(server)
         out = {key: v.get(key, 0) for key in SUMMED}
         out["subscriptions"] -= self.mesh.remote_subscriptions()
         out["slow_consumer_stats"] = v.get("slow_consumer_stats", {})
         out["worker"], out["pid"] = self.mesh.index, os.getpid()
+        if self.js_stats is not None:
+            out["jetstream_stats"] = self.js_stats()
         if self.migrator is not None:
             out["clients_moved_out"], out["clients_moved_in"] = self.migrator.moved_out, self.migrator.moved_in
         return out
@@ -135,7 +144,10 @@ class WorkerStats:
                 args = json.loads(parts[3])
             except ValueError:
                 args = {}
-            body = self.own(parts[2].decode(errors="replace"), args if isinstance(args, dict) else {})
+            try:
+                body = self.own(parts[2].decode(errors="replace"), args if isinstance(args, dict) else {})
+            except Exception as exc:  # (a query worker 0 took: never left unanswered)
+                body = {"error": str(exc)}
             self.channel.send(peer, b"r %b %d %b" % (parts[1], self.mesh.index, json.dumps(body).encode()))
         elif parts[0] == b"r" and len(parts) == 4 and parts[2].isdigit():
             pending = self._pending.pop(int(parts[1]), None)
@@ -166,8 +178,19 @@ class WorkerStats:
                 kinds[kind] = kinds.get(kind, 0) + n
         if kinds:
             page["slow_consumer_stats"] = kinds
+        stats = (page.get("jetstream") or {}).get("stats")
+        if stats is not None and self.js_stats is not None:  # (each worker serves its share of the streams)
+            for i, a in answers.items():
+                theirs = a.get("jetstream_stats") or {}
+                if i == self.mesh.index or not theirs:
+                    continue
+                stats["memory"] += theirs.get("memory", 0)
+                stats["storage"] += theirs.get("storage", 0)
+                for key in ("total", "errors"):
+                    stats["api"][key] += theirs.get("api", {}).get(key, 0)
         page["workers"] = [
-            {"worker": i, "up": True, **{k: v for k, v in answers[i].items() if k != "worker"}} if i in answers
+            {"worker": i, "up": True, **{k: v for k, v in answers[i].items() if k not in ("worker", "jetstream_stats")}}
+            if i in answers
             else {"worker": i, "up": False}
             for i in range(self.mesh.spec.count)]
         return page
@@ -197,6 +220,14 @@ class WorkerStats:
             details = sorted((d for a in answers.values() for d in a.get("subs", ())),
                              key=lambda d: (d.get("cid", 0), d.get("sid", "")))
         return subsz_doc(self.server, stats, details, offset, limit)
+
+    async def jsz_page(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """`/jsz` of the whole server: every worker serves its share of the streams."""
+        answers = await self.gather("jsz", dict(query))
+        page = answers.pop(self.mesh.index)
+        if self.jsz_merge is None:
+            return page
+        return self.jsz_merge(page, [a for _, a in sorted(answers.items()) if "error" not in a])
 
     async def ledger_totals(self) -> LedgerTotals | None:
         """The ledger's running totals of every worker, summed (None without a ledger)."""

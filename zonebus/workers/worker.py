@@ -5,8 +5,10 @@ with the shared server id and name, joins the local mesh (`mesh.py`), starts the
 only once every other worker's start-up interest has reached it (`wready`: a client that asks worker 0's
 JetStream as soon as the port answers gets its answer from any worker); it then serves the shared client
 port until SIGTERM/SIGINT (SIGHUP reloads, SIGUSR2 enters lame duck mode, as a
-lone server). Worker 0 also runs the monitoring port (with `/varz` and `/connz` of all workers) and
-JetStream; the others announce JetStream in their INFO and reach it over the local links. Durable queue
+lone server). Worker 0 also runs the monitoring port (with `/varz`, `/connz` and `/jsz` of all workers).
+JetStream of a server alone runs on every worker, each serving its share of the streams, worker 0 fronting the
+API (zonebus.stream.shards); with a cluster, gateways, leaf nodes or a shared store it runs on worker 0, and the
+others announce it in their INFO and reach it over the local links. Durable queue
 groups: worker 0 is their primary, the others forward to it over the local links (zonebus.queue.service).
 The zone router (`jetstream { zone_router }`) runs on worker 0, with the cluster and its meta group: what
 the other workers' clients publish, pull, ack or get directly reaches it over the local links as their
@@ -44,9 +46,12 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     first = spec.index == 0
     js = opts.jetstream.enabled
     zoned = js and opts.jetstream.zone_router and bool(opts.cluster.port or opts.cluster.routes)  # (see node.py)
+    spread = js and spec.count > 1 and _lone_jetstream(opts)  # every worker serves its share of the streams
+    if spread and not opts.jetstream.store_dir:  # (one directory for all: a stream can move between workers)
+        opts.jetstream.store_dir = str(Path(spec.directory) / "jetstream")
     if not first:  # single things live in worker 0: monitoring, JetStream, routes, gateways, leaf nodes
         opts.http_port = opts.https_port = 0
-        opts.jetstream.enabled = False
+        opts.jetstream.enabled = spread
         opts.cluster.port, opts.cluster.routes = 0, []  # (the cluster's name stays: clients see it in INFO)
         opts.gateway.name, opts.gateway.port, opts.gateway.gateways = "", 0, []
         opts.leafnodes.port, opts.leafnodes.remotes = 0, []
@@ -79,13 +84,23 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     stats = WorkerStats(server, mesh)
     if first:
         stats.serve_pages()
+    if spread:
+        from zonebus.stream.monitoring import merge_jsz
+        from zonebus.stream.shards import WorkerShards
+
+        node.jetstream.workers = WorkerShards(mesh.channels, spec.index, spec.count)  # type: ignore[union-attr]
+        stats.jsz_part = node.jsz_page
+        stats.jsz_merge = merge_jsz
+        stats.js_stats = lambda: node.jsz.varz().get("stats", {})
+        if first:
+            server.pages["/jsz"] = stats.jsz_page
     routed = None
     if js and node.routed is None:  # (with a cluster, JetStream's deliveries already travel on `jsd`)
         from zonebus.server.internal import InternalClient
         from zonebus.stream.routed import RoutedDeliveries
 
         routed = RoutedDeliveries(InternalClient(server, "$JSD"), mesh.channels)  # deliveries keep their subject
-        if not first:
+        if not first and not spread:
             server.info_extras["jetstream"] = True
             if server.opts.jetstream.domain:  # (the JetStream domain, as worker 0's INFO says)
                 server.info_extras["domain"] = server.opts.jetstream.domain
@@ -100,7 +115,7 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
     stats.migrator = migrator
     try:
         await node.start()
-        if routed is not None and first and node.jetstream is not None:
+        if routed is not None and (first or spread) and node.jetstream is not None:
             routed.attach(node.jetstream.service.client)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_shutdown)
@@ -121,6 +136,14 @@ async def run_worker(opts: ServerOptions, spec: WorkerSpec) -> None:
         await server.shutdown()
         await mesh.stop()
         migrator.stop()
+
+
+def _lone_jetstream(opts: ServerOptions) -> bool:
+    """JetStream of a server alone: no cluster, gateways, leaf nodes or shared store (those run on worker 0,
+    and so do all their streams)."""
+    js, leaf = opts.jetstream, opts.leafnodes
+    return not (opts.cluster.port or opts.cluster.routes or opts.gateway.name or leaf.port or leaf.remotes
+                or js.shared_store or js.zone_router)
 
 
 def _relay(server, node, mesh) -> None:  # type: ignore[no-untyped-def]
