@@ -101,6 +101,7 @@ class GroupCommit:
         self._fd = fd
         self.synced_seq = synced_seq
         self.on_synced: Callable[[int, int], None] | None = None
+        self.before_sync: Callable[[], None] | None = None  # writes what the owner buffered (on the loop thread)
         self.fsyncs = 0  # fsyncs run (each covers every append before it)
         self.error: str | None = None  # an fsync failed: nothing written since is known durable
         self._written_seq = synced_seq
@@ -141,6 +142,8 @@ class GroupCommit:
         if self._writes == self._flushed_writes:
             return
         target, writes = self._written_seq, self._writes
+        if self.before_sync is not None:
+            self.before_sync()
         os.fdatasync(self._fd())
         self.fsyncs += 1
         self._done(target, writes, None)
@@ -154,6 +157,12 @@ class GroupCommit:
         if self._running or self.closed or self._writes == self._flushed_writes:
             return
         target, writes = self._written_seq, self._writes
+        if self.before_sync is not None:
+            try:
+                self.before_sync()
+            except OSError as exc:  # (a full disk, an I/O error): nothing written since is durable
+                self._done(target, writes, f"write failed: {exc}")
+                return
         fd = os.dup(self._fd())  # the file may be rolled (closed) while the thread syncs it
         self._running = True
         assert self._loop is not None

@@ -13,11 +13,13 @@ message: a tombstone never outlives its target's segment. Each new segment start
 sequence survives even when every message is gone.
 
 Recovery reads segments in order and stops a segment at the first short or corrupt record, truncating the
-file there (a torn tail after a crash). A record is written with `os.write` (to the kernel: it survives a
-SIGKILL). With `sync_always` (zonebus's default) it is also durable before it is acknowledged or shown to
-consumers: `visible_seq` is the last fsynced sequence and `ack_when_durable` waits for the group commit
-(`zonebus.store.durability`: one fsync in a thread per batch of appends). Without it (an explicit lazy
-`sync_interval`) a power loss can take what the OS had not written back. New directories and segment files are
+file there (a torn tail after a crash). With `sync_always` (zonebus's default) a record is durable before it is
+acknowledged or shown to consumers: `visible_seq` is the last fsynced sequence and `ack_when_durable` waits for
+the group commit (`zonebus.store.durability`: one fsync in a thread per batch of appends); the records of a
+batch are buffered and written with one `os.write` just before its fsync (a SIGKILL can take only records not
+yet acknowledged; a read of one still buffered writes the buffer first). Without it (an explicit lazy
+`sync_interval`) each record is written with its own `os.write` (to the kernel: it survives a SIGKILL), and a
+power loss can take what the OS had not written back. New directories and segment files are
 fsynced into their directory in both modes.
 
 With `keys` (zonebus.store.atrest) every message is written as SMSG, sealed with its segment's key, and the
@@ -128,6 +130,7 @@ class FileStore(MsgStore):
         self._dirty = False
         self._seg_base: dict[int, int] = {}  # segment number -> first sequence written into it
         self._removals: list[tuple[int, int, int]] = []  # DEL/MARK records of the active segment
+        self._buf = bytearray()  # with sync_always: records of the active segment not written yet (`_write_out`)
         self.recovered_truncations = 0
         self.indexed_segments = 0  # segments recovered from their .idx file
         if keys is not None:
@@ -136,6 +139,7 @@ class FileStore(MsgStore):
         if sync_always:
             self.commit = GroupCommit(lambda: self._fds[self._active], self.index.last_seq)
             self.commit.on_synced = self._synced
+            self.commit.before_sync = self._write_out
 
     # -- recovery ------------------------------------------------------------------------------------
     def _segments(self) -> list[int]:
@@ -347,18 +351,36 @@ class FileStore(MsgStore):
 
     def _append(self, rec: bytes, seq: int = 0) -> int:
         """Write one record at the end of the active segment; `seq`: the message it stores (0: a removal)."""
-        fd = self._fds[self._active]
         off = self._offset
+        self._offset += len(rec)
+        if self.commit is not None:  # written with the others of its batch, before their fsync
+            self._buf += rec
+            self.commit.written(seq or self.index.last_seq)
+            return off
+        fd = self._fds[self._active]
         view = memoryview(rec)
         while view:
             written = os.write(fd, view)
             view = view[written:]
-        self._offset += len(rec)
-        if self.commit is not None:
-            self.commit.written(seq or self.index.last_seq)
-        else:
-            self._dirty = True
+        self._dirty = True
         return off
+
+    def _write_out(self) -> None:
+        """Write the buffered records to the active segment (before an fsync, a roll, a close or a read of one)."""
+        if not self._buf:
+            return
+        buf, self._buf = self._buf, bytearray()
+        fd = self._fds[self._active]
+        view = memoryview(buf)
+        try:
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        except OSError:
+            self._buf = bytearray(view)  # (what was not written stays for the next attempt)
+            raise
+        finally:
+            view.release()
 
     # -- MsgStore hooks ------------------------------------------------------------------------------
     def _write(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
@@ -382,6 +404,8 @@ class FileStore(MsgStore):
         fd = self._fds.get(n)
         if fd is None:
             return None
+        if self._buf and n == self._active and off >= self._offset - len(self._buf):
+            self._write_out()
         rec = os.pread(fd, size - self.overhead + HDR_LEN + 4, off)  # the record (with headers: 4 bytes more)
         if len(rec) < HDR_LEN:
             return None
@@ -402,6 +426,8 @@ class FileStore(MsgStore):
         fd = self._fds.get(n)
         if fd is None:
             return None
+        if self._buf and n == self._active and off >= self._offset - len(self._buf):
+            self._write_out()
         rec = os.pread(fd, size - self.overhead + HDR_LEN + 4 + OVERHEAD, off)
         if len(rec) < HDR_LEN:
             return None
@@ -453,6 +479,7 @@ class FileStore(MsgStore):
 
     def sync(self) -> None:
         if self.commit is not None:
+            self._write_out()
             if self._fds:
                 self.commit.sync_now()
             return
@@ -490,4 +517,4 @@ class FileStore(MsgStore):
         appended to the same directory (a second writer of a shared log, which this store's index knows
         nothing of; its own next records would be indexed at offsets where they are not)."""
         fd = self._fds.get(self._active)
-        return os.fstat(fd).st_size - self._offset if fd is not None else 0
+        return os.fstat(fd).st_size - (self._offset - len(self._buf)) if fd is not None else 0
