@@ -15,7 +15,6 @@ import asyncio
 import json
 from typing import TYPE_CHECKING
 
-from zonebus.meta import MetaError
 from zonebus.stream.api import error_json
 
 if TYPE_CHECKING:
@@ -66,4 +65,6 @@ async def answer_when_visible(svc: JetStreamService, stream: Stream, subject: st
 
 def _unavailable(svc: JetStreamService, reply: str) -> None:
     """503 (10008): JetStream system temporarily unavailable."""
+    from zonebus.meta import MetaError  # (the meta group's package: imported by clustered JetStream only)
+
     svc.send(reply, error_json("stream_msg_get_response", MetaError("cluster_not_avail")))

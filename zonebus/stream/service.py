@@ -51,7 +51,6 @@ from zonebus.store.durability import make_dirs
 from zonebus.store.filestore import FileStore
 from zonebus.store.memstore import MemStore
 from zonebus.store.msgstore import MsgStore, now_ns
-from zonebus.store.shared import CommitOptions, SharedStorage, SharedStore
 from zonebus.stream import direct, localdocs, reads
 from zonebus.stream.api import JSApi
 from zonebus.stream.consumer import Consumer
@@ -64,6 +63,7 @@ from zonebus.stream.stream import Stream
 
 if TYPE_CHECKING:
     from zonebus.options import AccountJetStream, JetStreamOptions
+    from zonebus.store.shared import SharedStorage, SharedStore
     from zonebus.stream.shards import StreamShards
 
 log = logging.getLogger(__name__)
@@ -299,6 +299,8 @@ class JetStreamService(Sending, Inbound):
 
     # -- shared store --------------------------------------------------------------------------------
     def _start_shared(self, cache_root: Path) -> None:
+        from zonebus.store.shared import CommitOptions, SharedStorage
+
         o = self.opts
         billed = o.shared_store.startswith("s3://")  # each request costs: batches fill for the latency budget
         tiered = billed and o.zone_router and o.zone_router_ack == "replicas"  # the proxies replicate the tail
@@ -423,12 +425,15 @@ class JetStreamService(Sending, Inbound):
                 self._dirty.discard(c)
             stream.close()
 
-    @staticmethod
-    def _shared_of(stream: Stream) -> SharedStore | None:
+    def _shared_of(self, stream: Stream) -> SharedStore | None:
+        if self.shared is None:  # (no shared store, no stream on it: its modules are not even imported)
+            return None
+        from zonebus.store.shared import SharedStore
+
         return stream.store if isinstance(stream.store, SharedStore) else None
 
     def _persistent(self, stream: Stream) -> bool:
-        return stream.dir is not None or isinstance(stream.store, SharedStore)
+        return stream.dir is not None or self._shared_of(stream) is not None
 
     def update_stream(self, stream: Stream, cfg: dict[str, Any]) -> None:
         resubscribe = cfg["subjects"] != stream.cfg["subjects"]
