@@ -7,7 +7,7 @@
   wait for PubAcks: its streams move to the live worker, publishing goes on, and every acknowledged message is
   read back (lost 0; duplicates from retried publishes are counted and reported).
 - A mirror of a stream that worker 1 owns: the origin moves to worker 0, where streams that source live, and the
-  mirror gets every message, before and after.
+  mirror gets every message, before and after; a stream of worker 1 updated to source moves to worker 0 too.
 """
 
 from __future__ import annotations
@@ -207,6 +207,19 @@ async def test_a_mirror_brings_its_origin_to_worker_0(tmp_path: Path) -> None:
             await until(lambda: mirrored(30), "the mirror follows", timeout=20)
             info = await api(nc, f"$JS.API.STREAM.INFO.{origin}")
             assert info["state"]["messages"] == 30
+            # a stream of worker 1 updated to source: it moves to worker 0 first, then sources there
+            await js.add_stream(name="U", subjects=["u.>"])
+            assert owners(tmp_path)["U"] == 1  # (worker 0 holds P, Q and M)
+            await js.publish("u.x", b"own")
+            updated = await api(nc, "$JS.API.STREAM.UPDATE.U", {"name": "U", "subjects": ["u.>"],
+                                                                 "sources": [{"name": origin}]})
+            assert "error" not in updated, updated
+            assert owners(tmp_path)["U"] == 0
+
+            async def sourced() -> bool:
+                return (await api(nc, "$JS.API.STREAM.INFO.U"))["state"]["messages"] == 31
+
+            await until(sourced, "U has its own message and the origin's 30", timeout=20)
         finally:
             await nc.close()
     finally:

@@ -240,6 +240,11 @@ class StreamShards:
                 return True
         else:
             owner = entry[0]
+            cfg = _config_of(payload) if head == ("STREAM", "UPDATE") and owner in self.live else None
+            if cfg is not None and (origins(cfg) or cfg.get("allow_atomic")):  # it comes here, with its origins
+                away = [name, *(o for o in origins(cfg) if o in self.catalog and self.catalog[o][0] in self.live)]
+                self.svc.loop.create_task(self._with_origins(away, subject, reply, payload))
+                return True
         if owner not in self.live:
             if reply:
                 self.svc.send(reply, json.dumps({"error": UNAVAILABLE}).encode())
