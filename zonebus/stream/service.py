@@ -174,6 +174,8 @@ class JetStreamService(Sending, Inbound):
                         self.opts.sync_interval)
 
     async def stop(self) -> None:
+        if self.shards is not None and self.started:
+            self.shards.stopping()
         self.started = False
         for t in self._timers:
             t.cancel()
@@ -189,7 +191,6 @@ class JetStreamService(Sending, Inbound):
             self._unsubscribe_stream(stream)
             stream.close()
         self.streams.clear()
-        self.started = False
         if self.shared is not None:
             self.shared.shutdown()
             self.shared = None

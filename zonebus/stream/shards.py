@@ -116,6 +116,7 @@ class StreamShards:
         self.front = index == FRONT
         self.catalog: dict[str, tuple[int, dict[str, Any]]] = {}  # another worker's stream -> (owner, config)
         self.live: set[int] = set()  # the other workers whose link is up
+        self.leaving: set[int] = set()  # workers that said they stop (their streams are not taken over)
         self._asks: dict[int, tuple[asyncio.Future, list[Any]]] = {}
         self._next = 0
         self.forwarded = 0  # API requests passed to another worker
@@ -198,6 +199,10 @@ class StreamShards:
             except OSError as exc:
                 log.warning("JetStream: could not write the owner of stream %s: %s", stream.name, exc)
         self.channel.broadcast(b"a " + json.dumps([stream.name, stream.cfg]).encode())
+
+    def stopping(self) -> None:
+        """This worker stops (the server shuts down): the others must not take its streams over."""
+        self.channel.broadcast(b"x")
 
     def gone(self, name: str) -> None:
         """A stream this worker no longer serves (deleted, or moved away)."""
@@ -395,6 +400,7 @@ class StreamShards:
         if worker is None:
             return
         self.live.add(worker)
+        self.leaving.discard(worker)
         self._heard.discard(worker)
         if self.channel is not None:
             self.channel.send(peer, self._snapshot())
@@ -404,7 +410,9 @@ class StreamShards:
         if worker is not None:
             self.live.discard(worker)
             self._heard.discard(worker)
-            self._take_over(worker)
+            if worker not in self.leaving and self.svc.started:  # (a worker that died, not one that stopped)
+                self._take_over(worker)
+            self.leaving.discard(worker)
 
     def _frame(self, peer: str, payload: bytes) -> None:
         worker = _index(peer)
@@ -451,6 +459,8 @@ class StreamShards:
                 self._move_in(body.decode())
             elif op == b"n":
                 self._arrived(body.decode())
+            elif op == b"x":
+                self.leaving.add(worker)
         except (ValueError, TypeError, UnicodeDecodeError):
             log.warning("JetStream: a bad %r frame from worker %d", op, worker)
 
