@@ -235,15 +235,17 @@ async def raw_client_on(server: ServerProcess, worker: int) -> tuple[asyncio.Str
     raise AssertionError(f"no connection landed on worker {worker}")
 
 
-async def read_msgs(reader: asyncio.StreamReader, want: int) -> list[tuple[bytes, bytes]]:
-    """(subject, payload) of the next `want` MSGs (PINGs answered by nobody: none come in this short test)."""
+async def read_msgs(reader: asyncio.StreamReader, want: int) -> list[tuple[bytes, bytes, bytes]]:
+    """(subject, payload, headers) of the next `want` MSGs and HMSGs (PINGs answered by nobody: none come in this
+    short test)."""
     out = []
     while len(out) < want:
         line = await reader.readline()
-        if line.startswith(b"MSG "):
+        if line.startswith((b"MSG ", b"HMSG ")):
             parts = line.split()
-            payload = await reader.readexactly(int(parts[-1]) + 2)
-            out.append((parts[1], payload[:-2]))
+            body = (await reader.readexactly(int(parts[-1]) + 2))[:-2]
+            hlen = int(parts[-2]) if line.startswith(b"HMSG ") else 0
+            out.append((parts[1], body[hlen:], body[:hlen]))
     return out
 
 
@@ -262,7 +264,8 @@ async def test_a_client_that_reads_slowly_moves_with_what_came_meanwhile() -> No
         await responder.subscribe("responder.stays")  # (the responder stays where it is)
         here = worker_of(responder)
         reader, writer = await raw_client_on(server, 1 - here)
-        writer.write(b'CONNECT {"verbose":false,"pedantic":false,"protocol":1}\r\nSUB _INBOX.raw.* 1\r\nPING\r\n')
+        writer.write(b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true}\r\n'
+                     b'SUB _INBOX.raw.* 1\r\nPING\r\n')
         while (await reader.readline()) != b"PONG\r\n":
             pass
         feeder = await client_on(server, here)
@@ -274,10 +277,11 @@ async def test_a_client_that_reads_slowly_moves_with_what_came_meanwhile() -> No
         def stand_in() -> bool:  # the stand-in is a client of the responder's worker while the socket is not there
             return len(server.http_get("/connz")["connections"]) == 4
 
-        async def feed(n: int) -> None:
+        async def feed(n: int, headers: bool = False) -> None:
             nonlocal fed
             for _ in range(n):
-                await feeder.publish("_INBOX.raw.feed", b"%d " % fed + chunk)
+                await feeder.publish("_INBOX.raw.feed", b"%d " % fed + chunk,
+                                     headers={"Fed": str(fed)} if headers else None)
                 fed += 1
             await feeder.flush()
 
@@ -292,12 +296,15 @@ async def test_a_client_that_reads_slowly_moves_with_what_came_meanwhile() -> No
             await writer.drain()
             await asyncio.sleep(0.005)  # pacing (not a synchronisation)
             assert time.monotonic() < deadline and not moved(server), "the move did not begin (or did not wait)"
-        await feed(20)  # these go to the stand-in
+        await feed(20, headers=True)  # these go to the stand-in, which keeps them as the client asked: with headers
         assert moved(server) == 0 and stand_in()
         msgs = await asyncio.wait_for(read_msgs(reader, fed + requests), 20)  # reading lets the move finish
-        feed = [int(p.split(b" ", 1)[0]) for s, p in msgs if s == b"_INBOX.raw.feed"]
-        replies = sorted(int(s.rsplit(b".", 1)[1]) for s, _ in msgs if s != b"_INBOX.raw.feed")
+        feed = [int(p.split(b" ", 1)[0]) for s, p, _ in msgs if s == b"_INBOX.raw.feed"]
+        replies = sorted(int(s.rsplit(b".", 1)[1]) for s, _, _ in msgs if s != b"_INBOX.raw.feed")
         assert feed == list(range(fed)) and replies == list(range(requests))
+        numbered = [(int(p.split(b" ", 1)[0]), h) for s, p, h in msgs if s == b"_INBOX.raw.feed"]
+        kept = [(n, h) for n, h in numbered if n >= 300]
+        assert len(kept) == 20 and all(b"Fed: %d\r\n" % n in h for n, h in kept), kept[:2]
         await asyncio.to_thread(wait_until, lambda: moved(server) == 1, "the requester moved", 10)
         writer.write(b"PING\r\n")  # still connected, now on the responder's worker
         while (await asyncio.wait_for(reader.readline(), 5)) != b"PONG\r\n":

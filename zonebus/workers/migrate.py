@@ -231,7 +231,8 @@ class Migrator:
         token = self._token()
         try:
             link.send_frame(_WIRE, json.dumps({"token": token.decode(), "prep": inboxes, "from": self.mesh.index,
-                                               "ip": conn.ip, "name": conn.name}).encode() + b"\n")
+                                               "ip": conn.ip, "name": conn.name,
+                                               "flags": {k: getattr(conn, k) for k in _FLAGS}}).encode() + b"\n")
         except OSError:
             return
         conn.stall()  # (reading stops; `unstall` by a receiver that stalled it too cannot resume it meanwhile)
@@ -276,6 +277,9 @@ class Migrator:
         conn = _Adopted(self.server)
         conn.leftover, conn.fresh = b"", False
         conn.ip, conn.name = str(state.get("ip", "")), str(state.get("name", ""))
+        for key, value in (state.get("flags") or {}).items():  # what it keeps is written as the client asked
+            if key in _FLAGS:  # (a reply with headers to a client that said `headers: true` keeps them)
+                setattr(conn, key, value)
         if self.server.ledger is not None:  # what it gets from now on is counted here, in its zone
             self.server.ledger.client_connected(conn)
         self.server.clients[conn.cid] = conn  # (closed with it, its subscriptions go)
