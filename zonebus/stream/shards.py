@@ -172,12 +172,16 @@ class StreamShards:
             return FRONT  # (a stream that sources reads its origins in process; atomic batches count per server)
         if any(name in origins(c) for c in self._configs(local=True)):
             return FRONT  # the origin of a stream that sources: beside it
+        return _least_loaded(name, self._loads())
+
+    def _loads(self) -> dict[int, int]:
+        """The streams of each live worker (this one's included)."""
         load = {w: 0 for w in (self.index, *self.live)}
         for owner, _ in self.catalog.values():
             if owner in load:
                 load[owner] += 1
         load[self.index] = len(self.svc.streams)
-        return min(load, key=lambda w: (load[w], [-b for b in rank(name, w)]))
+        return load
 
     def _configs(self, local: bool) -> list[dict[str, Any]]:
         out = [c for _, c in self.catalog.values()]
@@ -235,8 +239,9 @@ class StreamShards:
             if head not in (("STREAM", "CREATE"), ("STREAM", "UPDATE")) or not self.live:
                 return False
             cfg = _config_of(payload)
-            if name not in self.svc.streams and self._place(name, cfg) != self.index:
-                owner = self._place(name, cfg)
+            placed = self._place(name, cfg) if name not in self.svc.streams else self.index
+            if placed != self.index:
+                owner = placed
             else:  # a stream that sources, here: its origins come first, then the answer
                 away = [o for o in origins(cfg or {}) if o in self.catalog and self.catalog[o][0] in self.live]
                 if not away:
@@ -374,16 +379,12 @@ class StreamShards:
             del self.catalog[name]
         if min((self.index, *self.live)) != self.index:
             return  # another worker decides
-        load = {w: 0 for w in (self.index, *self.live)}
-        for owner, _ in self.catalog.values():
-            if owner in load:
-                load[owner] += 1
-        load[self.index] = len(self.svc.streams)
+        load = self._loads()
         together = None
         for name in theirs:
             if name not in self.catalog:
                 continue
-            to = together if together is not None else min(load, key=lambda w: (load[w], [-b for b in rank(name, w)]))
+            to = together if together is not None else _least_loaded(name, load)
             if dead == FRONT:
                 together = to
             load[to] += 1
@@ -463,6 +464,11 @@ class StreamShards:
                 self.leaving.add(worker)
         except (ValueError, TypeError, UnicodeDecodeError):
             log.warning("JetStream: a bad %r frame from worker %d", op, worker)
+
+
+def _least_loaded(name: str, load: dict[int, int]) -> int:
+    """The worker with the fewest streams; a tie goes to the highest rank of the name."""
+    return min(load, key=lambda w: (load[w], [-b for b in rank(name, w)]))
 
 
 def _index(peer: str) -> int | None:
