@@ -65,3 +65,32 @@ def test_lazy_store_acknowledges_at_once(tmp_path: Path) -> None:
     seq, _ts = fs.store("a", None, b"x")
     assert fs.visible_seq() == seq and not fs.ack_when_durable(seq, lambda err: None) and fs.commit is None
     fs.close()
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_shared_store_writes_each_record_at_once(tmp_path: Path, shared: bool) -> None:
+    """A durable queue group's log on a shared store (`shared=True`) may be opened by a successor while its
+    primary is paused: a record must be in the file when it is stored, or the paused primary writes its buffer
+    later, over what the successor appended (the chaos campaign's corrupt record and lost message)."""
+    first = FileStore(tmp_path / "q", sync_always=True, shared=shared)
+    acked: list[int] = []
+    for i in range(3):
+        seq, _ts = first.store("q", None, b"m%d" % i)
+        first.ack_when_durable(seq, lambda err, seq=seq: acked.append(seq if err is None else -seq))
+    successor = FileStore(tmp_path / "q", sync_always=True, shared=shared)  # before the first one's fsync
+    assert successor.index.msgs == (3 if shared else 0)
+    if not shared:  # a private store keeps the batch for one write before its fsync
+        first.close()
+        successor.close()
+        return
+    seq, _ts = successor.store("q", None, b"successor's")
+    await until(lambda: len(acked) == 3, "the first one's appends acknowledged", timeout=10)
+    assert acked == [1, 2, 3] and seq == 4
+    assert successor.appended_elsewhere() == 0  # the first one wrote nothing after the successor opened the log
+    successor.sync()
+    first.close()
+    successor.close()
+    again = FileStore(tmp_path / "q", sync_always=True)
+    assert [again.load(s).data for s in range(1, 5)] == [b"m0", b"m1", b"m2", b"successor's"]
+    assert again.recovered_truncations == 0
+    again.close()

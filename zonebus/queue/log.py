@@ -2,10 +2,11 @@
 
 The base is the shared store's directory when JetStream has a `file://` shared store (a new primary opens the
 same log after a failover), else the server's JetStream store_dir (or a temporary directory). Only the
-primary writes. A message leaves the log once delivered (ack none) or acked: the log's first sequence is the
-group's committed offset. Writes go to the OS at once (os.write), so a killed process loses nothing written;
-with `sync_always` (`jetstream { sync_interval: always }`, the default) a publish is confirmed only once its
-record is fsynced (`when_durable`: the file store's group commit), so a power loss loses nothing confirmed.
+primary writes; on a shared store each record is written at once (`FileStore(shared=True)`), so a primary
+back from a pause never writes a buffer into a log its successor leads. A message leaves the log once
+delivered (ack none) or acked: the log's first sequence is the group's committed offset. With `sync_always`
+(`jetstream { sync_interval: always }`, the default) a publish is confirmed only once its record is fsynced
+(`when_durable`: the file store's group commit), so a power loss loses nothing confirmed.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ log = logging.getLogger(__name__)
 
 
 class GroupLog:
-    def __init__(self, base: str, group: str, sync_always: bool = True, atrest: AtRest | None = None) -> None:
+    def __init__(self, base: str, group: str, sync_always: bool = True, atrest: AtRest | None = None,
+                 shared: bool = False) -> None:
         self.dir = Path(base) / "queues" / group
         # with encryption at rest, sealed as a stream's store is (AtRestKeyError, an OSError, for a wrong key)
         keys = store_keys(atrest, self.dir)
-        self.store = FileStore(self.dir, sync_always=sync_always, keys=keys)
+        self.store = FileStore(self.dir, sync_always=sync_always, keys=keys, shared=shared)
         if keys is not None and keys.converting:
             keys.finish_conversion()
 

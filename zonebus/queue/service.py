@@ -267,7 +267,7 @@ class QueueService:
         spec = self.specs[name]
         self._end_handoff(name)  # its messages are in the log this server leads now
         try:
-            log = GroupLog(self.base_dir(), name, self._sync_always(), self._atrest())
+            log = self._open_log(name)
         except OSError as exc:
             self.server.log(f"queue group {name}: cannot open its log: {exc}", "ERR")
             return
@@ -276,6 +276,9 @@ class QueueService:
         self._ack_sids[name] = self.client.subscribe(f"$JS.ACK.{stream_name(name)}.{self.hash}.>", self._on_ack)
         d.start()
         self.server.log(f"queue group {name}: primary here, {log.msgs} stored messages waiting")
+
+    def _open_log(self, name: str) -> GroupLog:
+        return GroupLog(self.base_dir(), name, self._sync_always(), self._atrest(), self._shared_log())
 
     def _release(self, name: str) -> None:
         d = self.dispatchers.pop(name, None)
@@ -344,7 +347,7 @@ class QueueService:
                     self._handoff_check.discard(name)
                     continue
                 try:
-                    log = self.handoffs[name] = GroupLog(self.base_dir(), name, self._sync_always(), self._atrest())
+                    log = self.handoffs[name] = self._open_log(name)
                 except OSError as exc:
                     self.server.log(f"queue group {name}: cannot open its former log: {exc}", "ERR")
                     continue

@@ -17,7 +17,9 @@ file there (a torn tail after a crash). With `sync_always` (zonebus's default) a
 acknowledged or shown to consumers: `visible_seq` is the last fsynced sequence and `ack_when_durable` waits for
 the group commit (`zonebus.store.durability`: one fsync in a thread per batch of appends); the records of a
 batch are buffered and written with one `os.write` just before its fsync (a SIGKILL can take only records not
-yet acknowledged; a read of one still buffered writes the buffer first). Without it (an explicit lazy
+yet acknowledged; a read of one still buffered writes the buffer first), except in a `shared` store (a durable
+queue group's log on a shared store, which a successor may open while this process is paused): there each
+record is written at once. Without it (an explicit lazy
 `sync_interval`) each record is written with its own `os.write` (to the kernel: it survives a SIGKILL), and a
 power loss can take what the OS had not written back. New directories and segment files are
 fsynced into their directory in both modes.
@@ -111,8 +113,14 @@ class FileStore(MsgStore):
         return len(subject) + (len(hdrs) + 4 if hdrs else 0) + len(data) + self.overhead
 
     def __init__(self, directory: str | Path, sync_always: bool = False,
-                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, keys: StoreKeys | None = None) -> None:
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, keys: StoreKeys | None = None,
+                 shared: bool = False) -> None:
         super().__init__()
+        # `shared`: another process may write this directory after this one (a queue group's log on a shared
+        # store, led by a successor while this one was paused): each record is written at once, never from a
+        # buffer after a pause, when the successor may have appended its own (two writers: a corrupt log)
+        self.shared = shared
+        self.buffered = False  # (set with the group commit, below)
         self.dir = Path(directory)
         self.keys = keys  # encryption at rest (zonebus.store.atrest); None: plaintext, as fast as ever
         self._aeads: dict[int, AEAD] = {}  # segment number -> its records' AEAD (with keys)
@@ -140,6 +148,7 @@ class FileStore(MsgStore):
             self.commit = GroupCommit(lambda: self._fds[self._active], self.index.last_seq)
             self.commit.on_synced = self._synced
             self.commit.before_sync = self._write_out
+            self.buffered = not shared
 
     # -- recovery ------------------------------------------------------------------------------------
     def _segments(self) -> list[int]:
@@ -353,8 +362,9 @@ class FileStore(MsgStore):
         """Write one record at the end of the active segment; `seq`: the message it stores (0: a removal)."""
         off = self._offset
         self._offset += len(rec)
-        if self.commit is not None:  # written with the others of its batch, before their fsync
+        if self.buffered:  # written with the others of its batch, before their fsync
             self._buf += rec
+            assert self.commit is not None
             self.commit.written(seq or self.index.last_seq)
             return off
         fd = self._fds[self._active]
@@ -362,7 +372,10 @@ class FileStore(MsgStore):
         while view:
             written = os.write(fd, view)
             view = view[written:]
-        self._dirty = True
+        if self.commit is not None:
+            self.commit.written(seq or self.index.last_seq)
+        else:
+            self._dirty = True
         return off
 
     def _write_out(self) -> None:
