@@ -27,7 +27,7 @@ class FakeClient:
         self.published: list[tuple[str, str, str | None, bytes | None, bytes]] = []
         self.unrouted: list[tuple[str, str | None, bytes | None, bytes]] = []
 
-    def subscribe(self, subject: str, callback, queue: str | None = None) -> int:
+    def subscribe(self, subject: str, callback, queue: str | None = None, batch=None) -> int:  # (one at a time)
         self._next += 1
         self.subs[self._next] = (subject, callback, queue)
         return self._next

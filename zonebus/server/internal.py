@@ -2,7 +2,10 @@
 
 Deliveries to an internal subscription are queued and run from their own loop callback, never from inside
 `process_msg`, so a callback may publish without re-entering the routing code. Callbacks get
-`(subject: str, reply: str | None, headers: bytes | None, payload: bytes)`.
+`(subject: str, reply: str | None, headers: bytes | None, payload: bytes)`. A subscription made with `batch`
+gets each run of its deliveries that are next to each other in the queue in one call instead, as they came:
+`[(subject, reply, hdr_len, data), ...]` (bytes; `data` is headers, payload and CRLF; `hdr_len` -1: none):
+JetStream's streams store a publisher's burst in one pass and acknowledge it after one wait for durability.
 
 A subscription may be `local`: it receives what is published on this server only, and is never told to
 routes or gateways (a clustered JetStream answers its own clients' API requests and forwards them itself);
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
     from zonebus.server.server import Server
 
 Callback = Callable[[str, "str | None", "bytes | None", bytes], None]
+Delivery = tuple[bytes, "bytes | None", int, bytes]  # (subject, reply, hdr_len, data) as queued
+BatchCallback = Callable[[list[Delivery]], None]
 # (route connection, routed subject, shown subject, reply, hdr_len, data, queue names)
 ShownForwarder = Callable[[Connection, bytes, bytes, "bytes | None", int, bytes, "list[bytes] | None"], None]
 
@@ -51,11 +56,13 @@ class InternalClient(Connection):
         self._pending: dict[str, asyncio.Future] = {}
         self._next_request = 0
 
-    def subscribe(self, subject: str, callback: Callback, queue: str | None = None, local: bool = False) -> int:
+    def subscribe(self, subject: str, callback: Callback, queue: str | None = None, local: bool = False,
+                  batch: BatchCallback | None = None) -> int:
         self._next_sid += 1
         sid = str(self._next_sid).encode()
         sub = Subscription(self, subject.encode(), queue.encode() if queue else None, sid)
         sub.callback = callback
+        sub.batch = batch
         self.subs[sid] = sub
         if local:
             self._local.add(sid)
@@ -207,6 +214,15 @@ class InternalClient(Connection):
         while q:
             sub, subject, reply, hdr_len, data = q.popleft()
             if sub.callback is None or self.subs.get(sub.sid) is not sub:
+                continue
+            if sub.batch is not None:
+                run = [(subject, reply, hdr_len, data)]
+                while q and q[0][0] is sub:
+                    run.append(q.popleft()[1:])
+                try:
+                    sub.batch(run)
+                except Exception as exc:  # a subsystem bug must not take the server down
+                    self.server.log(f"internal subscriber {self.name} on {sub.subject!r} failed: {exc!r}")
                 continue
             headers = data[:hdr_len] if hdr_len >= 0 else None
             payload = data[max(hdr_len, 0) : -2]

@@ -482,6 +482,8 @@ class FileStore(MsgStore):
     def visible_seq(self) -> int:
         return self.commit.synced_seq if self.commit is not None else self.index.last_seq
 
+    durable_in_order = True  # (one fsync covers every write before it; after a failed one, every wait fails)
+
     def ack_when_durable(self, seq: int, cb: Waiter) -> bool:
         return self.commit is not None and self.commit.wait(seq, cb)
 

@@ -85,6 +85,10 @@ class MsgStore:
         """Every message up to this sequence is durable: consumers may see it."""
         return self.index.last_seq
 
+    # whether a message durable means every one before it is durable too, and a failed one fails every later
+    # one: a run of publishes may then wait once, for its last (zonebus.stream.stream)
+    durable_in_order = False
+
     def ack_when_durable(self, seq: int, cb: Callable[[str | None], None]) -> bool:
         """Arrange `cb(None)` (or `cb(error text)`) once `seq` is durable; False (and no call) when it is already."""
         return False

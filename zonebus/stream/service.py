@@ -459,7 +459,7 @@ class JetStreamService(Sending, Inbound):
     def _subscribe_stream(self, stream: Stream) -> None:
         queue = STREAM_QUEUE + stream.name if self.stream_queue else None
         for subj in stream.cfg["subjects"]:
-            stream.sids.append(self.client.subscribe(subj, stream.on_publish, queue))
+            stream.sids.append(self.client.subscribe(subj, stream.on_publish, queue, batch=stream.on_publishes))
         if self.clustered or self.shards is not None:  # acks and flow control reach the stream where it is
             stream.sids.append(self.client.subscribe(f"$JS.ACK.{stream.name}.>", self._on_ack, queue))
             stream.sids.append(self.client.subscribe(f"$JS.FC.{stream.name}.>", self._on_fc, queue))

@@ -35,6 +35,7 @@ from zonebus.stream.transform import SubjectTransform, compile_transform
 from zonebus.stream.ttl import parse_msg_ttl
 
 if TYPE_CHECKING:
+    from zonebus.server.internal import Delivery
     from zonebus.stream.consumer import Consumer
     from zonebus.stream.service import JetStreamService
 
@@ -135,34 +136,57 @@ class Stream(Expiry):
 
     # -- publish path --------------------------------------------------------------------------------
     def on_publish(self, subject: str, reply: str | None, hdrs: bytes | None, data: bytes) -> None:
-        """Internal-client callback for the stream's subjects."""
-        wait = 0
-        try:
-            resp, wait = self._process(subject, hdrs, data)
-        except JSError as err:
-            resp = _pub_error(self.name, err)
-        except Exception:  # a store failure must not kill the subscription
-            log.exception("stream %s: storing a message on %s failed", self.name, subject)
-            resp = _pub_error(self.name, JSError("stream_store_failed", err="store failure"))
-        if reply and not self.cfg.get("no_ack"):
-            # a shared store acknowledges once the message is durable there (or tells why it is not)
-            if wait and self.store.ack_when_durable(wait, partial(self._durable_reply, reply, resp)):
-                return
-            self._send_ack(reply, resp)
+        """One message (in tests and tools; the internal client hands the stream runs of them, `on_publishes`)."""
+        raw = (hdrs or b"") + data + b"\r\n"
+        self.on_publishes([(subject.encode(), reply.encode() if reply else None, len(hdrs) if hdrs else -1, raw)])
 
-    def _durable_reply(self, reply: str, resp: bytes, err: str | None) -> None:
+    def on_publishes(self, run: list[Delivery]) -> None:
+        """Internal-client callback for a run of messages on the stream's subjects (a publisher's burst): each
+        is checked and stored in turn. The PubAcks that wait for durability wait once, for the run's last, where the
+        store makes its messages durable in order (`durable_in_order`), else each for its own."""
+        waiting: list[tuple[bytes, bytes]] = []
+        last = 0
+        acks = not self.cfg.get("no_ack")
+        in_order = self.store.durable_in_order
+        for subject, reply, hdr_len, data in run:
+            wait = 0
+            try:
+                if hdr_len < 0:
+                    resp, wait = self._process(subject.decode(), None, data[:-2])
+                else:
+                    resp, wait = self._process(subject.decode(), data[:hdr_len], data[hdr_len:-2])
+            except JSError as err:
+                resp = _pub_error(self.name, err)
+            except Exception:  # a store failure must not kill the subscription
+                log.exception("stream %s: storing a message on %s failed", self.name, subject)
+                resp = _pub_error(self.name, JSError("stream_store_failed", err="store failure"))
+            if not reply or not acks:
+                continue
+            if not wait:
+                self._send_ack(reply, resp)
+            elif in_order:  # a store that acknowledges once the message is durable (or tells why it is not)
+                waiting.append((reply, resp))
+                last = max(last, wait)
+            elif not self.store.ack_when_durable(wait, partial(self._durable_replies, [(reply, resp)])):
+                self._send_ack(reply, resp)
+        if waiting and not self.store.ack_when_durable(last, partial(self._durable_replies, waiting)):
+            self._durable_replies(waiting, None)
+
+    def _durable_replies(self, waiting: list[tuple[bytes, bytes]], err: str | None) -> None:
         if err is not None:
             resp = _pub_error(self.name, JSError("stream_store_failed", err=err))
-        self._send_ack(reply, resp)
+            waiting = [(reply, resp) for reply, _ in waiting]
+        for reply, resp in waiting:
+            self._send_ack(reply, resp)
 
-    def _send_ack(self, reply: str, resp: bytes) -> None:
+    def _send_ack(self, reply: bytes, resp: bytes) -> None:
         """A PubAck (or a publish error) to `reply`: as `service.send` does, on the internal client's short
         reply path unless the zone router's tap takes it."""
         svc = self.service
-        if self._reply is None or (svc.tap is not None and reply.startswith(svc.tap_prefix)):
-            svc.send(reply, resp)
+        if self._reply is None or (svc.tap is not None and reply.startswith(svc.tap_prefix.encode())):
+            svc.send(reply.decode(), resp)
         else:
-            self._reply(reply.encode(), resp)
+            self._reply(reply, resp)
 
     def process(self, subject: str, hdrs: bytes | None, data: bytes) -> bytes:
         return self._process(subject, hdrs, data)[0]

@@ -20,7 +20,7 @@ _NONE: Any = MappingProxyType({})
 class Subscription:
     """One subscription of a connection (a client's SUB, a route's or gateway's remote interest)."""
 
-    __slots__ = ("conn", "subject", "queue", "sid", "max_msgs", "delivered", "weight", "callback")
+    __slots__ = ("conn", "subject", "queue", "sid", "max_msgs", "delivered", "weight", "callback", "batch")
 
     def __init__(self, conn: Any, subject: bytes, queue: bytes | None, sid: bytes, weight: int = 1) -> None:
         self.conn = conn
@@ -31,6 +31,7 @@ class Subscription:
         self.delivered = 0
         self.weight = weight
         self.callback = None
+        self.batch = None  # an internal subscription's callback for a run of its deliveries (InternalClient)
 
     def __repr__(self) -> str:
         return f"Subscription({self.subject!r}, queue={self.queue!r}, sid={self.sid!r})"
