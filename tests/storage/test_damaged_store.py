@@ -94,7 +94,18 @@ async def _leader(nc: nats.NATS, stream: str, not_: str = "") -> str:
 
 
 async def _create(nc: nats.NATS, stream: str, replicas: int) -> None:
-    await nc.jetstream(timeout=5).add_stream(name=stream, subjects=[f"{stream.lower()}.>"], num_replicas=replicas)
+    """Create the stream, asking again while a request goes unanswered (the module's cluster may still be
+    electing after the previous test restarted a server: a create timed out at 5 s in a loaded CI run); the
+    same config asked again is answered as created."""
+
+    async def created() -> bool:
+        with contextlib.suppress(nats.errors.TimeoutError):
+            await nc.jetstream(timeout=5).add_stream(name=stream, subjects=[f"{stream.lower()}.>"],
+                                                     num_replicas=replicas)
+            return True
+        return False
+
+    await until(created, f"stream {stream} created", timeout=30)
 
 
 async def _stepdown(nc: nats.NATS, stream: str) -> str:
