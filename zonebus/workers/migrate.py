@@ -232,7 +232,7 @@ class Migrator:
         try:
             link.send_frame(_WIRE, json.dumps({"token": token.decode(), "prep": inboxes, "from": self.mesh.index,
                                                "ip": conn.ip, "name": conn.name,
-                                               "flags": {k: getattr(conn, k) for k in _FLAGS}}).encode() + b"\n")
+                                               "flags": _flags_of(conn)}).encode() + b"\n")
         except OSError:
             return
         conn.stall()  # (reading stops; `unstall` by a receiver that stalled it too cannot resume it meanwhile)
@@ -277,9 +277,9 @@ class Migrator:
         conn = _Adopted(self.server)
         conn.leftover, conn.fresh = b"", False
         conn.ip, conn.name = str(state.get("ip", "")), str(state.get("name", ""))
-        for key, value in (state.get("flags") or {}).items():  # what it keeps is written as the client asked
-            if key in _FLAGS:  # (a reply with headers to a client that said `headers: true` keeps them)
-                setattr(conn, key, value)
+        # what it keeps is written as the client asked (a reply with headers to a client that said `headers: true`
+        # keeps them)
+        _set_flags(conn, state.get("flags") or {})
         if self.server.ledger is not None:  # what it gets from now on is counted here, in its zone
             self.server.ledger.client_connected(conn)
         self.server.clients[conn.cid] = conn  # (closed with it, its subscriptions go)
@@ -344,7 +344,7 @@ class Migrator:
             return False
         state: dict[str, Any] = {"fresh": fresh}
         if not fresh:
-            state.update(connect=conn.connect_opts, **{k: getattr(conn, k) for k in _FLAGS})
+            state.update(connect=conn.connect_opts, **_flags_of(conn))
         try:
             self._pass_socket(link, sock, state, b"" if fresh else conn.parser.unparsed(), token)
         except OSError as exc:
@@ -399,9 +399,7 @@ class Migrator:
         conn.leftover = leftover
         conn.fresh = bool(state.get("fresh"))
         if not conn.fresh:
-            for key in _FLAGS:
-                if key in state:
-                    setattr(conn, key, state[key])
+            _set_flags(conn, state)
             conn.connect_opts = state.get("connect") or {}
             conn.connected = conn.info_sent = True
             self.moved_in += 1
@@ -413,3 +411,15 @@ class Migrator:
 
         _, session = await self.server.loop.connect_accepted_socket(lambda: WebSocketSession(self.server, False), sock)
         session.data_received(head)
+
+
+def _flags_of(conn: ClientConnection) -> dict[str, Any]:
+    """The client's CONNECT flags (`_FLAGS`), as a move sends them."""
+    return {k: getattr(conn, k) for k in _FLAGS}
+
+
+def _set_flags(conn: ClientConnection, state: dict[str, Any]) -> None:
+    """Set on `conn` the CONNECT flags that `state` holds (the other keys are not flags)."""
+    for key in _FLAGS:
+        if key in state:
+            setattr(conn, key, state[key])
