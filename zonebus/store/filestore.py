@@ -119,7 +119,6 @@ class FileStore(MsgStore):
         # `shared`: another process may write this directory after this one (a queue group's log on a shared
         # store, led by a successor while this one was paused): each record is written at once, never from a
         # buffer after a pause, when the successor may have appended its own (two writers: a corrupt log)
-        self.shared = shared
         self.buffered = False  # (set with the group commit, below)
         self.dir = Path(directory)
         self.keys = keys  # encryption at rest (zonebus.store.atrest); None: plaintext, as fast as ever
