@@ -287,7 +287,8 @@ async def test_a_client_that_reads_slowly_moves_with_what_came_meanwhile() -> No
 
         # the feeder floods the requester's inbox (about 10 MB, more than the kernel buffers: the rest waits on
         # the requester's worker, under the 16 MB at which it would stall its producers); nobody reads
-        await feed(300)
+        flood = 300
+        await feed(flood)
         # the requester publishes until its move began (then it is no longer read)
         while not await asyncio.to_thread(stand_in):
             for _ in range(5):
@@ -303,7 +304,7 @@ async def test_a_client_that_reads_slowly_moves_with_what_came_meanwhile() -> No
         replies = sorted(int(s.rsplit(b".", 1)[1]) for s, _, _ in msgs if s != b"_INBOX.raw.feed")
         assert feed == list(range(fed)) and replies == list(range(requests))
         numbered = [(int(p.split(b" ", 1)[0]), h) for s, p, h in msgs if s == b"_INBOX.raw.feed"]
-        kept = [(n, h) for n, h in numbered if n >= 300]
+        kept = [(n, h) for n, h in numbered if n >= flood]
         assert len(kept) == 20 and all(b"Fed: %d\r\n" % n in h for n, h in kept), kept[:2]
         await asyncio.to_thread(wait_until, lambda: moved(server) == 1, "the requester moved", 10)
         writer.write(b"PING\r\n")  # still connected, now on the responder's worker
