@@ -83,18 +83,31 @@ def send_and_read(port: int, data: bytes, count: int) -> dict[str, dict]:
         sock.close()
 
 
-async def run(server: ServerProcess, stream: str, n: int) -> tuple[list[dict], list[tuple[str, bytes]]]:
+async def run(server: ServerProcess, stream: str, n: int, **config: object) -> tuple[list[dict], list]:
+    """The replies of a burst (in inbox order) and the stream's messages after it (subject, data; None for a
+    sequence no longer stored); with `config`, a stream so configured and a consumer of one subject made before,
+    whose pending count and the stream's state are added to the messages at the end."""
     nc = await nats.connect(server.url)
     js = nc.jetstream(timeout=5)
     try:
-        await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"], duplicate_window=60)
+        await js.add_stream(name=stream, subjects=[f"{stream.lower()}.>"], duplicate_window=60, **config)
+        if config:
+            await js.add_consumer(stream, durable_name="C", filter_subject=f"{stream.lower()}.2", ack_policy="explicit")
         data, inboxes = burst(stream, n)
         got = await asyncio.to_thread(send_and_read, server.port, data, n)
         assert sorted(got) == sorted(inboxes), f"{n - len(got)} inboxes got no reply"
-        stored = []
-        for seq in range(1, (await js.stream_info(stream)).state.last_seq + 1):
-            msg = await js.get_msg(stream, seq)
+        stored: list = []
+        info = await js.stream_info(stream)
+        for seq in range(1, info.state.last_seq + 1):
+            try:
+                msg = await js.get_msg(stream, seq)
+            except nats.js.errors.NotFoundError:
+                stored.append(None)
+                continue
             stored.append((msg.subject, msg.data))
+        if config:
+            pending = (await js.consumer_info(stream, "C")).num_pending
+            stored.append(("state", (info.state.messages, info.state.bytes, info.state.first_seq, pending)))
         return [got[i] for i in inboxes], stored
     finally:
         await js.delete_stream(stream)
@@ -109,3 +122,39 @@ async def test_a_burst_gets_the_pubacks_nats_server_gives(js_servers: dict[str, 
         assert a == b, f"message {i}: nats-server {a}, zonebus {b}"
     assert stored == ref_stored
     assert sum(1 for r in ref if r.get("duplicate")) > 0 and sum(1 for r in ref if "error" in r) == 2
+
+
+@pytest.mark.parametrize("storage", ["file", "memory"])
+async def test_a_burst_under_limits_matches_nats_server(js_servers: dict[str, ServerProcess], storage: str) -> None:
+    """The same burst into a stream with limits that bite within it: per-subject and total counts, and a
+    message size that some bodies exceed (refused, with nats-server's error); a consumer made before counts the
+    messages of its subject that stay."""
+    n = 300
+    config = {"storage": storage, "max_msgs_per_subject": 11, "max_msgs": 40, "max_msg_size": 200}
+    ref, ref_stored = await run(js_servers["nats"], "BURST2", n, **config)
+    got, stored = await run(js_servers["zonebus"], "BURST2", n, **config)
+    for i, (a, b) in enumerate(zip(ref, got, strict=True)):
+        assert a == b, f"message {i}: nats-server {a}, zonebus {b}"
+    assert stored == ref_stored
+    assert sum(1 for r in ref if "error" in r) > 10 and ref_stored[-1][1][0] == 40
+
+
+@pytest.mark.parametrize("storage", ["file", "memory"])
+async def test_a_subject_beyond_ascii_reads_back_and_counts_in_bytes(js_servers: dict[str, ServerProcess],
+                                                                     storage: str) -> None:
+    """A subject's UTF-8 bytes, not its characters, count in the stream's bytes (and a file store reads the
+    record back by them); a burst of such subjects takes the one-by-one path and answers the same."""
+    seen = {}
+    for impl, server in js_servers.items():
+        nc = await nats.connect(server.url)
+        js = nc.jetstream(timeout=5)
+        try:
+            await js.add_stream(name="UTF", subjects=["utf.>"], storage=storage)
+            acks = await asyncio.gather(*(js.publish(f"utf.grüße.{i}", b"x" * i) for i in range(20)))
+            info = await js.stream_info("UTF")
+            msgs = [await js.get_msg("UTF", seq) for seq in (1, 20)]
+            seen[impl] = ([a.seq for a in acks], info.state.bytes, [(m.subject, m.data) for m in msgs])
+        finally:
+            await js.delete_stream("UTF")
+            await nc.close()
+    assert seen["zonebus"] == seen["nats"]

@@ -21,7 +21,7 @@ import pytest
 from tests.pipeline.conftest import spark  # noqa: F401 - the session fixture
 from tests.zonerouter.kit import full_view, other_leader, router_info, start_zoned, stream_leader
 from zonebus.store import sharedlayout as L
-from zonebus.store.filestore import HDR_LEN
+from zonebus.store.records import HDR_LEN
 from zonebus.store.shared import SharedStorage
 from zonebus.testing.faultload import FaultPublisher, Report, all_acked_since, check, read_back
 from zonebus.testing.jsapi import create_stream_retrying

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from zonebus.store import filestore as F
+from zonebus.store import records as F
 from zonebus.store import routerbatch as batchfmt
 from zonebus.store.routerbatch import Message
 from zonebus.zonerouter.readframes import Poll

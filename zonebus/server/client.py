@@ -500,6 +500,28 @@ class ClientConnection(Connection, asyncio.Protocol):
                 line = b"MSG %b %b %d\r\n" % (subject, sub.sid, size)
         self.write_frame(line, data, subject)
 
+    def deliver_run(self, sub: Subscription, items: list[tuple[bytes, bytes]]) -> None:
+        """`deliver` of header-less messages without a reply subject to `sub`, in order: (subject, payload) each
+        (a publisher's PubAcks). Each frame is made in one piece; the counts and the flush mark once."""
+        perms = self.perms
+        deny = perms is not None and perms.deliver_deny is not None
+        out, sid, ledger = self.out, sub.sid, self.ledger_out
+        n = size = 0
+        for subject, payload in items:
+            if deny and perms.delivery_denied(subject):  # type: ignore[union-attr]
+                continue
+            out.append(b"MSG %b %b %d\r\n%b\r\n" % (subject, sid, len(payload), payload))
+            n += 1
+            size += len(payload)
+            if ledger is not None:
+                self.server.ledger_count(ledger, subject, len(out[-1]))
+        sub.delivered += n
+        self.out_msgs += n
+        self.out_bytes += size
+        if n and not self.dirty:
+            self.dirty = True
+            self.server.mark_dirty(self)
+
     # -- errors and timers ---------------------------------------------------------------------------
     def protocol_error(self, error: ProtocolError) -> None:
         self.send(error.wire())

@@ -127,6 +127,38 @@ class InternalClient(Connection):
                     return
         server.process_msg(self, subject, None, -1, data)
 
+    def replies(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        """`reply` for each (subject, payload) in order; consecutive ones whose subject's match is one plain
+        client subscription (a publisher's PubAcks to its inbox) go to that client together (`deliver_run`)."""
+        server = self.server
+        if server.publish_interceptor is not None or server.forwarder is not None:
+            for subject, payload in pairs:
+                self.reply(subject, payload)
+            return
+        match = self.account.sublist.match_reply
+        to: Subscription | None = None
+        run: list[tuple[bytes, bytes]] = []
+        slow = 0  # (counted by `reply`)
+        for subject, payload in pairs:
+            r = match(subject)
+            psubs = r.psubs
+            if not r.qsubs and len(psubs) == 1 and psubs[0].conn.kind == CLIENT and not psubs[0].max_msgs:
+                if psubs[0] is not to:
+                    if run:
+                        to.conn.deliver_run(to, run)  # type: ignore[union-attr]  # (a client's)
+                        run = []
+                    to = psubs[0]
+                run.append((subject, payload))
+                continue
+            if run:
+                to.conn.deliver_run(to, run)  # type: ignore[union-attr]
+                run, to = [], None
+            self.reply(subject, payload)
+            slow += 1
+        if run:
+            to.conn.deliver_run(to, run)  # type: ignore[union-attr]
+        self.out_msgs += len(pairs) - slow
+
     def _deliver_as(self, subject: bytes, shown: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
         """Local subscribers of `subject` get the message under `shown`; routes with interest get it through
         `shown_forwarder` (which keeps `shown`), else as a plain RMSG under `subject`."""

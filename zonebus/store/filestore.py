@@ -35,16 +35,31 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 import zlib
 from array import array
 from pathlib import Path
+from time import time_ns
 from typing import TYPE_CHECKING
 
 from zonebus.store import segindex
 from zonebus.store.atrest import NONCE, OVERHEAD, AtRestKeyError, StoreKeys
 from zonebus.store.durability import GroupCommit, Waiter, fsync_dir, make_dirs
 from zonebus.store.msgstore import MsgStore
+from zonebus.store.records import (
+    CRC,
+    DEL,
+    HDR_LEN,
+    HEADER,
+    MARK,
+    MSG,
+    OFF_MASK,
+    SEG_SHIFT,
+    SMSG,
+    encode,
+    encode_run,
+    encode_sealed,
+    whole_record,
+)
 from zonebus.store.segindex import SegIndex
 
 if TYPE_CHECKING:
@@ -52,57 +67,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_HDR = struct.Struct("<IBQqHII")
-_CRC = struct.Struct("<I")
-HDR_LEN = _HDR.size  # 31
-MSG, DEL, MARK, SMSG = 1, 2, 3, 4
-SEG_SHIFT = 40
-OFF_MASK = (1 << SEG_SHIFT) - 1
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
-
-
-def encode(kind: int, seq: int, ts: int, subject: bytes = b"", hdrs: bytes = b"", data: bytes = b"") -> bytes:
-    total = HDR_LEN + len(subject) + len(hdrs) + len(data) + 4
-    head = _HDR.pack(total, kind, seq, ts, len(subject), len(hdrs), len(data))
-    body = b"".join((head, subject, hdrs, data))
-    return body + _CRC.pack(zlib.crc32(body))
-
-
-def encode_sealed(aead: AEAD, seq: int, ts: int, subject: bytes, hdrs: bytes, data: bytes) -> bytes:
-    """An SMSG record: `encode`'s MSG with subject, headers and data sealed (random nonce, header as AAD)."""
-    total = HDR_LEN + len(subject) + len(hdrs) + len(data) + OVERHEAD + 4
-    head = _HDR.pack(total, SMSG, seq, ts, len(subject), len(hdrs), len(data))
-    nonce = os.urandom(NONCE)
-    body = b"".join((head, nonce, aead.encrypt(nonce, b"".join((subject, hdrs, data)), head)))
-    return body + _CRC.pack(zlib.crc32(body))
-
-
-def whole_record(data: bytes, off: int, size: int) -> tuple[int, int, int, int, int, int, int] | None:
-    """The header (total, kind, seq, ts, subject, headers and data lengths) of the record at `off` of `data`'s
-    first `size` bytes when that record is whole (known kind, consistent lengths, matching CRC); None at a torn
-    or corrupt one, where recovery stops."""
-    if size - off < HDR_LEN + 4:
-        return None
-    head = _HDR.unpack_from(data, off)
-    total, kind, _seq, _ts, slen, hlen, dlen = head
-    if (kind not in (MSG, DEL, MARK, SMSG) or off + total > size
-            or total != HDR_LEN + slen + hlen + dlen + 4 + (OVERHEAD if kind == SMSG else 0)):
-        return None
-    end = off + total - 4
-    if zlib.crc32(memoryview(data)[off:end]) != _CRC.unpack_from(data, end)[0]:
-        return None
-    return head
-
-
-def encode_into(buf: bytearray, kind: int, seq: int, ts: int, subject: bytes, hdrs: bytes, data: bytes) -> None:
-    """Append `encode(...)`'s record to `buf` without building it apart first."""
-    head = _HDR.pack(HDR_LEN + len(subject) + len(hdrs) + len(data) + 4, kind, seq, ts, len(subject), len(hdrs),
-                     len(data))
-    buf += head
-    buf += subject
-    buf += hdrs
-    buf += data
-    buf += _CRC.pack(zlib.crc32(data, zlib.crc32(hdrs, zlib.crc32(subject, zlib.crc32(head)))))
 
 
 class FileStore(MsgStore):
@@ -110,7 +75,9 @@ class FileStore(MsgStore):
 
     def msg_size(self, subject: str, hdrs: bytes | None, data: bytes) -> int:
         # nats-server adds 4 bytes (the header length) when there are headers
-        return len(subject) + (len(hdrs) + 4 if hdrs else 0) + len(data) + self.overhead
+        # (the subject's length in bytes, as nats-server counts it and as `_read` reads the record back)
+        slen = len(subject) if subject.isascii() else len(subject.encode())
+        return slen + (len(hdrs) + 4 if hdrs else 0) + len(data) + self.overhead
 
     def __init__(self, directory: str | Path, sync_always: bool = False,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, keys: StoreKeys | None = None,
@@ -402,6 +369,34 @@ class FileStore(MsgStore):
         self._live[self._active] += 1
         return (self._active << SEG_SHIFT) | off
 
+    def store_run(self, subjects: list[str], datas: list[bytes]) -> int:
+        """`MsgStore.store_run` in one pass when records are buffered in plaintext: the records go into the
+        buffer together (`records.encode_run`, all with one timestamp), the index takes them together, and the group
+        commit hears of them once (per segment)."""
+        commit = self.commit
+        if not self.buffered or self.keys is not None or commit is None:
+            return super().store_run(subjects, datas)
+        idx = self.index
+        ts = time_ns()
+        if ts < self._last_ts:
+            ts = self._last_ts
+        self._last_ts = ts
+        i, n = 0, len(subjects)
+        while i < n:
+            if self._offset >= self.segment_bytes:  # a roll, as `store` does it (what was written before is written())
+                self.store(subjects[i], None, datas[i], ts)
+                i += 1
+                continue
+            first = idx.last_seq + 1
+            done, self._offset, sizes, locs = encode_run(self._buf, subjects, datas, i, first, ts,
+                                                         self._active << SEG_SHIFT, self._offset, self.segment_bytes,
+                                                         self.overhead)
+            self._live[self._active] += done - i
+            idx.add_run(first, subjects[i:done], sizes, ts, locs)
+            commit.written(idx.last_seq)
+            i = done
+        return idx.last_seq
+
     def _write_sealed(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
         """`_write` with keys (set in its place, so that the plaintext path tests nothing)."""
         if self._offset >= self.segment_bytes:
@@ -421,11 +416,11 @@ class FileStore(MsgStore):
         rec = os.pread(fd, size - self.overhead + HDR_LEN + 4, off)  # the record (with headers: 4 bytes more)
         if len(rec) < HDR_LEN:
             return None
-        total, _k, rseq, _ts, slen, hlen, dlen = _HDR.unpack_from(rec, 0)
+        total, _k, rseq, _ts, slen, hlen, dlen = HEADER.unpack_from(rec, 0)
         if len(rec) < total:
             return None
         rec = rec[:total]
-        if rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != _CRC.unpack_from(rec, total - 4)[0]:
+        if rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != CRC.unpack_from(rec, total - 4)[0]:
             log.error("filestore %s: record for seq %d is corrupt", self.dir, seq)
             return None
         p = HDR_LEN + slen
@@ -443,10 +438,10 @@ class FileStore(MsgStore):
         rec = os.pread(fd, size - self.overhead + HDR_LEN + 4 + OVERHEAD, off)
         if len(rec) < HDR_LEN:
             return None
-        total, kind, rseq, _ts, slen, hlen, _dlen = _HDR.unpack_from(rec, 0)
+        total, kind, rseq, _ts, slen, hlen, _dlen = HEADER.unpack_from(rec, 0)
         if len(rec) < total:
             return None
-        if kind != SMSG or rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != _CRC.unpack_from(
+        if kind != SMSG or rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != CRC.unpack_from(
                 rec, total - 4)[0]:
             return FileStore._read(self, seq, loc, size)  # (a plaintext record; or corrupt, which it reports)
         plain = self._open(n, rec, 0, total)

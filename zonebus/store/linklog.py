@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 from zonebus.store import routerbatch
 from zonebus.store import sharedlayout as L
-from zonebus.store.filestore import HDR_LEN, MSG, encode
+from zonebus.store.records import HDR_LEN, MSG, encode
 from zonebus.store.routerbatch import Message
 
 LINK = L.LINK

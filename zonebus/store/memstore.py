@@ -7,6 +7,7 @@ from zonebus.store.msgstore import MsgStore
 
 class MemStore(MsgStore):
     overhead = 16  # nats-server memStoreMsgSize: subject + headers + data + 16
+    durable_in_order = True  # (as durable as it gets once stored: every wait is over at once)
 
     def __init__(self) -> None:
         super().__init__()

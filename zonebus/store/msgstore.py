@@ -102,7 +102,8 @@ class MsgStore:
 
     # -- writes --------------------------------------------------------------------------------------
     def msg_size(self, subject: str, hdrs: bytes | None, data: bytes) -> int:
-        return len(subject) + (len(hdrs) if hdrs else 0) + len(data) + self.overhead
+        slen = len(subject) if subject.isascii() else len(subject.encode())  # (bytes, as nats-server counts)
+        return slen + (len(hdrs) if hdrs else 0) + len(data) + self.overhead
 
     def store(self, subject: str, hdrs: bytes | None, data: bytes, ts: int = 0, seq: int = 0) -> tuple[int, int]:
         """Append a message; returns (seq, ts). `seq`: its sequence when it must be a given one (a mirror's),
@@ -117,6 +118,13 @@ class MsgStore:
         loc = self._write(seq, subject, hdrs, data, ts)
         self.index.add(seq, subject, self.msg_size(subject, hdrs, data), ts, loc)
         return seq, ts
+
+    def store_run(self, subjects: list[str], datas: list[bytes]) -> int:
+        """Append header-less messages (`subjects[i]`, `datas[i]`) in order, as `store` each; the last one's
+        sequence (they have the sequences up to it)."""
+        for subject, data in zip(subjects, datas, strict=True):
+            self.store(subject, None, data)
+        return self.index.last_seq
 
     def start_at(self, seq: int) -> None:
         """An empty, new store starts numbering at `seq` (a stream's `first_seq`)."""

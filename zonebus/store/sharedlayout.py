@@ -31,7 +31,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from zonebus.store.filestore import DEL, HDR_LEN, MARK, MSG, encode
+from zonebus.store.records import DEL, HDR_LEN, MARK, MSG, encode
 
 LINK = 5  # a link record (batch objects of version 2 only; `zonebus.store.linklog`)
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from zonebus.storage.fs import ObjectStore
 from zonebus.store import sharedlayout as L
 from zonebus.store.cachecopies import COPIES
-from zonebus.store.filestore import encode_into
+from zonebus.store.records import encode_into
 from zonebus.store.sharedbase import BaseMoves
 from zonebus.store.sharedcommit import CommitOptions, DurableCallback, GroupCommit, PendingBatch, PutTimes
 from zonebus.store.shareddocs import DocQueue

@@ -110,6 +110,33 @@ class MsgIndex:
         self.last_seq = seq
         self.last_ts = ts
 
+    def add_run(self, first: int, subjects: list[str], sizes: list[int], ts: int, locs: list[int]) -> None:
+        """`add` for messages `first`, `first` + 1, ... stored at one time `ts` (the lists are theirs, in order)."""
+        if not subjects:
+            return
+        self._append_at(first)
+        ids, per, sids = self.subject_ids, self.per_subject, self.sids
+        seq = first
+        for subject in subjects:
+            sid = ids.get(subject)
+            if sid is None:
+                sid = self._new_subject(subject)
+            seqs = per[sid]
+            if len(seqs.seqs) == seqs.head:
+                self.num_subjects += 1
+            seqs.seqs.append(seq)
+            sids.append(sid)
+            seq += 1
+        self.sizes.extend(sizes)
+        self.tss.extend(array("q", (ts,)) * len(subjects))
+        self.locs.extend(locs)
+        if self.msgs == 0:
+            self.first_seq = first
+        self.msgs += len(subjects)
+        self.bytes += sum(sizes)
+        self.last_seq = seq - 1
+        self.last_ts = ts
+
     def _append_at(self, seq: int) -> None:
         """Make slot `seq` the next one: it must come after the last; sequences skipped become deleted slots."""
         if seq <= self.last_seq:
@@ -256,6 +283,16 @@ class MsgIndex:
         if i < 0 or i >= len(self.sids) or self.sids[i] == DELETED:
             return None
         return self.subjects[self.sids[i]]
+
+    def subjects_of(self, first: int, last: int) -> list[str | None]:
+        """`subject_of` for each of `first`..`last`."""
+        i0, i1 = first - self.base, last + 1 - self.base
+        lo, hi = max(i0, 0), max(min(i1, len(self.sids)), 0)
+        subjects = self.subjects
+        out: list[str | None] = [None] * (min(lo, i1) - i0)
+        out += [subjects[s] if s != DELETED else None for s in self.sids[lo:hi]]
+        out += [None] * (i1 - max(hi, i0))
+        return out
 
     def first_ts(self) -> int:
         return self.tss[self.first_seq - self.base] if self.msgs else 0

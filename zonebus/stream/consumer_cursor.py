@@ -72,6 +72,16 @@ class ConsumerCursor:
             self.num_pending += 1
             self.kick()
 
+    def on_new_msgs(self: Consumer, first: int, subjects: list[str | None]) -> None:
+        """`on_new_msg` for messages `first`, `first` + 1, ... (their subjects; None: one no longer stored)."""
+        start, n = self.sseq, 0
+        for seq, subject in enumerate(subjects, first):
+            if subject is not None and seq >= start and self.matches(subject):
+                n += 1
+        if n:
+            self.num_pending += n
+            self.kick()
+
     def on_removed(self: Consumer, seq: int, subject: str) -> None:
         if self.lps and seq in self.lps:
             self.lps.remove(seq)

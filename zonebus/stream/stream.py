@@ -19,7 +19,6 @@ import logging
 import shutil
 import time
 from collections import OrderedDict
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +29,12 @@ from zonebus.stream import counters, limits, localdocs, mirrors, schedules
 from zonebus.stream.atomic import BATCH_ID, AtomicBatches
 from zonebus.stream.config import format_time
 from zonebus.stream.expiry import Expiry
+from zonebus.stream.publishing import PublishPath, pub_error
 from zonebus.stream.sources import SourceLink
 from zonebus.stream.transform import SubjectTransform, compile_transform
 from zonebus.stream.ttl import parse_msg_ttl
 
 if TYPE_CHECKING:
-    from zonebus.server.internal import Delivery
     from zonebus.stream.consumer import Consumer
     from zonebus.stream.service import JetStreamService
 
@@ -60,11 +59,7 @@ def _transform_of(cfg: dict[str, Any]) -> SubjectTransform | None:
     return compile_transform(cfg["subject_transform"]) if cfg.get("subject_transform") else None
 
 
-def _pub_error(stream: str, err: JSError) -> bytes:
-    return json.dumps({"error": err.to_dict(), "stream": stream, "seq": 0}, separators=(",", ":")).encode()
-
-
-class Stream(Expiry):
+class Stream(PublishPath, Expiry):
     def __init__(self, service: JetStreamService, cfg: dict[str, Any], created: int, store: MsgStore,
                  directory: Path | None) -> None:
         self.service = service
@@ -95,6 +90,7 @@ class Stream(Expiry):
         self._ack_head = (b'{"stream":' + json.dumps(self.name).encode()  # PubAck: head, seq, "}"
                           + (b',"domain":' + json.dumps(domain).encode() if domain else b"") + b',"seq":')
         self._reply = getattr(service.client, "reply", None)  # InternalClient's short reply path
+        self._replies = getattr(service.client, "replies", None)  # and its runs of them
         if store.on_visible is None:  # a store that acknowledges once durable announces its messages then
             store.on_visible = self.on_visible
         first = cfg.get("first_seq", 0)
@@ -134,60 +130,7 @@ class Stream(Expiry):
         self._enforce_limits()
         self.schedule_age_check()
 
-    # -- publish path --------------------------------------------------------------------------------
-    def on_publish(self, subject: str, reply: str | None, hdrs: bytes | None, data: bytes) -> None:
-        """One message (in tests and tools; the internal client hands the stream runs of them, `on_publishes`)."""
-        raw = (hdrs or b"") + data + b"\r\n"
-        self.on_publishes([(subject.encode(), reply.encode() if reply else None, len(hdrs) if hdrs else -1, raw)])
-
-    def on_publishes(self, run: list[Delivery]) -> None:
-        """Internal-client callback for a run of messages on the stream's subjects (a publisher's burst): each
-        is checked and stored in turn. The PubAcks that wait for durability wait once, for the run's last, where the
-        store makes its messages durable in order (`durable_in_order`), else each for its own."""
-        waiting: list[tuple[bytes, bytes]] = []
-        last = 0
-        acks = not self.cfg.get("no_ack")
-        in_order = self.store.durable_in_order
-        for subject, reply, hdr_len, data in run:
-            wait = 0
-            try:
-                if hdr_len < 0:
-                    resp, wait = self._process(subject.decode(), None, data[:-2])
-                else:
-                    resp, wait = self._process(subject.decode(), data[:hdr_len], data[hdr_len:-2])
-            except JSError as err:
-                resp = _pub_error(self.name, err)
-            except Exception:  # a store failure must not kill the subscription
-                log.exception("stream %s: storing a message on %s failed", self.name, subject)
-                resp = _pub_error(self.name, JSError("stream_store_failed", err="store failure"))
-            if not reply or not acks:
-                continue
-            if not wait:
-                self._send_ack(reply, resp)
-            elif in_order:  # a store that acknowledges once the message is durable (or tells why it is not)
-                waiting.append((reply, resp))
-                last = max(last, wait)
-            elif not self.store.ack_when_durable(wait, partial(self._durable_replies, [(reply, resp)])):
-                self._send_ack(reply, resp)
-        if waiting and not self.store.ack_when_durable(last, partial(self._durable_replies, waiting)):
-            self._durable_replies(waiting, None)
-
-    def _durable_replies(self, waiting: list[tuple[bytes, bytes]], err: str | None) -> None:
-        if err is not None:
-            resp = _pub_error(self.name, JSError("stream_store_failed", err=err))
-            waiting = [(reply, resp) for reply, _ in waiting]
-        for reply, resp in waiting:
-            self._send_ack(reply, resp)
-
-    def _send_ack(self, reply: bytes, resp: bytes) -> None:
-        """A PubAck (or a publish error) to `reply`: as `service.send` does, on the internal client's short
-        reply path unless the zone router's tap takes it."""
-        svc = self.service
-        if self._reply is None or (svc.tap is not None and reply.startswith(svc.tap_prefix.encode())):
-            svc.send(reply.decode(), resp)
-        else:
-            self._reply(reply, resp)
-
+    # -- publish path (the runs of publishes: zonebus.stream.publishing) ----------------------------------
     def process(self, subject: str, hdrs: bytes | None, data: bytes) -> bytes:
         return self._process(subject, hdrs, data)[0]
 
@@ -202,23 +145,23 @@ class Stream(Expiry):
             return self.batches.publish(subject, hdrs, data, h)
         if not internal:
             if cfg.get("sealed"):
-                return _pub_error(self.name, JSError("stream_sealed")), 0
+                return pub_error(self.name, JSError("stream_sealed")), 0
             if self._transform is not None:
                 subject = self._transform.apply(subject)
         size = len(data) + (len(hdrs) if hdrs else 0)
         if 0 < cfg["max_msg_size"] < size and not self._counter:  # (a counter's: once its body is made)
-            return _pub_error(self.name, JSError("stream_message_exceeds_max")), 0
+            return pub_error(self.name, JSError("stream_message_exceeds_max")), 0
         msg_id = ""
         incr: int | None = None
         if h:
             if counters.INCR in h:  # checked first, as nats-server does
                 found = counters.check_incr(h, self._counter, data, internal)
                 if isinstance(found, JSError):
-                    return _pub_error(self.name, found), 0
+                    return pub_error(self.name, found), 0
                 incr = found
             exp = h.get("Nats-Expected-Stream")
             if exp is not None and exp != self.name:
-                return _pub_error(self.name, JSError("stream_not_match")), 0
+                return pub_error(self.name, JSError("stream_not_match")), 0
             msg_id = h.get("Nats-Msg-Id", "")
             if msg_id:
                 self._expire_dedupe()
@@ -228,38 +171,38 @@ class Stream(Expiry):
                     return resp, dup[0]
             err = self._check_expected(subject, h)
             if err is not None:
-                return _pub_error(self.name, err), 0
+                return pub_error(self.name, err), 0
         ttl = 0
         if h and h.get("Nats-TTL") and (cfg.get("allow_msg_ttl") or not internal):  # empty = no TTL
             if not cfg.get("allow_msg_ttl"):  # (a sourced message keeps its header, and no TTL here)
-                return _pub_error(self.name, JSError("message_ttl_disabled")), 0
+                return pub_error(self.name, JSError("message_ttl_disabled")), 0
             parsed = parse_msg_ttl(h["Nats-TTL"])
             if parsed is None:
-                return _pub_error(self.name, JSError("message_ttl_invalid")), 0
+                return pub_error(self.name, JSError("message_ttl_invalid")), 0
             ttl = parsed
         if hdrs and not internal and schedules.MARK in hdrs:
             checked = schedules.check_publish(self, subject, hdrs)
             if isinstance(checked, JSError):
-                return _pub_error(self.name, checked), 0
+                return pub_error(self.name, checked), 0
             hdrs, h["Nats-Rollup"] = checked, schedules.header(checked, "Nats-Rollup") or ""
         counter_val = ""
         if self._counter:
             if incr is None:
-                return _pub_error(self.name, JSError("message_incr_missing")), 0
+                return pub_error(self.name, JSError("message_incr_missing")), 0
             made = counters.apply(self.store, subject, hdrs, data, h, incr)
             if isinstance(made, JSError):
-                return _pub_error(self.name, made), 0
+                return pub_error(self.name, made), 0
             hdrs, data, counter_val = made
             if 0 < cfg["max_msg_size"] < len(data) + (len(hdrs) if hdrs else 0):
-                return _pub_error(self.name, JSError("stream_message_exceeds_max")), 0
+                return pub_error(self.name, JSError("stream_message_exceeds_max")), 0
         err = self._check_discard_new(subject, hdrs, data) if cfg["discard"] == "new" else None
         if err is not None:
-            return _pub_error(self.name, err), 0
+            return pub_error(self.name, err), 0
         if limits.exceeded(self.service, cfg["storage"]):
-            return _pub_error(self.name, JSError("insufficient_resources")), 0
+            return pub_error(self.name, JSError("insufficient_resources")), 0
         refused = self.store.write_error()
         if refused is not None:
-            return _pub_error(self.name, JSError("stream_store_failed", err=refused)), 0
+            return pub_error(self.name, JSError("stream_store_failed", err=refused)), 0
         seq = self.store_checked(subject, hdrs, data, h, msg_id, ttl)
         if counter_val:
             return b'%b%d,"val":"%b"}' % (self._ack_head, seq, counter_val.encode()), seq
@@ -337,11 +280,9 @@ class Stream(Expiry):
         consumers = list(self.consumers.values())
         if not consumers:
             return
-        for seq in range(first, last + 1):
-            subject = idx.subject_of(seq)
-            if subject is not None:
-                for c in consumers:
-                    c.on_new_msg(seq, subject)
+        subjects = idx.subjects_of(first, last)
+        for c in consumers:
+            c.on_new_msgs(first, subjects)
 
     def _check_expected(self, subject: str, h: dict[str, str]) -> JSError | None:
         last = h.get("Nats-Expected-Last-Sequence")

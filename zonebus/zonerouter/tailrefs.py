@@ -39,7 +39,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import NamedTuple
 
-from zonebus.store import filestore as F
+from zonebus.store import records as F
 from zonebus.store import routerbatch as batchfmt
 from zonebus.store import sharedlayout as L
 from zonebus.store.linklog import LinkRef

@@ -1,0 +1,103 @@
+"""A run of header-less messages stored in one call (`MsgStore.store_run`, a stream's burst of publishes): the
+file store's one-pass path (`zonebus.store.records.encode_run`, compiled or pure Python) must leave the bytes,
+the index and the group commit exactly as storing each message with `store` does, across segment rolls and
+after a reopen."""
+
+from __future__ import annotations
+
+import random
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from zonebus.store import filestore, records
+from zonebus.store.filestore import FileStore
+from zonebus.store.memstore import MemStore
+from zonebus.testing.polling import until
+
+pytestmark = pytest.mark.timeout(60)
+
+ENCODERS = {"python": records.encode_run_py}
+if find_spec("zonebus.store.recordrun") is not None:
+    from zonebus.store.recordrun import encode_run as compiled  # type: ignore[import-not-found]
+
+    ENCODERS["compiled"] = compiled
+
+
+def _messages(rng: random.Random, n: int) -> tuple[list[str], list[bytes]]:
+    subjects = [f"orders.{rng.randrange(40)}.{'é' if rng.random() < 0.05 else 'x'}" for _ in range(n)]
+    datas = [rng.randbytes(rng.randrange(0, 900)) for _ in range(n)]
+    return subjects, datas
+
+
+@pytest.mark.parametrize("encoder", sorted(ENCODERS))
+def test_encode_run_writes_what_encode_writes(encoder: str) -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        subjects, datas = _messages(rng, rng.randrange(0, 30))
+        start = rng.randrange(0, len(subjects) + 1)
+        seq, ts = rng.randrange(1, 1 << 50), rng.randrange(-(1 << 62), 1 << 62)
+        off, limit, seg = rng.randrange(0, 5000), rng.randrange(0, 20000), rng.randrange(0, 9) << filestore.SEG_SHIFT
+        head = rng.randbytes(rng.randrange(0, 20))
+        buf = bytearray(head)
+        done, end, sizes, locs = ENCODERS[encoder](buf, subjects, datas, start, seq, ts, seg, off, limit, 30)
+        want, at, want_locs, want_sizes = bytearray(head), off, [], []
+        i = start
+        while i < len(subjects) and at < limit:
+            rec = records.encode(records.MSG, seq + i - start, ts, subjects[i].encode(), b"", datas[i])
+            want += rec
+            want_locs.append(seg | at)
+            want_sizes.append(len(subjects[i].encode()) + len(datas[i]) + 30)
+            at += len(rec)
+            i += 1
+        assert (done, end, sizes, locs) == (i, at, want_sizes, want_locs)
+        assert buf == want
+
+
+@pytest.mark.parametrize("encoder", sorted(ENCODERS))
+async def test_a_run_stores_what_one_by_one_stores_across_rolls(tmp_path: Path, encoder: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(filestore, "encode_run", ENCODERS[encoder])
+    rng = random.Random(11)
+    runs = [_messages(rng, rng.randrange(1, 300)) for _ in range(12)]
+    one = FileStore(tmp_path / "one", sync_always=True, segment_bytes=64 * 1024)
+    run = FileStore(tmp_path / "run", sync_always=True, segment_bytes=64 * 1024)
+    acked: list[int] = []
+    for subjects, datas in runs:
+        for subject, data in zip(subjects, datas, strict=True):
+            one.store(subject, None, data)
+        last = run.store_run(subjects, datas)
+        assert last == one.index.last_seq
+        assert run.visible_seq() < last  # not shown before its fsync
+        assert run.ack_when_durable(last, lambda err, last=last: acked.append(last if err is None else -last))
+    total = one.index.last_seq
+    await until(lambda: run.visible_seq() == total and len(acked) == len(runs), "every run durable", timeout=20)
+    assert acked == sorted(acked) and acked[-1] == total
+    assert len(run._fds) > 3, "the runs rolled segments"  # noqa: SLF001 - what the test is about
+    for store in (one, run):
+        store.close()
+    one, run = FileStore(tmp_path / "one", sync_always=True), FileStore(tmp_path / "run", sync_always=True)
+    try:
+        a, b = one.state(), run.state()
+        assert (a.msgs, a.bytes, a.first_seq, a.last_seq, a.num_subjects) == (
+            b.msgs, b.bytes, b.first_seq, b.last_seq, b.num_subjects)
+        for seq in range(1, total + 1):
+            x, y = one.load(seq), run.load(seq)
+            assert x is not None and y is not None
+            assert (x.subject, x.hdrs, x.data) == (y.subject, y.hdrs, y.data), seq
+        assert run.recovered_truncations == 0
+    finally:
+        one.close()
+        run.close()
+
+
+def test_other_stores_take_a_run_one_message_at_a_time(tmp_path: Path) -> None:
+    """A memory store, and a file store without `sync_always` (each record its own write), store a run as
+    `store` would, with nothing to wait for after it."""
+    for store in (MemStore(), FileStore(tmp_path / "lazy")):
+        last = store.store_run(["a.1", "a.2", "a.1"], [b"x", b"yy", b""])
+        assert last == 3 and store.index.msgs == 3 and store.index.num_subjects == 2
+        assert [store.load(s).data for s in (1, 2, 3)] == [b"x", b"yy", b""]  # type: ignore[union-attr]
+        assert not store.ack_when_durable(last, lambda err: None)
+        store.close()
