@@ -232,7 +232,13 @@ class InternalClient(Connection):
     # called by Server.process_msg
     def deliver(self, sub: Subscription, subject: bytes, reply: bytes | None, hdr_len: int, data: bytes) -> None:
         self.in_msgs += 1
-        self._queue.append((sub, subject, reply, hdr_len, data))
+        q = self._queue
+        if sub.batch is None:
+            q.append((sub, subject, reply, hdr_len, data))
+        elif q and q[-1][0] is sub and len(q[-1]) == 2:  # the run its deliveries before this one make
+            q[-1][1].append((subject, reply, hdr_len, data))
+        else:
+            q.append((sub, [(subject, reply, hdr_len, data)]))
         if not self._draining:
             self._draining = True
             self.server.loop.call_soon(self._drain)
@@ -244,18 +250,17 @@ class InternalClient(Connection):
         self._draining = False
         q = self._queue
         while q:
-            sub, subject, reply, hdr_len, data = q.popleft()
+            entry = q.popleft()
+            sub = entry[0]
             if sub.callback is None or self.subs.get(sub.sid) is not sub:
                 continue
-            if sub.batch is not None:
-                run = [(subject, reply, hdr_len, data)]
-                while q and q[0][0] is sub:
-                    run.append(q.popleft()[1:])
+            if len(entry) == 2:  # a batch subscription's run (`deliver`)
                 try:
-                    sub.batch(run)
+                    sub.batch(entry[1])
                 except Exception as exc:  # a subsystem bug must not take the server down
                     self.server.log(f"internal subscriber {self.name} on {sub.subject!r} failed: {exc!r}")
                 continue
+            _sub, subject, reply, hdr_len, data = entry
             headers = data[:hdr_len] if hdr_len >= 0 else None
             payload = data[max(hdr_len, 0) : -2]
             try:

@@ -15,14 +15,15 @@ if TYPE_CHECKING:
     from zonebus.stream.service import JetStreamService
 
 
-def _limit(svc: JetStreamService, storage: str) -> int:
+def limit_of(svc: JetStreamService, storage: str) -> int | None:
+    """The configured limit of one storage type's bytes (None or negative: none)."""
     opts = svc.opts
     return opts.max_memory_store if storage == "memory" else opts.max_file_store
 
 
 def exceeded(svc: JetStreamService, storage: str) -> bool:
     """Is the bytes stored in `storage` streams above the configured limit?"""
-    limit = _limit(svc, storage)
+    limit = limit_of(svc, storage)
     if limit is None or limit < 0:
         return False
     used = sum(s.store.index.bytes for s in svc.streams.values() if s.cfg["storage"] == storage)
@@ -38,7 +39,7 @@ def reserved(streams: Any, storage: str, exclude: str = "") -> int:
 def check_reservation(svc: JetStreamService, cfg: dict[str, Any]) -> None:
     """Refuse a stream config whose `max_bytes` does not fit next to the other streams' reservations."""
     storage = cfg["storage"]
-    limit = _limit(svc, storage)
+    limit = limit_of(svc, storage)
     if limit is None or limit < 0:
         return
     add = cfg["max_bytes"] if cfg["max_bytes"] > 0 else 1
