@@ -30,11 +30,10 @@ Owned by the event loop thread.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable
 from typing import Any
 
+from zonebus.compiled import twin
 from zonebus.server.fastpath import deliver_run
 from zonebus.subjects.validate import is_valid_publish_subject
 
@@ -51,18 +50,7 @@ MEMO_MAX = 4096  # subjects remembered (then all are dropped)
 Target = tuple[Any, bytes, Any, Any]
 
 
-def _compiled() -> Callable[[Any, Any, bytes, int, int], int] | None:
-    """The compiled `run` (`zonebus.server.corerun`), or None: not built, or `ZONEBUS_PURE_PYTHON` set."""
-    if os.environ.get("ZONEBUS_PURE_PYTHON"):
-        return None
-    try:
-        from zonebus.server.corerun import run as compiled  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return compiled  # type: ignore[no-any-return]
-
-
-COMPILED = _compiled()
+COMPILED = twin("zonebus.server.corerun", "run")
 IMPLEMENTATION = "compiled" if COMPILED is not None else "python"
 
 

@@ -20,8 +20,9 @@ import os
 import struct
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from zonebus.compiled import twin
 from zonebus.store.atrest import NONCE, OVERHEAD
 
 if TYPE_CHECKING:
@@ -106,18 +107,7 @@ def encode_run_py(buf: bytearray, subjects: list[str], datas: list[bytes], start
     return i, off, sizes, locs
 
 
-def _compiled() -> Callable[..., Any] | None:
-    """The compiled `encode_run` (`zonebus.store.recordrun`), or None: not built, or `ZONEBUS_PURE_PYTHON` set."""
-    if os.environ.get("ZONEBUS_PURE_PYTHON"):
-        return None
-    try:
-        from zonebus.store.recordrun import encode_run as compiled  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return compiled  # type: ignore[no-any-return]
-
-
-COMPILED = _compiled()
+COMPILED = twin("zonebus.store.recordrun", "encode_run")
 IMPLEMENTATION = "compiled" if COMPILED is not None else "python"
 encode_run: Callable[[bytearray, list[str], list[bytes], int, int, int, int, int, int, int],
                      tuple[int, int, list[int], list[int]]] = COMPILED or encode_run_py
