@@ -25,8 +25,9 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "zonebus"
 ROOT_NAME = "zonebus"
 
 LAYERS: list[tuple[str, ...]] = [
-    # the subject grammar, the trie and mappings; the price lists as package data; the versions
-    ("subjects", "prices", ROOT_NAME),
+    # the subject grammar, the trie and mappings; the price lists as package data; the versions; which compiled
+    # twins run
+    ("subjects", "prices", ROOT_NAME, "compiled"),
     # every setting a server runs with (reads subject grammar); shared storage objects and their meter
     ("options", "storage"),
     # wire parsers and URL forms (no I/O); tls files and nkeys; zones and the traffic ledger
