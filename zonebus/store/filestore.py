@@ -75,9 +75,7 @@ class FileStore(MsgStore):
 
     def msg_size(self, subject: str, hdrs: bytes | None, data: bytes) -> int:
         # nats-server adds 4 bytes (the header length) when there are headers
-        # (the subject's length in bytes, as nats-server counts it and as `_read` reads the record back)
-        slen = len(subject) if subject.isascii() else len(subject.encode())
-        return slen + (len(hdrs) + 4 if hdrs else 0) + len(data) + self.overhead
+        return MsgStore.msg_size(self, subject, hdrs, data) + (4 if hdrs else 0)  # (SharedView borrows it)
 
     def __init__(self, directory: str | Path, sync_always: bool = False,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, keys: StoreKeys | None = None,

@@ -102,7 +102,8 @@ class MsgStore:
 
     # -- writes --------------------------------------------------------------------------------------
     def msg_size(self, subject: str, hdrs: bytes | None, data: bytes) -> int:
-        slen = len(subject) if subject.isascii() else len(subject.encode())  # (bytes, as nats-server counts)
+        # (the subject's length in bytes, as nats-server counts it and as a file store reads its record back)
+        slen = len(subject) if subject.isascii() else len(subject.encode())
         return slen + (len(hdrs) if hdrs else 0) + len(data) + self.overhead
 
     def store(self, subject: str, hdrs: bytes | None, data: bytes, ts: int = 0, seq: int = 0) -> tuple[int, int]:

@@ -87,18 +87,13 @@ def encode_run_py(buf: bytearray, subjects: list[str], datas: list[bytes], start
     bits), while the offset is below `limit` (the segment is full: the caller rolls it). Returns (the index of
     the first message not written, the offset after the last record, each written message's size as the index
     counts it (the subject's and the data's bytes and `overhead`), each one's location)."""
-    pack, cpack, crc = HEADER.pack, CRC.pack, zlib.crc32
     sizes: list[int] = []
     locs: list[int] = []
     i, n = start, len(subjects)
     while i < n and off < limit:
         subject, data = subjects[i], datas[i]
         sb = subject.encode()
-        head = pack(HDR_LEN + len(sb) + len(data) + 4, MSG, seq, ts, len(sb), 0, len(data))
-        buf += head
-        buf += sb
-        buf += data
-        buf += cpack(crc(data, crc(sb, crc(head))))
+        encode_into(buf, MSG, seq, ts, sb, b"", data)
         sizes.append(len(sb) + len(data) + overhead)
         locs.append(seg | off)
         off += HDR_LEN + len(sb) + len(data) + 4

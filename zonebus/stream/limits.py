@@ -16,15 +16,16 @@ if TYPE_CHECKING:
 
 
 def limit_of(svc: JetStreamService, storage: str) -> int | None:
-    """The configured limit of one storage type's bytes (None or negative: none)."""
+    """The configured limit of one storage type's bytes, or None (none configured, or a negative one)."""
     opts = svc.opts
-    return opts.max_memory_store if storage == "memory" else opts.max_file_store
+    limit = opts.max_memory_store if storage == "memory" else opts.max_file_store
+    return None if limit is None or limit < 0 else limit
 
 
 def exceeded(svc: JetStreamService, storage: str) -> bool:
     """Is the bytes stored in `storage` streams above the configured limit?"""
     limit = limit_of(svc, storage)
-    if limit is None or limit < 0:
+    if limit is None:
         return False
     used = sum(s.store.index.bytes for s in svc.streams.values() if s.cfg["storage"] == storage)
     return used > limit
@@ -40,7 +41,7 @@ def check_reservation(svc: JetStreamService, cfg: dict[str, Any]) -> None:
     """Refuse a stream config whose `max_bytes` does not fit next to the other streams' reservations."""
     storage = cfg["storage"]
     limit = limit_of(svc, storage)
-    if limit is None or limit < 0:
+    if limit is None:
         return
     add = cfg["max_bytes"] if cfg["max_bytes"] > 0 else 1
     foreign = sum(c["max_bytes"] for n, c in svc.foreign_configs().items()  # (other workers' streams)

@@ -98,8 +98,7 @@ class PublishPath:
                 or cfg["discard"] == "new" or cfg["retention"] == "interest" or cfg.get("allow_msg_schedules")
                 or not self.store.durable_in_order or self.store.write_error() is not None):
             return None
-        limit = limits.limit_of(self.service, cfg["storage"])
-        if limit is not None and limit >= 0:
+        if limits.limit_of(self.service, cfg["storage"]) is not None:
             return None
         return max(cfg["max_msg_size"], 0)
 
