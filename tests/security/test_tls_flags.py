@@ -6,7 +6,6 @@ it off, and combinations that make no usable block stop the server with a messag
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import ssl
 import subprocess
@@ -19,7 +18,6 @@ import nats
 import pytest
 
 from zonebus.cli.flags import parse_server_args
-from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, nats_server_binary, wait_for_info
 from zonebus.testing.tlscerts import CertFiles, TestCA
 
@@ -133,19 +131,11 @@ async def test_tls_false_switches_client_tls_off(impl: str, pki: PKI, where: str
         assert await _works(server.url, None)
 
 
-def _reloaded(server: ServerProcess, before: int) -> None:
-    """Wait until the server has handled the SIGHUP (a reload line in its log after `before` characters)."""
-    wait_until(lambda: "reload" in server.log()[before:].lower(), "a reload in the log", timeout=10,
-               show=server.log)
-
-
 async def test_a_reload_keeps_the_flags_tls(impl: str, pki: PKI) -> None:
     """SIGHUP re-reads a config file without a tls block: clients still need TLS (nats-server refuses
     the reload; zonebus keeps what the flags set)."""
     with ServerProcess(impl, "debug: false\n", extra_args=["--tls", *pki.cert_flags()]) as server:
-        before = len(server.log())
-        server.signal(signal.SIGHUP)
-        _reloaded(server, before)
+        server.reload()
         info = wait_for_info(server.port, time.monotonic() + 5)
         assert info["tls_required"] is True
         assert await _works(server.url, pki.ca.client_context())

@@ -4,14 +4,12 @@ cannot be read keeps the old one (one log line, the server stays up)."""
 
 from __future__ import annotations
 
-import signal
 import socket
 import ssl
 from pathlib import Path
 
 import pytest
 
-from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess
 from zonebus.testing.tlscerts import CertFiles, TestCA
 
@@ -49,17 +47,6 @@ def _der(cert: CertFiles) -> bytes:
     return ssl.PEM_cert_to_DER_cert(Path(cert.cert).read_text())
 
 
-def _reload(server: ServerProcess, config: str) -> None:
-    """Write `config` and SIGHUP the server; returns once every worker logged its reload (a worker that read the
-    file after the next `_reload` wrote it would apply that one instead: seen once in a local CI run)."""
-    (server.workdir / "server.conf").write_text(config)
-    before = server.log().count("reload")
-    server.signal(signal.SIGHUP)
-    workers = server.worker_count()
-    wait_until(lambda: server.log().count("reload") >= before + workers, f"a reload in the log of {workers} "
-               "worker(s)", timeout=10)
-
-
 def test_sighup_swaps_the_client_certificate(tmp_path: Path) -> None:
     ca = TestCA(tmp_path / "ca")
     first, second = ca.server_cert("first"), ca.server_cert("second")
@@ -69,11 +56,11 @@ def test_sighup_swaps_the_client_certificate(tmp_path: Path) -> None:
         assert _served_cert(server.port, ca) == _der(first)
         early = _tls_client(server.port, ca)
         early.sendall(b"CONNECT {}\r\n")
-        _reload(server, _config(second, ca))
+        server.reload(_config(second, ca))
         assert _served_cert(server.port, ca) == _der(second)
         assert b"PONG" in _pong(early)  # the connection made before the reload goes on
         early.close()
-        _reload(server, _config(CertFiles(str(tmp_path / "missing.pem"), second.key), ca))
+        server.reload(_config(CertFiles(str(tmp_path / "missing.pem"), second.key), ca))
         assert server.proc is not None and server.proc.poll() is None
         assert _served_cert(server.port, ca) == _der(second)  # a bad reload keeps what was there
     finally:

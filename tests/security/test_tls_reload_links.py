@@ -12,7 +12,6 @@ reload, and then
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import ssl
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from zonebus.testing.polling import until, wait_until
+from zonebus.testing.polling import until
 from zonebus.testing.processes import ServerProcess, cluster_config, free_port, start_parallel
 from zonebus.testing.tlscerts import CertFiles, TestCA
 
@@ -59,17 +58,6 @@ def _install(ca: TestCA, cert: CertFiles, directory: Path) -> None:
 def _tls_block(directory: Path) -> str:
     return (f'tls {{ cert_file: "{directory}/cert.pem", key_file: "{directory}/key.pem", '
             f'ca_file: "{directory}/ca.pem", verify: true, timeout: 2 }}')
-
-
-def _reload(server: ServerProcess, config: str | None = None) -> None:
-    """SIGHUP (after writing `config` when given) and wait for the server to log that it handled it."""
-    if config is not None:
-        assert server.workdir is not None
-        (server.workdir / "server.conf").write_text(config)
-    before = len(server.log())
-    server.signal(signal.SIGHUP)
-    wait_until(lambda: "reload" in server.log()[before:].lower(), "a reload in the log", timeout=10,
-               show=server.log)
 
 
 async def _carry(pub_url: str, sub_url: str, subject: str, timeout: float = 20.0) -> None:
@@ -142,7 +130,7 @@ async def test_route_certificates_reload(impl: str, tmp_path: Path) -> None:
         assert routes
 
         _install(new, new_s1, d1)  # the same paths, new contents
-        _reload(s1)
+        s1.reload()
         _check_reloaded(s1, p1, new_s1, new_client, old_client)
         assert _link_ids(s1, "/routez") == routes  # the routes made before stay up
         await _carry(s2.url, s1.url, "after.reload")
@@ -186,7 +174,7 @@ async def test_gateway_certificates_reload(impl: str, tmp_path: Path) -> None:
 
         da_new = tmp_path / "a-new"  # new files at new paths, named by the reloaded config
         _install(new, new_a, da_new)
-        _reload(a, _gateway_conf("A", ga, _tls_block(da_new), "B", gb))
+        a.reload(_gateway_conf("A", ga, _tls_block(da_new), "B", gb))
         _check_reloaded(a, ga, new_a, new_client, old_client)
         assert _link_ids(a, "/gatewayz") == links  # the gateway connections made before stay up
         await _carry(b.url, a.url, "gw.after")
@@ -216,7 +204,7 @@ async def test_client_ca_swap_reloads(impl: str, tmp_path: Path) -> None:
         try:
             new_srv = new.server_cert("srv")
             _install(new, new_srv, d)
-            _reload(server)
+            server.reload()
             ok = await nats.connect(server.url, tls=new.client_context(new_client), allow_reconnect=False)
             await ok.close()
             with pytest.raises(Exception):  # noqa: B017 - refused in whichever way the handshake fails

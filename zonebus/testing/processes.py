@@ -19,6 +19,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -33,6 +34,9 @@ from zonebus.localservers import ServerPages, free_port, wait_for_info
 
 IMPLEMENTATIONS = ("nats", "zonebus")
 WORKERS_ENV = "ZONEBUS_TEST_WORKERS"
+# The line that ends a SIGHUP's handling, whatever came of it: zonebus's (once per worker) and nats-server's.
+RELOAD_DONE = re.compile(r"\] (?:reloaded \S+: tags=|reload failed|reload: no config file|Reloaded server configuration"
+                         r"|Failed to reload)")
 
 
 def stop_child(proc: subprocess.Popen) -> None:
@@ -211,6 +215,22 @@ class ServerProcess(ServerPages):
     def signal(self, sig: int) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
+
+    def reload(self, config: str | None = None, timeout: float = 10.0) -> None:
+        """SIGHUP (after writing `config` as the server's file, when given); returns once every worker ended its
+        reload (`RELOAD_DONE`). A reload logs other lines too (one per certificate...), so counting any line
+        with "reload" could return after one worker of two, and that worker's next reload race the other's."""
+        if config is not None:
+            assert self.workdir is not None
+            (self.workdir / "server.conf").write_text(config)
+        before = len(RELOAD_DONE.findall(self.log()))
+        self.signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        workers = self.worker_count()
+        while len(RELOAD_DONE.findall(self.log())) < before + workers:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{workers} worker(s) did not end the reload in {timeout:.0f} s; log:\n{self.log()}")
+            time.sleep(0.02)
 
     def kill(self, timeout: float = 10.0) -> None:
         """SIGKILL, as a crash would: when this returns, the server is gone, its sockets closed.
