@@ -358,6 +358,11 @@ class SharedStore(ReplicatedTail, LatePacks, WriterFencing, BaseMoves, GroupComm
 
     def destroy(self) -> None:
         """Close and delete the stream from the shared store and the cache."""
+        self.discard()
+        self.delete_objects()
+
+    def discard(self) -> None:
+        """Close without writing what is not written yet (the stream is deleted); on the event loop."""
         self._unreleased.clear()
         self._open = None
         self.docs.clear()
@@ -365,6 +370,11 @@ class SharedStore(ReplicatedTail, LatePacks, WriterFencing, BaseMoves, GroupComm
         if self._linger_handle is not None:
             self._linger_handle.cancel()
             self._linger_handle = None
+
+    def delete_objects(self) -> None:
+        """Delete the stream's objects and its cache directory. Blocks, seconds on a loaded machine: emptying
+        the cache waits for every copy the process still has queued (`COPIES.empty`), so a server deleting a
+        stream it leads runs this in a worker thread after `discard` (`clusterleaders._delete`)."""
         self.objects.delete_prefix(self.prefix)
         if self.cache_dir is not None:
             COPIES.empty(self.cache_dir, remove=True)

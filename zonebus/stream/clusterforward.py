@@ -4,7 +4,8 @@ Each server answers its own clients' `$JS.API.>` requests; one about a stream go
 served here when this server leads it, else published as `$JSC.<leader hash>.<original subject>` with the
 client's reply subject, so the leader answers the client directly (`EXISTED` after the prefix: a create that
 found the same stream, answered without `did_create`). The leader serves a forwarded request once the stream is
-open (or answers that its shared store is damaged). Runs on the event loop.
+open (or answers that its shared store is damaged, or 10008 when it does not serve the stream in time: every
+API request gets an answer). Runs on the event loop.
 """
 
 from __future__ import annotations
@@ -56,11 +57,14 @@ class ApiForwarding:
                            payload: bytes, existed: bool = False) -> None:
         if not await self._wait_ready(name):
             why = self._damaged.get(name)
-            route = self.svc.api._route(subject.split(".")[2:]) if why else None
+            route = self.svc.api._route(subject.split(".")[2:])
             if why and reply:
                 err = JSError("stream_store_failed", err=f"stream {name} is unavailable: its shared store is "
                                                          f"damaged ({why})")
                 self.svc.send(reply, error_json(route[0] if route else "api_response", err))
+            elif route is not None and reply:  # an API request is answered, not left to time out: the stream is
+                # not served here in time (a slow takeover, or it moved or went meanwhile); the client asks again
+                self.svc.send(reply, error_json(route[0], NoQuorum(f"stream {name} not served by {self.name}")))
             return
         toks = subject.split(".")[2:]
         if toks[:3] == ["STREAM", "MSG", "GET"] and self.meta is not None and not self.meta.lease():

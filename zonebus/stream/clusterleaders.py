@@ -22,6 +22,7 @@ from zonebus.meta.state import Change, StreamRecord
 from zonebus.store.msgstore import now_ns
 from zonebus.store.sharedfence import Fenced
 from zonebus.store.sharedlayout import DamagedBatch, LayoutError
+from zonebus.store.sharedstore import SharedStore
 
 if TYPE_CHECKING:
     from zonebus.stream.cluster import ClusteredJetStream
@@ -218,8 +219,16 @@ class StreamLeadership:
         self._ready.pop(name, None)
         damaged = self._damaged.pop(name, None) is not None  # (deleting is how an operator gives a stream up)
         stream = self.svc.streams.get(name)
+        store = stream.store if stream is not None and isinstance(stream.store, SharedStore) else None
         if stream is not None:
-            self.svc.delete_stream(stream)
+            # a shared store is deleted off the event loop: `SharedStore.delete_objects` waits for the cache copies
+            # the process has queued (a takeover from a damaged cache queues a copy of every batch): on a loaded
+            # machine that had stopped this server's loop, and with it its routes, meta group and API, for up to
+            # 30 s, and requests about other streams went unanswered meanwhile
+            self.svc.delete_stream(stream, store=store is None)
+        if store is not None:
+            store.discard()
+            await asyncio.to_thread(store.delete_objects)
         if self.svc.shared is not None and (damaged or stream is not None and stream.cfg.get("storage") == "file"):
             await asyncio.to_thread(self.svc.shared.delete_stream, name)
 

@@ -447,14 +447,14 @@ class JetStreamService(Sending, Inbound):
         if self.shards is not None:
             self.shards.created(stream)
 
-    def delete_stream(self, stream: Stream) -> None:
+    def delete_stream(self, stream: Stream, store: bool = True) -> None:  # (store: Stream.destroy's)
         self._unsubscribe_stream(stream)
         self.streams.pop(stream.name, None)
         if self.shards is not None:
             self.shards.gone(stream.name)
         for c in stream.consumers.values():
             self._dirty.discard(c)
-        stream.destroy()
+        stream.destroy(store)
 
     def _subscribe_stream(self, stream: Stream) -> None:
         queue = STREAM_QUEUE + stream.name if self.stream_queue else None

@@ -478,12 +478,15 @@ class Stream(PublishPath, Expiry):
             c.stop()
         self.store.close()
 
-    def destroy(self) -> None:
+    def destroy(self, store: bool = True) -> None:
+        """Stop serving the deleted stream and delete its store; `store=False` leaves the store to the caller
+        (a shared store's deletion blocks: `clusterleaders._delete` runs it in a worker thread)."""
         self.closed = self.deleted = True
         self._stop_timers()
         for c in list(self.consumers.values()):
             c.stop(deleted=True)
         self.consumers.clear()
-        self.store.destroy()
+        if store:
+            self.store.destroy()
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
