@@ -35,6 +35,10 @@ class FakeClient:
     def unsubscribe(self, sid: int) -> None:
         self.subs.pop(sid, None)
 
+    def publish_run(self, subject: str, items: list[tuple[str, bytes, str | None, bytes | None]]) -> None:
+        for shown, payload, reply, headers in items:
+            self.publish(subject, payload, reply, headers, msg_subject=shown)
+
     def publish(self, subject: str, payload: bytes, reply: str | None = None, headers: bytes | None = None,
                 msg_subject: str | None = None) -> None:
         self.published.append((subject, msg_subject or subject, reply, headers, payload))

@@ -99,6 +99,33 @@ class InternalClient(Connection):
         else:
             self._deliver_as(subject.encode(), msg_subject.encode(), rep, hdr_len, data)
 
+    def publish_run(self, subject: str, items: list[tuple[str, bytes, str | None, bytes | None]]) -> None:
+        """`publish(subject, payload, reply, headers, msg_subject=shown)` for each (shown, payload, reply, headers)
+        in order (a pull request's batch): `subject` is matched once; when that is one plain client subscription,
+        or the one link to another server or worker process, each message goes straight to it."""
+        routed = subject.encode()
+        r = self.account.sublist.match(routed)
+        psubs = r.psubs
+        to = psubs[0] if not r.qsubs and len(psubs) == 1 and not psubs[0].max_msgs else None
+        kind = to.conn.kind if to is not None else None
+        if kind != CLIENT and (kind not in LINKS or self.shown_forwarder is None):
+            for shown, payload, reply, headers in items:
+                self.publish(subject, payload, reply, headers, msg_subject=shown)
+            return
+        conn, fwd = to.conn, self.shown_forwarder  # type: ignore[union-attr]
+        for shown, payload, reply, headers in items:
+            if shown == subject:  # (routed as a plain publish: interceptors see it)
+                self.publish(subject, payload, reply, headers)
+                continue
+            self.out_msgs += 1
+            data = headers + payload + b"\r\n" if headers else payload + b"\r\n"
+            rep = reply.encode() if reply else None
+            if kind == CLIENT:
+                to.delivered += 1  # type: ignore[union-attr]
+                conn.deliver(to, shown.encode(), rep, len(headers) if headers else -1, data)
+            else:
+                fwd(conn, routed, shown.encode(), rep, len(headers) if headers else -1, data, None)  # type: ignore[misc]
+
     def reply(self, subject: bytes, payload: bytes) -> None:
         """Publish a header-less reply (a PubAck) like `publish`, on a short path: when the subject's match is
         plain client subscriptions only, or the one local link to the worker process whose client asked (and

@@ -42,6 +42,7 @@ class Consumer(ConsumerCursor, AckTracking, PushDelivery):
         self.durable = durable
         self.closed = False
         self.waiting = PullQueue(self)
+        self.run: list[tuple[str, bytes, str, bytes | None]] | None = None  # deliveries held for `end_run`
         self.prio = PriorityPull(self)  # priority groups: the pin, the choice of request (`priority`)
         self.pending: dict[int, Pending] = {}
         self._deadlines: list[tuple[float, int, int]] = []  # (deadline, sseq, dseq)
@@ -167,7 +168,10 @@ class Consumer(ConsumerCursor, AckTracking, PushDelivery):
             data = b""
         if pin is not None:
             hdrs = (hdrs[:-2] if hdrs else b"NATS/1.0\r\n") + f"{PIN_HEADER}: {pin}\r\n\r\n".encode()
-        self.service.deliver(to, msg.subject, data, reply, hdrs)
+        if self.run is not None:  # (a pull request's batch: sent together by `end_run`)
+            self.run.append((msg.subject, data, reply, hdrs))
+        else:
+            self.service.deliver(to, msg.subject, data, reply, hdrs)
         self._last_delivery = now
         self.last_active = now
         self.last_delivered_ts = time.time_ns()
@@ -175,6 +179,20 @@ class Consumer(ConsumerCursor, AckTracking, PushDelivery):
         if self.ack_policy == "none":
             self.stream.on_consumer_ack(seq)
         return len(data) + (len(hdrs) if hdrs else 0)
+
+    def begin_run(self) -> bool:
+        """Hold what `deliver` sends until `end_run` (every delivery of the run goes to the same subject); False
+        (nothing changes) when a run is open already: its opener ends it."""
+        if self.run is not None:
+            return False
+        self.run = []
+        return True
+
+    def end_run(self, to: str) -> None:
+        """Send the deliveries held since `begin_run` to `to`, in order, in one pass."""
+        run, self.run = self.run, None
+        if run:
+            self.service.deliver_run(to, run)  # type: ignore[arg-type]
 
     # -- pause -----------------------------------------------------------------------------------------
     def paused(self) -> bool:

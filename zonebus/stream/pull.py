@@ -153,22 +153,29 @@ class PullQueue:
             self.finish(req, None)
             return 0
         top = req.horizon() if req.horizon is not None else None
-        while n < limit and req.batch > 0:
-            seq, redelivery = c.next_seq()
-            if not seq:
-                break
-            if top is not None and seq > top:
-                self.held_back = True
-                break
-            size = c.msg_size(seq)
-            if req.max_bytes and size > req.max_bytes:
-                extra = {"Nats-Pending-Messages": req.batch, "Nats-Pending-Bytes": req.max_bytes}
-                self.finish(req, None if req.sent else status(409, "Message Size Exceeds MaxBytes", extra))
-                return n
-            if not c.deliver(seq, redelivery, req.reply):
-                continue  # the message vanished under us; the cursor moved past it
-            n += 1
-            req.took(size)
+        own = c.begin_run()  # (the batch goes out in one pass, before any status that ends the request)
+        try:
+            while n < limit and req.batch > 0:
+                seq, redelivery = c.next_seq()
+                if not seq:
+                    break
+                if top is not None and seq > top:
+                    self.held_back = True
+                    break
+                size = c.msg_size(seq)
+                if req.max_bytes and size > req.max_bytes:
+                    extra = {"Nats-Pending-Messages": req.batch, "Nats-Pending-Bytes": req.max_bytes}
+                    if own:
+                        c.end_run(req.reply)
+                    self.finish(req, None if req.sent else status(409, "Message Size Exceeds MaxBytes", extra))
+                    return n
+                if not c.deliver(seq, redelivery, req.reply):
+                    continue  # the message vanished under us; the cursor moved past it
+                n += 1
+                req.took(size)
+        finally:
+            if own:
+                c.end_run(req.reply)
         if req.batch <= 0:
             self.finish(req, None)
         return n

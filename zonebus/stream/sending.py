@@ -45,5 +45,13 @@ class Sending:
             return  # zone router hook
         self.client.publish(to, payload, reply, headers, msg_subject=msg_subject)
 
+    def deliver_run(self: JetStreamService, to: str, items: list[tuple[str, bytes, str | None, bytes | None]]) -> None:
+        """`deliver` of (msg_subject, payload, reply, headers) each, in order (a pull request's batch)."""
+        if self.tap is not None and (to.startswith(self.tap_prefix) or to in self.tapped):
+            for msg_subject, payload, reply, headers in items:
+                self.deliver(to, msg_subject, payload, reply, headers)
+            return
+        self.client.publish_run(to, items)
+
     def has_interest(self: JetStreamService, subject: str) -> bool:
         return self.client.has_interest(subject)
