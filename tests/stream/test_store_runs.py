@@ -70,6 +70,7 @@ async def test_a_run_stores_what_one_by_one_stores_across_rolls(tmp_path: Path, 
         last = run.store_run(subjects, datas)
         assert last == one.index.last_seq
         assert run.visible_seq() < last  # not shown before its fsync
+        assert run.commit is not None and run.commit.syncing  # which started before the loop's next turn
         assert run.ack_when_durable(last, lambda err, last=last: acked.append(last if err is None else -last))
     total = one.index.last_seq
     await until(lambda: run.visible_seq() == total and len(acked) == len(runs), "every run durable", timeout=20)
@@ -100,4 +101,35 @@ def test_other_stores_take_a_run_one_message_at_a_time(tmp_path: Path) -> None:
         assert last == 3 and store.index.msgs == 3 and store.index.num_subjects == 2
         assert [store.load(s).data for s in (1, 2, 3)] == [b"x", b"yy", b""]  # type: ignore[union-attr]
         assert not store.ack_when_durable(last, lambda err: None)
+        store.close()
+
+
+def test_reads_in_order_and_at_random_return_what_was_stored(tmp_path: Path) -> None:
+    """A consumer's reads in order take their records from one read ahead (`filestore.READ_AHEAD`), a random
+    get reads one record: both return each message as stored, across segments, and a record damaged on disk
+    after it was stored is refused, not served."""
+    rng = random.Random(5)
+    subjects, datas = _messages(rng, 2000)
+    store = FileStore(tmp_path / "s", sync_always=True, segment_bytes=256 * 1024)
+    try:
+        for i in range(0, len(subjects), 100):
+            store.store_run(subjects[i : i + 100], datas[i : i + 100])
+        store.sync()
+        assert len(store._fds) > 2  # noqa: SLF001 - the reads cross segments
+        got = [(m.subject, m.data) for s in range(1, 2001) if (m := store.load(s)) is not None]
+        assert got == list(zip(subjects, datas, strict=True))
+        for seq in rng.sample(range(1, 2001), 300):
+            m = store.load(seq)
+            assert m is not None and (m.subject, m.data) == (subjects[seq - 1], datas[seq - 1])
+        # damage the last record's payload: a read that reaches it from disk refuses it
+        last = store.index.meta(2000)
+        assert last is not None
+        seg, off = last[3] >> filestore.SEG_SHIFT, last[3] & filestore.OFF_MASK
+        path = tmp_path / "s" / f"{seg}.blk"
+        raw = bytearray(path.read_bytes())
+        raw[off + last[1] - 10] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        assert store.load(1) is not None  # (moves the read ahead away from the damaged record)
+        assert store.load(2000) is None
+    finally:
         store.close()

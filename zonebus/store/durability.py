@@ -137,6 +137,17 @@ class GroupCommit:
         self._waiters.append((seq, cb))
         return True
 
+    @property
+    def syncing(self) -> bool:
+        """Whether an fsync runs (in its thread) now."""
+        return self._running
+
+    def start_now(self) -> None:
+        """Start the fsync that `written` scheduled at once (the writer has nothing more for it in this turn of
+        the loop: a stream that stored a publisher's whole burst), not after the loop's other ready callbacks."""
+        if self._scheduled and not self._running:
+            self._flush()
+
     def sync_now(self) -> None:
         """fsync here and now (a segment roll, a close, no event loop): everything written so far is durable."""
         if self._writes == self._flushed_writes:
@@ -174,9 +185,8 @@ class GroupCommit:
         exc = fut.exception()
         self.fsyncs += 1
         self._done(target, writes, f"fsync failed: {exc}" if exc is not None else None)
-        if self._writes != self._flushed_writes and not self._scheduled and self._loop is not None:
-            self._scheduled = True
-            self._loop.call_soon(self._flush)
+        if self._writes != self._flushed_writes and self._loop is not None:
+            self._flush()  # the appends made meanwhile: their fsync starts now, not a turn of the loop later
 
     def _done(self, target: int, writes: int, error: str | None) -> None:
         if error is not None:

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+READ_AHEAD = 64 * 1024  # bytes read at once for a message: a consumer's next ones come from the same read
 
 
 class FileStore(MsgStore):
@@ -103,6 +104,8 @@ class FileStore(MsgStore):
         self._seg_base: dict[int, int] = {}  # segment number -> first sequence written into it
         self._removals: list[tuple[int, int, int]] = []  # DEL/MARK records of the active segment
         self._buf = bytearray()  # with sync_always: records of the active segment not written yet (`_write_out`)
+        self._ahead: tuple[int, int, bytes] = (-1, 0, b"")  # (segment, offset, bytes) of the last read from disk
+        self._ahead_next = -1  # where the record after the last one read starts (its loc)
         self.recovered_truncations = 0
         self.indexed_segments = 0  # segments recovered from their .idx file
         if keys is not None:
@@ -393,6 +396,7 @@ class FileStore(MsgStore):
             idx.add_run(first, subjects[i:done], sizes, ts, locs)
             commit.written(idx.last_seq)
             i = done
+        commit.start_now()
         return idx.last_seq
 
     def _write_sealed(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
@@ -411,19 +415,26 @@ class FileStore(MsgStore):
             return None
         if self._buf and n == self._active and off >= self._offset - len(self._buf):
             self._write_out()
-        rec = os.pread(fd, size - self.overhead + HDR_LEN + 4, off)  # the record (with headers: 4 bytes more)
-        if len(rec) < HDR_LEN:
+        want = size - self.overhead + HDR_LEN + 4  # the record (with headers: 4 bytes more)
+        seg, start, chunk = self._ahead
+        at = off - start
+        if seg != n or at < 0 or at + want > len(chunk):  # (a segment's bytes never change once written)
+            sequential = self._ahead_next == loc  # (a consumer's: read ahead; a random get reads one record)
+            chunk = os.pread(fd, max(want, READ_AHEAD) if sequential else want, off)
+            self._ahead = (n, off, chunk)
+            at = 0
+        if len(chunk) < at + HDR_LEN:
             return None
-        total, _k, rseq, _ts, slen, hlen, dlen = HEADER.unpack_from(rec, 0)
-        if len(rec) < total:
+        total, _k, rseq, _ts, slen, hlen, dlen = HEADER.unpack_from(chunk, at)
+        end = at + total
+        if len(chunk) < end:
             return None
-        rec = rec[:total]
-        if rseq != seq or zlib.crc32(memoryview(rec)[: total - 4]) != CRC.unpack_from(rec, total - 4)[0]:
+        if rseq != seq or zlib.crc32(memoryview(chunk)[at : end - 4]) != CRC.unpack_from(chunk, end - 4)[0]:
             log.error("filestore %s: record for seq %d is corrupt", self.dir, seq)
             return None
-        p = HDR_LEN + slen
-        hdrs = rec[p : p + hlen] if hlen else None
-        return hdrs, rec[p + hlen : p + hlen + dlen]
+        self._ahead_next = loc + total
+        p = at + HDR_LEN + slen
+        return (chunk[p : p + hlen] if hlen else None), chunk[p + hlen : p + hlen + dlen]
 
     def _read_sealed(self, seq: int, loc: int, size: int) -> tuple[bytes | None, bytes] | None:
         """`_read` with keys (set in its place): an SMSG record is opened (a MSG one read as it is)."""
