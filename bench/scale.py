@@ -306,34 +306,55 @@ def realistic_table(runs: list[tuple[str, str, int]], zlabels: list[str], pairs:
 
 
 def js_streams_table(runs: list[tuple[str, str, int]], zlabels: list[str], streams: list[int], total: int,
-                     timeout: float, sync: str = "") -> int:
-    """The JetStream mode: K streams on one server, publish-ack and consume rates (`bench/jsstreams.py`)."""
+                     timeout: float, sync: str = "", rounds: int = 3) -> int:
+    """The JetStream mode: K streams on one server, publish-ack and consume rates (`bench/jsstreams.py`); each K
+    runs `rounds` times, every implementation once per round (side by side in time), and the table shows each
+    one's median rate and the median of the rounds' ratios (with their range: one run's ratio on a shared
+    2-core machine moves by +-20 %, mostly with nats-server's own rate)."""
+    import statistics
     import tempfile
 
     labels = [label for label, _, _ in runs]
-    rates: dict[tuple[str, int], dict[str, float | None]] = {}
-    for label, impl, w in runs:
-        for k in streams:  # a fresh server and store per K: the streams of one K do not slow the next
-            with tempfile.TemporaryDirectory(prefix="zb-jsk-") as store:
-                sync_line = f", sync_interval: {json.dumps(sync)}" if sync else ""
-                config = CONFIG + f'jetstream {{ store_dir: "{store}"{sync_line} }}\n'
-                with ServerProcess(impl, config, workers=w) as server:
-                    rates[label, k] = jsstreams.streams_rates(server.port, k, total, timeout, f"{label} K={k}")
-                    print(f"  {label} K={k}: {rates[label, k]}", file=sys.stderr)
+    rates: dict[tuple[str, int], list[dict[str, float | None]]] = {}
+    for k in streams:
+        for r in range(rounds):
+            for label, impl, w in runs:  # a fresh server and store each time: one run does not slow the next
+                with tempfile.TemporaryDirectory(prefix="zb-jsk-") as store:
+                    sync_line = f", sync_interval: {json.dumps(sync)}" if sync else ""
+                    config = CONFIG + f'jetstream {{ store_dir: "{store}"{sync_line} }}\n'
+                    with ServerProcess(impl, config, workers=w) as server:
+                        got = jsstreams.streams_rates(server.port, k, total, timeout, f"{label} K={k}")
+                rates.setdefault((label, k), []).append(got)
+                print(f"  round {r + 1}/{rounds} {label} K={k}: {got}", file=sys.stderr)
+
+    def median(label: str, k: int, what: str) -> float | None:
+        vals = [v for got in rates[label, k] if (v := got[what]) is not None]
+        return statistics.median(vals) if vals else None
+
+    def ratios(z: str, k: int, what: str) -> str:
+        paired = [a / b for za, na in zip(rates[z, k], rates["nats", k], strict=True)
+                  if (a := za[what]) is not None and (b := na[what])]
+        if not paired:
+            return "-"
+        mid = f"{statistics.median(paired):.2f}"
+        return mid if len(paired) == 1 else f"{mid} ({min(paired):.2f}-{max(paired):.2f})"
+
     print(f"\nJetStream, K streams on one server: {total:,} messages in all, JSON of {jsstreams.MIN_SIZE}-"
           f"{jsstreams.MAX_SIZE} B on {jsstreams.IDS} subjects per stream, one raw-socket publisher per stream with "
           f"{jsstreams.WINDOW} publishes unacknowledged, then one pull consumer per stream (batches of "
           f"{jsstreams.BATCH}); sync_interval: "
-          f"{sync or 'each server its default (nats-server 2m, zonebus always)'}; msgs/s over all streams\n")
+          f"{sync or 'each server its default (nats-server 2m, zonebus always)'}; msgs/s over all streams, the "
+          f"median of {rounds} rounds; ratios: the median of the rounds' ratios (their range)\n")
     for what in ("publish", "consume"):
         print(f"| {what} | {' | '.join(f'{x} msgs/s' for x in labels)} | {' | '.join(f'{z}/nats' for z in zlabels)} |")
         print("|---:|" + "---:|" * (len(labels) + len(zlabels)))
         for k in streams:
-            vals = [rates[x, k][what] for x in labels]
+            vals = [median(x, k, what) for x in labels]
             print(f"| K={k} | {' | '.join(ct.fmt_rate(v) for v in vals)} | "
-                  f"{' | '.join(ratio(rates[z, k][what], rates.get(('nats', k), {}).get(what)) for z in zlabels)} |")
+                  f"{' | '.join(ratios(z, k, what) if ('nats', k) in rates else '-' for z in zlabels)} |")
         print()
-    errors = {f"{x} K={k}": rates[x, k]["errors"] for x in labels for k in streams if rates[x, k]["errors"]}
+    errors = {f"{x} K={k}": n for x in labels for k in streams
+              if (n := sum(got["errors"] or 0 for got in rates[x, k]))}
     if errors:
         print(f"publishes answered with an error: {errors}")
     return 0
@@ -364,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--js-streams", default="",
                         help="only the JetStream mode (bench/jsstreams.py): K streams, comma-separated (e.g. 1,4,16)")
     parser.add_argument("--js-msgs", type=int, default=60_000, help="messages in all per K (JetStream mode)")
+    parser.add_argument("--js-rounds", type=int, default=3, help="runs of each implementation per K, side by side "
+                        "(JetStream mode; the table shows medians)")
     parser.add_argument("--js-sync", default="", help="sync_interval for both servers (JetStream mode; default: "
                                                       "each its own, nats-server 2m and zonebus always)")
     args = parser.parse_args(argv)
@@ -378,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     zlabels = [label for label, impl, _ in runs if impl == "zonebus"]
     if args.js_streams:
         return js_streams_table(runs, zlabels, [int(k) for k in args.js_streams.split(",")], args.js_msgs,
-                                args.timeout, args.js_sync)
+                                args.timeout, args.js_sync, max(1, args.js_rounds))
     if args.realistic:
         return realistic_table(runs, zlabels, [int(k) for k in args.pairs.split(",")], msgs, args.timeout)
     nofile = raise_nofile()
