@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zonebus.localservers import ServerPages, free_port, wait_for_info
+from zonebus.testing.polling import wait_until
 
 IMPLEMENTATIONS = ("nats", "zonebus")
 WORKERS_ENV = "ZONEBUS_TEST_WORKERS"
@@ -225,12 +226,9 @@ class ServerProcess(ServerPages):
             (self.workdir / "server.conf").write_text(config)
         before = len(RELOAD_DONE.findall(self.log()))
         self.signal(signal.SIGHUP)
-        deadline = time.monotonic() + timeout
         workers = self.worker_count()
-        while len(RELOAD_DONE.findall(self.log())) < before + workers:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{workers} worker(s) did not end the reload in {timeout:.0f} s; log:\n{self.log()}")
-            time.sleep(0.02)
+        wait_until(lambda: len(RELOAD_DONE.findall(self.log())) >= before + workers,
+                   f"{workers} worker(s) to end the reload", timeout=timeout, interval=0.02, show=self.log)
 
     def kill(self, timeout: float = 10.0) -> None:
         """SIGKILL, as a crash would: when this returns, the server is gone, its sockets closed.
