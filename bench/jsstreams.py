@@ -3,8 +3,9 @@ server, every client its own process over raw sockets, K = 1, 4, 16.
 
 Per stream k (`S<k>`, subjects `s<k>.>`, file storage, one replica):
 - a publisher sends `count` JSON documents of 100-1,000 B on subjects `s<k>.<id>` (200 ids), each with a reply
-  inbox, keeping `WINDOW` publishes unacknowledged (a nats client's `publish_async` with a window); it counts
-  the PubAcks (and any JetStream error) it reads back;
+  inbox, keeping `window` publishes unacknowledged (`WINDOW` by default: what nats.py's and nats.go's
+  `publish_async` keep in flight unless told otherwise); it counts the PubAcks (and any JetStream error) it reads
+  back;
 - then a consumer drains the stream through a durable pull consumer (`ack_policy: none`), fetching `BATCH` at a
   time with `$JS.API.CONSUMER.MSG.NEXT`, and counts the messages.
 The frames are built before the run from a seed, so both servers get byte-identical traffic. Rates are messages
@@ -25,7 +26,8 @@ import core_throughput as ct
 
 IDS = 200
 MIN_SIZE, MAX_SIZE = 100, 1000
-WINDOW = 256  # publishes unacknowledged per publisher
+WINDOW = 4000  # publishes unacknowledged per publisher: nats.py's publish_async_max_pending, nats.go's
+# PublishAsyncMaxPending (both default to 4,000)
 BATCH = 500  # messages per fetch
 FAILED = 1_000_000  # added to a process's error count when it failed (its rate is then not reported)
 CONNECT = b'CONNECT {"verbose":false,"pedantic":false,"protocol":1,"headers":true,"lang":"bench","version":"0"}\r\n'
@@ -98,14 +100,15 @@ def _start(port: int, inbox: str, ready, go, started) -> _Reader:  # noqa: ANN00
     return _Reader(sock)
 
 
-def publisher_main(port: int, k: int, frames: list[bytes], ready, go, started, finished, acked, errors) -> None:
+def publisher_main(port: int, k: int, frames: list[bytes], window: int, ready, go, started, finished, acked,
+                   errors) -> None:  # noqa: ANN001
     try:
         reader = _start(port, f"_INBOX.js{k}.*", ready, go, started)
         sock = reader.sock
         sent = done = 0
         while done < len(frames):
-            if sent < len(frames) and sent - done < WINDOW:
-                upto = min(len(frames), done + WINDOW)
+            if sent < len(frames) and sent - done < window:
+                upto = min(len(frames), done + window)
                 sock.sendall(b"".join(frames[sent:upto]))
                 sent = upto
             for _subject, payload in reader.frames():
@@ -204,16 +207,17 @@ def _run(ctx, target, argsets: list[tuple], timeout: float) -> list[tuple] | Non
                 p.kill()
 
 
-def streams_rates(port: int, streams: int, total: int, timeout: float, tag: str) -> dict[str, float | None]:
+def streams_rates(port: int, streams: int, total: int, timeout: float, tag: str,
+                  window: int = WINDOW) -> dict[str, float | None]:
     """{"publish": acked msgs/s, "consume": msgs/s, "errors": count} over `streams` streams, `total` messages in
-    all."""
+    all, each publisher keeping `window` publishes unacknowledged."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
     per = max(1, total // streams)
     setup(port, streams, tag)
     frames = [build(k, per) for k in range(streams)]
-    pub = _run(ctx, publisher_main, [(port, k, frames[k]) for k in range(streams)], timeout)
+    pub = _run(ctx, publisher_main, [(port, k, frames[k], window) for k in range(streams)], timeout)
     out: dict[str, float | None] = {"publish": None, "consume": None, "errors": None}
     if pub is None or any(v[3] >= FAILED for v in pub):
         print(f"  {tag} x{streams}: publishers did not finish", file=sys.stderr)

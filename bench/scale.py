@@ -306,7 +306,7 @@ def realistic_table(runs: list[tuple[str, str, int]], zlabels: list[str], pairs:
 
 
 def js_streams_table(runs: list[tuple[str, str, int]], zlabels: list[str], streams: list[int], total: int,
-                     timeout: float, sync: str = "", rounds: int = 3) -> int:
+                     timeout: float, sync: str = "", rounds: int = 3, window: int = jsstreams.WINDOW) -> int:
     """The JetStream mode: K streams on one server, publish-ack and consume rates (`bench/jsstreams.py`); each K
     runs `rounds` times, every implementation once per round (side by side in time), and the table shows each
     one's median rate and the median of the rounds' ratios (with their range: one run's ratio on a shared
@@ -323,7 +323,7 @@ def js_streams_table(runs: list[tuple[str, str, int]], zlabels: list[str], strea
                     sync_line = f", sync_interval: {json.dumps(sync)}" if sync else ""
                     config = CONFIG + f'jetstream {{ store_dir: "{store}"{sync_line} }}\n'
                     with ServerProcess(impl, config, workers=w) as server:
-                        got = jsstreams.streams_rates(server.port, k, total, timeout, f"{label} K={k}")
+                        got = jsstreams.streams_rates(server.port, k, total, timeout, f"{label} K={k}", window)
                 rates.setdefault((label, k), []).append(got)
                 print(f"  round {r + 1}/{rounds} {label} K={k}: {got}", file=sys.stderr)
 
@@ -341,7 +341,7 @@ def js_streams_table(runs: list[tuple[str, str, int]], zlabels: list[str], strea
 
     print(f"\nJetStream, K streams on one server: {total:,} messages in all, JSON of {jsstreams.MIN_SIZE}-"
           f"{jsstreams.MAX_SIZE} B on {jsstreams.IDS} subjects per stream, one raw-socket publisher per stream with "
-          f"{jsstreams.WINDOW} publishes unacknowledged, then one pull consumer per stream (batches of "
+          f"{window:,} publishes unacknowledged, then one pull consumer per stream (batches of "
           f"{jsstreams.BATCH}); sync_interval: "
           f"{sync or 'each server its default (nats-server 2m, zonebus always)'}; msgs/s over all streams, the "
           f"median of {rounds} rounds; ratios: the median of the rounds' ratios (their range)\n")
@@ -387,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--js-msgs", type=int, default=60_000, help="messages in all per K (JetStream mode)")
     parser.add_argument("--js-rounds", type=int, default=3, help="runs of each implementation per K, side by side "
                         "(JetStream mode; the table shows medians)")
+    parser.add_argument("--js-window", type=int, default=jsstreams.WINDOW,
+                        help="publishes each publisher keeps unacknowledged (JetStream mode; default "
+                             f"{jsstreams.WINDOW:,}, what nats.py's and nats.go's publish_async keep in flight)")
     parser.add_argument("--js-sync", default="", help="sync_interval for both servers (JetStream mode; default: "
                                                       "each its own, nats-server 2m and zonebus always)")
     args = parser.parse_args(argv)
@@ -401,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     zlabels = [label for label, impl, _ in runs if impl == "zonebus"]
     if args.js_streams:
         return js_streams_table(runs, zlabels, [int(k) for k in args.js_streams.split(",")], args.js_msgs,
-                                args.timeout, args.js_sync, max(1, args.js_rounds))
+                                args.timeout, args.js_sync, max(1, args.js_rounds), args.js_window)
     if args.realistic:
         return realistic_table(runs, zlabels, [int(k) for k in args.pairs.split(",")], msgs, args.timeout)
     nofile = raise_nofile()

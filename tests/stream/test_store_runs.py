@@ -94,8 +94,8 @@ async def test_a_run_stores_what_one_by_one_stores_across_rolls(tmp_path: Path, 
 
 
 def test_other_stores_take_a_run_one_message_at_a_time(tmp_path: Path) -> None:
-    """A memory store, and a file store without `sync_always` (each record its own write), store a run as
-    `store` would, with nothing to wait for after it."""
+    """A memory store, and a file store without `sync_always` (a lazy `sync_interval`), store a run as `store`
+    would, with nothing to wait for after it."""
     for store in (MemStore(), FileStore(tmp_path / "lazy")):
         last = store.store_run(["a.1", "a.2", "a.1"], [b"x", b"yy", b""])
         assert last == 3 and store.index.msgs == 3 and store.index.num_subjects == 2
@@ -133,3 +133,47 @@ def test_reads_in_order_and_at_random_return_what_was_stored(tmp_path: Path) -> 
         assert store.load(2000) is None
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("encoder", sorted(ENCODERS))
+def test_a_lazy_run_is_written_before_store_run_returns(tmp_path: Path, encoder: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without `sync_always` a run goes to the kernel in one write per segment before `store_run` returns (so
+    before its PubAcks): a second store opened on the directory while the first is still open (what a restart
+    after a SIGKILL sees) reads every message, across rolls; a write that fails stores nothing of its run."""
+    monkeypatch.setattr(filestore, "encode_run", ENCODERS[encoder])
+    rng = random.Random(5)
+    lazy = FileStore(tmp_path / "lazy", segment_bytes=32 * 1024)
+    stored: list[tuple[str, bytes]] = []
+    for _ in range(8):
+        subjects, datas = _messages(rng, rng.randrange(1, 200))
+        assert lazy.store_run(subjects, datas) == len(stored) + len(subjects)
+        stored += zip(subjects, datas, strict=True)
+    assert len(lazy._fds) > 2, "the runs rolled segments"  # noqa: SLF001 - what the test is about
+    after = FileStore(tmp_path / "lazy")  # (not closed: nothing left for a close to write)
+    try:
+        assert after.index.last_seq == len(stored) and after.recovered_truncations == 0
+        for seq, (subject, data) in enumerate(stored, 1):
+            got = after.load(seq)
+            assert got is not None and (got.subject, got.data) == (subject, data), seq
+    finally:
+        after.close()
+
+    def full(fd: int, data: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    size = lazy.disk_bytes()
+    monkeypatch.setattr(filestore.os, "write", full)
+    with pytest.raises(OSError):
+        lazy.store_run(["a.1", "a.2"], [b"x", b"y"])
+    monkeypatch.undo()
+    assert lazy.disk_bytes() == size and lazy.index.last_seq == len(stored)
+    monkeypatch.setattr(filestore, "encode_run", ENCODERS[encoder])
+    assert lazy.store_run(["a.3"], [b"z"]) == len(stored) + 1
+    lazy.close()
+    again = FileStore(tmp_path / "lazy")
+    try:
+        got = again.load(len(stored) + 1)
+        assert got is not None and (got.subject, got.data) == ("a.3", b"z") and again.recovered_truncations == 0
+    finally:
+        again.close()

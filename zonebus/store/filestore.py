@@ -371,11 +371,12 @@ class FileStore(MsgStore):
         return (self._active << SEG_SHIFT) | off
 
     def store_run(self, subjects: list[str], datas: list[bytes]) -> int:
-        """`MsgStore.store_run` in one pass when records are buffered in plaintext: the records go into the
-        buffer together (`records.encode_run`, all with one timestamp), the index takes them together, and the group
-        commit hears of them once (per segment)."""
+        """`MsgStore.store_run` in one pass in plaintext: the records are encoded together
+        (`records.encode_run`, all with one timestamp) and the index takes them together. With the group commit
+        they go into its buffer and it hears of them once (per segment); without it (a lazy `sync_interval`)
+        they are written with one `os.write` per segment before this returns, so before any PubAck."""
         commit = self.commit
-        if not self.buffered or self.keys is not None or commit is None:
+        if self.keys is not None or (commit is not None and not self.buffered):
             return super().store_run(subjects, datas)
         idx = self.index
         ts = time_ns()
@@ -389,15 +390,37 @@ class FileStore(MsgStore):
                 i += 1
                 continue
             first = idx.last_seq + 1
-            done, self._offset, sizes, locs = encode_run(self._buf, subjects, datas, i, first, ts,
+            start = self._offset
+            buf = self._buf if commit is not None else bytearray()
+            done, self._offset, sizes, locs = encode_run(buf, subjects, datas, i, first, ts,
                                                          self._active << SEG_SHIFT, self._offset, self.segment_bytes,
                                                          self.overhead)
+            if commit is None:
+                self._write_now(buf, start)
             self._live[self._active] += done - i
             idx.add_run(first, subjects[i:done], sizes, ts, locs)
-            commit.written(idx.last_seq)
+            if commit is not None:
+                commit.written(idx.last_seq)
             i = done
-        commit.start_now()
+        if commit is not None:
+            commit.start_now()
         return idx.last_seq
+
+    def _write_now(self, buf: bytearray, start: int) -> None:
+        """Write a lazy store's encoded run at `start` of the active segment, its end `_offset`; when the write
+        fails (a full disk) the segment is cut back to `start` and nothing of the run is stored."""
+        fd = self._fds[self._active]
+        view = memoryview(buf)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            os.ftruncate(fd, start)
+            self._offset = start
+            raise
+        finally:
+            view.release()
+        self._dirty = True
 
     def _write_sealed(self, seq: int, subject: str, hdrs: bytes | None, data: bytes, ts: int) -> int:
         """`_write` with keys (set in its place, so that the plaintext path tests nothing)."""
