@@ -3,7 +3,11 @@ hundred messages a second, all to a subscriber on the other worker, is handed ov
 published `MIN_MSGS` (zonebus.workers.migrate); every message arrives once and in order, before and after, and
 the traffic ledger counts every one. So does a publisher of realistic traffic, whose control lines never repeat
 (each message its own subject and size, some with headers or a reply subject): no line gets a memo, and the
-route note of the general path (`ClientConnection.take_route_note`) says where its messages go."""
+route note of the general path (`ClientConnection.take_route_note`) says where its messages go.
+
+A new client is looked at as soon as it has published `MIN_MSGS` (its fresh look, `Migrator._check_fresh`); one
+that starts publishing only after its first `FRESH_FOR` is moved by the periodic look instead. Which look moved
+a client shows in each worker's `clients_moved_early` (/varz)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from nats.aio.client import Client
 
 from zonebus.testing.polling import wait_until
 from zonebus.testing.processes import ServerProcess, free_port
-from zonebus.workers.migrate import MIN_MSGS
+from zonebus.workers.migrate import FRESH_FOR, MIN_MSGS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,10 +56,17 @@ async def publish_past_the_move(server: ServerProcess, pub_nc: Client, subject: 
     return sent
 
 
-async def move_a_publisher(server: ServerProcess, subject: str, after: int, varied: bool = False) -> int:
-    """A subscriber and a publisher on the two workers of `server`; the publisher publishes past its move
-    (`publish_past_the_move`); every message arrives once and in order, and both clients are still connected.
-    Returns how many were sent."""
+def moves(server: ServerProcess) -> tuple[int, int]:
+    """(clients moved out, of which at their fresh look) over the workers."""
+    workers = server.http_get("/varz")["workers"]
+    return sum(w["clients_moved_out"] for w in workers), sum(w["clients_moved_early"] for w in workers)
+
+
+async def move_a_publisher(server: ServerProcess, subject: str, after: int, varied: bool = False,
+                           idle: float = 0.0, burst: int = 0) -> int:
+    """A subscriber and a publisher on the two workers of `server`; the publisher, `idle` seconds after it
+    connected, publishes past its move (`publish_past_the_move`; or `burst` messages at once, unpaced); every
+    message arrives once and in order, and both clients are still connected. Returns how many were sent."""
     clients = []
     try:
         # new clients go to the worker with the fewest, so the second lands on the other worker
@@ -66,7 +77,14 @@ async def move_a_publisher(server: ServerProcess, subject: str, after: int, vari
         await sub_nc.flush()
         await sub_nc.flush()
 
-        sent = await publish_past_the_move(server, pub_nc, subject, after, varied)
+        await asyncio.sleep(idle)  # (the scenario: a client that publishes only after a while)
+        if burst:
+            for n in range(burst):
+                await pub_nc.publish(f"{subject}.{n % 997}", b"%d " % n + b"x" * (n * 31 % 900))
+            await pub_nc.flush()
+            sent = burst
+        else:
+            sent = await publish_past_the_move(server, pub_nc, subject, after, varied)
         got = [int((await sub.next_msg(timeout=5)).data.split()[0]) for _ in range(sent)]
         assert got == list(range(sent))
         assert pub_nc.is_connected and server.http_get("/varz")["connections"] == 2
@@ -80,6 +98,27 @@ async def test_a_slow_publisher_moves_to_its_subscriber() -> None:
     server = ServerProcess("zonebus", "", http_port=free_port(), workers=2).start(timeout=30)
     try:
         await move_a_publisher(server, "slow", 20)
+        assert moves(server) == (1, 1)  # at its fresh look
+    finally:
+        server.stop()
+
+
+async def test_a_publisher_that_starts_late_is_moved_by_the_periodic_look() -> None:
+    server = ServerProcess("zonebus", "", http_port=free_port(), workers=2).start(timeout=30)
+    try:
+        await move_a_publisher(server, "late", 20, idle=FRESH_FOR + 0.5)
+        assert moves(server) == (1, 0)
+    finally:
+        server.stop()
+
+
+async def test_a_publisher_at_full_speed_moves_at_its_fresh_look() -> None:
+    """20,000 messages of varied subjects and sizes written at once: the publisher moves while they stream in,
+    at its fresh look, and its subscriber gets every one once and in order, across the move."""
+    server = ServerProcess("zonebus", "", http_port=free_port(), workers=2).start(timeout=30)
+    try:
+        await move_a_publisher(server, "burst", 0, varied=True, burst=20_000)
+        assert moves(server) == (1, 1)
     finally:
         server.stop()
 

@@ -6,7 +6,11 @@ two pairs split that way keep two cores as busy as one worker would be, and each
 link (twice a single process's latency). So every `CHECK_EVERY` seconds a worker looks at its clients that
 published since the last look (and at least `MIN_MSGS` in all, whatever their rate), have no subscriptions,
 and whose publishes (the parser's remembered PUB lines, with their delivery lists of this sublist
-generation) all go to exactly one local link and nowhere else; such a client is handed over to that worker:
+generation) all go to exactly one local link and nowhere else; such a client is handed over to that worker.
+A client that came lately is looked at once as soon as it has published `MIN_MSGS` (watched every `FRESH_EVERY`
+for its first `FRESH_FOR`): a publisher that starts at full speed on the wrong worker would otherwise have tens of
+thousands of messages forwarded over the local link before the next look, and the peer reads those more slowly
+than it reads a client of its own. The handing over:
 
 1. its socket stops being read, its pending output is written (a client with output still queued in the
    kernel, or a PONG held by the mesh, waits for the next look);
@@ -58,6 +62,9 @@ if TYPE_CHECKING:
 CHANNEL = "wmove"
 _WIRE = CHANNEL.encode()
 CHECK_EVERY = 0.05
+FRESH_EVERY = 0.005  # a client that came lately is looked at this often (`_check_fresh`) ...
+FRESH_FOR = 1.0  # ... for this long after it came
+FRESH_MAX = 200  # clients watched so at once (a burst of connections waits for `_check` instead)
 MIN_MSGS = 20  # published in all before a client may move (a rate of 1,000/s moves it within 0.07 s)
 INBOX = b"_INBOX."  # the subscriptions a moving client may take along (its own inboxes)
 READY_WAIT = 5.0  # seconds a client with inboxes waits for the peer's `ready` before it is closed instead
@@ -112,8 +119,11 @@ class Migrator:
         self._states: dict[bytes, tuple[dict[str, Any], bytes]] = {}  # token -> (options, leftover)
         self._leaving: dict[bytes, tuple[ClientConnection, LocalLink, Any]] = {}  # token -> (client, link, timer)
         self._stand_ins: dict[bytes, tuple[_Adopted, Any]] = {}  # token -> (stand-in, its timer)
+        self._fresh: dict[Any, float] = {}  # cid -> until when it is looked at every FRESH_EVERY
+        self._fresh_timer: Any = None
         self._next = 0
         self.moved_out = self.moved_in = 0
+        self.moved_early = 0  # of moved_out (and of clients with inboxes whose move began): at their fresh look
 
     def start(self) -> None:
         if os.path.exists(self.path):
@@ -122,6 +132,7 @@ class Migrator:
         self.sock.setblocking(False)
         self.server.loop.add_reader(self.sock.fileno(), self._on_fd)
         self.server.loop.call_later(CHECK_EVERY, self._check)
+        self.counts.watchers.append(self._client_changed)
         self.server.admission = self.admission
         self.server.route_notes = True
         if self.mesh.index != 0:
@@ -152,27 +163,70 @@ class Migrator:
     def _check(self) -> None:
         server = self.server
         server.loop.call_later(CHECK_EVERY, self._check)
-        if server.opts.tls is not None or server.opts.auth_required or not self.mesh.links:
+        if not self._may_move():
             return
         seen, self._seen = self._seen, {}
+        fresh = self._fresh
         for conn in list(server.clients.values()):
-            n, before = conn.in_msgs, seen.get(conn.cid, 0)
-            self._seen[conn.cid] = n
-            noted, routed = conn.take_route_note()
-            if n == before or n < MIN_MSGS or not conn.connected or conn.closed or conn.transport_type != "nats" \
-                    or (isinstance(conn, _Adopted) and not conn.fresh) \
-                    or any(token_conn is conn for token_conn, _, _ in self._leaving.values()):  # a client moves once
+            if conn.cid in fresh:  # (`_check_fresh` looks at it first)
+                if conn.cid in seen:
+                    self._seen[conn.cid] = seen[conn.cid]
                 continue
-            inboxes = self._inboxes(conn)
-            if inboxes is None:
+            self._look(conn, seen.get(conn.cid, 0))
+
+    def _may_move(self) -> bool:
+        return self.server.opts.tls is None and not self.server.opts.auth_required and bool(self.mesh.links)
+
+    def _client_changed(self, cid: Any, conn: Any) -> None:
+        """A client came (or went): a new one is looked at every `FRESH_EVERY` for its first `FRESH_FOR`."""
+        if conn is None:
+            self._fresh.pop(cid, None)
+        elif len(self._fresh) < FRESH_MAX:
+            self._fresh[cid] = self.server.loop.time() + FRESH_FOR
+            if self._fresh_timer is None:
+                self._fresh_timer = self.server.loop.call_later(FRESH_EVERY, self._check_fresh)
+
+    def _check_fresh(self) -> None:
+        """`_check` for the clients that came lately only: a publisher that starts at full speed on the wrong
+        worker moves after a few thousand messages at most, not after up to `CHECK_EVERY` of them (each one
+        forwarded over the local link, where the peer reads them more slowly than from the client itself)."""
+        self._fresh_timer = None
+        if not self._fresh:
+            return
+        now = self.server.loop.time()
+        clients = self.server.clients
+        may = self._may_move()
+        for cid, until in list(self._fresh.items()):
+            conn = clients.get(cid)
+            if conn is None or until < now:
+                del self._fresh[cid]
                 continue
-            link = self._target(conn, routed if noted == n - before else None)
-            if link is None:
-                continue
-            if inboxes:
-                self._prepare(conn, link, inboxes)
-            else:
-                self._move(conn, link)
+            if may and conn.in_msgs >= MIN_MSGS:
+                del self._fresh[cid]  # (looked at once here; then by `_check`, with everyone)
+                if self._look(conn, self._seen.get(cid, 0)):
+                    self.moved_early += 1
+        if self._fresh:
+            self._fresh_timer = self.server.loop.call_later(FRESH_EVERY, self._check_fresh)
+
+    def _look(self, conn: ClientConnection, before: int) -> bool:
+        """Move `conn` if it qualifies (see the module's docstring); `before`: its `in_msgs` at the last look.
+        True when its move began."""
+        n = conn.in_msgs
+        self._seen[conn.cid] = n
+        noted, routed = conn.take_route_note()
+        if n == before or n < MIN_MSGS or not conn.connected or conn.closed or conn.transport_type != "nats" \
+                or (isinstance(conn, _Adopted) and not conn.fresh) \
+                or any(token_conn is conn for token_conn, _, _ in self._leaving.values()):  # a client moves once
+            return False
+        inboxes = self._inboxes(conn)
+        if inboxes is None:
+            return False
+        link = self._target(conn, routed if noted == n - before else None)
+        if link is None:
+            return False
+        if inboxes:
+            return self._prepare(conn, link, inboxes)
+        return self._move(conn, link)
 
     def _inboxes(self, conn: ClientConnection) -> list[list[str]] | None:
         """The client's subscriptions as `[sid, subject]` when all may move with it (see the docstring), else None."""
@@ -212,32 +266,34 @@ class Migrator:
             target = link
         return target
 
-    def _move(self, conn: ClientConnection, link: LocalLink) -> None:
+    def _move(self, conn: ClientConnection, link: LocalLink) -> bool:
         transport = conn.transport
         if transport is None or self.mesh.holds_pong(conn):
-            return
+            return False
         transport.pause_reading()
         conn.flush()
         if transport.get_write_buffer_size() or not self._hand_over(conn, link, fresh=False):
             transport.resume_reading()  # output still on its way: another time
-            return
+            return False
         self.moved_out += 1
         conn.close(abort=True)  # this process's descriptor only: the peer holds the connection now
+        return True
 
-    def _prepare(self, conn: ClientConnection, link: LocalLink, inboxes: list[list[str]]) -> None:
+    def _prepare(self, conn: ClientConnection, link: LocalLink, inboxes: list[list[str]]) -> bool:
         """A client with its inboxes: stop reading it and send `prep` (its subscriptions) to the peer."""
         if conn.transport is None or self.mesh.holds_pong(conn):
-            return
+            return False
         token = self._token()
         try:
             link.send_frame(_WIRE, json.dumps({"token": token.decode(), "prep": inboxes, "from": self.mesh.index,
                                                "ip": conn.ip, "name": conn.name,
                                                "flags": _flags_of(conn)}).encode() + b"\n")
         except OSError:
-            return
+            return False
         conn.stall()  # (reading stops; `unstall` by a receiver that stalled it too cannot resume it meanwhile)
         timer = self.server.loop.call_later(READY_WAIT, self._not_ready, token)
         self._leaving[token] = (conn, link, timer)
+        return True
 
     def _not_ready(self, token: bytes) -> None:
         conn, _, _ = self._leaving.pop(token)

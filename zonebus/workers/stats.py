@@ -96,6 +96,7 @@ class WorkerStats:
             out["jetstream_stats"] = self.js_stats()
         if self.migrator is not None:
             out["clients_moved_out"], out["clients_moved_in"] = self.migrator.moved_out, self.migrator.moved_in
+            out["clients_moved_early"] = self.migrator.moved_early
         return out
 
     def _own_subsz(self, args: Mapping[str, Any]) -> dict[str, Any]:
