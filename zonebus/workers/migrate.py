@@ -181,7 +181,7 @@ class Migrator:
         """A client came (or went): a new one is looked at every `FRESH_EVERY` for its first `FRESH_FOR`."""
         if conn is None:
             self._fresh.pop(cid, None)
-        elif len(self._fresh) < FRESH_MAX:
+        elif len(self._fresh) < FRESH_MAX and self._may_move():  # (a server over TLS, or with users: no moves)
             self._fresh[cid] = self.server.loop.time() + FRESH_FOR
             if self._fresh_timer is None:
                 self._fresh_timer = self.server.loop.call_later(FRESH_EVERY, self._check_fresh)
