@@ -168,11 +168,8 @@ class Migrator:
         seen, self._seen = self._seen, {}
         fresh = self._fresh
         for conn in list(server.clients.values()):
-            if conn.cid in fresh:  # (`_check_fresh` looks at it first)
-                if conn.cid in seen:
-                    self._seen[conn.cid] = seen[conn.cid]
-                continue
-            self._look(conn, seen.get(conn.cid, 0))
+            if conn.cid not in fresh:  # (a fresh one: `_check_fresh` looks at it first, before anything is seen)
+                self._look(conn, seen.get(conn.cid, 0))
 
     def _may_move(self) -> bool:
         return self.server.opts.tls is None and not self.server.opts.auth_required and bool(self.mesh.links)
