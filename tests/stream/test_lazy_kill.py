@@ -13,8 +13,8 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig
 
+from zonebus.testing.faultload import read_back
 from zonebus.testing.powerloss import loss_report
 from zonebus.testing.processes import ServerProcess
 
@@ -64,21 +64,6 @@ async def _publish_until_killed(server: ServerProcess) -> tuple[set[str], set[st
     return acked, attempted
 
 
-async def _read_back(url: str) -> list[str]:
-    nc = await nats.connect(url, allow_reconnect=False, connect_timeout=2)
-    try:
-        js = nc.jetstream(timeout=5)
-        info = await js.stream_info("LZ")
-        await js.add_consumer("LZ", ConsumerConfig(durable_name="reader", ack_policy=AckPolicy.NONE))
-        sub = await js.pull_subscribe_bind(durable="reader", stream="LZ")
-        read: list[str] = []
-        while len(read) < info.state.messages:
-            read.extend(m.data.split(b" ", 1)[0].decode() for m in await sub.fetch(500, timeout=5))
-        return read
-    finally:
-        await nc.close()
-
-
 @pytest.mark.timeout(120)
 async def test_kill_9_with_a_lazy_sync_interval_loses_nothing_acknowledged(tmp_path: Path) -> None:
     conf = f'jetstream {{ store_dir: "{tmp_path}/store", sync_interval: "2m" }}\n'
@@ -90,7 +75,11 @@ async def test_kill_9_with_a_lazy_sync_interval_loses_nothing_acknowledged(tmp_p
         server.stop()
     again = ServerProcess("zonebus", conf).start()
     try:
-        read = await _read_back(again.url)
+        nc = await nats.connect(again.url, allow_reconnect=False, connect_timeout=2)
+        try:
+            read = [data.split(b" ", 1)[0].decode() for _seq, data in await read_back(nc, "LZ")]
+        finally:
+            await nc.close()
     finally:
         again.stop()
     r = loss_report(acked, attempted, read, "nothing (a SIGKILL only)")
