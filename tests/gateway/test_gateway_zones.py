@@ -69,6 +69,22 @@ def test_url_order_prefers_the_dialling_servers_zone() -> None:
     assert {remote.url_for(0, rng, "") for _ in range(40)} == set(remote.urls.values())  # no zone: random
 
 
+def test_a_failed_successor_url_is_tried_after_the_others_until_its_server_shows_up() -> None:
+    """Seen in CI: with b5 and b6 (z3) down, a3's random pick went to b6 again and again after b5 came back; the
+    backoff reached 60 s and the move back waited past the test's 90 s."""
+    remote = RemoteGateway("B", True, urls={f"h:{p}": f"nats://h:{p}" for p in (1, 2, 3)},
+                           zones={"h:1": "z1", "h:2": "z3", "h:3": "z3"})
+    rng = random.Random(7)
+    assert {remote.successor_url("z3", rng) for _ in range(20)} == {"nats://h:2", "nats://h:3"}
+    assert remote.successor_url("z2", rng) == ""
+    remote.move_failed_at["h:2"] = 5.0
+    assert {remote.successor_url("z3", rng) for _ in range(20)} == {"nats://h:3"}
+    remote.move_failed_at["h:3"] = 9.0  # both failed: the one that failed longest ago
+    assert {remote.successor_url("z3", rng) for _ in range(20)} == {"nats://h:2"}
+    remote.move_failed_at["h:2"] = 12.0
+    assert {remote.successor_url("z3", rng) for _ in range(20)} == {"nats://h:3"}
+
+
 async def test_outbound_connections_land_in_the_own_zone(zonebus_sc: ZoneSupercluster) -> None:
     """(The fixture waited for it: each server dialled its zone at once, when it knew the zones before its first
     dial, or moved there; a2 and a3 list only b1's URL, in z1.)"""
@@ -129,6 +145,9 @@ async def test_a_move_back_to_the_own_zone_loses_nothing(zonebus_sc: ZoneSupercl
         async def a3_in(zones: tuple[str, ...]) -> bool:
             return await a3_zone() in zones
 
+        def a3_gateway_log() -> list[str]:
+            return [line for line in a3.log().splitlines() if "gateway" in line][-30:]
+
         await until(lambda: a3_in(("z1", "z2")), "a3 reconnected to B in another zone", timeout=60, interval=0.25)
         got: Counter[int] = Counter()
         sub = await nats.connect(sc.server("b1").url)
@@ -161,8 +180,8 @@ async def test_a_move_back_to_the_own_zone_loses_nothing(zonebus_sc: ZoneSupercl
             task = asyncio.create_task(publish())
             await asyncio.to_thread(b5.start, START_TIMEOUT)
             await until(lambda: a3.log().count("moved to") > moves_before, "a3 moving back to z3", timeout=90,
-                        interval=0.25)
-            assert await a3_in(("z3",))
+                        interval=0.25, show=a3_gateway_log)
+            assert await a3_in(("z3",)), a3_gateway_log()
             after = sent
             await until(lambda: sent > after + 200, "200 messages over the new connection", timeout=30)
             stop.set()

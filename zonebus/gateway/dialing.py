@@ -14,7 +14,8 @@ same-zone URL becomes known while the connection goes to another zone, a second 
 queue interest, and an interest-only dump, before answering that PING: nothing is missing), it becomes the
 outbound connection and the old one is closed after its buffered writes. The remote keeps nats-server's
 per-connection interest rules: the successor starts in the mode the remote gives a new connection, as after
-any reconnect. A successor that fails is retried with a backoff (2 s doubling up to 60 s).
+any reconnect. A successor that fails is retried with a backoff (2 s doubling up to 60 s), to the same-zone
+server that failed longest ago; when a server that failed sends an INFO (it is up again), it is tried at once.
 
 Event loop thread only.
 """
@@ -62,6 +63,7 @@ class RemoteGateway:
     successor: GatewayConnection | None = None  # a connection dialled to replace `current` (same zone)
     move_failures: int = 0
     move_after: float = 0.0  # loop time before which no successor is dialled (after a failed one)
+    move_failed_at: dict[str, float] = field(default_factory=dict)  # host:port -> loop time of its failed move
 
     def url_for(self, attempt: int, rng: random.Random, zone: str = "") -> str:
         """The URL of dial attempt `attempt` (0 after a success): with `zone`, the remote's servers in that zone
@@ -76,6 +78,15 @@ class RemoteGateway:
         if attempt == 0:
             return rng.choice(urls)
         return urls[attempt % len(urls)]
+
+    def successor_url(self, zone: str, rng: random.Random) -> str:
+        """The URL to dial a successor to: of the remote's servers in `zone`, one never failed as a successor
+        (or shown up since, `learn_zones`), else the one that failed longest ago; "" when none is known."""
+        near = [key for key in self.urls if self.zones.get(key) == zone]
+        if not near:
+            return ""
+        first = min(self.move_failed_at.get(key, 0.0) for key in near)
+        return self.urls[rng.choice([key for key in near if self.move_failed_at.get(key, 0.0) == first])]
 
     def zone_of(self, conn: GatewayConnection) -> str:
         """The zone of the server behind an outbound connection: its tags, else what its cluster told."""
@@ -108,12 +119,19 @@ class GatewayDialing:
         raise NotImplementedError
 
     # -- zones ---------------------------------------------------------------------------------------------
-    def learn_zones(self, name: str, zones: Any) -> None:
-        """A remote cluster's `ZONES_FIELD`: remember the zones, then see whether a nearer server is known."""
+    def learn_zones(self, name: str, zones: Any, sender_url: str = "") -> None:
+        """A remote cluster's `ZONES_FIELD`: remember the zones, then see whether a nearer server is known.
+        `sender_url` is the gateway URL of the server that sent them: it is up, so a failed move to it is
+        forgotten (it is the first one tried next)."""
         remote = self.remotes.get(name)
         if remote is None or not isinstance(zones, dict):
             return
         changed = False
+        if sender_url:
+            try:
+                changed = remote.move_failed_at.pop(host_port(sender_url), None) is not None
+            except ValueError:
+                pass
         for url, zone in zones.items():
             try:
                 key = host_port(str(url))
@@ -139,10 +157,10 @@ class GatewayDialing:
         if wait > 0:
             loop.call_later(wait, self.consider_move, remote)
             return
-        near = [url for key, url in remote.urls.items() if remote.zones.get(key) == own]
-        if near:
+        url = remote.successor_url(own, self._rng)
+        if url:
             remote.successor = conn  # (a placeholder until the dial returns: one successor at a time)
-            loop.create_task(self._dial_successor(remote, conn, self._rng.choice(near)))
+            loop.create_task(self._dial_successor(remote, conn, url))
 
     async def _dial_successor(self, remote: RemoteGateway, old: GatewayConnection, url: str) -> None:
         host, port = host_port(url).rsplit(":", 1)
@@ -150,15 +168,15 @@ class GatewayDialing:
             new = await dial(self.server, functools.partial(GatewayConnection, self, True, remote.name, url,
                                                             replaces=old), host, int(port), self.opts.tls)
         except OSError as exc:
-            self._successor_failed(remote, f"cannot connect to {host_port(url)}: {exc.strerror or exc}")
+            self._successor_failed(remote, url, f"cannot connect to {host_port(url)}: {exc.strerror or exc}")
             return
         except Exception as exc:  # (never leave `successor` set: no later move would be tried)
-            self._successor_failed(remote, f"dialling {host_port(url)} failed: {exc!r}")
+            self._successor_failed(remote, url, f"dialling {host_port(url)} failed: {exc!r}")
             raise
         remote.successor = new
         await new.closed_future
         if remote.successor is new:  # closed before it took over
-            self._successor_failed(remote, new.rejected or self._successor_closed(remote, new))
+            self._successor_failed(remote, url, new.rejected or self._successor_closed(remote, new))
 
     def _successor_closed(self, remote: RemoteGateway, new: GatewayConnection) -> str:
         """Why a successor closed before it took over, for the log: the server it reached and at which step."""
@@ -170,11 +188,13 @@ class GatewayDialing:
             return f"{where} is in zone {zone or '(unknown)'!r}"
         return f"{where} closed before its first PONG"
 
-    def _successor_failed(self, remote: RemoteGateway, why: str) -> None:
+    def _successor_failed(self, remote: RemoteGateway, url: str, why: str) -> None:
         remote.successor = None
         remote.move_failures += 1
         delay = min(MOVE_RETRY_MAX, MOVE_RETRY_FIRST * 2 ** (remote.move_failures - 1))
-        remote.move_after = self.server.loop.time() + delay
+        now = self.server.loop.time()
+        remote.move_after = now + delay
+        remote.move_failed_at[host_port(url)] = now
         self.log(f"gateway {remote.name!r}: no move to a server in zone {self.server.zone!r} ({why}); "
                  f"retrying in {delay:.0f}s")
         if self._running:
@@ -199,6 +219,7 @@ class GatewayDialing:
             return
         remote.successor = None
         remote.move_failures = 0
+        remote.move_failed_at.clear()
         self.register_outbound(conn)
         self.log(f"outbound gateway connection to {remote.name!r} moved to {conn.remote_name} in zone "
                  f"{remote.zone_of(conn)!r} (was {old.remote_name if old else '?'} in zone "

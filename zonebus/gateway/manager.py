@@ -269,7 +269,7 @@ class GatewayManager(GatewayRouting, GatewayAccounts, GatewayDialing):
         if sender and sender != self.name:
             self.learn(sender, list(info.get("gateway_urls") or []), source=f"gateway {sender!r}")
             if ZONES_FIELD in info:
-                self.learn_zones(sender, info[ZONES_FIELD])
+                self.learn_zones(sender, info[ZONES_FIELD], str(info.get("gateway_url") or ""))
         gateways = info.get("gateways") or {}
         if isinstance(gateways, dict):
             for name, urls in gateways.items():
