@@ -23,6 +23,7 @@ Event loop thread only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 from dataclasses import dataclass, field
@@ -126,12 +127,10 @@ class GatewayDialing:
         remote = self.remotes.get(name)
         if remote is None or not isinstance(zones, dict):
             return
+        if sender_url:  # (a recorded failure means move_failures > 0: the retry below happens anyway)
+            with contextlib.suppress(ValueError):
+                remote.move_failed_at.pop(host_port(sender_url), None)
         changed = False
-        if sender_url:
-            try:
-                changed = remote.move_failed_at.pop(host_port(sender_url), None) is not None
-            except ValueError:
-                pass
         for url, zone in zones.items():
             try:
                 key = host_port(str(url))
